@@ -1,0 +1,30 @@
+// Command memagent pages applications' memory to the rmem pool: it serves
+// their page faults with userfaultfd, fetches pages from memory servers and
+// evicts cold ones to keep each program under its local-memory budget.
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"rmem/internal/cli"
+)
+
+func newRoot() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "memagent",
+		Short: "rmem paging agent",
+		Long: `memagent runs programs with their large allocations paged to the rmem pool.`,
+	}
+	cli.NewApp("memagent", "MEMAGENT", root)
+	return root
+}
+
+func main() {
+	if err := newRoot().Execute(); err != nil {
+		fmt.Fprintf(os.Stderr, "memagent: %v\n", err)
+		os.Exit(1)
+	}
+}
