@@ -1,0 +1,45 @@
+# rmem build and test entry points. `make demo` and `make test` are the two
+# commands at the top of the README; CI (.ci/run) runs `make test`.
+
+GO       ?= go
+BIN      ?= bin
+PKGS     := ./...
+# Packages whose tests touch the kernel (userfaultfd, mounts, processes).
+KERNEL_PKGS := ./userfaultfd/... ./internal/uffddemo/...
+FUZZTIME ?= 10s
+
+.PHONY: all build demo test fmt-check vet test-race test-gomaxprocs1 fuzz clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+# The main job, end to end on this host.
+demo: build
+	$(BIN)/memagent uffd-demo
+
+# The whole test suite: formatting, vet, every test with the race detector
+# (kernel tests included, never cached), the kernel tests again with
+# GOMAXPROCS=1, and a short run of every fuzzer.
+test: fmt-check vet test-race test-gomaxprocs1 fuzz
+
+fmt-check:
+	@out=$$(gofmt -l $$(find . -name '*.go' -not -path './bin/*')); \
+	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet $(PKGS)
+
+test-race:
+	$(GO) test -race -count=1 $(PKGS)
+
+test-gomaxprocs1:
+	GOMAXPROCS=1 $(GO) test -count=1 $(KERNEL_PKGS)
+
+# Runs each Fuzz function for FUZZTIME (go test -fuzz takes one at a time).
+fuzz:
+	@./scripts/fuzz.sh $(FUZZTIME)
+
+clean:
+	rm -rf $(BIN)

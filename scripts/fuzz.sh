@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Runs every Fuzz* function of the module for a short time (default 10s each).
+# go test -fuzz accepts one fuzz target per package per run, so loop.
+set -euo pipefail
+fuzztime=${1:-10s}
+cd "$(dirname "$0")/.."
+status=0
+while IFS= read -r line; do
+	file=${line%%:*}
+	fn=$(sed -E 's/.*func (Fuzz[A-Za-z0-9_]*).*/\1/' <<<"$line")
+	pkg=./$(dirname "$file")
+	echo "fuzz: $pkg $fn for $fuzztime"
+	if ! go test -run='^$' -fuzz="^${fn}\$" -fuzztime="$fuzztime" "$pkg"; then
+		status=1
+	fi
+done < <(grep -rn --include='*_test.go' -E '^func Fuzz[A-Za-z0-9_]*\(f \*testing\.F\)' . | grep -v '^./bin/' | sort)
+exit $status
