@@ -1,0 +1,145 @@
+package pool
+
+import "time"
+
+// JSON types of the control API (docs/api.md). Requests are validated by
+// their Validate method, which names the bad field.
+
+// APIError is the body of every error response.
+type APIError struct {
+	Error string `json:"error"`
+	// Field names the request field at fault, for 400 responses.
+	Field string `json:"field,omitempty"`
+}
+
+// ServerView is a server as the API shows it.
+type ServerView struct {
+	Server
+	UsedSlabs     int       `json:"used_slabs"`
+	FreeSlabs     int       `json:"free_slabs"`
+	Capacity      uint64    `json:"capacity"`
+	Used          uint64    `json:"used"`
+	LastHeartbeat time.Time `json:"last_heartbeat"`
+	HeartbeatAge  Duration  `json:"heartbeat_age"`
+	Granted       int       `json:"granted"` // as reported by the server
+	Load          float64   `json:"load"`
+}
+
+// LeaseView is a lease as the API shows it (memd agents).
+type LeaseView struct {
+	Lease
+	Slabs    int    `json:"slabs"`
+	Replicas int    `json:"replicas"`
+	Bytes    uint64 `json:"bytes"` // logical bytes (one replica per slab)
+}
+
+// ReplicaView is one replica as handed to an agent: everything it needs to
+// read and write the replica with rdma.
+type ReplicaView struct {
+	Server ServerID          `json:"server"`
+	Index  SlabIndex         `json:"index"`
+	Addrs  map[string]string `json:"addrs"`
+	Key    Key               `json:"key"`
+	Length uint64            `json:"length"`
+	State  string            `json:"state"` // "ok", "lost" or "draining"
+}
+
+// SlabView is a logical slab as the API shows it.
+type SlabView struct {
+	ID       SlabID        `json:"id"`
+	Lease    LeaseID       `json:"lease"`
+	Agent    string        `json:"agent"`
+	Size     uint64        `json:"size"`
+	Replicas []ReplicaView `json:"replicas"`
+	Created  time.Time     `json:"created"`
+}
+
+// Status is the pool summary (memd status).
+type Status struct {
+	Capacity      uint64 `json:"capacity"`
+	Used          uint64 `json:"used"`
+	Free          uint64 `json:"free"`
+	SlabSize      uint64 `json:"slab_size"`
+	ServersUp     int    `json:"servers_up"`
+	ServersDown   int    `json:"servers_down"`
+	ServersDrain  int    `json:"servers_draining"`
+	Agents        int    `json:"agents"`
+	Slabs         int    `json:"slabs"`
+	SlabsHealthy  int    `json:"slabs_healthy"`  // every replica ok
+	SlabsDegraded int    `json:"slabs_degraded"` // some replica lost, at least one ok
+	SlabsLost     int    `json:"slabs_lost"`     // no replica ok
+}
+
+// RegisterRequest is POST /v1/servers.
+type RegisterRequest = ServerInfo
+
+// CreateLeaseRequest is POST /v1/leases.
+type CreateLeaseRequest struct {
+	Agent string   `json:"agent"`
+	Node  string   `json:"node"`
+	PID   int      `json:"pid"`
+	TTL   Duration `json:"ttl"`
+}
+
+// AllocateRequest is POST /v1/leases/{id}/slabs.
+type AllocateRequest struct {
+	Slabs    int `json:"slabs"`
+	Replicas int `json:"replicas"`
+}
+
+// AllocateResponse lists the new slabs.
+type AllocateResponse struct {
+	Slabs []SlabView `json:"slabs"`
+}
+
+// RenewResponse is POST /v1/leases/{id}/renew.
+type RenewResponse struct {
+	Lease  Lease   `json:"lease"`
+	Events []Event `json:"events"`
+}
+
+// ReplaceRequest is POST /v1/leases/{id}/slabs/{slab}/replace: place one new
+// replica of the slab, on a server none of its replicas use, to replace the
+// one on Server.
+type ReplaceRequest struct {
+	Server ServerID `json:"server"`
+}
+
+// MigratedRequest is POST /v1/leases/{id}/slabs/{slab}/migrated: the agent
+// has copied the slab to its replacement; the replica on Server is freed.
+type MigratedRequest struct {
+	Server ServerID `json:"server"`
+}
+
+// DrainView is GET /v1/servers/{id}/drain: how much is left on a draining server.
+type DrainView struct {
+	Server   ServerID `json:"server"`
+	Draining bool     `json:"draining"`
+	Replicas int      `json:"replicas"` // replicas still on the server
+	Done     bool     `json:"done"`
+}
+
+// GrantRequest is the coordinator asking a memory server (POST
+// /v1/memserver/grant) for fresh keys on slabs.
+type GrantRequest struct {
+	Instance string      `json:"instance"`
+	Indexes  []SlabIndex `json:"indexes"`
+}
+
+// GrantResponse carries one key per requested index, in order.
+type GrantResponse struct {
+	Keys []Key `json:"keys"`
+}
+
+// FreeRequest is the coordinator asking a memory server (POST
+// /v1/memserver/free) to revoke keys and zero slabs.
+type FreeRequest struct {
+	Instance string      `json:"instance"`
+	Slabs    []FreeEntry `json:"slabs"`
+}
+
+// FreeEntry is one slab to free.
+type FreeEntry struct {
+	Index SlabIndex `json:"index"`
+	Key   Key       `json:"key"`
+}
