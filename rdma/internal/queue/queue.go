@@ -1,0 +1,215 @@
+// Package queue is the client-side send/completion ring shared by the rdma
+// providers: a bounded ring of posted work requests that complete in order
+// (RC semantics), with Poll and Wait for the caller.
+//
+// It is not a general queue: it knows rdma's WorkRequest and Completion,
+// holds at most depth outstanding requests and never allocates after New.
+//
+// # Concurrency
+//
+// Enqueue must be serialized by the provider (its post lock) so that ring
+// order equals wire order. Next/Complete/Fail are called by one completer
+// at a time (the tcp reply reader, or the poster for synchronous
+// providers). Poll, Wait and Close may be called from any goroutine.
+package queue
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"sync"
+
+	"rmem/rdma"
+)
+
+// Slot is one posted request.
+type Slot struct {
+	ID    uint64
+	Op    rdma.Opcode
+	Local []byte
+	C     rdma.Completion
+}
+
+// Queue is a ring of at most depth outstanding requests.
+type Queue struct {
+	notify chan struct{} // cap 1: a completion or failure happened
+	closed chan struct{} // closed by Close
+
+	mu       sync.Mutex
+	slots    []Slot
+	head     uint64 // next to return to the caller; guarded by mu
+	done     uint64 // next to complete; guarded by mu
+	tail     uint64 // next to post; guarded by mu
+	err      error  // transport failure cause; guarded by mu
+	isClosed bool
+}
+
+// New returns a queue of the given depth (>= 1).
+func New(depth int) *Queue {
+	return &Queue{
+		notify: make(chan struct{}, 1),
+		closed: make(chan struct{}),
+		slots:  make([]Slot, depth),
+	}
+}
+
+func (q *Queue) slot(seq uint64) *Slot { return &q.slots[seq%uint64(len(q.slots))] }
+
+// Err returns the transport failure, or nil.
+func (q *Queue) Err() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.err
+}
+
+// Enqueue checks every request and appends all of them, or none. It returns
+// the sequence number of the first.
+func (q *Queue) Enqueue(wrs []rdma.WorkRequest) (uint64, error) {
+	for i := range wrs {
+		if err := wrs[i].Check(); err != nil {
+			return 0, err
+		}
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.isClosed {
+		return 0, rdma.ErrClosed
+	}
+	if q.err != nil {
+		return 0, fmt.Errorf("%w: %w", rdma.ErrTransport, q.err)
+	}
+	if q.tail-q.head+uint64(len(wrs)) > uint64(len(q.slots)) {
+		return 0, rdma.ErrQueueFull
+	}
+	first := q.tail
+	for i := range wrs {
+		s := q.slot(q.tail)
+		*s = Slot{ID: wrs[i].ID, Op: wrs[i].Op, Local: wrs[i].Local}
+		q.tail++
+	}
+	return first, nil
+}
+
+// Next returns the oldest posted, not yet completed request, or false if
+// there is none. The slot is stable until Complete.
+func (q *Queue) Next() (*Slot, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.done == q.tail {
+		return nil, false
+	}
+	return q.slot(q.done), true
+}
+
+// Complete completes the request Next returned. For a successful atomic
+// whose Local has at least 8 bytes it also stores value there.
+func (q *Queue) Complete(st rdma.Status, n uint32, value uint64) {
+	q.mu.Lock()
+	if q.done == q.tail {
+		q.mu.Unlock()
+		return
+	}
+	s := q.slot(q.done)
+	s.C = rdma.Completion{ID: s.ID, Op: s.Op, Status: st, Len: n, Value: value}
+	if st == rdma.StatusOK && s.Op.IsAtomic() && len(s.Local) >= rdma.AtomicSize {
+		binary.NativeEndian.PutUint64(s.Local, value)
+	}
+	s.Local = nil
+	q.done++
+	q.mu.Unlock()
+	q.wake()
+}
+
+// Fail records a transport failure and completes every outstanding request
+// with StatusTransport. Later Enqueues fail. The first cause is kept.
+func (q *Queue) Fail(cause error) {
+	q.mu.Lock()
+	if q.err == nil {
+		q.err = cause
+	}
+	for q.done != q.tail {
+		s := q.slot(q.done)
+		s.C = rdma.Completion{ID: s.ID, Op: s.Op, Status: rdma.StatusTransport}
+		s.Local = nil
+		q.done++
+	}
+	q.mu.Unlock()
+	q.wake()
+}
+
+func (q *Queue) wake() {
+	select {
+	case q.notify <- struct{}{}:
+	default:
+	}
+}
+
+// Poll copies up to len(cqes) completions, oldest first.
+func (q *Queue) Poll(cqes []rdma.Completion) (int, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.isClosed {
+		return 0, rdma.ErrClosed
+	}
+	n := 0
+	for n < len(cqes) && q.head != q.done {
+		cqes[n] = q.slot(q.head).C
+		q.head++
+		n++
+	}
+	return n, nil
+}
+
+// Outstanding returns the number of posted requests not yet returned by
+// Poll or Wait.
+func (q *Queue) Outstanding() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return int(q.tail - q.head)
+}
+
+// Wait blocks until at least one completion is ready and returns it (and
+// any others that fit), or returns ErrIdle when nothing is outstanding, or
+// ctx's error.
+func (q *Queue) Wait(ctx context.Context, cqes []rdma.Completion) (int, error) {
+	if len(cqes) == 0 {
+		return 0, nil
+	}
+	for {
+		q.mu.Lock()
+		if q.isClosed {
+			q.mu.Unlock()
+			return 0, rdma.ErrClosed
+		}
+		if q.head != q.done {
+			q.mu.Unlock()
+			return q.Poll(cqes)
+		}
+		if q.head == q.tail {
+			err := q.err
+			q.mu.Unlock()
+			if err != nil {
+				return 0, fmt.Errorf("%w: %w", rdma.ErrTransport, err)
+			}
+			return 0, rdma.ErrIdle
+		}
+		q.mu.Unlock()
+		select {
+		case <-q.notify:
+		case <-q.closed:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+}
+
+// Close makes Poll and Wait return ErrClosed and Enqueue fail. Completions
+// not yet returned are dropped. It is safe to call twice.
+func (q *Queue) Close() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.isClosed {
+		q.isClosed = true
+		close(q.closed)
+	}
+}
