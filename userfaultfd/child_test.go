@@ -478,24 +478,56 @@ func TestCrossProcessServe(t *testing.T) {
 }
 
 func TestCrossProcessWriteProtect(t *testing.T) {
-	skipUnlessFeatures(t, FeaturePagefaultFlagWP)
+	t.Run("sync-faults", func(t *testing.T) {
+		skipUnlessFeatures(t, FeaturePagefaultFlagWP)
+		testWriteProtect(t, false)
+	})
+	t.Run("async-pagemap-scan", func(t *testing.T) {
+		skipUnlessFeatures(t, FeatureWPAsync)
+		testWriteProtect(t, true)
+	})
+}
+
+// testWriteProtect has the child write pseudo-random page sets and checks
+// that exactly those pages are found written: by their WP faults, or with
+// async WP by a PAGEMAP_SCAN of the child's pagemap.
+func testWriteProtect(t *testing.T, async bool) {
 	spec := childSpec{Scenario: "wp", Memory: "anon", Mode: ModeWP, Pages: 256}
+	if async {
+		spec.Features = FeatureWPAsync
+	}
 	c := startChild(t, spec)
 	u := c.uffd(t, spec)
 	base := Addr(c.hello.Addr)
 	r := Range{base, c.hello.Len}
 	faulted := make(chan int, spec.Pages)
-	stop := serve(t, u, func(ev Event) error {
-		if ev.Flags&(FaultWP|FaultWrite) != FaultWP|FaultWrite {
-			return fmt.Errorf("fault flags %#x, want WP|WRITE", ev.Flags)
-		}
-		faulted <- int(uint64(ev.Addr-base) / PageSize)
-		return u.Unprotect(Range{ev.Addr.RoundDown(PageSize), PageSize}, 0)
-	})
-	c.send(t, 'g')
-	for round := range 6 {
-		if err := u.WriteProtect(r); err != nil {
+	stop := func() error { return nil }
+	var scanner *DirtyScanner
+	if async {
+		var err error
+		if scanner, err = OpenDirtyScanner(c.cmd.Process.Pid, 8); err != nil {
 			t.Fatal(err)
+		}
+		defer scanner.Close()
+	} else {
+		stop = serve(t, u, func(ev Event) error {
+			if ev.Flags&(FaultWP|FaultWrite) != FaultWP|FaultWrite {
+				return fmt.Errorf("fault flags %#x, want WP|WRITE", ev.Flags)
+			}
+			faulted <- int(uint64(ev.Addr-base) / PageSize)
+			return u.Unprotect(Range{ev.Addr.RoundDown(PageSize), PageSize}, 0)
+		})
+	}
+	c.send(t, 'g')
+	if err := u.WriteProtect(r); err != nil {
+		t.Fatal(err)
+	}
+	var dirty []Range
+	for round := range 6 {
+		if !async && round > 0 {
+			if err := u.WriteProtect(r); err != nil {
+				t.Fatal(err)
+			}
 		}
 		seed := uint64(1000 + round)
 		cmd := make([]byte, 9)
@@ -504,25 +536,37 @@ func TestCrossProcessWriteProtect(t *testing.T) {
 		c.send(t, cmd...)
 		c.expect(t, 'd')
 		got := make(map[int]bool)
-	drain:
-		for {
-			select {
-			case i := <-faulted:
-				if got[i] {
-					t.Errorf("round %d: page %d faulted twice", round, i)
+		if async {
+			var err error
+			if dirty, err = scanner.Scan(r, dirty[:0]); err != nil {
+				t.Fatal(err)
+			}
+			for _, d := range dirty {
+				for a := range d.Pages(PageSize) {
+					got[int(uint64(a-base)/PageSize)] = true
 				}
-				got[i] = true
-			default:
-				break drain
+			}
+		} else {
+		drain:
+			for {
+				select {
+				case i := <-faulted:
+					if got[i] {
+						t.Errorf("round %d: page %d faulted twice", round, i)
+					}
+					got[i] = true
+				default:
+					break drain
+				}
 			}
 		}
 		want := writeSet(seed, spec.Pages)
 		if len(got) != len(want) {
-			t.Errorf("round %d: %d pages faulted, %d written", round, len(got), len(want))
+			t.Errorf("round %d: %d pages found written, %d written", round, len(got), len(want))
 		}
 		for _, i := range want {
 			if !got[i] {
-				t.Errorf("round %d: written page %d did not fault", round, i)
+				t.Errorf("round %d: written page %d not found", round, i)
 			}
 		}
 	}
@@ -530,5 +574,10 @@ func TestCrossProcessWriteProtect(t *testing.T) {
 	c.result(t)
 	if err := stop(); err != nil {
 		t.Fatal(err)
+	}
+	if async {
+		if _, err := u.ReadEvents(make([]Msg, 1)); err != unix.EAGAIN {
+			t.Errorf("async WP queued a message: %v", err)
+		}
 	}
 }
