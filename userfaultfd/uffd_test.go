@@ -77,7 +77,7 @@ func touchBySyscall(t *testing.T, region []byte) ([]byte, error) {
 
 // serve runs a Poller on u until the returned stop function is called; it
 // calls fault for each page fault and fails the test on other events.
-func serve(t *testing.T, u *UFFD, fault func(ev Event) error) (stop func() error) {
+func serve(t testing.TB, u *UFFD, fault func(ev Event) error) (stop func() error) {
 	t.Helper()
 	p, err := NewPoller(u)
 	if err != nil {
@@ -86,6 +86,8 @@ func serve(t *testing.T, u *UFFD, fault func(ev Event) error) (stop func() error
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() {
+		runtime.LockOSThread() // as a pager's fault thread would
+		defer runtime.UnlockOSThread()
 		msgs := make([]Msg, 16)
 		errc <- p.Run(ctx, msgs, func(batch []Msg) error {
 			for i := range batch {
