@@ -101,6 +101,17 @@ func (q *Queue) Next() (*Slot, bool) {
 	return q.slot(q.done), true
 }
 
+// Peek returns the request with sequence number seq if it is posted and not
+// yet completed. Its fields are stable until it is completed.
+func (q *Queue) Peek(seq uint64) (*Slot, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if seq < q.done || seq >= q.tail {
+		return nil, false
+	}
+	return q.slot(seq), true
+}
+
 // Complete completes the request Next returned. For a successful atomic
 // whose Local has at least 8 bytes it also stores value there.
 func (q *Queue) Complete(st rdma.Status, n uint32, value uint64) {

@@ -1,0 +1,65 @@
+// Package tcp is the default rdma provider: software RDMA over TCP.
+//
+// Importing it registers the provider "tcp" with rdma.Dial and rdma.Listen.
+// The wire format is a versioned binary framing (see wire.go): a hello each
+// way, then fixed-size little-endian request and reply headers, with WRITE
+// and READ payloads following their headers.
+//
+// The server executes each request against the Domain's registered memory
+// with no allocation: a WRITE payload is read straight into the region (the
+// part that arrived together with earlier headers is copied from the
+// request buffer), and READ replies are written with writev straight from
+// the region. Replies to pipelined requests are gathered into one writev.
+// The client writes a batch of requests with one writev, and reads each
+// READ's payload straight into the request's Local buffer with readv, so a
+// 4 KiB page moves with no copy in user space on either side.
+//
+// TCP_NODELAY is set. TLS (crypto/tls) is used when DialOptions.TLS /
+// ListenOptions.TLS are set; over TLS reads go through crypto/tls's record
+// buffer (one copy) and writes are not vectored.
+//
+// It is not the verbs provider and gives no kernel bypass: every op costs
+// the server a little CPU, unlike real one-sided RDMA.
+//
+// # Ordering and failure
+//
+// One connection is one TCP stream and one server goroutine: requests are
+// executed and answered in order (RC semantics). A malformed frame (bad
+// version, opcode, flags, oversize length) closes that connection only; a
+// request that names a bad key or range gets an error reply and its WRITE
+// payload is discarded, and the connection keeps working. When the stream
+// breaks, the client completes every outstanding request with
+// StatusTransport.
+//
+// # Concurrency and deadlocks
+//
+// Client: Post holds the connection's write lock while it writes, so it
+// can block on a full socket buffer (back-pressure from a slow server);
+// Close unblocks it. One goroutine per connection reads replies.
+// Server: one goroutine per connection plus one accept goroutine per
+// listener; Listener.Close stops them all and waits. A READ pins its key
+// (rdma.Session.Begin) until its reply has been written, so a client that
+// stops reading delays Domain.Revoke until RevokeGrace, when the Domain
+// closes that connection.
+package tcp
+
+import (
+	"context"
+
+	"rmem/rdma"
+)
+
+// Network is the provider name.
+const Network = "tcp"
+
+func init() { rdma.RegisterProvider(Network, provider{}) }
+
+type provider struct{}
+
+func (provider) Dial(ctx context.Context, addr string, opts rdma.DialOptions) (rdma.Conn, error) {
+	return Dial(ctx, addr, opts)
+}
+
+func (provider) Listen(addr string, d *rdma.Domain, opts rdma.ListenOptions) (rdma.Listener, error) {
+	return Listen(addr, d, opts)
+}
