@@ -48,7 +48,7 @@ func benchServed(b *testing.B, batch int) {
 	served := 0
 	stop := serve(b, u, func(ev Event) error {
 		served++
-		start := base + (ev.Addr-base).RoundDown(block)
+		start := base + (ev.Addr - base).RoundDown(block)
 		_, err := u.Copy(start, src, 0)
 		if IsExist(err) {
 			err = u.Wake(Range{ev.Addr.RoundDown(PageSize), PageSize})
