@@ -8,7 +8,9 @@ import (
 // word returns the word at b[0:8]. b must have at least 8 bytes and be
 // 8-byte aligned in memory (see Aligned).
 func word(b []byte) *uint64 {
-	_ = b[7]
+	if len(b) < 8 {
+		panic("atomicmem: word needs 8 bytes")
+	}
 	return (*uint64)(unsafe.Pointer(&b[0]))
 }
 
@@ -47,18 +49,26 @@ func Store(b []byte, v uint64) { atomic.StoreUint64(word(b), v) }
 
 // Load32 and Store32 act on a 4-byte aligned uint32 at b[0:4].
 func Load32(b []byte) uint32 {
-	_ = b[3]
+	need4(b)
 	return atomic.LoadUint32((*uint32)(unsafe.Pointer(&b[0])))
 }
 
 // Store32 atomically stores v at b[0:4] (4-byte aligned).
 func Store32(b []byte, v uint32) {
-	_ = b[3]
+	need4(b)
 	atomic.StoreUint32((*uint32)(unsafe.Pointer(&b[0])), v)
 }
 
 // Swap32 atomically exchanges the uint32 at b[0:4] (4-byte aligned).
 func Swap32(b []byte, v uint32) uint32 {
-	_ = b[3]
+	need4(b)
 	return atomic.SwapUint32((*uint32)(unsafe.Pointer(&b[0])), v)
+}
+
+// need4 checks the length without touching memory (an `_ = b[3]` would be a
+// plain read to the race detector).
+func need4(b []byte) {
+	if len(b) < 4 {
+		panic("atomicmem: word needs 4 bytes")
+	}
 }
