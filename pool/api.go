@@ -143,3 +143,13 @@ type FreeEntry struct {
 	Index SlabIndex `json:"index"`
 	Key   Key       `json:"key"`
 }
+
+// HasServerView reports whether one of v's replicas is on id.
+func (v *SlabView) HasServerView(id ServerID) bool {
+	for _, r := range v.Replicas {
+		if r.Server == id {
+			return true
+		}
+	}
+	return false
+}

@@ -72,14 +72,13 @@ func ReplicaHealth(r *Replica, srv *Server) (lost, draining bool) {
 	return false, srv.Draining
 }
 
-// EventsFor returns the events for slabs, in slab then replica order.
-// servers maps ids to records.
-func EventsFor(slabs []*Slab, servers map[ServerID]*Server) []Event {
-	var out []Event
+// EventsFor returns the events for slabs, in slab then replica order,
+// appended to out. server looks up a server's record (nil if unknown).
+func EventsFor(out []Event, slabs []*Slab, server func(ServerID) *Server) []Event {
 	for _, s := range slabs {
 		for i := range s.Replicas {
 			r := &s.Replicas[i]
-			lost, draining := ReplicaHealth(r, servers[r.Server])
+			lost, draining := ReplicaHealth(r, server(r.Server))
 			switch {
 			case lost:
 				out = append(out, Event{Type: EventReplicaLost, Slab: s.ID, Server: r.Server, Index: r.Index})

@@ -155,7 +155,7 @@ func TestEventsFor(t *testing.T) {
 		{Server: "up", Instance: "i1"}, {Server: "drain", Instance: "i1"},
 		{Server: "dead", Instance: "i1"}, {Server: "boot", Instance: "i1"}, {Server: "gone", Instance: "i1"},
 	}}
-	ev := EventsFor([]*Slab{slab}, servers)
+	ev := EventsFor(nil, []*Slab{slab}, func(id ServerID) *Server { return servers[id] })
 	want := "[{replica-drain 7 drain 0} {replica-lost 7 dead 0} {replica-lost 7 boot 0} {replica-lost 7 gone 0}]"
 	if fmt.Sprint(ev) != want {
 		t.Fatalf("events %v\nwant %v", ev, want)

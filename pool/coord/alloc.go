@@ -1,0 +1,303 @@
+package coord
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"rmem/pool"
+	"rmem/pool/store"
+)
+
+// candidatesLocked lists the servers that may take new replicas.
+func (c *Coordinator) candidatesLocked() ([]pool.Candidate, []*srv) {
+	c.cands, c.candSrv = c.cands[:0], c.candSrv[:0]
+	for _, s := range c.servers {
+		if s.rec.State != pool.ServerUp || s.rec.Draining || s.free() <= 0 {
+			continue
+		}
+		c.cands = append(c.cands, pool.Candidate{ID: s.rec.ID, Domain: s.rec.Domain, Free: s.free()})
+		c.candSrv = append(c.candSrv, s)
+	}
+	return c.cands, c.candSrv
+}
+
+// grantJob asks one server instance for keys; keys land in the replicas.
+type grantJob struct {
+	s        *srv
+	conn     SlabServer
+	instance string
+	indexes  []pool.SlabIndex
+	replicas []*pool.Replica
+	err      error
+}
+
+// reserveLocked places and reserves the replicas of slabs (whose Replicas
+// are appended to) and returns the grant jobs. On error nothing is reserved.
+func (c *Coordinator) reserveLocked(slabs []*pool.Slab, replicas int, avoid [][]pool.ServerID) ([]*grantJob, error) {
+	cands, srvs := c.candidatesLocked()
+	p, err := pool.Place(cands, pool.PlaceRequest{Slabs: len(slabs), Replicas: replicas, Avoid: avoid}, c.rnd)
+	if err != nil {
+		return nil, err
+	}
+	byServer := map[*srv]*grantJob{}
+	var jobs []*grantJob
+	for i, reps := range p {
+		sl := slabs[i]
+		for _, ci := range reps {
+			s := srvs[ci]
+			idx := s.takeLocked()
+			sl.Replicas = append(sl.Replicas, pool.Replica{Server: s.rec.ID, Index: idx, Instance: s.rec.Instance})
+			j := byServer[s]
+			if j == nil {
+				j = &grantJob{s: s, instance: s.rec.Instance}
+				byServer[s] = j
+				jobs = append(jobs, j)
+			}
+			j.indexes = append(j.indexes, idx)
+		}
+	}
+	// Pointers into Replicas are taken once the slices stop growing.
+	for _, sl := range slabs {
+		for k := len(sl.Replicas) - replicas; k < len(sl.Replicas); k++ {
+			r := &sl.Replicas[k]
+			for _, j := range jobs {
+				if j.s.rec.ID == r.Server {
+					j.replicas = append(j.replicas, r)
+					break
+				}
+			}
+		}
+	}
+	for _, j := range jobs {
+		if j.conn, j.err = c.connLocked(j.s); j.err != nil {
+			c.releaseJobsLocked(jobs)
+			return nil, fmt.Errorf("%w: %w", pool.ErrGrantFailed, j.err)
+		}
+	}
+	return jobs, nil
+}
+
+func (c *Coordinator) releaseJobsLocked(jobs []*grantJob) {
+	for _, j := range jobs {
+		if j.s.rec.Instance != j.instance {
+			continue
+		}
+		for _, idx := range j.indexes {
+			j.s.releaseLocked(idx)
+		}
+	}
+}
+
+// grant runs the jobs in parallel, without c.mu.
+func (c *Coordinator) grant(ctx context.Context, jobs []*grantJob) error {
+	var wg sync.WaitGroup
+	for _, j := range jobs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cctx, cancel := context.WithTimeout(ctx, c.opts.CallTimeout)
+			defer cancel()
+			keys, err := j.conn.Grant(cctx, j.instance, j.indexes)
+			if err == nil && len(keys) != len(j.indexes) {
+				err = fmt.Errorf("server returned %d keys for %d slabs", len(keys), len(j.indexes))
+			}
+			if err != nil {
+				j.err = fmt.Errorf("server %s: %w", j.s.rec.ID, err)
+				return
+			}
+			for i, r := range j.replicas {
+				r.Key = keys[i]
+			}
+		}()
+	}
+	wg.Wait()
+	var errs []error
+	for _, j := range jobs {
+		if j.err != nil {
+			errs = append(errs, j.err)
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%w: %w", pool.ErrGrantFailed, errors.Join(errs...))
+	}
+	return nil
+}
+
+// abortLocked undoes a reservation after a failed grant or commit: slabs a
+// server granted are freed through it (their indexes stay used until it
+// confirms), the others are released now.
+func (c *Coordinator) abortLocked(jobs []*grantJob) []freeJob {
+	var frees []freeJob
+	for _, j := range jobs {
+		if j.err != nil || j.s.rec.Instance != j.instance {
+			for _, idx := range j.indexes {
+				if j.s.rec.Instance == j.instance {
+					j.s.releaseLocked(idx)
+				}
+			}
+			continue
+		}
+		fj := freeJob{server: j.s.rec.ID, instance: j.instance}
+		for i, idx := range j.indexes {
+			fj.entries = append(fj.entries, pool.FreeEntry{Index: idx, Key: j.replicas[i].Key})
+		}
+		frees = append(frees, fj)
+	}
+	return frees
+}
+
+// checkCommitLocked verifies that what was reserved is still valid after
+// the grant: the lease is live and every server is the same instance.
+func (c *Coordinator) checkCommitLocked(id pool.LeaseID, jobs []*grantJob, now time.Time) (*lease, error) {
+	l, err := c.liveLeaseLocked(id, now)
+	if err != nil {
+		return nil, err
+	}
+	for _, j := range jobs {
+		if j.s.rec.Instance != j.instance || c.servers[j.s.rec.ID] != j.s {
+			return nil, fmt.Errorf("%w: server %s restarted during the allocation", pool.ErrStaleInstance, j.s.rec.ID)
+		}
+	}
+	return l, nil
+}
+
+// Allocate places req.Slabs new slabs of req.Replicas replicas each for
+// lease id, has the servers grant keys, and records them. All or nothing:
+// on error no slab is allocated and every reservation is undone.
+func (c *Coordinator) Allocate(ctx context.Context, id pool.LeaseID, req pool.AllocateRequest) ([]pool.SlabView, error) {
+	if err := req.Validate(); err != nil {
+		return nil, err
+	}
+	views, err := c.allocate(ctx, id, req)
+	if err != nil {
+		c.m.allocFailures.Add(1)
+		return nil, err
+	}
+	c.m.slabsAllocated.Add(float64(len(views)))
+	return views, nil
+}
+
+func (c *Coordinator) allocate(ctx context.Context, id pool.LeaseID, req pool.AllocateRequest) ([]pool.SlabView, error) {
+	now := c.clock.Now()
+	c.mu.Lock()
+	if _, err := c.liveLeaseLocked(id, now); err != nil {
+		c.mu.Unlock()
+		return nil, err
+	}
+	slabs := make([]*pool.Slab, req.Slabs)
+	for i := range slabs {
+		slabs[i] = &pool.Slab{ID: c.nextSlab, Lease: id, Size: c.opts.SlabSize, Created: now, Replicas: make([]pool.Replica, 0, req.Replicas)}
+		c.nextSlab++
+	}
+	jobs, err := c.reserveLocked(slabs, req.Replicas, nil)
+	c.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+
+	err = c.grant(ctx, jobs)
+
+	c.mu.Lock()
+	var l *lease
+	if err == nil {
+		l, err = c.checkCommitLocked(id, jobs, c.clock.Now())
+	}
+	if err == nil {
+		err = c.opts.Store.Update(func(tx store.Tx) error {
+			for _, sl := range slabs {
+				if err := put(tx, store.Slabs, slabKey(sl.ID), sl); err != nil {
+					return err
+				}
+			}
+			return putNextSlab(tx, c.nextSlab)
+		})
+		if err != nil {
+			err = fmt.Errorf("coord: allocate: %w", err)
+		}
+	}
+	if err != nil {
+		frees := c.abortLocked(jobs)
+		c.mu.Unlock()
+		c.runFrees(ctx, frees)
+		return nil, err
+	}
+	views := make([]pool.SlabView, len(slabs))
+	for i, sl := range slabs {
+		l.slabs[sl.ID] = sl
+		c.slabs[sl.ID] = sl
+		views[i] = c.slabViewLocked(sl, l)
+	}
+	c.mu.Unlock()
+	c.log.Debug("allocated", zap.String("lease", string(id)), zap.Int("slabs", req.Slabs), zap.Int("replicas", req.Replicas))
+	return views, nil
+}
+
+// Replace places one new replica of slab sid, to take over from the replica
+// on server from, on a server that holds none of the slab's replicas. The
+// new replica is recorded at once (the agent writes to it while copying);
+// the old one stays until Migrated.
+func (c *Coordinator) Replace(ctx context.Context, id pool.LeaseID, sid pool.SlabID, from pool.ServerID) (pool.ReplicaView, error) {
+	now := c.clock.Now()
+	c.mu.Lock()
+	_, sl, err := c.slabOfLocked(id, sid, now)
+	if err != nil {
+		c.mu.Unlock()
+		return pool.ReplicaView{}, err
+	}
+	if !sl.HasServer(from) {
+		c.mu.Unlock()
+		return pool.ReplicaView{}, &pool.FieldError{Field: "server", Msg: fmt.Sprintf("slab %d has no replica on server %q", sid, from)}
+	}
+	if len(sl.Replicas) >= 2*pool.MaxReplicas {
+		c.mu.Unlock()
+		return pool.ReplicaView{}, fmt.Errorf("%w: slab %d already has %d replicas: report migrations done first", pool.ErrConflict, sid, len(sl.Replicas))
+	}
+	avoid := make([]pool.ServerID, 0, len(sl.Replicas))
+	for _, r := range sl.Replicas {
+		avoid = append(avoid, r.Server)
+	}
+	tmp := &pool.Slab{ID: sid, Replicas: make([]pool.Replica, 0, 1)}
+	jobs, err := c.reserveLocked([]*pool.Slab{tmp}, 1, [][]pool.ServerID{avoid})
+	c.mu.Unlock()
+	if err != nil {
+		return pool.ReplicaView{}, err
+	}
+
+	err = c.grant(ctx, jobs)
+
+	c.mu.Lock()
+	var l *lease
+	if err == nil {
+		l, err = c.checkCommitLocked(id, jobs, c.clock.Now())
+	}
+	var next pool.Slab
+	if err == nil {
+		if sl = l.slabs[sid]; sl == nil {
+			err = fmt.Errorf("%w: slab %d was freed during the replacement", pool.ErrNotFound, sid)
+		}
+	}
+	if err == nil {
+		next = *sl
+		next.Replicas = append(append([]pool.Replica(nil), sl.Replicas...), tmp.Replicas[0])
+		if err = c.opts.Store.Update(func(tx store.Tx) error { return put(tx, store.Slabs, slabKey(sid), &next) }); err != nil {
+			err = fmt.Errorf("coord: replace: %w", err)
+		}
+	}
+	if err != nil {
+		frees := c.abortLocked(jobs)
+		c.mu.Unlock()
+		c.runFrees(ctx, frees)
+		return pool.ReplicaView{}, err
+	}
+	sl.Replicas = next.Replicas
+	v := c.replicaViewLocked(&sl.Replicas[len(sl.Replicas)-1])
+	c.mu.Unlock()
+	c.m.replacements.Add(1)
+	c.log.Info("replica replacement placed", zap.Uint64("slab", uint64(sid)), zap.String("from", string(from)), zap.String("to", string(v.Server)))
+	return v, nil
+}

@@ -1,0 +1,287 @@
+package coord
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"rmem/pool"
+	"rmem/pool/store"
+)
+
+// Clock tells the time. Tests pass a fake one (pool/pooltest.Clock) and call
+// Tick themselves.
+type Clock interface{ Now() time.Time }
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+// SlabServer is what the coordinator needs from a memory server.
+//
+// Grant issues a fresh read/write key for each index (in order) on the
+// server instance named; a slab that already has a key has it revoked and
+// is zeroed first. It fails with pool.ErrStaleInstance if the server is
+// another instance. Free revokes each key and zeroes the slab; unknown keys
+// are not an error (the slab is zeroed anyway), and a request for another
+// instance does nothing. Both must be safe for concurrent use.
+type SlabServer interface {
+	Grant(ctx context.Context, instance string, indexes []pool.SlabIndex) ([]pool.Key, error)
+	Free(ctx context.Context, instance string, slabs []pool.FreeEntry) error
+}
+
+// Dialer returns the SlabServer of a registered server (in-process for the
+// server in the coordinator's own process, HTTP for others).
+type Dialer interface {
+	SlabServer(info *pool.ServerInfo) (SlabServer, error)
+}
+
+// DialerFunc adapts a function to Dialer.
+type DialerFunc func(info *pool.ServerInfo) (SlabServer, error)
+
+// SlabServer implements Dialer.
+func (f DialerFunc) SlabServer(info *pool.ServerInfo) (SlabServer, error) { return f(info) }
+
+// Options configure a Coordinator.
+type Options struct {
+	Store  store.Store // required; the caller closes it after the coordinator stops
+	Dialer Dialer      // required
+	// SlabSize is the pool's slab size; servers registering another size
+	// are refused. Required.
+	SlabSize uint64
+	// HeartbeatTimeout marks a server dead when it has not heartbeated for
+	// this long (default 10s).
+	HeartbeatTimeout time.Duration
+	// CallTimeout bounds each Grant or Free call to a server (default 10s).
+	CallTimeout time.Duration
+	Clock       Clock                // default: the real clock
+	Log         *zap.Logger          // default: no logging
+	Registry    *prometheus.Registry // default: a new private registry
+	Seed        uint64               // placement randomness; 0: random
+}
+
+// ErrOptions is wrapped by errors about Options.
+var ErrOptions = errors.New("coord: invalid options")
+
+func (o *Options) validate() error {
+	switch {
+	case o.Store == nil:
+		return fmt.Errorf("%w: Store is nil", ErrOptions)
+	case o.Dialer == nil:
+		return fmt.Errorf("%w: Dialer is nil", ErrOptions)
+	case o.SlabSize == 0 || o.SlabSize%4096 != 0:
+		return fmt.Errorf("%w: SlabSize %d is not a positive multiple of 4096", ErrOptions, o.SlabSize)
+	case o.HeartbeatTimeout < 0 || o.CallTimeout < 0:
+		return fmt.Errorf("%w: negative timeout", ErrOptions)
+	}
+	if o.HeartbeatTimeout == 0 {
+		o.HeartbeatTimeout = 10 * time.Second
+	}
+	if o.CallTimeout == 0 {
+		o.CallTimeout = 10 * time.Second
+	}
+	if o.Clock == nil {
+		o.Clock = realClock{}
+	}
+	if o.Log == nil {
+		o.Log = zap.NewNop()
+	}
+	if o.Registry == nil {
+		o.Registry = prometheus.NewRegistry()
+	}
+	if o.Seed == 0 {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		for _, x := range b {
+			o.Seed = o.Seed<<8 | uint64(x)
+		}
+	}
+	return nil
+}
+
+// srv is a server's state. Its used bitmap counts slabs held by replicas of
+// the current instance, reserved by an allocation in flight, or waiting for
+// the server to confirm a free.
+type srv struct {
+	rec    pool.Server
+	used   []bool
+	nused  int
+	cursor int
+	lastHB time.Time
+	hb     pool.Heartbeat
+	conn   SlabServer // dialled lazily, reset on registration
+}
+
+func (s *srv) free() int { return s.rec.Slabs - s.nused }
+
+func (s *srv) takeLocked() pool.SlabIndex {
+	for n := 0; n < len(s.used); n++ {
+		i := (s.cursor + n) % len(s.used)
+		if !s.used[i] {
+			s.used[i] = true
+			s.nused++
+			s.cursor = i + 1
+			return pool.SlabIndex(i)
+		}
+	}
+	panic("coord: takeLocked on a full server") // placement respects free()
+}
+
+func (s *srv) markLocked(i pool.SlabIndex) {
+	if int(i) < len(s.used) && !s.used[i] {
+		s.used[i] = true
+		s.nused++
+	}
+}
+
+func (s *srv) releaseLocked(i pool.SlabIndex) {
+	if int(i) < len(s.used) && s.used[i] {
+		s.used[i] = false
+		s.nused--
+	}
+}
+
+type lease struct {
+	rec   pool.Lease
+	slabs map[pool.SlabID]*pool.Slab
+}
+
+// freeJob asks one server instance to free slabs.
+type freeJob struct {
+	server   pool.ServerID
+	instance string
+	entries  []pool.FreeEntry
+}
+
+// Coordinator is the pool coordinator service. Create it with New.
+type Coordinator struct {
+	opts  Options
+	log   *zap.Logger
+	clock Clock
+	m     *metrics
+
+	mu       sync.Mutex
+	servers  map[pool.ServerID]*srv
+	leases   map[pool.LeaseID]*lease
+	slabs    map[pool.SlabID]*pool.Slab
+	nextSlab pool.SlabID
+	pending  []freeJob // frees a server has not confirmed yet
+	rnd      *mrand.Rand
+	cands    []pool.Candidate // reused by candidatesLocked
+	candSrv  []*srv
+}
+
+// New loads the coordinator's state from opts.Store.
+func New(opts Options) (*Coordinator, error) {
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	c := &Coordinator{
+		opts: opts, log: opts.Log, clock: opts.Clock,
+		servers:  map[pool.ServerID]*srv{},
+		leases:   map[pool.LeaseID]*lease{},
+		slabs:    map[pool.SlabID]*pool.Slab{},
+		nextSlab: 1,
+		rnd:      mrand.New(mrand.NewPCG(opts.Seed, opts.Seed^0x9e3779b97f4a7c15)),
+	}
+	if err := c.load(); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(c, opts.Registry)
+	if err != nil {
+		return nil, err
+	}
+	c.m = m
+	return c, nil
+}
+
+// Registry returns the coordinator's Prometheus registry.
+func (c *Coordinator) Registry() *prometheus.Registry { return c.opts.Registry }
+
+// SlabSize returns the pool's slab size.
+func (c *Coordinator) SlabSize() uint64 { return c.opts.SlabSize }
+
+// Run sweeps every interval (dead servers, expired leases, retried frees)
+// until ctx is done. It is the coordinator's only long-running goroutine.
+func (c *Coordinator) Run(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			c.Tick(ctx)
+		}
+	}
+}
+
+func newID() pool.LeaseID {
+	var b [12]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand does not fail on Linux ≥ 3.17
+	}
+	return pool.LeaseID(hex.EncodeToString(b[:]))
+}
+
+// getSrvLocked returns the server's record or nil.
+func (c *Coordinator) getSrvLocked(id pool.ServerID) *pool.Server {
+	if s := c.servers[id]; s != nil {
+		return &s.rec
+	}
+	return nil
+}
+
+// rebuildUsedLocked recomputes s.used from the replicas of its current
+// instance and the pending frees of that instance.
+func (c *Coordinator) rebuildUsedLocked(s *srv) {
+	s.used = make([]bool, s.rec.Slabs)
+	s.nused, s.cursor = 0, 0
+	for _, sl := range c.slabs {
+		for _, r := range sl.Replicas {
+			if r.Server == s.rec.ID && r.Instance == s.rec.Instance {
+				s.markLocked(r.Index)
+			}
+		}
+	}
+	for _, j := range c.pending {
+		if j.server == s.rec.ID && j.instance == s.rec.Instance {
+			for _, e := range j.entries {
+				s.markLocked(e.Index)
+			}
+		}
+	}
+}
+
+// liveLeaseLocked returns the lease id if it exists and has not expired.
+func (c *Coordinator) liveLeaseLocked(id pool.LeaseID, now time.Time) (*lease, error) {
+	l := c.leases[id]
+	if l == nil {
+		return nil, fmt.Errorf("%w: lease %q", pool.ErrNotFound, id)
+	}
+	if !l.rec.Expires.After(now) {
+		return nil, fmt.Errorf("%w: lease %q expired at %s", pool.ErrLeaseExpired, id, l.rec.Expires.Format(time.RFC3339Nano))
+	}
+	return l, nil
+}
+
+// slabOfLocked returns the slab if it belongs to the live lease.
+func (c *Coordinator) slabOfLocked(id pool.LeaseID, sid pool.SlabID, now time.Time) (*lease, *pool.Slab, error) {
+	l, err := c.liveLeaseLocked(id, now)
+	if err != nil {
+		return nil, nil, err
+	}
+	sl := l.slabs[sid]
+	if sl == nil {
+		return nil, nil, fmt.Errorf("%w: slab %d in lease %q", pool.ErrNotFound, sid, id)
+	}
+	return l, sl, nil
+}

@@ -1,0 +1,492 @@
+package coord_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"rmem/pool"
+	"rmem/pool/coord"
+	"rmem/pool/pooltest"
+	"rmem/pool/store"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const slabSize = 16 << 20
+
+type env struct {
+	t     *testing.T
+	c     *coord.Coordinator
+	clock *pooltest.Clock
+	ss    *pooltest.Servers
+	st    store.Store
+	infos map[pool.ServerID]pool.ServerInfo
+}
+
+func newEnv(t *testing.T, st store.Store) *env {
+	t.Helper()
+	e := &env{t: t, clock: &pooltest.Clock{}, ss: &pooltest.Servers{}, st: st, infos: map[pool.ServerID]pool.ServerInfo{}}
+	e.open()
+	return e
+}
+
+func (e *env) open() {
+	e.t.Helper()
+	c, err := coord.New(coord.Options{Store: e.st, Dialer: e.ss, SlabSize: slabSize, Clock: e.clock,
+		HeartbeatTimeout: time.Second, Seed: 42})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.c = c
+}
+
+func (e *env) addServer(id string, slabs int, domain string) {
+	e.t.Helper()
+	info := e.ss.Add(pool.ServerID(id), slabs, slabSize, domain)
+	if _, err := e.c.Register(info); err != nil {
+		e.t.Fatal(err)
+	}
+	e.infos[info.ID] = info
+}
+
+func (e *env) heartbeatAll() {
+	e.t.Helper()
+	for id, info := range e.infos {
+		if err := e.c.Heartbeat(id, pool.Heartbeat{Instance: info.Instance}); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+}
+
+func (e *env) lease(agent string, ttl time.Duration) pool.LeaseID {
+	e.t.Helper()
+	l, err := e.c.CreateLease(pool.CreateLeaseRequest{Agent: agent, Node: "n1", PID: 1, TTL: pool.Duration(ttl)})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return l.ID
+}
+
+// liveKeys counts the keys all servers hold.
+func (e *env) liveKeys() int {
+	n := 0
+	for id := range e.infos {
+		n += len(e.ss.Get(id).Keys())
+	}
+	return n
+}
+
+func TestAllocateDistinctServersAndKeysWork(t *testing.T) {
+	e := newEnv(t, store.NewMem())
+	for i := range 4 {
+		e.addServer(fmt.Sprintf("s%d", i), 8, "")
+	}
+	l := e.lease("a", time.Minute)
+	slabs, err := e.c.Allocate(context.Background(), l, pool.AllocateRequest{Slabs: 6, Replicas: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(slabs) != 6 {
+		t.Fatalf("%d slabs", len(slabs))
+	}
+	perServer := map[pool.ServerID]int{}
+	for _, s := range slabs {
+		seen := map[pool.ServerID]bool{}
+		for _, r := range s.Replicas {
+			if seen[r.Server] {
+				t.Fatalf("slab %d has two replicas on %s", s.ID, r.Server)
+			}
+			seen[r.Server] = true
+			perServer[r.Server]++
+			// The key handed out is the one the server holds for that slab.
+			if got := e.ss.Get(r.Server).Keys()[r.Index]; got != r.Key || r.Key == "" {
+				t.Fatalf("replica key %q, server has %q", r.Key, got)
+			}
+			if r.Length != slabSize || r.Addrs["mem"] != string(r.Server) || r.State != "ok" {
+				t.Fatalf("replica view %+v", r)
+			}
+		}
+	}
+	for id, n := range perServer {
+		if n > 8 {
+			t.Fatalf("%s holds %d replicas, capacity 8", id, n)
+		}
+	}
+	st := e.c.Status()
+	if st.Used != 18*slabSize || st.Capacity != 32*slabSize || st.Slabs != 6 || st.SlabsHealthy != 6 || st.Agents != 1 {
+		t.Fatalf("status %+v", st)
+	}
+}
+
+func TestCapacityRespectedAndBeyondPool(t *testing.T) {
+	e := newEnv(t, store.NewMem())
+	e.addServer("s0", 4, "")
+	e.addServer("s1", 4, "")
+	l := e.lease("a", time.Minute)
+	if _, err := e.c.Allocate(context.Background(), l, pool.AllocateRequest{Slabs: 4, Replicas: 2}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := e.c.Allocate(context.Background(), l, pool.AllocateRequest{Slabs: 1, Replicas: 1})
+	if !errors.Is(err, pool.ErrNoCapacity) {
+		t.Fatalf("allocation beyond the pool: %v", err)
+	}
+	if e.liveKeys() != 8 {
+		t.Fatalf("%d live keys, want 8", e.liveKeys())
+	}
+}
+
+func TestAllOrNothing(t *testing.T) {
+	e := newEnv(t, store.NewMem())
+	for i := range 3 {
+		e.addServer(fmt.Sprintf("s%d", i), 4, "")
+	}
+	l := e.lease("a", time.Minute)
+	before := e.c.Status()
+	// Three replicas each: every server is involved; one fails to grant.
+	e.ss.Get("s1").Fail(errors.New("disk on fire"))
+	_, err := e.c.Allocate(context.Background(), l, pool.AllocateRequest{Slabs: 2, Replicas: 3})
+	if !errors.Is(err, pool.ErrGrantFailed) {
+		t.Fatalf("want ErrGrantFailed, got %v", err)
+	}
+	if n := e.liveKeys(); n != 0 {
+		t.Fatalf("%d keys leaked on the servers that granted", n)
+	}
+	if after := e.c.Status(); after != before {
+		t.Fatalf("status changed by a failed allocation:\n%+v\n%+v", before, after)
+	}
+	// Too many replicas for the pool's servers: refused up front.
+	e.ss.Get("s1").Fail(nil)
+	if _, err := e.c.Allocate(context.Background(), l, pool.AllocateRequest{Slabs: 1, Replicas: 4}); !errors.Is(err, pool.ErrNoCapacity) {
+		t.Fatalf("4 replicas on 3 servers: %v", err)
+	}
+	// And the pool is whole again.
+	if _, err := e.c.Allocate(context.Background(), l, pool.AllocateRequest{Slabs: 4, Replicas: 3}); err != nil {
+		t.Fatalf("after failures the full pool should be allocatable: %v", err)
+	}
+}
+
+func TestFailureDomains(t *testing.T) {
+	e := newEnv(t, store.NewMem())
+	for i := range 6 {
+		e.addServer(fmt.Sprintf("s%d", i), 10, fmt.Sprintf("rack%d", i%2))
+	}
+	l := e.lease("a", time.Minute)
+	slabs, err := e.c.Allocate(context.Background(), l, pool.AllocateRequest{Slabs: 10, Replicas: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dom := func(id pool.ServerID) string { return e.infos[id].Domain }
+	for _, s := range slabs {
+		if dom(s.Replicas[0].Server) == dom(s.Replicas[1].Server) {
+			t.Fatalf("slab %d: both replicas in %s", s.ID, dom(s.Replicas[0].Server))
+		}
+	}
+	if _, err := e.c.Allocate(context.Background(), l, pool.AllocateRequest{Slabs: 1, Replicas: 3}); !errors.Is(err, pool.ErrNoCapacity) {
+		t.Fatalf("3 replicas over 2 racks: %v", err)
+	}
+}
+
+func TestLeaseExpiryFrees(t *testing.T) {
+	e := newEnv(t, store.NewMem())
+	e.addServer("s0", 4, "")
+	e.addServer("s1", 4, "")
+	l := e.lease("a", 10*time.Second)
+	slabs, err := e.c.Allocate(context.Background(), l, pool.AllocateRequest{Slabs: 2, Replicas: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Renewals keep it alive past its first TTL.
+	for range 3 {
+		e.clock.Advance(6 * time.Second)
+		e.heartbeatAll()
+		if _, err := e.c.Renew(l); err != nil {
+			t.Fatal(err)
+		}
+		e.c.Tick(context.Background())
+	}
+	if e.liveKeys() != 4 {
+		t.Fatalf("renewed lease lost keys: %d", e.liveKeys())
+	}
+	e.clock.Advance(11 * time.Second)
+	e.heartbeatAll()
+	e.c.Tick(context.Background())
+	if n := e.liveKeys(); n != 0 {
+		t.Fatalf("%d keys still live after expiry", n)
+	}
+	for _, s := range slabs {
+		for _, r := range s.Replicas {
+			if e.ss.Get(r.Server).Zeroed(r.Index) == 0 {
+				t.Fatalf("slab %s/%d not zeroed", r.Server, r.Index)
+			}
+		}
+	}
+	if _, err := e.c.Renew(l); !errors.Is(err, pool.ErrNotFound) {
+		t.Fatalf("renewing an expired lease: %v", err)
+	}
+	if st := e.c.Status(); st.Used != 0 || st.Agents != 0 || st.Slabs != 0 {
+		t.Fatalf("status after expiry %+v", st)
+	}
+}
+
+func TestExpiredButNotSweptCannotRenew(t *testing.T) {
+	e := newEnv(t, store.NewMem())
+	e.addServer("s0", 4, "")
+	l := e.lease("a", time.Second)
+	e.clock.Advance(2 * time.Second)
+	if _, err := e.c.Renew(l); !errors.Is(err, pool.ErrLeaseExpired) {
+		t.Fatalf("got %v", err)
+	}
+	if _, err := e.c.Allocate(context.Background(), l, pool.AllocateRequest{Slabs: 1, Replicas: 1}); !errors.Is(err, pool.ErrLeaseExpired) {
+		t.Fatalf("allocate on expired lease: %v", err)
+	}
+}
+
+func TestDeadServerReported(t *testing.T) {
+	e := newEnv(t, store.NewMem())
+	for i := range 3 {
+		e.addServer(fmt.Sprintf("s%d", i), 4, "")
+	}
+	l := e.lease("a", time.Minute)
+	slabs, err := e.c.Allocate(context.Background(), l, pool.AllocateRequest{Slabs: 3, Replicas: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(800 * time.Millisecond)
+	for _, id := range []pool.ServerID{"s0", "s2"} {
+		e.c.Heartbeat(id, pool.Heartbeat{Instance: e.infos[id].Instance})
+	}
+	e.clock.Advance(800 * time.Millisecond) // s1: 1.6s > 1s timeout
+	e.c.Tick(context.Background())
+	sv, _ := e.c.Server("s1")
+	if sv.State != pool.ServerDead {
+		t.Fatalf("s1 is %s", sv.State)
+	}
+	r, err := e.c.Renew(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := 0
+	for _, s := range slabs {
+		if s.HasServerView("s1") {
+			want++
+		}
+	}
+	got := 0
+	for _, ev := range r.Events {
+		if ev.Type != pool.EventReplicaLost || ev.Server != "s1" {
+			t.Fatalf("unexpected event %+v", ev)
+		}
+		got++
+	}
+	if got != want || want == 0 {
+		t.Fatalf("%d lost-replica events, want %d", got, want)
+	}
+	if st := e.c.Status(); st.ServersDown != 1 || st.SlabsDegraded != want {
+		t.Fatalf("status %+v", st)
+	}
+	// The dead server gets no new replicas.
+	more, err := e.c.Allocate(context.Background(), l, pool.AllocateRequest{Slabs: 2, Replicas: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range more {
+		if s.HasServerView("s1") {
+			t.Fatal("placed on a dead server")
+		}
+	}
+	// It comes back (same instance): up again, events stop.
+	e.heartbeatAll()
+	if r, _ := e.c.Renew(l); len(r.Events) != 0 {
+		t.Fatalf("events after recovery: %+v", r.Events)
+	}
+}
+
+func TestServerRestartLosesReplicas(t *testing.T) {
+	e := newEnv(t, store.NewMem())
+	e.addServer("s0", 2, "")
+	e.addServer("s1", 2, "")
+	l := e.lease("a", time.Minute)
+	if _, err := e.c.Allocate(context.Background(), l, pool.AllocateRequest{Slabs: 2, Replicas: 2}); err != nil {
+		t.Fatal(err)
+	}
+	info := e.infos["s0"]
+	info.Instance = e.ss.Get("s0").Restart()
+	if err := e.c.Heartbeat("s0", pool.Heartbeat{Instance: info.Instance}); !errors.Is(err, pool.ErrStaleInstance) {
+		t.Fatalf("heartbeat of a new instance before registering: %v", err)
+	}
+	if _, err := e.c.Register(info); err != nil {
+		t.Fatal(err)
+	}
+	e.infos["s0"] = info
+	r, _ := e.c.Renew(l)
+	if len(r.Events) != 2 {
+		t.Fatalf("want 2 lost replicas, got %+v", r.Events)
+	}
+	// The new instance's memory is all free again.
+	if sv, _ := e.c.Server("s0"); sv.FreeSlabs != 2 {
+		t.Fatalf("restarted server has %d free slabs", sv.FreeSlabs)
+	}
+}
+
+func TestDrainProgress(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, store.NewMem())
+	for i := range 3 {
+		e.addServer(fmt.Sprintf("s%d", i), 4, "")
+	}
+	l := e.lease("a", time.Minute)
+	if _, err := e.c.Allocate(ctx, l, pool.AllocateRequest{Slabs: 4, Replicas: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.c.SetDrain("s0", true); err != nil {
+		t.Fatal(err)
+	}
+	d, _ := e.c.Drain("s0")
+	if d.Done || d.Replicas == 0 {
+		t.Fatalf("drain at start: %+v", d)
+	}
+	r, _ := e.c.Renew(l)
+	if len(r.Events) != d.Replicas {
+		t.Fatalf("%d drain events for %d replicas", len(r.Events), d.Replicas)
+	}
+	// Act as the agent: replace each replica on s0, then report it moved.
+	for i, ev := range r.Events {
+		if ev.Type != pool.EventReplicaDrain {
+			t.Fatalf("event %+v", ev)
+		}
+		nr, err := e.c.Replace(ctx, l, ev.Slab, ev.Server)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if nr.Server == "s0" {
+			t.Fatal("replacement placed on the draining server")
+		}
+		if err := e.c.Migrated(ctx, l, ev.Slab, ev.Server); err != nil {
+			t.Fatal(err)
+		}
+		if d, _ := e.c.Drain("s0"); d.Replicas != len(r.Events)-i-1 {
+			t.Fatalf("progress %+v after %d moves", d, i+1)
+		}
+	}
+	d, _ = e.c.Drain("s0")
+	if !d.Done {
+		t.Fatalf("drain not done: %+v", d)
+	}
+	if n := len(e.ss.Get("s0").Keys()); n != 0 {
+		t.Fatalf("drained server still has %d keys", n)
+	}
+	for _, s := range e.c.Slabs(coord.SlabFilter{Lease: l}) {
+		if len(s.Replicas) != 2 {
+			t.Fatalf("slab %d has %d replicas after migration", s.ID, len(s.Replicas))
+		}
+	}
+}
+
+func TestBadRequests(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, store.NewMem())
+	e.addServer("s0", 2, "")
+	l := e.lease("a", time.Minute)
+	slabs, _ := e.c.Allocate(ctx, l, pool.AllocateRequest{Slabs: 1, Replicas: 1})
+	info := e.ss.Add("odd", 2, 4096, "")
+	var fe *pool.FieldError
+	if _, err := e.c.Register(info); !errors.As(err, &fe) || fe.Field != "slab_size" {
+		t.Fatalf("slab size mismatch: %v", err)
+	}
+	for name, err := range map[string]error{
+		"unknown server heartbeat": e.c.Heartbeat("nope", pool.Heartbeat{Instance: "x"}),
+		"unknown server drain":     e.c.SetDrain("nope", true),
+		"unknown lease delete":     e.c.DeleteLease(ctx, "nope"),
+		"unknown slab":             e.c.FreeSlab(ctx, l, 999),
+		"other lease's slab":       e.c.FreeSlab(ctx, e.lease("b", time.Minute), slabs[0].ID),
+	} {
+		if !errors.Is(err, pool.ErrNotFound) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	if _, err := e.c.Allocate(ctx, "nope", pool.AllocateRequest{Slabs: 1, Replicas: 1}); !errors.Is(err, pool.ErrNotFound) {
+		t.Errorf("allocate on unknown lease: %v", err)
+	}
+	if err := e.c.Migrated(ctx, l, slabs[0].ID, "s0"); !errors.Is(err, pool.ErrConflict) {
+		t.Errorf("dropping the last replica: %v", err)
+	}
+	if _, err := e.c.Replace(ctx, l, slabs[0].ID, "s9"); !errors.As(err, &fe) || fe.Field != "server" {
+		t.Errorf("replacing a replica that does not exist: %v", err)
+	}
+}
+
+// Restarting the coordinator on the same bbolt file loses nothing.
+func TestRestartKeepsState(t *testing.T) {
+	dir := t.TempDir()
+	st, err := store.OpenBolt(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, st)
+	for i := range 3 {
+		e.addServer(fmt.Sprintf("s%d", i), 4, "")
+	}
+	l := e.lease("a", time.Minute)
+	if _, err := e.c.Allocate(context.Background(), l, pool.AllocateRequest{Slabs: 3, Replicas: 2}); err != nil {
+		t.Fatal(err)
+	}
+	e.c.SetDrain("s2", true)
+	beforeStatus, beforeSlabs, beforeLeases := e.c.Status(), e.c.Slabs(coord.SlabFilter{}), e.c.Leases()
+	st.Close()
+
+	if e.st, err = store.OpenBolt(dir); err != nil {
+		t.Fatal(err)
+	}
+	defer e.st.Close()
+	e.open()
+	if got := e.c.Status(); got != beforeStatus {
+		t.Fatalf("status after restart\n%+v\nwant\n%+v", got, beforeStatus)
+	}
+	if got := e.c.Slabs(coord.SlabFilter{}); fmt.Sprint(got) != fmt.Sprint(beforeSlabs) {
+		t.Fatalf("slabs after restart\n%v\nwant\n%v", got, beforeSlabs)
+	}
+	if got := e.c.Leases(); len(got) != 1 || got[0].ID != beforeLeases[0].ID || got[0].Slabs != 3 {
+		t.Fatalf("leases after restart %+v", got)
+	}
+	// New slabs get new ids.
+	more, err := e.c.Allocate(context.Background(), l, pool.AllocateRequest{Slabs: 1, Replicas: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if more[0].ID <= beforeSlabs[len(beforeSlabs)-1].ID {
+		t.Fatalf("slab id %d reused", more[0].ID)
+	}
+}
+
+// A free the server does not confirm keeps the slab out of use until a
+// retry succeeds.
+func TestFailedFreeIsRetried(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, store.NewMem())
+	e.addServer("s0", 1, "")
+	l := e.lease("a", time.Minute)
+	slabs, err := e.c.Allocate(ctx, l, pool.AllocateRequest{Slabs: 1, Replicas: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.ss.Get("s0").Fail(errors.New("unreachable"))
+	if err := e.c.FreeSlab(ctx, l, slabs[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if sv, _ := e.c.Server("s0"); sv.FreeSlabs != 0 {
+		t.Fatal("slab reusable before the server confirmed the free")
+	}
+	e.ss.Get("s0").Fail(nil)
+	e.c.Tick(ctx)
+	if sv, _ := e.c.Server("s0"); sv.FreeSlabs != 1 {
+		t.Fatal("retried free did not release the slab")
+	}
+	if len(e.ss.Get("s0").Keys()) != 0 {
+		t.Fatal("key not revoked")
+	}
+}

@@ -1,0 +1,36 @@
+// Package coord is the pool coordinator: membership of memory servers
+// (register, heartbeat, leave, dead after a timeout), agents' leases (TTL,
+// renewal, expiry), slab allocation with replicas (placement by pool.Place),
+// replacement and migration of replicas (drain, lost servers), its HTTP/JSON
+// control API (docs/api.md) and its Prometheus metrics.
+//
+// Coordinator is a thin service around the decision functions of package
+// pool and a store.Store: every change is written to the store before it is
+// visible, and New rebuilds the state from the store, so a restarted
+// coordinator loses no server, lease or slab. Heartbeat times and lease
+// expiry times are not stored: after a restart every server and lease gets a
+// full timeout (TTL) from the restart.
+//
+// It is not for moving data: agents copy slabs themselves (rdma) and report
+// migrations done; memory servers issue and revoke keys when the coordinator
+// asks them through the SlabServer interface.
+//
+// # Keys and freeing
+//
+// Allocate asks each chosen server to Grant keys for the reserved slab
+// indexes before it answers, so a key handed to an agent works at once.
+// Freeing (free, migrated, lease expiry or deletion) drops the records first,
+// then asks the servers to revoke the keys and zero the slabs; an index is
+// reusable only when its server confirmed, and failed frees are retried by
+// Tick. A memory server must treat Grant of a slab that still has a key as
+// revoke + zero + new key (covers a coordinator crash between the two).
+//
+// # Concurrency and deadlocks
+//
+// One mutex, Coordinator.mu, guards all state and is held across store
+// writes (so the store's order is the state's order) but never across calls
+// to memory servers: Allocate reserves indexes under mu, grants without it,
+// and commits under it again. Methods ending in Locked need mu held.
+// Goroutines: Run (the sweeper, stopped by its ctx) and, during Allocate and
+// frees, one short-lived goroutine per memory server contacted.
+package coord

@@ -1,0 +1,306 @@
+package coord
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+
+	"go.uber.org/zap"
+
+	"rmem/pool"
+	"rmem/pool/store"
+)
+
+// CreateLease starts a lease for an agent.
+func (c *Coordinator) CreateLease(req pool.CreateLeaseRequest) (pool.Lease, error) {
+	if err := req.Validate(); err != nil {
+		return pool.Lease{}, err
+	}
+	now := c.clock.Now()
+	rec := pool.Lease{ID: newID(), Agent: req.Agent, Node: req.Node, PID: req.PID, TTL: req.TTL, Created: now, Expires: now.Add(req.TTL.Std())}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.opts.Store.Update(func(tx store.Tx) error { return put(tx, store.Leases, string(rec.ID), &rec) }); err != nil {
+		return pool.Lease{}, fmt.Errorf("coord: create lease: %w", err)
+	}
+	c.leases[rec.ID] = &lease{rec: rec, slabs: map[pool.SlabID]*pool.Slab{}}
+	c.log.Info("lease created", zap.String("lease", string(rec.ID)), zap.String("agent", rec.Agent), zap.String("node", rec.Node), zap.Int("pid", rec.PID))
+	return rec, nil
+}
+
+// Renew extends a live lease by its TTL and returns the events about its
+// slabs. An expired lease cannot be renewed (pool.ErrLeaseExpired).
+// Renewal is not written to the store (see the package comment).
+func (c *Coordinator) Renew(id pool.LeaseID) (pool.RenewResponse, error) {
+	now := c.clock.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l, err := c.liveLeaseLocked(id, now)
+	if err != nil {
+		return pool.RenewResponse{}, err
+	}
+	l.rec.Expires = now.Add(l.rec.TTL.Std())
+	slabs := make([]*pool.Slab, 0, len(l.slabs))
+	for _, sl := range l.slabs {
+		slabs = append(slabs, sl)
+	}
+	sort.Slice(slabs, func(i, j int) bool { return slabs[i].ID < slabs[j].ID })
+	ev := pool.EventsFor(make([]pool.Event, 0), slabs, c.getSrvLocked)
+	return pool.RenewResponse{Lease: l.rec, Events: ev}, nil
+}
+
+// DeleteLease ends a lease and frees its slabs.
+func (c *Coordinator) DeleteLease(ctx context.Context, id pool.LeaseID) error {
+	c.mu.Lock()
+	l := c.leases[id]
+	if l == nil {
+		c.mu.Unlock()
+		return fmt.Errorf("%w: lease %q", pool.ErrNotFound, id)
+	}
+	jobs, err := c.dropLeasesLocked([]*lease{l})
+	c.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	c.runFrees(ctx, jobs)
+	return nil
+}
+
+// FreeSlab frees one slab of a live lease (every replica).
+func (c *Coordinator) FreeSlab(ctx context.Context, id pool.LeaseID, sid pool.SlabID) error {
+	c.mu.Lock()
+	l, sl, err := c.slabOfLocked(id, sid, c.clock.Now())
+	if err != nil {
+		c.mu.Unlock()
+		return err
+	}
+	err = c.opts.Store.Update(func(tx store.Tx) error { return tx.Delete(store.Slabs, slabKey(sid)) })
+	if err != nil {
+		c.mu.Unlock()
+		return fmt.Errorf("coord: free slab %d: %w", sid, err)
+	}
+	delete(l.slabs, sid)
+	delete(c.slabs, sid)
+	var jobs []freeJob
+	for _, r := range sl.Replicas {
+		jobs = c.addFreeLocked(jobs, r)
+	}
+	c.mu.Unlock()
+	c.m.slabsFreed.Add(1)
+	c.runFrees(ctx, jobs)
+	return nil
+}
+
+// Migrated records that the agent copied slab sid off server from to its
+// replacement: the replica on from is dropped and freed. The slab must keep
+// at least one other replica.
+func (c *Coordinator) Migrated(ctx context.Context, id pool.LeaseID, sid pool.SlabID, from pool.ServerID) error {
+	c.mu.Lock()
+	_, sl, err := c.slabOfLocked(id, sid, c.clock.Now())
+	if err != nil {
+		c.mu.Unlock()
+		return err
+	}
+	at := -1
+	for i, r := range sl.Replicas {
+		if r.Server == from {
+			at = i
+		}
+	}
+	if at < 0 {
+		c.mu.Unlock()
+		return &pool.FieldError{Field: "server", Msg: fmt.Sprintf("slab %d has no replica on server %q", sid, from)}
+	}
+	if len(sl.Replicas) == 1 {
+		c.mu.Unlock()
+		return fmt.Errorf("%w: slab %d has no replica besides the one on %q: ask for a replacement first", pool.ErrConflict, sid, from)
+	}
+	next := *sl
+	next.Replicas = append(append([]pool.Replica(nil), sl.Replicas[:at]...), sl.Replicas[at+1:]...)
+	if err := c.opts.Store.Update(func(tx store.Tx) error { return put(tx, store.Slabs, slabKey(sid), &next) }); err != nil {
+		c.mu.Unlock()
+		return fmt.Errorf("coord: migrated slab %d: %w", sid, err)
+	}
+	old := sl.Replicas[at]
+	sl.Replicas = next.Replicas
+	jobs := c.addFreeLocked(nil, old)
+	c.mu.Unlock()
+	c.log.Info("replica migrated", zap.Uint64("slab", uint64(sid)), zap.String("from", string(from)))
+	c.runFrees(ctx, jobs)
+	return nil
+}
+
+// dropLeasesLocked deletes leases and their slabs from the store and the
+// state, and returns the frees to run.
+func (c *Coordinator) dropLeasesLocked(ls []*lease) ([]freeJob, error) {
+	err := c.opts.Store.Update(func(tx store.Tx) error {
+		for _, l := range ls {
+			for sid := range l.slabs {
+				if err := tx.Delete(store.Slabs, slabKey(sid)); err != nil {
+					return err
+				}
+			}
+			if err := tx.Delete(store.Leases, string(l.rec.ID)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("coord: delete leases: %w", err)
+	}
+	var jobs []freeJob
+	for _, l := range ls {
+		for sid, sl := range l.slabs {
+			delete(c.slabs, sid)
+			for _, r := range sl.Replicas {
+				jobs = c.addFreeLocked(jobs, r)
+			}
+		}
+		c.m.slabsFreed.Add(float64(len(l.slabs)))
+		delete(c.leases, l.rec.ID)
+		c.log.Info("lease ended", zap.String("lease", string(l.rec.ID)), zap.String("agent", l.rec.Agent), zap.Int("slabs", len(l.slabs)))
+	}
+	return jobs, nil
+}
+
+// addFreeLocked adds the free of replica r to jobs, if its server instance
+// still holds it. The index stays used until the server confirms.
+func (c *Coordinator) addFreeLocked(jobs []freeJob, r pool.Replica) []freeJob {
+	s := c.servers[r.Server]
+	if s == nil || s.rec.Instance != r.Instance || s.rec.State == pool.ServerLeft {
+		return jobs // its memory is gone with the instance
+	}
+	e := pool.FreeEntry{Index: r.Index, Key: r.Key}
+	for i := range jobs {
+		if jobs[i].server == r.Server && jobs[i].instance == r.Instance {
+			jobs[i].entries = append(jobs[i].entries, e)
+			return jobs
+		}
+	}
+	return append(jobs, freeJob{server: r.Server, instance: r.Instance, entries: []pool.FreeEntry{e}})
+}
+
+// runFrees asks servers to free slabs, in parallel. Confirmed indexes become
+// free; failed jobs are kept for Tick to retry. Jobs for servers that are
+// not up wait in pending for them too.
+func (c *Coordinator) runFrees(ctx context.Context, jobs []freeJob) {
+	if len(jobs) == 0 {
+		return
+	}
+	errs := make([]error, len(jobs))
+	conns := make([]SlabServer, len(jobs))
+	c.mu.Lock()
+	for i, j := range jobs {
+		s := c.servers[j.server]
+		switch {
+		case s == nil || s.rec.Instance != j.instance:
+			errs[i] = errMoot
+		case s.rec.State != pool.ServerUp:
+			errs[i] = pool.ErrServerDead
+		default:
+			conns[i], errs[i] = c.connLocked(s)
+		}
+	}
+	c.mu.Unlock()
+	var wg sync.WaitGroup
+	for i, j := range jobs {
+		if errs[i] != nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cctx, cancel := context.WithTimeout(ctx, c.opts.CallTimeout)
+			defer cancel()
+			errs[i] = conns[i].Free(cctx, j.instance, j.entries)
+		}()
+	}
+	wg.Wait()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, j := range jobs {
+		s := c.servers[j.server]
+		if errs[i] == errMoot || s == nil || s.rec.Instance != j.instance {
+			continue // nothing to release: the instance's used map was rebuilt
+		}
+		if errs[i] != nil {
+			if errs[i] != pool.ErrServerDead {
+				c.log.Warn("free failed, will retry", zap.String("server", string(j.server)), zap.Int("slabs", len(j.entries)), zap.Error(errs[i]))
+			}
+			c.pending = append(c.pending, j)
+			continue
+		}
+		for _, e := range j.entries {
+			s.releaseLocked(e.Index)
+		}
+	}
+}
+
+var errMoot = fmt.Errorf("coord: free for a server instance that is gone")
+
+// connLocked returns (dialling if needed) the server's SlabServer.
+func (c *Coordinator) connLocked(s *srv) (SlabServer, error) {
+	if s.conn == nil {
+		conn, err := c.opts.Dialer.SlabServer(&s.rec.ServerInfo)
+		if err != nil {
+			return nil, fmt.Errorf("coord: dial server %s: %w", s.rec.ID, err)
+		}
+		s.conn = conn
+	}
+	return s.conn, nil
+}
+
+// Tick does the periodic work: marks servers that missed their heartbeats
+// dead, ends expired leases (freeing their slabs), and retries frees that
+// failed. Run calls it; tests with a fake clock call it directly.
+func (c *Coordinator) Tick(ctx context.Context) {
+	now := c.clock.Now()
+	c.mu.Lock()
+	live := make([]pool.Liveness, 0, len(c.servers))
+	for _, s := range c.servers {
+		live = append(live, pool.Liveness{ID: s.rec.ID, State: s.rec.State, LastHeartbeat: s.lastHB})
+	}
+	for _, id := range pool.Dead(live, now, c.opts.HeartbeatTimeout) {
+		s := c.servers[id]
+		rec := s.rec
+		rec.State = pool.ServerDead
+		if err := c.opts.Store.Update(func(tx store.Tx) error { return put(tx, store.Servers, string(id), &rec) }); err != nil {
+			c.log.Error("marking server dead", zap.String("server", string(id)), zap.Error(err))
+			continue
+		}
+		s.rec = rec
+		c.m.serversDead.Add(1)
+		c.log.Warn("server dead: missed heartbeats", zap.String("server", string(id)), zap.Duration("since", now.Sub(s.lastHB)))
+	}
+	recs := make([]pool.Lease, 0, len(c.leases))
+	for _, l := range c.leases {
+		recs = append(recs, l.rec)
+	}
+	var expired []*lease
+	for _, id := range pool.Expired(recs, now) {
+		expired = append(expired, c.leases[id])
+	}
+	var jobs []freeJob
+	if len(expired) > 0 {
+		var err error
+		if jobs, err = c.dropLeasesLocked(expired); err != nil {
+			c.log.Error("ending expired leases", zap.Error(err))
+		} else {
+			c.m.leaseExpiries.Add(float64(len(expired)))
+		}
+	}
+	retry := c.pending[:0:0]
+	kept := c.pending[:0]
+	for _, j := range c.pending {
+		if s := c.servers[j.server]; s != nil && s.rec.State == pool.ServerUp && s.rec.Instance == j.instance {
+			retry = append(retry, j)
+		} else if s != nil && s.rec.Instance == j.instance {
+			kept = append(kept, j) // wait for the server to come back
+		}
+	}
+	c.pending = kept
+	c.mu.Unlock()
+	c.runFrees(ctx, append(jobs, retry...))
+}
