@@ -30,9 +30,11 @@ func (realClock) Now() time.Time { return time.Now() }
 // Grant issues a fresh read/write key for each index (in order) on the
 // server instance named; a slab that already has a key has it revoked and
 // is zeroed first. It fails with pool.ErrStaleInstance if the server is
-// another instance. Free revokes each key and zeroes the slab; unknown keys
-// are not an error (the slab is zeroed anyway), and a request for another
-// instance does nothing. Both must be safe for concurrent use.
+// another instance. Free revokes each key and zeroes its slab; an entry
+// whose key is not the slab's current key is skipped without error (freed
+// already, or granted again since: never zero another tenant's slab), and a
+// request for another instance does nothing. Both must be safe for
+// concurrent use.
 type SlabServer interface {
 	Grant(ctx context.Context, instance string, indexes []pool.SlabIndex) ([]pool.Key, error)
 	Free(ctx context.Context, instance string, slabs []pool.FreeEntry) error

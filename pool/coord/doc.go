@@ -23,7 +23,9 @@
 // then asks the servers to revoke the keys and zero the slabs; an index is
 // reusable only when its server confirmed, and failed frees are retried by
 // Tick. A memory server must treat Grant of a slab that still has a key as
-// revoke + zero + new key (covers a coordinator crash between the two).
+// revoke + zero + new key: that covers a coordinator that crashed before a
+// free was confirmed (the old key stays usable by its old holder, for its
+// own data only, until the slab is granted again).
 //
 // # Concurrency and deadlocks
 //

@@ -168,10 +168,10 @@ func (s *Server) Free(ctx context.Context, instance string, slabs []pool.FreeEnt
 		return nil
 	}
 	for _, e := range slabs {
-		if s.keys[e.Index] == e.Key {
+		if k, ok := s.keys[e.Index]; ok && k == e.Key {
 			delete(s.keys, e.Index)
+			s.zeroed[e.Index]++
 		}
-		s.zeroed[e.Index]++
 	}
 	return nil
 }

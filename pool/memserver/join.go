@@ -1,0 +1,107 @@
+package memserver
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"go.uber.org/zap"
+
+	"rmem/pool"
+	"rmem/pool/httpapi"
+)
+
+// Registrar is the coordinator as a memory server sees it (pool/client's
+// Client, or an adapter over an in-process coord.Coordinator).
+type Registrar interface {
+	Register(ctx context.Context, info pool.ServerInfo) (pool.Server, error)
+	Heartbeat(ctx context.Context, id pool.ServerID, hb pool.Heartbeat) error
+	Leave(ctx context.Context, id pool.ServerID) error
+}
+
+// RoutineJoin registers the server with the coordinator (retrying until it
+// succeeds), then heartbeats every interval, registering again when the
+// coordinator does not know this instance. When ctx is done it tells the
+// coordinator it leaves (its memory goes with it) and returns.
+// ready, if not nil, is closed after the first successful registration.
+func (s *Server) RoutineJoin(ctx context.Context, reg Registrar, interval time.Duration, ready chan<- struct{}) {
+	log := s.opts.Log
+	registered := false
+	backoff := interval
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			if registered {
+				lctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				if err := reg.Leave(lctx, s.opts.ID); err != nil {
+					log.Warn("leaving the pool", zap.Error(err))
+				}
+				cancel()
+			}
+			return
+		case <-t.C:
+		}
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if !registered {
+			if _, err := reg.Register(cctx, s.Info()); err != nil {
+				log.Warn("registering with the coordinator", zap.Error(err), zap.Duration("retry_in", backoff))
+				t.Reset(backoff)
+				backoff = min(2*backoff, 10*time.Second)
+				cancel()
+				continue
+			}
+			registered, backoff = true, interval
+			log.Info("registered with the coordinator")
+			if ready != nil {
+				close(ready)
+				ready = nil
+			}
+		} else if err := reg.Heartbeat(cctx, s.opts.ID, s.Heartbeat()); err != nil {
+			log.Warn("heartbeat", zap.Error(err))
+			if errors.Is(err, pool.ErrNotFound) || errors.Is(err, pool.ErrStaleInstance) {
+				registered = false
+				t.Reset(0)
+				cancel()
+				continue
+			}
+		}
+		cancel()
+		t.Reset(interval)
+	}
+}
+
+// Routes registers the control endpoint on mux (authentication is the
+// caller's): POST /v1/memserver/grant and POST /v1/memserver/free.
+func (s *Server) Routes(mux *http.ServeMux) {
+	mux.HandleFunc("POST /v1/memserver/grant", func(w http.ResponseWriter, r *http.Request) {
+		var req pool.GrantRequest
+		if err := httpapi.Decode(r, &req); err != nil {
+			httpapi.WriteError(w, err)
+			return
+		}
+		keys, err := s.Grant(r.Context(), req.Instance, req.Indexes)
+		if err != nil {
+			httpapi.WriteError(w, err)
+			return
+		}
+		httpapi.WriteJSON(w, http.StatusOK, pool.GrantResponse{Keys: keys})
+	})
+	mux.HandleFunc("POST /v1/memserver/free", func(w http.ResponseWriter, r *http.Request) {
+		var req pool.FreeRequest
+		if err := httpapi.Decode(r, &req); err != nil {
+			httpapi.WriteError(w, err)
+			return
+		}
+		if err := s.Free(r.Context(), req.Instance, req.Slabs); err != nil {
+			httpapi.WriteError(w, err)
+			return
+		}
+		httpapi.WriteJSON(w, http.StatusOK, struct{}{})
+	})
+	mux.HandleFunc("GET /v1/memserver", func(w http.ResponseWriter, r *http.Request) {
+		httpapi.WriteJSON(w, http.StatusOK, s.Info())
+	})
+}

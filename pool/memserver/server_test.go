@@ -1,0 +1,225 @@
+package memserver
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"rmem/pool"
+	"rmem/rdma"
+	_ "rmem/rdma/tcp"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const slabSize = 4 << 20
+
+func newServer(t *testing.T) *Server {
+	t.Helper()
+	s, err := New(Options{ID: "m1", Capacity: 4 * slabSize, SlabSize: slabSize,
+		Listen: map[string]string{"tcp": "127.0.0.1:0", "shm": "/nonexistent/x.sock"}, Optional: map[string]bool{"shm": true}})
+	if err != nil {
+		if errors.Is(err, ErrMemory) {
+			t.Skipf("cannot lock %d bytes here: %v", 4*slabSize, err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func dial(t *testing.T, s *Server) rdma.Conn {
+	t.Helper()
+	c, err := rdma.Dial(context.Background(), "tcp", s.Info().Addrs["tcp"], rdma.DialOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func key(t *testing.T, k pool.Key) rdma.Key {
+	t.Helper()
+	rk, err := rdma.ParseKey(string(k))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rk
+}
+
+// A granted key reads and writes its slab over tcp; after Free the key is
+// revoked, and the next tenant of the slab finds it zeroed.
+func TestGrantFreeZero(t *testing.T) {
+	ctx := context.Background()
+	s := newServer(t)
+	info := s.Info()
+	if info.Slabs != 4 || info.Addrs["tcp"] == "" || info.Addrs["shm"] != "" {
+		t.Fatalf("info %+v", info)
+	}
+	keys, err := s.Grant(ctx, s.Instance(), []pool.SlabIndex{1, 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := dial(t, s)
+	secret := bytes.Repeat([]byte("tenant-A"), 512)
+	if err := rdma.Write(ctx, c, key(t, keys[0]), slabSize-4096, secret); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(secret))
+	if err := rdma.Read(ctx, c, key(t, keys[0]), slabSize-4096, got); err != nil || !bytes.Equal(got, secret) {
+		t.Fatalf("read back: %v", err)
+	}
+	// The key is bound to its slab: past its end is out of bounds.
+	if err := rdma.Read(ctx, c, key(t, keys[0]), slabSize, got[:1]); !errors.Is(err, rdma.ErrOutOfBounds) {
+		t.Fatalf("read past the slab: %v", err)
+	}
+	if hb := s.Heartbeat(); hb.Granted != 2 || hb.Instance != s.Instance() {
+		t.Fatalf("heartbeat %+v", hb)
+	}
+	// A free naming a stale key does nothing.
+	if err := s.Free(ctx, s.Instance(), []pool.FreeEntry{{Index: 1, Key: keys[1]}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdma.Read(ctx, c, key(t, keys[0]), 0, got[:8]); err != nil {
+		t.Fatalf("slab 1 was freed by a free for another key: %v", err)
+	}
+	if err := s.Free(ctx, s.Instance(), []pool.FreeEntry{{Index: 1, Key: keys[0]}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdma.Read(ctx, c, key(t, keys[0]), 0, got[:8]); !errors.Is(err, rdma.ErrRevokedKey) {
+		t.Fatalf("read with a freed key: %v", err)
+	}
+	keys2, err := s.Grant(ctx, s.Instance(), []pool.SlabIndex{1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rdma.Read(ctx, c, key(t, keys2[0]), slabSize-4096, got); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, make([]byte, len(got))) {
+		t.Fatal("the next tenant reads the previous tenant's data")
+	}
+}
+
+// Granting a slab that still has a key revokes the old key and zeroes it.
+func TestRegrantRevokes(t *testing.T) {
+	ctx := context.Background()
+	s := newServer(t)
+	k1, _ := s.Grant(ctx, s.Instance(), []pool.SlabIndex{0})
+	c := dial(t, s)
+	if err := rdma.Write(ctx, c, key(t, k1[0]), 0, []byte("old")); err != nil {
+		t.Fatal(err)
+	}
+	k2, err := s.Grant(ctx, s.Instance(), []pool.SlabIndex{0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 3)
+	if err := rdma.Read(ctx, c, key(t, k1[0]), 0, buf); !errors.Is(err, rdma.ErrRevokedKey) {
+		t.Fatalf("old key after regrant: %v", err)
+	}
+	if err := rdma.Read(ctx, c, key(t, k2[0]), 0, buf); err != nil || string(buf) != "\x00\x00\x00" {
+		t.Fatalf("new key reads %q, %v", buf, err)
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	ctx := context.Background()
+	s := newServer(t)
+	if _, err := s.Grant(ctx, "other", []pool.SlabIndex{0}); !errors.Is(err, pool.ErrStaleInstance) {
+		t.Errorf("grant for another instance: %v", err)
+	}
+	if _, err := s.Grant(ctx, s.Instance(), []pool.SlabIndex{4}); !errors.Is(err, pool.ErrInvalid) {
+		t.Errorf("grant out of range: %v", err)
+	}
+	if err := s.Free(ctx, s.Instance(), []pool.FreeEntry{{Index: 0, Key: "zz"}}); !errors.Is(err, pool.ErrInvalid) {
+		t.Errorf("free with a malformed key: %v", err)
+	}
+	if err := s.Free(ctx, "other", []pool.FreeEntry{{Index: 99, Key: "zz"}}); err != nil {
+		t.Errorf("free for another instance should be a no-op: %v", err)
+	}
+	for _, o := range []Options{
+		{ID: "x", Capacity: 3 << 20, SlabSize: 2 << 20, Listen: map[string]string{"tcp": ":0"}},
+		{ID: "x", Capacity: 4 << 20, SlabSize: 1 << 20, Listen: map[string]string{"tcp": ":0"}},
+		{ID: "x", Capacity: 4 << 20, SlabSize: 2 << 20},
+		{ID: "x", Capacity: 4 << 20, SlabSize: 2 << 20, Listen: map[string]string{"bogus": "x"}},
+	} {
+		if s, err := New(o); err == nil {
+			s.Close()
+			t.Errorf("options %+v accepted", o)
+		}
+	}
+}
+
+func TestCapacityBeyondFreeMemory(t *testing.T) {
+	mi, err := ReadMemInfo()
+	if err != nil {
+		t.Skip(err)
+	}
+	huge := (mi.Available/slabSize + 16) * slabSize
+	_, err = New(Options{ID: "x", Capacity: huge, SlabSize: slabSize, Listen: map[string]string{"tcp": "127.0.0.1:0"}})
+	if !errors.Is(err, ErrMemory) || !strings.Contains(err.Error(), "MemAvailable") {
+		t.Fatalf("capacity beyond MemAvailable: %v", err)
+	}
+}
+
+func TestParseMemInfo(t *testing.T) {
+	in := "MemTotal:       24000000 kB\nMemFree: 1 kB\nMemAvailable:   20000000 kB\nHugePages_Free:       3\nHugepagesize:       2048 kB\ngarbage\n"
+	mi, err := parseMemInfo(bufio.NewScanner(strings.NewReader(in)))
+	if err != nil || mi.Total != 24000000*1024 || mi.Available != 20000000*1024 || mi.HugePagesFree != 3 || mi.HugePageSize != 2<<20 {
+		t.Fatalf("%+v %v", mi, err)
+	}
+	if _, err := parseMemInfo(bufio.NewScanner(strings.NewReader("nothing\n"))); err == nil {
+		t.Fatal("no MemTotal accepted")
+	}
+}
+
+type fakeReg struct {
+	registered chan pool.ServerInfo
+	left       chan pool.ServerID
+	hbErr      error
+}
+
+func (f *fakeReg) Register(ctx context.Context, info pool.ServerInfo) (pool.Server, error) {
+	f.registered <- info
+	return pool.Server{ServerInfo: info}, nil
+}
+func (f *fakeReg) Heartbeat(ctx context.Context, id pool.ServerID, hb pool.Heartbeat) error {
+	return f.hbErr
+}
+func (f *fakeReg) Leave(ctx context.Context, id pool.ServerID) error { f.left <- id; return nil }
+
+// RoutineJoin registers again when the coordinator forgot the instance,
+// and leaves on stop.
+func TestJoinReregisters(t *testing.T) {
+	s := newServer(t)
+	reg := &fakeReg{registered: make(chan pool.ServerInfo, 10), left: make(chan pool.ServerID, 1), hbErr: pool.ErrStaleInstance}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	ready := make(chan struct{})
+	go func() { s.RoutineJoin(ctx, reg, 10*time.Millisecond, ready); close(done) }()
+	<-ready
+	for range 2 {
+		select {
+		case info := <-reg.registered:
+			if info.Instance != s.Instance() {
+				t.Fatal("wrong instance")
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("no re-registration after a stale-instance heartbeat")
+		}
+	}
+	cancel()
+	<-done
+	select {
+	case <-reg.left:
+	default:
+		t.Fatal("did not leave on stop")
+	}
+}
