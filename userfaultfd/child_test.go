@@ -187,6 +187,9 @@ func childMain(specJSON string) error {
 	if err := json.Unmarshal([]byte(specJSON), &spec); err != nil {
 		return err
 	}
+	if spec.Scenario == "open" {
+		return childOpen()
+	}
 	conn, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: os.Getenv(childSockEnv), Net: "unix"})
 	if err != nil {
 		return err
@@ -282,6 +285,11 @@ func childMain(specJSON string) error {
 				return err
 			}
 		}
+	case "wp-missing": // read (MISSING fault), check, then write (WP fault)
+		verifyPass(spec, region, 0, &res)
+		for i := range spec.Pages {
+			region[i*ps+8]++
+		}
 	case "bench":
 		start := time.Now()
 		res.Latency = benchTouch(spec, region)
@@ -292,7 +300,9 @@ func childMain(specJSON string) error {
 }
 
 // expectZero says which pages the server resolves with ZeroPage.
-func expectZero(spec childSpec, idx int) bool { return spec.Memory == "anon" && idx%5 == 0 }
+func expectZero(spec childSpec, idx int) bool {
+	return spec.Scenario == "serve" && spec.Memory == "anon" && idx%5 == 0
+}
 
 // evicted says which pages are dropped between the two passes.
 func evicted(idx int) bool { return idx%3 == 0 }
@@ -581,5 +591,55 @@ func testWriteProtect(t *testing.T, async bool) {
 		if _, err := u.ReadEvents(make([]Msg, 1)); err != unix.EAGAIN {
 			t.Errorf("async WP queued a message: %v", err)
 		}
+	}
+}
+
+// TestServedProcessGone: once the served process has exited, resolving
+// reports IsGone instead of pretending to succeed.
+func TestServedProcessGone(t *testing.T) {
+	skipUnlessFeatures(t, 0)
+	spec := childSpec{Scenario: "serve", Memory: "anon", Mode: ModeMissing, Pages: 4}
+	c := startChild(t, spec)
+	u := c.uffd(t, spec)
+	c.cmd.Process.Kill()
+	c.cmd.Wait()
+	_, err := u.Copy(Addr(c.hello.Addr), make([]byte, ps), 0)
+	if !IsGone(err) {
+		t.Fatalf("copy into an exited process: %v, want ESRCH/ENOENT", err)
+	}
+	t.Logf("copy into an exited process: %v", err)
+}
+
+// TestCopyWriteProtected: a page copied with WriteProtected faults with
+// FaultWP on the first write, which the server then allows.
+func TestCopyWriteProtected(t *testing.T) {
+	skipUnlessFeatures(t, FeaturePagefaultFlagWP)
+	spec := childSpec{Scenario: "wp-missing", Memory: "anon", Mode: ModeMissing | ModeWP, Pages: 16}
+	c := startChild(t, spec)
+	u := c.uffd(t, spec)
+	base := Addr(c.hello.Addr)
+	var missing, wp int
+	buf := make([]byte, ps)
+	stop := serve(t, u, func(ev Event) error {
+		page := ev.Addr.RoundDown(PageSize)
+		if ev.Flags&FaultWP != 0 {
+			wp++
+			return u.Unprotect(Range{page, PageSize}, 0)
+		}
+		missing++
+		fillPattern(buf, uint64(page-base)/PageSize, 0)
+		_, err := u.Copy(page, buf, WriteProtected)
+		return err
+	})
+	c.send(t, 'g')
+	res := c.result(t)
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if res.Mismatches != 0 {
+		t.Fatalf("%d pages wrong, first %s", res.Mismatches, res.First)
+	}
+	if missing != spec.Pages || wp != spec.Pages {
+		t.Errorf("%d missing and %d WP faults, want %d each", missing, wp, spec.Pages)
 	}
 }

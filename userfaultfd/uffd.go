@@ -82,9 +82,13 @@ func Probe() (Feature, Ioctls, error) {
 	return Feature(api.Features), Ioctls(api.Ioctls), nil
 }
 
-func newFD() (int, error) {
+func newFD() (int, error) { return newFDFrom(devUserfaultfd) }
+
+// newFDFrom creates a uffd through the device at path, or with the system
+// call if that fails.
+func newFDFrom(path string) (int, error) {
 	const flags = unix.O_CLOEXEC | unix.O_NONBLOCK
-	dev, devErr := unix.Open(devUserfaultfd, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	dev, devErr := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if devErr == nil {
 		fd, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(dev), iocUserfaultfdNew, flags)
 		unix.Close(dev)
@@ -103,11 +107,11 @@ func newFD() (int, error) {
 		hint = "the kernel was built without CONFIG_USERFAULTFD"
 	case unix.EPERM, unix.EACCES:
 		hint = "run as root or with CAP_SYS_PTRACE, give this user read/write access to " +
-			devUserfaultfd + ", or set sysctl vm.unprivileged_userfaultfd=1"
+			path + ", or set sysctl vm.unprivileged_userfaultfd=1"
 	default:
-		hint = "check " + devUserfaultfd + " and sysctl vm.unprivileged_userfaultfd"
+		hint = "check " + path + " and sysctl vm.unprivileged_userfaultfd"
 	}
-	return -1, fmt.Errorf("%w: %s: %v; userfaultfd(2): %w (%s)", ErrUnavailable, devUserfaultfd, devErr, e, hint)
+	return -1, fmt.Errorf("%w: %s: %v; userfaultfd(2): %w (%s)", ErrUnavailable, path, devErr, e, hint)
 }
 
 func handshakeError(requested Feature, e unix.Errno) error {
