@@ -3,8 +3,8 @@ package tcp
 import (
 	"bytes"
 	"context"
-	"errors"
 	"encoding/binary"
+	"errors"
 	"io"
 	"math"
 	"math/rand/v2"

@@ -45,16 +45,16 @@ func TestDecodeRequestRejects(t *testing.T) {
 		b    []byte
 		want error
 	}{
-		"short":          {validRequest(rdma.OpRead, 1)[:reqSize-1], rdma.ErrProtocol},
-		"version 0":      {mut(func(b []byte) { b[0] = 0 }), rdma.ErrVersion},
-		"version 2":      {mut(func(b []byte) { b[0] = 2 }), rdma.ErrVersion},
-		"opcode 0":       {mut(func(b []byte) { b[1] = 0 }), rdma.ErrProtocol},
-		"opcode 5":       {mut(func(b []byte) { b[1] = 5 }), rdma.ErrProtocol},
-		"flags":          {mut(func(b []byte) { b[2] = 1 }), rdma.ErrProtocol},
-		"oversize":       {mut(func(b []byte) { b[4], b[5], b[6], b[7] = 1, 0, 0x10, 0 }), rdma.ErrProtocol},
-		"huge":           {mut(func(b []byte) { b[4], b[5], b[6], b[7] = 0xff, 0xff, 0xff, 0xff }), rdma.ErrProtocol},
-		"atomic len 16":  {mut(func(b []byte) { b[1] = byte(rdma.OpFetchAdd); b[4] = 16 }), rdma.ErrProtocol},
-		"atomic len 0":   {mut(func(b []byte) { b[1] = byte(rdma.OpCompareSwap); b[4], b[5] = 0, 0 }), rdma.ErrProtocol},
+		"short":         {validRequest(rdma.OpRead, 1)[:reqSize-1], rdma.ErrProtocol},
+		"version 0":     {mut(func(b []byte) { b[0] = 0 }), rdma.ErrVersion},
+		"version 2":     {mut(func(b []byte) { b[0] = 2 }), rdma.ErrVersion},
+		"opcode 0":      {mut(func(b []byte) { b[1] = 0 }), rdma.ErrProtocol},
+		"opcode 5":      {mut(func(b []byte) { b[1] = 5 }), rdma.ErrProtocol},
+		"flags":         {mut(func(b []byte) { b[2] = 1 }), rdma.ErrProtocol},
+		"oversize":      {mut(func(b []byte) { b[4], b[5], b[6], b[7] = 1, 0, 0x10, 0 }), rdma.ErrProtocol},
+		"huge":          {mut(func(b []byte) { b[4], b[5], b[6], b[7] = 0xff, 0xff, 0xff, 0xff }), rdma.ErrProtocol},
+		"atomic len 16": {mut(func(b []byte) { b[1] = byte(rdma.OpFetchAdd); b[4] = 16 }), rdma.ErrProtocol},
+		"atomic len 0":  {mut(func(b []byte) { b[1] = byte(rdma.OpCompareSwap); b[4], b[5] = 0, 0 }), rdma.ErrProtocol},
 	}
 	for name, tc := range cases {
 		if _, err := decodeRequest(tc.b); !errors.Is(err, tc.want) {
