@@ -39,7 +39,7 @@ type ReplicaView struct {
 	Server ServerID          `json:"server"`
 	Index  SlabIndex         `json:"index"`
 	Addrs  map[string]string `json:"addrs"`
-	Key    Key               `json:"key"`
+	Key    Key               `json:"key,omitempty"` // empty in admin listings
 	Length uint64            `json:"length"`
 	State  string            `json:"state"` // "ok", "lost" or "draining"
 }

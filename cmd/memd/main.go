@@ -20,7 +20,10 @@ func newRoot() *cobra.Command {
 "memd serve" donates memory and, by default, also coordinates the pool with an
 embedded store. The other commands administer a running pool.`,
 	}
-	cli.NewApp("memd", "MEMD", root)
+	app := cli.NewApp("memd", "MEMD", root)
+	root.AddCommand(newServeCmd(app))
+	root.AddCommand(newStatusCmd(app), newServersCmd(app), newAgentsCmd(app), newSlabsCmd(app))
+	root.AddCommand(newDrainCmd(app, true), newDrainCmd(app, false))
 	return root
 }
 

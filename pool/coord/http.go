@@ -150,7 +150,15 @@ func (c *Coordinator) Routes(mux *http.ServeMux) error {
 	h("GET /v1/slabs", func(w http.ResponseWriter, r *http.Request) (int, any, error) {
 		q := r.URL.Query()
 		f := SlabFilter{Server: pool.ServerID(q.Get("server")), Lease: pool.LeaseID(q.Get("lease")), Agent: q.Get("agent")}
-		return 200, c.Slabs(f), nil
+		slabs := c.Slabs(f)
+		// The admin listing shows where slabs are, not their keys: only the
+		// lease-scoped routes hand keys out.
+		for i := range slabs {
+			for j := range slabs[i].Replicas {
+				slabs[i].Replicas[j].Key = ""
+			}
+		}
+		return 200, slabs, nil
 	})
 	return nil
 }
