@@ -99,3 +99,18 @@ func TestRange(t *testing.T) {
 		t.Error("unaligned range accepted")
 	}
 }
+
+func TestNames(t *testing.T) {
+	if got := (FeatureWPAsync | FeatureMove | 1<<40).String(); got != "WP_ASYNC|MOVE|bit40" {
+		t.Errorf("Feature.String = %q", got)
+	}
+	if got := (IoctlCopy | IoctlAPI).String(); got != "COPY|API" {
+		t.Errorf("Ioctls.String = %q", got)
+	}
+	if got := (ModeMissing | ModeMinor).String(); got != "MISSING|MINOR" {
+		t.Errorf("Mode.String = %q", got)
+	}
+	if got := EventKind(0x99).String(); got != "EVENT(0x99)" {
+		t.Errorf("EventKind.String = %q", got)
+	}
+}

@@ -82,17 +82,15 @@ const (
 // Has reports whether all of x are granted.
 func (i Ioctls) Has(x Ioctls) bool { return i&x == x }
 
+var ioctlNames = [...]string{
+	nrRegister: "REGISTER", nrUnregister: "UNREGISTER", nrWake: "WAKE",
+	nrCopy: "COPY", nrZeropage: "ZEROPAGE", nrMove: "MOVE",
+	nrWriteprotect: "WRITEPROTECT", nrContinue: "CONTINUE",
+	nrPoison: "POISON", nrAPI: "API",
+}
+
 func (i Ioctls) String() string {
-	names := make([]string, 64)
-	for n, s := range map[int]string{
-		nrRegister: "REGISTER", nrUnregister: "UNREGISTER", nrWake: "WAKE",
-		nrCopy: "COPY", nrZeropage: "ZEROPAGE", nrMove: "MOVE",
-		nrWriteprotect: "WRITEPROTECT", nrContinue: "CONTINUE",
-		nrPoison: "POISON", nrAPI: "API",
-	} {
-		names[n] = s
-	}
-	return bitNames(uint64(i), names)
+	return bitNames(uint64(i), ioctlNames[:])
 }
 
 func bitNames(v uint64, names []string) string {

@@ -137,14 +137,16 @@ func TestNonCooperativeEvents(t *testing.T) {
 	if ev := next(EventRemove); ev.Range != (Range{base + Addr(2*ps), uint64(2 * ps)}) {
 		t.Errorf("REMOVE range %v", ev.Range)
 	}
-	// mremap of the whole region to a new place.
-	newAddr, _, e := unix.Syscall6(unix.SYS_MREMAP, uintptr(base), uintptr(pages*ps), uintptr(pages*ps), unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED, uintptr(base)+uintptr(64*ps), 0)
+	// mremap of the whole region onto a destination this test reserved
+	// (MREMAP_FIXED replaces whatever is mapped there).
+	dst, err := unix.Mmap(-1, 0, pages*ps, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newAddr, _, e := unix.Syscall6(unix.SYS_MREMAP, uintptr(base), uintptr(pages*ps), uintptr(pages*ps),
+		unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED, uintptr(AddrOf(dst)), 0)
 	if e != 0 {
-		// MREMAP_FIXED onto an arbitrary address may collide; try plain MAYMOVE growth.
-		newAddr, _, e = unix.Syscall6(unix.SYS_MREMAP, uintptr(base), uintptr(pages*ps), uintptr(2*pages*ps), unix.MREMAP_MAYMOVE, 0, 0)
-		if e != 0 {
-			t.Fatalf("mremap: %v", e)
-		}
+		t.Fatalf("mremap: %v", e)
 	}
 	moved := Addr(newAddr)
 	if moved != base {

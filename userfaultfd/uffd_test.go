@@ -506,3 +506,29 @@ func (r *rnd) next() uint64 {
 }
 
 func (r *rnd) intn(n int) int { return int(r.next() % uint64(n)) }
+
+func TestUnregister(t *testing.T) {
+	u := openOrSkip(t, 0)
+	region := mmapAnon(t, 4*ps)
+	r := Range{AddrOf(region), uint64(len(region))}
+	if _, err := u.Register(r, ModeMissing); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := u.Register(Range{r.Start, PageSize}, ModeMinor); err == nil {
+		t.Error("MINOR on anonymous memory accepted")
+	}
+	if err := u.Unregister(r); err != nil {
+		t.Fatal(err)
+	}
+	// No longer registered: Go code may touch it, and it reads zero
+	// without any message.
+	if !isZero(region) {
+		t.Error("unregistered anonymous memory not zero")
+	}
+	if _, err := u.ReadEvents(make([]Msg, 1)); err != unix.EAGAIN {
+		t.Errorf("touching unregistered memory queued a message: %v", err)
+	}
+	if _, err := u.Copy(r.Start, make([]byte, ps), 0); !IsGone(err) {
+		t.Errorf("copy into an unregistered range: %v, want ENOENT", err)
+	}
+}
