@@ -10,19 +10,24 @@ import (
 	"github.com/spf13/cobra"
 
 	"rmem/internal/cli"
+	"rmem/internal/uffddemo"
 )
 
 func newRoot() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "memagent",
 		Short: "rmem paging agent",
-		Long: `memagent runs programs with their large allocations paged to the rmem pool.`,
+		Long:  `memagent runs programs with their large allocations paged to the rmem pool.`,
 	}
-	cli.NewApp("memagent", "MEMAGENT", root)
+	app := cli.NewApp("memagent", "MEMAGENT", root)
+	root.AddCommand(newUffdDemoCmd(app))
 	return root
 }
 
 func main() {
+	// The uffd demo re-executes this binary as its child: that child must
+	// start before any flag parsing.
+	uffddemo.MaybeRunChild()
 	if err := newRoot().Execute(); err != nil {
 		fmt.Fprintf(os.Stderr, "memagent: %v\n", err)
 		os.Exit(1)
