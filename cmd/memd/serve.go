@@ -156,7 +156,7 @@ func readServeConfig(app *cli.App) (*serveConfig, error) {
 	if c.hbTimeout, err = positive(app, "heartbeat-timeout"); err != nil {
 		return nil, err
 	}
-	if c.hbTimeout <= c.hbInterval {
+	if c.coordRole && c.serverRole && c.hbTimeout <= c.hbInterval {
 		return nil, app.Invalid("heartbeat-timeout", "must be longer than heartbeat-interval (%s)", c.hbInterval)
 	}
 	if c.sweep, err = positive(app, "sweep-interval"); err != nil {

@@ -1,0 +1,534 @@
+package tests
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"rmem/pool"
+	"rmem/pool/client"
+	"rmem/rdma"
+	_ "rmem/rdma/tcp"
+	"rmem/tests/internal/memdtest"
+)
+
+// The golden files of memd's --json output are rewritten with
+// go test ./tests -run Memd -update.
+func init() {
+	if flag.Lookup("update") == nil {
+		flag.Bool("update", false, "rewrite golden files in tests/testdata")
+	}
+}
+
+func memdUpdate() bool {
+	f := flag.Lookup("update")
+	return f != nil && f.Value.String() == "true"
+}
+
+const (
+	memdToken    = "integration-test-token"
+	memdSlabSize = 16 << 20
+)
+
+type memdPool struct {
+	t         *testing.T
+	bin       string
+	dir       string
+	url       string
+	coordArgs []string
+	coord     *memdtest.Proc
+	servers   map[string]*memdtest.Proc
+	cl        *client.Client
+}
+
+func (p *memdPool) startCoordinator() {
+	p.coord = memdtest.Start(p.t, "coordinator", p.bin, p.coordArgs...)
+	memdtest.Eventually(p.t, 20*time.Second, "coordinator up", func() error {
+		if p.coord.Exited() {
+			p.t.Fatalf("coordinator exited:\n%s", p.coord.Output())
+		}
+		_, err := p.cl.Status(context.Background())
+		return err
+	})
+}
+
+func (p *memdPool) startServer(id string) {
+	args := []string{"serve", "--role", "server", "--id", id, "--coordinator", p.url, "--token", memdToken,
+		"--listen", memdtest.FreeAddr(p.t), "--tcp-listen", "127.0.0.1:0", "--shm-socket", "off",
+		"--capacity", "64MiB", "--slab-size", "16MiB", "--heartbeat-interval", "200ms", "--heartbeat-timeout", "1s",
+		"--runtime-dir", filepath.Join(p.dir, "run-"+id)}
+	p.servers[id] = memdtest.Start(p.t, id, p.bin, args...)
+}
+
+func (p *memdPool) cli(args ...string) (string, error) {
+	args = append(args, "--coordinator", p.url, "--token", memdToken)
+	out, errOut, err := memdtest.Run(p.bin, nil, args...)
+	if err != nil {
+		return out, fmt.Errorf("memd %s: %v: %s", strings.Join(args, " "), err, errOut)
+	}
+	return out, nil
+}
+
+func newMemdPool(t *testing.T) *memdPool {
+	t.Helper()
+	p := &memdPool{t: t, bin: memdtest.Build(t), dir: t.TempDir(), servers: map[string]*memdtest.Proc{}}
+	addr := memdtest.FreeAddr(t)
+	p.url = "http://" + addr
+	p.coordArgs = []string{"serve", "--role", "coordinator", "--listen", addr, "--token", memdToken,
+		"--data-dir", filepath.Join(p.dir, "data"), "--runtime-dir", filepath.Join(p.dir, "run"),
+		"--slab-size", "16MiB", "--heartbeat-timeout", "1s", "--sweep-interval", "100ms"}
+	var err error
+	if p.cl, err = client.New(p.url, client.Options{Token: memdToken, Timeout: 5 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.cl.CloseIdleConnections)
+	p.startCoordinator()
+	for _, id := range []string{"s1", "s2", "s3"} {
+		p.startServer(id)
+	}
+	memdtest.Eventually(t, 20*time.Second, "three servers up", func() error {
+		ss, err := p.cl.Servers(context.Background())
+		if err != nil {
+			return err
+		}
+		up := 0
+		for _, s := range ss {
+			if s.State == pool.ServerUp {
+				up++
+			}
+		}
+		if up != 3 {
+			return fmt.Errorf("%d servers up", up)
+		}
+		return nil
+	})
+	return p
+}
+
+// golden compares memd's --json output, with volatile fields replaced, to
+// tests/testdata/NAME.golden.
+func golden(t *testing.T, name, out string, volatile ...string) {
+	t.Helper()
+	var v any
+	if err := json.Unmarshal([]byte(out), &v); err != nil {
+		t.Fatalf("%s: output is not JSON: %v\n%s", name, err, out)
+	}
+	vol := map[string]bool{}
+	for _, k := range volatile {
+		vol[k] = true
+	}
+	var norm func(v any) any
+	norm = func(v any) any {
+		switch x := v.(type) {
+		case map[string]any:
+			for k, e := range x {
+				if vol[k] {
+					x[k] = "<" + k + ">"
+				} else {
+					x[k] = norm(e)
+				}
+			}
+		case []any:
+			for i := range x {
+				x[i] = norm(x[i])
+			}
+		}
+		return v
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(norm(v)); err != nil {
+		t.Fatal(err)
+	}
+	got := buf.Bytes()
+	path := filepath.Join("testdata", name+".golden")
+	if memdUpdate() {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with -update to create it)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s differs from %s (run with -update if the change is intended)\ngot:\n%s\nwant:\n%s", name, path, got, want)
+	}
+}
+
+func dialReplica(t *testing.T, r pool.ReplicaView) (rdma.Conn, rdma.Key) {
+	t.Helper()
+	c, err := rdma.Dial(context.Background(), "tcp", r.Addrs["tcp"], rdma.DialOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	k, err := rdma.ParseKey(string(r.Key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, k
+}
+
+func pattern(slab pool.SlabID) []byte {
+	return bytes.Repeat([]byte(fmt.Sprintf("slab-%04d", slab)), 4096/9+1)[:4096]
+}
+
+// TestMemdPool runs a coordinator and three memory servers as real
+// processes on loopback and exercises the pool end to end.
+func TestMemdPool(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	ctx := context.Background()
+	p := newMemdPool(t)
+
+	out, err := p.cli("servers", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "memd_servers", out, "instance", "registered", "last_heartbeat", "heartbeat_age", "addrs", "control_url", "load")
+
+	lease, err := p.cl.CreateLease(ctx, pool.CreateLeaseRequest{Agent: "agent-1", Node: "node-a", PID: 4242, TTL: pool.Duration(time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slabs, err := p.cl.Allocate(ctx, lease.ID, pool.AllocateRequest{Slabs: 3, Replicas: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Write each slab's pattern to both replicas through rdma, read it back.
+	for _, s := range slabs {
+		if len(s.Replicas) != 2 || s.Replicas[0].Server == s.Replicas[1].Server {
+			t.Fatalf("slab %d replicas %+v", s.ID, s.Replicas)
+		}
+		for _, r := range s.Replicas {
+			c, k := dialReplica(t, r)
+			if err := rdma.Write(ctx, c, k, memdSlabSize-4096, pattern(s.ID)); err != nil {
+				t.Fatalf("write slab %d on %s: %v", s.ID, r.Server, err)
+			}
+			got := make([]byte, 4096)
+			if err := rdma.Read(ctx, c, k, memdSlabSize-4096, got); err != nil || !bytes.Equal(got, pattern(s.ID)) {
+				t.Fatalf("read back slab %d on %s: %v", s.ID, r.Server, err)
+			}
+		}
+	}
+
+	t.Run("cli json", func(t *testing.T) {
+		for _, tt := range []struct {
+			args     []string
+			name     string
+			volatile []string
+		}{
+			{[]string{"status", "--json"}, "memd_status", nil},
+			{[]string{"agents", "--json"}, "memd_agents", []string{"id", "created", "expires"}},
+			{[]string{"slabs", "--json", "--agent", "agent-1"}, "memd_slabs", []string{"lease", "created", "server", "index", "addrs"}},
+		} {
+			out, err := p.cli(tt.args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			golden(t, tt.name, out, tt.volatile...)
+		}
+		for _, args := range [][]string{{"status"}, {"servers"}, {"agents"}, {"slabs", "--server", "s1"}} {
+			out, err := p.cli(args...)
+			if err != nil || !strings.Contains(out, "\n") {
+				t.Fatalf("memd %v: %q %v", args, out, err)
+			}
+		}
+	})
+
+	t.Run("bad input", func(t *testing.T) {
+		if _, err := p.cl.Allocate(ctx, lease.ID, pool.AllocateRequest{Slabs: 50, Replicas: 1}); !errors.Is(err, pool.ErrNoCapacity) {
+			t.Errorf("allocation beyond the pool: %v", err)
+		}
+		if _, err := p.cli("drain", "nosuch", "--no-wait"); err == nil || !strings.Contains(err.Error(), "nosuch") {
+			t.Errorf("drain of an unknown server: %v", err)
+		}
+		_, errOut, err := memdtest.Run(p.bin, nil, "status", "--coordinator", p.url, "--token", "wrong")
+		if err == nil || !strings.Contains(errOut, "401") {
+			t.Errorf("bad token: %v %s", err, errOut)
+		}
+		req, _ := http.NewRequest("POST", p.url+"/v1/leases", strings.NewReader(`{"agent": "x", "ttl": 5}x`))
+		req.Header.Set("Authorization", "Bearer "+memdToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 400 || !strings.Contains(string(body), `"error"`) {
+			t.Errorf("malformed JSON: %d %s", resp.StatusCode, body)
+		}
+		http.DefaultClient.CloseIdleConnections()
+	})
+
+	t.Run("drain", func(t *testing.T) {
+		if _, err := p.cli("drain", "s1", "--no-wait"); err != nil {
+			t.Fatal(err)
+		}
+		// Follow the drain with the CLI while an agent (this test) moves
+		// its replicas: copy the data to the replacement, report it done.
+		follow := make(chan error, 1)
+		var followOut string
+		go func() {
+			var err error
+			followOut, err = p.cli("drain", "s1", "--json")
+			follow <- err
+		}()
+		r, err := p.cl.Renew(ctx, lease.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		moved := 0
+		for _, ev := range r.Events {
+			if ev.Type != pool.EventReplicaDrain || ev.Server != "s1" {
+				t.Fatalf("event %+v", ev)
+			}
+			var old pool.ReplicaView
+			for _, s := range slabs {
+				for _, rep := range s.Replicas {
+					if s.ID == ev.Slab && rep.Server == "s1" {
+						old = rep
+					}
+				}
+			}
+			nr, err := p.cl.Replace(ctx, lease.ID, ev.Slab, ev.Server)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if nr.Server == "s1" {
+				t.Fatal("replacement on the draining server")
+			}
+			oc, ok := dialReplica(t, old)
+			nc, nk := dialReplica(t, nr)
+			buf := make([]byte, 4096)
+			if err := rdma.Read(ctx, oc, ok, memdSlabSize-4096, buf); err != nil {
+				t.Fatal(err)
+			}
+			if err := rdma.Write(ctx, nc, nk, memdSlabSize-4096, buf); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.cl.Migrated(ctx, lease.ID, ev.Slab, ev.Server); err != nil {
+				t.Fatal(err)
+			}
+			// The old replica's key is revoked once the migration is done.
+			if err := rdma.Read(ctx, oc, ok, 0, buf[:8]); !errors.Is(err, rdma.ErrRevokedKey) {
+				t.Fatalf("old replica after migration: %v", err)
+			}
+			moved++
+		}
+		if moved == 0 {
+			t.Fatal("s1 held no replica to move")
+		}
+		select {
+		case err := <-follow:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("memd drain did not see the drain finish")
+		}
+		golden(t, "memd_drain", followOut)
+		// Every slab still reads its data, now from s2 and s3.
+		cur, err := p.cl.LeaseSlabs(ctx, lease.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range cur {
+			for _, rep := range s.Replicas {
+				if rep.Server == "s1" {
+					t.Fatalf("slab %d still on s1", s.ID)
+				}
+				c, k := dialReplica(t, rep)
+				got := make([]byte, 4096)
+				if err := rdma.Read(ctx, c, k, memdSlabSize-4096, got); err != nil || !bytes.Equal(got, pattern(s.ID)) {
+					t.Fatalf("slab %d on %s after drain: %v", s.ID, rep.Server, err)
+				}
+			}
+		}
+		slabs = cur
+	})
+
+	t.Run("kill -9 server", func(t *testing.T) {
+		p.servers["s3"].Kill()
+		took := memdtest.Eventually(t, 15*time.Second, "s3 reported dead", func() error {
+			s, err := p.cl.Server(ctx, "s3")
+			if err != nil {
+				return err
+			}
+			if s.State != pool.ServerDead {
+				return fmt.Errorf("s3 is %s", s.State)
+			}
+			return nil
+		})
+		t.Logf("s3 reported dead %v after kill -9 (heartbeat timeout 1s)", took)
+		r, err := p.cl.Renew(ctx, lease.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lost := 0
+		for _, ev := range r.Events {
+			if ev.Type == pool.EventReplicaLost && ev.Server == "s3" {
+				lost++
+			}
+		}
+		if lost != 3 {
+			t.Fatalf("%d lost-replica events for s3, want 3 (one per slab): %+v", lost, r.Events)
+		}
+		st, _ := p.cl.Status(ctx)
+		if st.ServersDown != 1 || st.SlabsDegraded != 3 {
+			t.Fatalf("status %+v", st)
+		}
+	})
+
+	t.Run("restart coordinator", func(t *testing.T) {
+		before, err := p.cl.Slabs(ctx, client.SlabFilter{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		beforeLeases, _ := p.cl.Leases(ctx)
+		p.coord.Kill()
+		p.startCoordinator()
+		after, err := p.cl.Slabs(ctx, client.SlabFilter{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b1, _ := json.Marshal(before)
+		b2, _ := json.Marshal(after)
+		if !bytes.Equal(b1, b2) {
+			t.Fatalf("slabs after restart:\n%s\nbefore:\n%s", b2, b1)
+		}
+		afterLeases, _ := p.cl.Leases(ctx)
+		if len(afterLeases) != 1 || afterLeases[0].ID != beforeLeases[0].ID || afterLeases[0].Slabs != 3 {
+			t.Fatalf("leases after restart %+v", afterLeases)
+		}
+		if _, err := p.cl.Renew(ctx, lease.ID); err != nil {
+			t.Fatalf("renew after restart: %v", err)
+		}
+		// The surviving servers keep heartbeating the new process.
+		memdtest.Eventually(t, 10*time.Second, "s1, s2 up after restart", func() error {
+			st, err := p.cl.Status(ctx)
+			if err != nil {
+				return err
+			}
+			if st.ServersUp != 2 || st.ServersDown != 1 {
+				return fmt.Errorf("%+v", st)
+			}
+			return nil
+		})
+		// Keys handed out before the restart still work.
+		for _, s := range slabs {
+			for _, rep := range s.Replicas {
+				if rep.Server == "s3" {
+					continue
+				}
+				c, k := dialReplica(t, rep)
+				got := make([]byte, 4096)
+				if err := rdma.Read(ctx, c, k, memdSlabSize-4096, got); err != nil || !bytes.Equal(got, pattern(s.ID)) {
+					t.Fatalf("slab %d on %s after coordinator restart: %v", s.ID, rep.Server, err)
+				}
+			}
+		}
+		// Ending the lease revokes the keys.
+		if err := p.cl.DeleteLease(ctx, lease.ID); err != nil {
+			t.Fatal(err)
+		}
+		rep := slabs[0].Replicas[0]
+		if rep.Server == "s3" {
+			rep = slabs[0].Replicas[1]
+		}
+		c, k := dialReplica(t, rep)
+		if err := rdma.Read(ctx, c, k, 0, make([]byte, 8)); !errors.Is(err, rdma.ErrRevokedKey) {
+			t.Fatalf("key after the lease ended: %v", err)
+		}
+	})
+}
+
+// TestMemdSingleNode: memd serve with only directories given binds the
+// control API to loopback, writes a root-only token, and the CLI finds it.
+func TestMemdSingleNode(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	bin := memdtest.Build(t)
+	dir := t.TempDir()
+	run := filepath.Join(dir, "run")
+	addr := memdtest.FreeAddr(t)
+	memdtest.Start(t, "memd", bin, "serve", "--listen", addr, "--runtime-dir", run, "--data-dir", filepath.Join(dir, "data"),
+		"--capacity", "32MiB", "--slab-size", "16MiB", "--tcp-listen", "127.0.0.1:0")
+	var out string
+	memdtest.Eventually(t, 20*time.Second, "memd status with the generated token", func() error {
+		var err error
+		out, _, err = memdtest.Run(bin, nil, "status", "--json", "--coordinator", "http://"+addr, "--runtime-dir", run)
+		return err
+	})
+	var st pool.Status
+	if err := json.Unmarshal([]byte(out), &st); err != nil || st.Capacity != 32<<20 || st.ServersUp != 1 {
+		t.Fatalf("status %q %v", out, err)
+	}
+	fi, err := os.Stat(filepath.Join(run, "token"))
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("token file: %v %v", fi.Mode(), err)
+	}
+	_, errOut, err := memdtest.Run(bin, nil, "status", "--coordinator", "http://"+addr, "--runtime-dir", filepath.Join(dir, "elsewhere"))
+	if err == nil || !strings.Contains(errOut, "token") {
+		t.Fatalf("CLI without a token: %v %s", err, errOut)
+	}
+}
+
+// TestMemdBadConfig: invalid settings fail before anything starts, naming
+// the key and where its value came from.
+func TestMemdBadConfig(t *testing.T) {
+	bin := memdtest.Build(t)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "memd.yaml")
+	os.WriteFile(cfg, []byte("slab-size: 3MiB\n"), 0o600)
+	base := []string{"serve", "--runtime-dir", filepath.Join(dir, "run"), "--data-dir", filepath.Join(dir, "data"), "--listen", memdtest.FreeAddr(t)}
+	for _, tt := range []struct {
+		name string
+		args []string
+		env  []string
+		want []string
+	}{
+		{"bad size", []string{"--capacity", "lots"}, nil, []string{"capacity", "flag --capacity", "lots"}},
+		{"capacity beyond free memory", []string{"--capacity", "100TiB"}, nil, []string{"capacity", "MemAvailable"}},
+		{"bad percentage", []string{"--capacity", "95%"}, nil, []string{"capacity", "percentage"}},
+		{"bad role", []string{"--role", "boss"}, nil, []string{"role", "boss"}},
+		{"timeout below interval", []string{"--heartbeat-interval", "2s", "--heartbeat-timeout", "1s"}, nil, []string{"heartbeat-timeout"}},
+		{"env", nil, []string{"MEMD_SWEEP_INTERVAL=often"}, []string{"sweep-interval", "MEMD_SWEEP_INTERVAL"}},
+		{"config file", []string{"--config", cfg}, nil, []string{"slab-size", "memd.yaml", "2MiB"}},
+		{"server without coordinator", []string{"--role", "server", "--token", "x"}, nil, []string{"coordinator"}},
+		{"server without token", []string{"--role", "server", "--coordinator", "http://127.0.0.1:1"}, nil, []string{"token"}},
+		{"non-loopback without token", []string{"--listen", "0.0.0.0:0"}, nil, []string{"listen", "token"}},
+		{"bad coordinator url", []string{"--role", "server", "--token", "x", "--coordinator", "ftp://x"}, nil, []string{"coordinator"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, errOut, err := memdtest.Run(bin, tt.env, append(append([]string{}, base...), tt.args...)...)
+			if err == nil {
+				t.Fatal("memd serve accepted it")
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(errOut, w) {
+					t.Errorf("error %q does not mention %q", errOut, w)
+				}
+			}
+		})
+	}
+	if _, err := os.Stat(filepath.Join(dir, "run", "token")); err == nil {
+		t.Error("a failed start wrote a token file")
+	}
+}
