@@ -172,7 +172,9 @@ var (
 //
 // The Local buffer belongs to the provider from Post until the request's
 // completion is returned by Poll or Wait: a READ writes into it directly and a
-// WRITE may read from it at any time in between, as with verbs.
+// WRITE may read from it at any time in between, as with verbs. When a READ
+// completes with an error, its Local contents are undefined (as with verbs:
+// the tcp provider reads speculatively into it).
 type WorkRequest struct {
 	ID     uint64 // caller's id, returned in the Completion
 	Op     Opcode

@@ -3,9 +3,11 @@ package tcp
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"time"
 
@@ -39,14 +41,12 @@ func Dial(ctx context.Context, addr string, opts rdma.DialOptions) (rdma.Conn, e
 	}
 	depth := opts.QueueDepth()
 	c := &conn{
-		nc:     nc,
-		q:      queue.New(depth),
-		hdrs:   make([]byte, depth*reqSize),
-		iov:    make([][]byte, 0, 2*depth),
-		rd:     iovec.NewReader(nc),
-		exited: make(chan struct{}),
+		nc:   nc,
+		q:    queue.New(depth),
+		hdrs: make([]byte, depth*reqSize),
+		iov:  make([][]byte, 0, 2*depth),
+		rd:   iovec.NewReader(nc),
 	}
-	go c.routineReadReplies()
 	return c, nil
 }
 
@@ -85,7 +85,9 @@ func handshakeErr(ctx context.Context, err error) error {
 }
 
 // conn is a client connection. Post writes requests from the caller's
-// goroutine; routineReadReplies completes them.
+// goroutine; Wait and Poll read the replies in the caller's goroutine too
+// (as verbs polls a CQ in the caller's thread): there is no background
+// goroutine, so a completion costs no goroutine hand-off.
 type conn struct {
 	nc net.Conn
 	q  *queue.Queue
@@ -95,13 +97,30 @@ type conn struct {
 	iov  [][]byte   // guarded by wmu
 	bufs net.Buffers
 
-	// Owned by routineReadReplies.
-	rd   *iovec.Reader
-	rhdr [maxRun * replySize]byte
-	riov [maxRun + 1][]byte
+	// rmu is the reader token: whoever holds it reads replies. The fields
+	// below are guarded by rmu.
+	rmu   sync.Mutex
+	rd    *iovec.Reader
+	rhdr  [maxRun * replySize]byte
+	riov  [iovec.MaxBufs][]byte
+	segs  [iovec.MaxBufs]seg
+	seq   uint64 // the request whose reply is being parsed
+	hfill int    // header bytes of seq already in rhdr[0:hfill]
+	inPay bool   // seq's header said OK: its payload is being read
+	pfill int    // payload bytes of seq already in its Local
+	spill []byte // misplaced bytes after a speculation failed (rare)
 
-	exited    chan struct{}
 	closeOnce sync.Once
+}
+
+// seg describes one iovec of a readv: a reply header in rhdr, or the
+// payload of a READ in its Local buffer.
+type seg struct {
+	seq  uint64
+	hdr  bool
+	off  int    // header: offset in rhdr; payload: offset in Local
+	b    []byte // the iovec itself
+	spec bool   // payload read before its header was decoded
 }
 
 var _ rdma.Conn = (*conn)(nil)
@@ -132,8 +151,12 @@ func (c *conn) Post(wrs []rdma.WorkRequest) error {
 			run = -1
 		}
 	}
-	c.bufs = iov
-	_, err = c.bufs.WriteTo(c.nc)
+	if len(iov) == 1 {
+		_, err = c.nc.Write(iov[0]) // a run of headers: plain write(2)
+	} else {
+		c.bufs = iov
+		_, err = c.bufs.WriteTo(c.nc)
+	}
 	clear(iov)
 	c.iov = iov[:0]
 	if err != nil {
@@ -143,19 +166,91 @@ func (c *conn) Post(wrs []rdma.WorkRequest) error {
 	return nil
 }
 
-func (c *conn) Poll(cqes []rdma.Completion) (int, error) { return c.q.Poll(cqes) }
-
-func (c *conn) Wait(ctx context.Context, cqes []rdma.Completion) (int, error) {
-	return c.q.Wait(ctx, cqes)
+// Poll reads the replies that have arrived, without blocking.
+func (c *conn) Poll(cqes []rdma.Completion) (int, error) {
+	if c.q.Pending() && c.rmu.TryLock() {
+		for {
+			progress, err := c.readOnce(false)
+			if err != nil {
+				if err != iovec.ErrWouldBlock {
+					c.fail(err)
+				}
+				break
+			}
+			if !progress && !c.q.Pending() {
+				break
+			}
+		}
+		c.rmu.Unlock()
+		c.q.Wake()
+	}
+	return c.q.Poll(cqes)
 }
 
-// Close closes the connection and waits for its reader goroutine.
+// Wait returns completions, reading replies in the caller's goroutine. It
+// does not allocate when ctx has no Done channel or has a deadline; a
+// cancel-only ctx costs one context.AfterFunc per blocking read.
+func (c *conn) Wait(ctx context.Context, cqes []rdma.Completion) (int, error) {
+	if len(cqes) == 0 {
+		return 0, nil
+	}
+	for {
+		n, pending, err := c.q.Check(cqes)
+		if n > 0 || err != nil {
+			return n, err
+		}
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		if pending && c.rmu.TryLock() {
+			err := c.readUntilProgress(ctx)
+			c.rmu.Unlock()
+			c.q.Wake() // another waiter may take over reading
+			// A deadline error is ctx ending (we set no other deadline):
+			// the loop returns ctx.Err().
+			if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+				c.fail(err)
+			}
+			continue
+		}
+		if err := c.q.WaitEvent(ctx); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// readUntilProgress blocks until at least one request completes.
+// Preconditions: c.rmu must be held.
+func (c *conn) readUntilProgress(ctx context.Context) error {
+	dl, hasDL := ctx.Deadline()
+	if err := c.rd.SetDeadline(dl); err != nil {
+		return err
+	}
+	if ctx.Done() != nil && !hasDL {
+		stop := context.AfterFunc(ctx, c.rd.Interrupt)
+		defer func() {
+			if !stop() {
+				c.rd.MarkDirty()
+			}
+		}()
+	}
+	for {
+		progress, err := c.readOnce(true)
+		if err != nil || progress {
+			return err
+		}
+		if !c.q.Pending() {
+			return nil
+		}
+	}
+}
+
+// Close closes the connection. Safe to call twice.
 func (c *conn) Close() error {
 	c.closeOnce.Do(func() {
 		c.q.Close()
 		c.nc.Close()
 	})
-	<-c.exited
 	return nil
 }
 
@@ -164,93 +259,161 @@ func (c *conn) fail(err error) {
 	c.nc.Close()
 }
 
-// routineReadReplies reads replies in order. A READ's payload is read
-// straight into its Local buffer: after a READ header the next readv is
-// [payload, following headers...]; headers of other ops are gathered
-// several per readv, up to and including the next READ's header.
-func (c *conn) routineReadReplies() {
-	defer close(c.exited)
-	var (
-		seq   uint64 // the request whose reply is being read
-		hfill int    // bytes of its header already in rhdr[0:]
-		pay   []byte // remaining payload of seq (READ in payload phase), or nil
-	)
-	for {
-		// Build the iovec.
-		iov := c.riov[:0]
-		next := seq
-		if pay != nil {
-			iov = append(iov, pay)
-			next++
-		}
-		nh := 0
-		for nh < maxRun {
-			lo := nh * replySize
-			if nh == 0 {
-				lo += hfill
-			}
-			iov = append(iov, c.rhdr[lo:(nh+1)*replySize])
-			nh++
-			s, ok := c.q.Peek(next)
-			if !ok || s.Op == rdma.OpRead {
-				break // unknown op or a READ: its payload comes next
-			}
-			next++
-		}
-		n, err := c.rd.Readv(iov, true)
-		if err != nil {
-			c.fail(err)
-			return
-		}
-		// Consume.
-		if pay != nil {
-			m := min(n, len(pay))
-			n -= m
-			pay = pay[m:]
-			if len(pay) > 0 {
-				continue
-			}
-			pay = nil
-			c.q.Complete(rdma.StatusOK, c.curLen(seq), 0)
-			seq++
-		}
-		for h := 0; n > 0; h++ {
-			need := replySize
-			if h == 0 {
-				need -= hfill
-			}
-			if n < need {
-				// Partial header: move it to the front.
-				lo := h * replySize
-				filled := replySize - need + n
-				copy(c.rhdr[:filled], c.rhdr[lo:lo+filled])
-				hfill = filled
-				break
-			}
-			n -= need
-			hfill = 0
-			s, ok := c.q.Peek(seq)
-			if !ok {
-				c.fail(fmt.Errorf("%w: reply %d to no request", rdma.ErrProtocol, seq))
-				return
-			}
-			rep, err := decodeReply(c.rhdr[h*replySize:(h+1)*replySize], seq, s.Op, len(s.Local))
-			if err != nil {
-				c.fail(err)
-				return
-			}
-			if rep.Op == rdma.OpRead && rep.Status == rdma.StatusOK && rep.Length > 0 {
-				pay = s.Local[:rep.Length]
-				continue // n is 0 here: the iovec stopped after this header
-			}
-			c.q.Complete(rep.Status, rep.Length, rep.Value)
-			seq++
-		}
+// readOnce does one readv of replies and parses it. Payloads are read
+// straight into the requests' Local buffers: the iovec is built from the
+// posted requests, [header, Local] for a READ (speculating status OK) and
+// [header] for other ops, up to the first request not yet posted. If a
+// READ turns out to have failed, the bytes read into its Local belong to
+// later replies: they are moved out and parsed from a copy.
+// Preconditions: c.rmu must be held.
+func (c *conn) readOnce(wait bool) (progress bool, err error) {
+	nseg := 0
+	seq := c.seq
+	add := func(s seg, b []byte) {
+		s.b = b
+		c.segs[nseg] = s
+		c.riov[nseg] = b
+		nseg++
 	}
+	nh := 0
+	if c.inPay {
+		s, _ := c.q.Peek(seq)
+		add(seg{seq: seq, off: c.pfill}, s.Local[c.pfill:])
+		seq++
+	}
+	for nh < maxRun && nseg+2 <= len(c.segs) {
+		lo := nh * replySize
+		if nh == 0 && !c.inPay {
+			lo += c.hfill
+		}
+		add(seg{seq: seq, hdr: true, off: lo}, c.rhdr[lo:(nh+1)*replySize])
+		nh++
+		s, ok := c.q.Peek(seq)
+		if !ok {
+			break // not posted yet: its op (and payload) is unknown
+		}
+		if s.Op == rdma.OpRead && len(s.Local) > 0 {
+			add(seg{seq: seq, spec: true}, s.Local)
+		}
+		seq++
+	}
+	n, err := c.rd.Readv(c.riov[:nseg], wait)
+	clear(c.riov[:nseg])
+	if err == nil {
+		progress, err = c.consume(n)
+	}
+	for i := range nseg {
+		c.segs[i].b = nil // drop references to callers' buffers
+	}
+	return progress, err
 }
 
-// curLen is the length of the READ being completed.
-func (c *conn) curLen(seq uint64) uint32 {
-	s, _ := c.q.Peek(seq)
-	return uint32(len(s.Local))
+// consume parses the n bytes the last readv placed according to c.segs.
+func (c *conn) consume(n int) (progress bool, err error) {
+	for i := 0; n > 0; i++ {
+		sg := &c.segs[i]
+		sn := len(sg.b)
+		take := min(n, sn)
+		n -= take
+		if !sg.hdr {
+			// Payload of a READ whose header said OK.
+			c.pfill += take
+			if take < sn {
+				return progress, nil
+			}
+			c.q.Complete(rdma.StatusOK, uint32(c.pfill), 0)
+			c.seq++
+			c.inPay, c.pfill = false, 0
+			progress = true
+			continue
+		}
+		if take < sn {
+			// Partial header: move it to the front for the next readv.
+			filled := replySize - sn + take
+			start := sg.off - (replySize - sn)
+			copy(c.rhdr[:filled], c.rhdr[start:start+filled])
+			c.hfill = filled
+			return progress, nil
+		}
+		c.hfill = 0
+		hdrStart := sg.off - (replySize - sn)
+		ok, err := c.handleHeader(c.rhdr[hdrStart : hdrStart+replySize])
+		if err != nil {
+			return progress, err
+		}
+		if c.inPay {
+			continue // the next segment is its payload, already in place
+		}
+		progress = progress || ok
+		if i+1 < len(c.segs) && n > 0 && c.segs[i+1].spec && c.segs[i+1].seq == sg.seq {
+			// The READ failed but we read on into its Local: those bytes
+			// are the following replies. Gather and parse them.
+			return true, c.respill(i+1, n)
+		}
+	}
+	return progress, nil
+}
+
+// handleHeader decodes the reply header of c.seq and completes it, or
+// enters its payload phase. ok reports a completion.
+func (c *conn) handleHeader(h []byte) (ok bool, err error) {
+	s, posted := c.q.Peek(c.seq)
+	if !posted {
+		return false, fmt.Errorf("%w: reply %d to no request", rdma.ErrProtocol, c.seq)
+	}
+	rep, err := decodeReply(h, c.seq, s.Op, len(s.Local))
+	if err != nil {
+		return false, err
+	}
+	if rep.Op == rdma.OpRead && rep.Status == rdma.StatusOK && rep.Length > 0 {
+		c.inPay, c.pfill = true, 0
+		return false, nil
+	}
+	c.q.Complete(rep.Status, rep.Length, rep.Value)
+	c.seq++
+	return true, nil
+}
+
+// respill copies the n bytes that landed in segments from i on into the
+// spill buffer and parses them byte-stream style.
+func (c *conn) respill(i, n int) error {
+	if cap(c.spill) < n {
+		c.spill = make([]byte, 0, max(n, 64<<10))
+	}
+	buf := c.spill[:0]
+	for ; n > 0; i++ {
+		take := min(n, len(c.segs[i].b))
+		buf = append(buf, c.segs[i].b[:take]...)
+		n -= take
+	}
+	return c.feed(buf)
+}
+
+// feed parses a byte stream of replies, copying payloads to their Local.
+func (c *conn) feed(b []byte) error {
+	for len(b) > 0 {
+		if c.inPay {
+			s, _ := c.q.Peek(c.seq)
+			k := copy(s.Local[c.pfill:], b)
+			b = b[k:]
+			c.pfill += k
+			if c.pfill == len(s.Local) {
+				c.q.Complete(rdma.StatusOK, uint32(c.pfill), 0)
+				c.seq++
+				c.inPay, c.pfill = false, 0
+			}
+			continue
+		}
+		k := copy(c.rhdr[c.hfill:replySize], b)
+		b = b[k:]
+		c.hfill += k
+		if c.hfill < replySize {
+			return nil
+		}
+		c.hfill = 0
+		if _, err := c.handleHeader(c.rhdr[:replySize]); err != nil {
+			return err
+		}
+	}
+	return nil
 }

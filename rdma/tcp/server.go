@@ -199,16 +199,14 @@ func (c *serverConn) handshake() error {
 	return c.nc.SetDeadline(time.Time{})
 }
 
-// read reads into bufs, flushing pending replies before it would block.
+// read reads into bufs after flushing pending replies: the server only
+// reads when it has run out of buffered requests, so the replies gathered
+// so far go out with one writev before it may block.
 func (c *serverConn) read(bufs [][]byte) (int, error) {
-	n, err := c.rd.Readv(bufs, false)
-	if err == iovec.ErrWouldBlock {
-		if err := c.flush(); err != nil {
-			return 0, err
-		}
-		n, err = c.rd.Readv(bufs, true)
+	if err := c.flush(); err != nil {
+		return 0, err
 	}
-	return n, err
+	return c.rd.Readv(bufs, true)
 }
 
 // fillHeader makes rbuf[r:w] hold at least one request header.

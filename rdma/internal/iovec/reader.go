@@ -4,7 +4,9 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -27,7 +29,31 @@ type Reader struct {
 	n    int
 	err  error
 	fn   func(fd uintptr) bool // preallocated readv callback
+
+	deadline      time.Time // read deadline the caller wants
+	deadlineDirty bool      // the conn's deadline may differ from deadline
 }
+
+// SetDeadline sets the read deadline for blocking reads (zero: none). It
+// only touches the connection when the value changes.
+func (r *Reader) SetDeadline(t time.Time) error {
+	if !r.deadlineDirty && t.Equal(r.deadline) {
+		return nil
+	}
+	r.deadline, r.deadlineDirty = t, false
+	return r.nc.SetReadDeadline(t)
+}
+
+// Interrupt makes a blocked Readv return a timeout error soon; it may be
+// called from another goroutine. The next SetDeadline restores the
+// deadline.
+func (r *Reader) Interrupt() {
+	r.nc.SetReadDeadline(time.Unix(1, 0))
+}
+
+// MarkDirty records that the connection's deadline is unknown (after
+// Interrupt), so the next SetDeadline applies its value.
+func (r *Reader) MarkDirty() { r.deadlineDirty = true }
 
 // NewReader returns a Reader for nc. It uses readv(2) when nc is a
 // *net.TCPConn or *net.UnixConn.
@@ -72,15 +98,7 @@ func (r *Reader) readvFD(fd uintptr) bool {
 // is io.EOF. It does not allocate.
 func (r *Reader) Readv(bufs [][]byte, wait bool) (int, error) {
 	if r.rc == nil {
-		if !wait {
-			return 0, ErrWouldBlock
-		}
-		for _, b := range bufs {
-			if len(b) > 0 {
-				return r.nc.Read(b)
-			}
-		}
-		return 0, nil
+		return r.readFallback(bufs, wait)
 	}
 	r.niov = 0
 	total := 0
@@ -119,4 +137,35 @@ func (r *Reader) clear() {
 	for i := range r.niov {
 		r.iov[i] = unix.Iovec{}
 	}
+}
+
+// readFallback reads into the first non-empty buffer with nc.Read; without
+// wait it polls by setting a deadline in the past.
+func (r *Reader) readFallback(bufs [][]byte, wait bool) (int, error) {
+	var dst []byte
+	for _, b := range bufs {
+		if len(b) > 0 {
+			dst = b
+			break
+		}
+	}
+	if dst == nil {
+		return 0, nil
+	}
+	if !wait {
+		r.nc.SetReadDeadline(time.Unix(1, 0))
+		r.deadlineDirty = true
+	} else if r.deadlineDirty {
+		if err := r.SetDeadline(r.deadline); err != nil {
+			return 0, err
+		}
+	}
+	n, err := r.nc.Read(dst)
+	if err != nil && n == 0 && !wait && errors.Is(err, os.ErrDeadlineExceeded) {
+		return 0, ErrWouldBlock
+	}
+	if n > 0 {
+		return n, nil
+	}
+	return n, err
 }

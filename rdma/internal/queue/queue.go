@@ -18,6 +18,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"rmem/rdma"
 )
@@ -32,8 +33,9 @@ type Slot struct {
 
 // Queue is a ring of at most depth outstanding requests.
 type Queue struct {
-	notify chan struct{} // cap 1: a completion or failure happened
-	closed chan struct{} // closed by Close
+	notify  chan struct{} // cap 1: a completion or failure happened
+	closed  chan struct{} // closed by Close
+	waiters atomic.Int32  // goroutines in WaitEvent: wake only if > 0
 
 	mu       sync.Mutex
 	slots    []Slot
@@ -148,7 +150,66 @@ func (q *Queue) Fail(cause error) {
 	q.wake()
 }
 
+// Pending reports whether a posted request awaits its completion.
+func (q *Queue) Pending() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.done != q.tail
+}
+
+// WaitEvent blocks until a completion, failure or Wake, unless one is
+// already there, the queue is closed, or ctx is done.
+func (q *Queue) WaitEvent(ctx context.Context) error {
+	q.waiters.Add(1)
+	defer q.waiters.Add(-1)
+	// Re-check after announcing ourselves: a completer that ran before
+	// the Add did not wake us.
+	q.mu.Lock()
+	ready := q.head != q.done || q.isClosed || q.err != nil
+	q.mu.Unlock()
+	if ready {
+		return nil
+	}
+	select {
+	case <-q.notify:
+		return nil
+	case <-q.closed:
+		return rdma.ErrClosed
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Wake wakes a goroutine in WaitEvent, if any.
+func (q *Queue) Wake() { q.wake() }
+
+// Check copies ready completions like Poll and also reports whether a
+// posted request still awaits its completion and, when nothing at all is
+// outstanding, ErrIdle or the transport failure.
+func (q *Queue) Check(cqes []rdma.Completion) (n int, pending bool, err error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.isClosed {
+		return 0, false, rdma.ErrClosed
+	}
+	for n < len(cqes) && q.head != q.done {
+		cqes[n] = q.slot(q.head).C
+		q.head++
+		n++
+	}
+	if n == 0 && q.head == q.tail {
+		if q.err != nil {
+			return 0, false, fmt.Errorf("%w: %w", rdma.ErrTransport, q.err)
+		}
+		return 0, false, rdma.ErrIdle
+	}
+	return n, q.done != q.tail, nil
+}
+
 func (q *Queue) wake() {
+	if q.waiters.Load() == 0 {
+		return
+	}
 	select {
 	case q.notify <- struct{}{}:
 	default:
@@ -181,35 +242,19 @@ func (q *Queue) Outstanding() int {
 
 // Wait blocks until at least one completion is ready and returns it (and
 // any others that fit), or returns ErrIdle when nothing is outstanding, or
-// ctx's error.
+// ctx's error. It is for providers whose completions are produced by
+// others (or synchronously in Post).
 func (q *Queue) Wait(ctx context.Context, cqes []rdma.Completion) (int, error) {
 	if len(cqes) == 0 {
 		return 0, nil
 	}
 	for {
-		q.mu.Lock()
-		if q.isClosed {
-			q.mu.Unlock()
-			return 0, rdma.ErrClosed
+		n, _, err := q.Check(cqes)
+		if n > 0 || err != nil {
+			return n, err
 		}
-		if q.head != q.done {
-			q.mu.Unlock()
-			return q.Poll(cqes)
-		}
-		if q.head == q.tail {
-			err := q.err
-			q.mu.Unlock()
-			if err != nil {
-				return 0, fmt.Errorf("%w: %w", rdma.ErrTransport, err)
-			}
-			return 0, rdma.ErrIdle
-		}
-		q.mu.Unlock()
-		select {
-		case <-q.notify:
-		case <-q.closed:
-		case <-ctx.Done():
-			return 0, ctx.Err()
+		if err := q.WaitEvent(ctx); err != nil {
+			return 0, err
 		}
 	}
 }
