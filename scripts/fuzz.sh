@@ -8,7 +8,7 @@ status=0
 while IFS= read -r line; do
 	file=${line%%:*}
 	fn=$(sed -E 's/.*func (Fuzz[A-Za-z0-9_]*).*/\1/' <<<"$line")
-	pkg=./$(dirname "$file")
+	pkg=$(dirname "$file")
 	echo "fuzz: $pkg $fn for $fuzztime"
 	if ! go test -run='^$' -fuzz="^${fn}\$" -fuzztime="$fuzztime" "$pkg"; then
 		status=1
