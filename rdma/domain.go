@@ -31,13 +31,15 @@ type Domain struct {
 	statsWrite atomic.Uint64
 	statsErrs  atomic.Uint64
 
-	mu       sync.RWMutex
-	regions  map[*Region]struct{}
-	keys     map[Key]*keyEntry
-	revoked  map[Key]struct{}
-	revRing  []Key // FIFO of revoked keys, bounds revoked
-	revNext  int
-	sessions map[*Session]struct{}
+	mu      sync.RWMutex
+	regions map[*Region]struct{}
+	keys    map[Key]*keyEntry
+	revoked map[Key]struct{}
+	// unfinished holds keys whose Revoke has not completed yet.
+	unfinished map[Key]*keyEntry
+	revRing    []Key // FIFO of revoked keys, bounds revoked
+	revNext    int
+	sessions   map[*Session]struct{}
 }
 
 // keyEntry is one issued key.
@@ -75,12 +77,13 @@ func NewDomain(opts DomainOptions) *Domain {
 		opts.RememberRevoked = 1 << 16
 	}
 	return &Domain{
-		grace:     opts.RevokeGrace,
-		rememberN: opts.RememberRevoked,
-		regions:   map[*Region]struct{}{},
-		keys:      map[Key]*keyEntry{},
-		revoked:   map[Key]struct{}{},
-		sessions:  map[*Session]struct{}{},
+		grace:      opts.RevokeGrace,
+		rememberN:  opts.RememberRevoked,
+		regions:    map[*Region]struct{}{},
+		keys:       map[Key]*keyEntry{},
+		revoked:    map[Key]struct{}{},
+		unfinished: map[Key]*keyEntry{},
+		sessions:   map[*Session]struct{}{},
 	}
 }
 
@@ -107,6 +110,11 @@ func (d *Domain) Deregister(ctx context.Context, r *Region) error {
 	_, ok := d.regions[r]
 	var ks []Key
 	for k, e := range d.keys {
+		if e.region == r {
+			ks = append(ks, k)
+		}
+	}
+	for k, e := range d.unfinished {
 		if e.region == r {
 			ks = append(ks, k)
 		}
@@ -168,12 +176,20 @@ func (d *Domain) IssueKey(r *Region, off, length uint64, acc Access) (Key, error
 //
 // If ctx ends first, Revoke returns an error wrapping ErrRevokeIncomplete:
 // the key is revoked for new ops but an op may still be running; do not
-// reuse the memory. Revoking a revoked key returns nil; an unknown key
-// returns ErrUnknownKey.
+// reuse the memory, and call Revoke again later: it resumes waiting, and
+// returns nil once the revocation is complete. Revoking a key whose
+// revocation completed returns nil; an unknown key returns ErrUnknownKey.
 func (d *Domain) Revoke(ctx context.Context, k Key) error {
 	d.mu.Lock()
 	e, ok := d.keys[k]
-	if !ok {
+	switch {
+	case ok:
+		delete(d.keys, k)
+		d.rememberRevokedLocked(k)
+		d.unfinished[k] = e
+	case d.unfinished[k] != nil:
+		e = d.unfinished[k] // an earlier Revoke gave up: wait again
+	default:
 		_, was := d.revoked[k]
 		d.mu.Unlock()
 		if was {
@@ -181,13 +197,10 @@ func (d *Domain) Revoke(ctx context.Context, k Key) error {
 		}
 		return fmt.Errorf("rdma: revoke %s: %w", k, ErrUnknownKey)
 	}
-	delete(d.keys, k)
-	d.rememberRevokedLocked(k)
 	mappers := make([]*Session, 0, len(e.mappers))
 	for s := range e.mappers {
 		mappers = append(mappers, s)
 	}
-	e.mappers = nil
 	d.mu.Unlock()
 
 	e.revoked.Store(true)
@@ -201,13 +214,18 @@ func (d *Domain) Revoke(ctx context.Context, k Key) error {
 		}
 	}
 	for _, s := range mappers {
-		if s.hooks.Fence == nil {
-			continue
+		if s.hooks.Fence != nil {
+			if err := s.hooks.Fence(ctx, k); err != nil {
+				return fmt.Errorf("rdma: revoke %s: %w: %w", k, ErrRevokeIncomplete, err)
+			}
 		}
-		if err := s.hooks.Fence(ctx, k); err != nil {
-			return fmt.Errorf("rdma: revoke %s: %w: %w", k, ErrRevokeIncomplete, err)
-		}
+		d.mu.Lock()
+		delete(e.mappers, s)
+		d.mu.Unlock()
 	}
+	d.mu.Lock()
+	delete(d.unfinished, k)
+	d.mu.Unlock()
 	return nil
 }
 

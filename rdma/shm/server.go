@@ -115,11 +115,11 @@ func (l *Listener) routineAccept() {
 // serverConn is one client. routineServe owns the socket reads; Fence
 // (from Domain.Revoke) and shutdown touch the control memory under mu.
 type serverConn struct {
-	nc     *net.UnixConn
-	sess   *rdma.Session
-	ctlFd  int
-	ctl    []byte // the control memfd, mapped shared
-	pidfd  int    // the peer process, or -1
+	nc      *net.UnixConn
+	sess    *rdma.Session
+	ctlFd   int
+	ctl     []byte      // the control memfd, mapped shared
+	pidfd   int         // the peer process, or -1
 	gone    atomic.Bool // the client closed its end (or never completed the hello)
 	closed  atomic.Bool // we closed the connection
 	drained atomic.Bool // after close: the client was seen inside no op
