@@ -12,13 +12,6 @@ type Candidate struct {
 	Free   int    // free slabs
 }
 
-func (c *Candidate) domain() string {
-	if c.Domain == "" {
-		return "server:" + string(c.ID)
-	}
-	return "domain:" + c.Domain
-}
-
 // Placement is the result of Place: for each new slab, the indexes (into the
 // candidates given to Place) of the servers holding its replicas.
 type Placement [][]int
@@ -44,57 +37,96 @@ func Place(cands []Candidate, req PlaceRequest, rnd *rand.Rand) (Placement, erro
 	if req.Slabs < 1 || req.Replicas < 1 {
 		return nil, fmt.Errorf("%w: want at least one slab and one replica (got %d slabs, %d replicas)", ErrInvalid, req.Slabs, req.Replicas)
 	}
+	free := make([]int, len(cands))
 	total := 0
 	for i := range cands {
-		total += max(cands[i].Free, 0)
+		free[i] = max(cands[i].Free, 0)
+		total += free[i]
 	}
 	if want := req.Slabs * req.Replicas; want > total {
 		return nil, fmt.Errorf("%w: %d slabs × %d replicas need %d free slabs, the pool has %d", ErrNoCapacity, req.Slabs, req.Replicas, want, total)
 	}
-	byID := make(map[ServerID]int, len(cands))
-	for i := range cands {
-		byID[cands[i].ID] = i
-	}
-	free := make([]int, len(cands))
-	for i := range cands {
-		free[i] = max(cands[i].Free, 0)
-	}
+	p := placer{cands: cands, free: free, rnd: rnd}
 	out := make(Placement, req.Slabs)
-	eligible := make([]int, 0, len(cands))
-	usedDomains := make(map[string]bool, req.Replicas*2)
 	for s := 0; s < req.Slabs; s++ {
-		clear(usedDomains)
+		p.usedIDs, p.usedDoms = p.usedIDs[:0], p.usedDoms[:0]
 		if s < len(req.Avoid) {
 			for _, id := range req.Avoid[s] {
-				usedDomains["server:"+string(id)] = true
-				if i, ok := byID[id]; ok {
-					usedDomains[cands[i].domain()] = true
+				p.usedIDs = append(p.usedIDs, id)
+				for i := range cands { // Avoid is short and rare (replacements)
+					if cands[i].ID == id && cands[i].Domain != "" {
+						p.usedDoms = append(p.usedDoms, cands[i].Domain)
+					}
 				}
 			}
 		}
 		out[s] = make([]int, 0, req.Replicas)
 		for r := 0; r < req.Replicas; r++ {
-			eligible = eligible[:0]
-			for i := range cands {
-				if free[i] > 0 && !usedDomains[cands[i].domain()] && !usedDomains["server:"+string(cands[i].ID)] {
-					eligible = append(eligible, i)
-				}
-			}
-			if len(eligible) == 0 {
+			pick, ok := p.draw()
+			if !ok {
 				return nil, fmt.Errorf("%w: slab %d of %d: no server with a free slab outside the failure domains of its other %d replica(s)", ErrNoCapacity, s+1, req.Slabs, r)
 			}
-			pick := eligible[rnd.IntN(len(eligible))]
-			if len(eligible) > 1 {
-				other := eligible[rnd.IntN(len(eligible))]
-				if free[other] > free[pick] {
-					pick = other
-				}
+			if other, ok := p.draw(); ok && free[other] > free[pick] {
+				pick = other
 			}
 			free[pick]--
-			usedDomains[cands[pick].domain()] = true
-			usedDomains["server:"+string(cands[pick].ID)] = true
+			p.usedIDs = append(p.usedIDs, cands[pick].ID)
+			if d := cands[pick].Domain; d != "" {
+				p.usedDoms = append(p.usedDoms, d)
+			}
 			out[s] = append(out[s], pick)
 		}
 	}
 	return out, nil
+}
+
+// placer holds the working state of one Place call.
+type placer struct {
+	cands    []Candidate
+	free     []int
+	rnd      *rand.Rand
+	usedIDs  []ServerID // servers of the current slab's replicas (and avoided ones)
+	usedDoms []string   // their failure domains
+	eligible []int
+}
+
+func (p *placer) ok(i int) bool {
+	if p.free[i] <= 0 {
+		return false
+	}
+	c := &p.cands[i]
+	for _, id := range p.usedIDs {
+		if id == c.ID {
+			return false
+		}
+	}
+	if c.Domain != "" {
+		for _, d := range p.usedDoms {
+			if d == c.Domain {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// draw returns a uniformly random candidate that may take the replica:
+// rejection sampling while eligible candidates are common, a scan when they
+// are rare.
+func (p *placer) draw() (int, bool) {
+	for range 16 {
+		if i := p.rnd.IntN(len(p.cands)); p.ok(i) {
+			return i, true
+		}
+	}
+	p.eligible = p.eligible[:0]
+	for i := range p.cands {
+		if p.ok(i) {
+			p.eligible = append(p.eligible, i)
+		}
+	}
+	if len(p.eligible) == 0 {
+		return 0, false
+	}
+	return p.eligible[p.rnd.IntN(len(p.eligible))], true
 }

@@ -32,7 +32,10 @@ func checkPlacement(t *testing.T, cs []Candidate, req PlaceRequest, p Placement)
 		}
 		doms := map[string]bool{}
 		for _, i := range reps {
-			d := cs[i].domain()
+			d := "server:" + string(cs[i].ID)
+			if cs[i].Domain != "" {
+				d = "domain:" + cs[i].Domain
+			}
 			if doms[d] {
 				t.Fatalf("slab %d: two replicas in %s", s, d)
 			}

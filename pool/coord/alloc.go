@@ -16,7 +16,7 @@ import (
 // candidatesLocked lists the servers that may take new replicas.
 func (c *Coordinator) candidatesLocked() ([]pool.Candidate, []*srv) {
 	c.cands, c.candSrv = c.cands[:0], c.candSrv[:0]
-	for _, s := range c.servers {
+	for _, s := range c.srvList {
 		if s.rec.State != pool.ServerUp || s.rec.Draining || s.free() <= 0 {
 			continue
 		}

@@ -172,6 +172,7 @@ type Coordinator struct {
 
 	mu       sync.Mutex
 	servers  map[pool.ServerID]*srv
+	srvList  []*srv // the same servers, in registration order (fast scans)
 	leases   map[pool.LeaseID]*lease
 	slabs    map[pool.SlabID]*pool.Slab
 	nextSlab pool.SlabID

@@ -40,6 +40,7 @@ func (c *Coordinator) Register(info pool.ServerInfo) (pool.Server, error) {
 	if s == nil {
 		s = &srv{}
 		c.servers[info.ID] = s
+		c.srvList = append(c.srvList, s)
 	}
 	restarted := old == nil || old.rec.Instance != info.Instance
 	s.rec, s.lastHB, s.conn = rec, now, nil

@@ -49,6 +49,7 @@ func (c *Coordinator) load() error {
 				return fmt.Errorf("servers/%s: %w", k, err)
 			}
 			c.servers[s.rec.ID] = s
+			c.srvList = append(c.srvList, s)
 			return nil
 		})
 		if err != nil {
