@@ -33,7 +33,15 @@ func Dial(ctx context.Context, addr string, opts rdma.DialOptions) (rdma.Conn, e
 		tc.SetNoDelay(true)
 	}
 	if opts.TLS != nil {
-		nc = tls.Client(nc, opts.TLS)
+		cfg := opts.TLS
+		if cfg.ServerName == "" && !cfg.InsecureSkipVerify {
+			// As tls.Dial does: verify the certificate against the host
+			// we dialed.
+			host, _, _ := net.SplitHostPort(addr)
+			cfg = cfg.Clone()
+			cfg.ServerName = host
+		}
+		nc = tls.Client(nc, cfg)
 	}
 	if err := clientHandshake(ctx, nc); err != nil {
 		nc.Close()
