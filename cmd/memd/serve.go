@@ -101,7 +101,8 @@ generated in <runtime-dir>/token for the CLI and memagent on this host.`,
 type serveConfig struct {
 	coordRole, serverRole bool
 	listen                string
-	advertiseURL          string
+	advertiseURL          string // "": scheme://<the control listener's address>
+	scheme                string
 	coordinator           string
 	id                    string
 	capacity, slabSize    uint64
@@ -204,11 +205,12 @@ func readServeConfig(app *cli.App) (*serveConfig, error) {
 	if c.serverTLS != nil {
 		scheme = "https"
 	}
+	c.scheme = scheme
 	c.advertiseURL = app.String("advertise-url")
-	if c.advertiseURL == "" {
-		c.advertiseURL = scheme + "://" + c.listen
-	} else if u, err := url.Parse(c.advertiseURL); err != nil || u.Host == "" {
-		return nil, app.Invalid("advertise-url", "want http(s)://HOST:PORT")
+	if c.advertiseURL != "" {
+		if u, err := url.Parse(c.advertiseURL); err != nil || u.Host == "" {
+			return nil, app.Invalid("advertise-url", "want http(s)://HOST:PORT")
+		}
 	}
 
 	if c.serverRole {
@@ -402,6 +404,16 @@ func serve(ctx context.Context, log *zap.Logger, cfg *serveConfig) (err error) {
 		}
 		log.Info("control API token written", zap.String("file", cfg.tokenFile))
 	}
+	// Listen first: the memory server registers the actual address (an
+	// ephemeral port in tests).
+	ln, err := net.Listen("tcp", cfg.listen)
+	if err != nil {
+		return fmt.Errorf("control API: %w", err)
+	}
+	defer ln.Close()
+	if cfg.advertiseURL == "" {
+		cfg.advertiseURL = cfg.scheme + "://" + ln.Addr().String()
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	api := http.NewServeMux()
@@ -472,10 +484,6 @@ func serve(ctx context.Context, log *zap.Logger, cfg *serveConfig) (err error) {
 		httpapi.WriteJSON(w, http.StatusOK, map[string]any{"status": "ok", "roles": roles})
 	})
 	root.Handle("/", httpapi.Auth(cfg.token, cfg.mtls, api))
-	ln, err := net.Listen("tcp", cfg.listen)
-	if err != nil {
-		return fmt.Errorf("control API: %w", err)
-	}
 	hs := &http.Server{Handler: root, ReadHeaderTimeout: 10 * time.Second, TLSConfig: cfg.serverTLS,
 		ErrorLog: zap.NewStdLog(log.Named("http"))}
 	httpDone := make(chan error, 1)
