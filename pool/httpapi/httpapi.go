@@ -149,6 +149,8 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 }
 
 // NotFound is the handler for unknown routes: 404 with a JSON error.
+// Registered as the "/" catch-all, it also answers a known path with
+// another method (net/http would answer 405 in text).
 func NotFound(w http.ResponseWriter, r *http.Request) {
 	WriteError(w, fmt.Errorf("%w: no route %s %s", pool.ErrNotFound, r.Method, r.URL.Path))
 }
