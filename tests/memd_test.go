@@ -532,3 +532,38 @@ func TestMemdBadConfig(t *testing.T) {
 		t.Error("a failed start wrote a token file")
 	}
 }
+
+// TestMemdMTLS: with mTLS the control API may listen on every address
+// without a configured token, and only clients with a certificate from the
+// CA get in.
+func TestMemdMTLS(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	bin := memdtest.Build(t)
+	dir := t.TempDir()
+	pki := memdtest.NewPKI(t, dir)
+	_, port, _ := strings.Cut(memdtest.FreeAddr(t), ":")
+	memdtest.Start(t, "memd", bin, "serve", "--listen", "0.0.0.0:"+port, "--runtime-dir", filepath.Join(dir, "run"),
+		"--data-dir", filepath.Join(dir, "data"), "--capacity", "32MiB", "--slab-size", "16MiB", "--tcp-listen", "127.0.0.1:0",
+		"--tls-cert", pki.ServerCert, "--tls-key", pki.ServerKey, "--tls-client-ca", pki.CA, "--tls-ca", pki.CA)
+	url := "https://127.0.0.1:" + port
+	nowhere := filepath.Join(dir, "no-token-here")
+	memdtest.Eventually(t, 20*time.Second, "memd status over mTLS", func() error {
+		_, errOut, err := memdtest.Run(bin, nil, "status", "--coordinator", url, "--runtime-dir", nowhere,
+			"--tls-ca", pki.CA, "--tls-cert", pki.ClientCert, "--tls-key", pki.ClientKey)
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, errOut)
+		}
+		return nil
+	})
+	// A client without a certificate is refused even with the token.
+	tok, err := os.ReadFile(filepath.Join(dir, "run", "token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, errOut, err := memdtest.Run(bin, nil, "status", "--coordinator", url, "--token", strings.TrimSpace(string(tok)), "--tls-ca", pki.CA)
+	if err == nil {
+		t.Fatalf("a client without a certificate got in: %s", errOut)
+	}
+}
