@@ -24,12 +24,11 @@ type DomainOptions struct {
 // Domain is the server side's protection domain: the registered regions and
 // the key table, shared by every listener (tcp, shm, ...) that serves them.
 type Domain struct {
-	grace      time.Duration
-	rememberN  int
-	statsOps   [OpFetchAdd + 1]atomic.Uint64
-	statsRead  atomic.Uint64
-	statsWrite atomic.Uint64
-	statsErrs  atomic.Uint64
+	grace     time.Duration
+	rememberN int
+	// live is a read-only snapshot of keys, replaced (copy on write) on
+	// every change, so that the per-op lookup takes no lock.
+	live atomic.Pointer[map[Key]*keyEntry]
 
 	mu      sync.RWMutex
 	regions map[*Region]struct{}
@@ -40,6 +39,18 @@ type Domain struct {
 	revRing    []Key // FIFO of revoked keys, bounds revoked
 	revNext    int
 	sessions   map[*Session]struct{}
+	retired    Stats // counters of closed sessions; guarded by mu
+}
+
+// publishLocked replaces the lock-free snapshot of the key table: O(keys)
+// per IssueKey and Revoke, which are rare (one per slab lease).
+// Preconditions: d.mu must be locked.
+func (d *Domain) publishLocked() {
+	m := make(map[Key]*keyEntry, len(d.keys))
+	for k, e := range d.keys {
+		m[k] = e
+	}
+	d.live.Store(&m)
 }
 
 // keyEntry is one issued key.
@@ -160,6 +171,7 @@ func (d *Domain) IssueKey(r *Region, off, length uint64, acc Access) (Key, error
 		key: k, region: r, mem: r.mem[off : off+length : off+length],
 		base: off, access: acc,
 	}
+	d.publishLocked()
 	return k, nil
 }
 
@@ -185,6 +197,7 @@ func (d *Domain) Revoke(ctx context.Context, k Key) error {
 	switch {
 	case ok:
 		delete(d.keys, k)
+		d.publishLocked()
 		d.rememberRevokedLocked(k)
 		d.unfinished[k] = e
 	case d.unfinished[k] != nil:
@@ -289,18 +302,13 @@ type Stats struct {
 // Stats returns a snapshot of the counters.
 func (d *Domain) Stats() Stats {
 	d.mu.RLock()
-	nk := len(d.keys)
-	d.mu.RUnlock()
-	return Stats{
-		Reads:        d.statsOps[OpRead].Load(),
-		Writes:       d.statsOps[OpWrite].Load(),
-		CompareSwaps: d.statsOps[OpCompareSwap].Load(),
-		FetchAdds:    d.statsOps[OpFetchAdd].Load(),
-		BytesRead:    d.statsRead.Load(),
-		BytesWritten: d.statsWrite.Load(),
-		Errors:       d.statsErrs.Load(),
-		Keys:         nk,
+	defer d.mu.RUnlock()
+	st := d.retired
+	for s := range d.sessions {
+		s.addStats(&st)
 	}
+	st.Keys = len(d.keys)
+	return st
 }
 
 // SessionHooks let the Domain act on a provider's connection during Revoke.
@@ -319,16 +327,20 @@ const maxHeld = 256
 
 // Session is one client connection's view of a Domain. Providers create one
 // per accepted connection; the memory server's code never uses it.
-// A Session is used by one goroutine at a time (the connection's).
+// A Session is used by one goroutine at a time (the connection's); the
+// Domain reads its held ops and counters concurrently, through atomics.
 type Session struct {
 	d     *Domain
 	hooks SessionHooks
 
-	mu     sync.Mutex
-	held   [maxHeld]*keyEntry // guarded by mu
-	nheld  int                // guarded by mu
-	mapped map[*keyEntry]struct{}
-	closed bool
+	held   [maxHeld]atomic.Pointer[keyEntry] // ops between Begin and End
+	nheld  int                               // owner only: held[:nheld] may be set
+	closed atomic.Bool
+
+	ops              [OpFetchAdd + 1]atomic.Uint64
+	bytesRd, bytesWr atomic.Uint64
+	errs             atomic.Uint64
+	mapped           map[*keyEntry]struct{} // guarded by Domain.mu
 }
 
 // NewSession registers a connection's session.
@@ -343,23 +355,33 @@ func (d *Domain) NewSession(h SessionHooks) *Session {
 // Close unregisters the session and forgets its mappings. Holds must have
 // been ended. It is safe to call twice.
 func (s *Session) Close() {
+	s.closed.Store(true)
 	s.d.mu.Lock()
+	defer s.d.mu.Unlock()
+	if _, ok := s.d.sessions[s]; !ok {
+		return
+	}
 	delete(s.d.sessions, s)
 	for e := range s.mapped {
 		delete(e.mappers, s)
 	}
 	s.mapped = nil
-	s.d.mu.Unlock()
-	s.mu.Lock()
-	s.closed = true
-	s.mu.Unlock()
+	s.addStats(&s.d.retired)
+}
+
+func (s *Session) addStats(st *Stats) {
+	st.Reads += s.ops[OpRead].Load()
+	st.Writes += s.ops[OpWrite].Load()
+	st.CompareSwaps += s.ops[OpCompareSwap].Load()
+	st.FetchAdds += s.ops[OpFetchAdd].Load()
+	st.BytesRead += s.bytesRd.Load()
+	st.BytesWritten += s.bytesWr.Load()
+	st.Errors += s.errs.Load()
 }
 
 func (s *Session) holds(e *keyEntry) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, h := range s.held[:s.nheld] {
-		if h == e {
+	for i := range s.held {
+		if s.held[i].Load() == e {
 			return true
 		}
 	}
@@ -375,76 +397,71 @@ type Hold struct {
 
 // lookup finds k's entry or the status to answer.
 func (d *Domain) lookup(k Key) (*keyEntry, Status) {
+	if e := (*d.live.Load())[k]; e != nil {
+		return e, StatusOK
+	}
 	d.mu.RLock()
-	e, ok := d.keys[k]
-	if !ok {
-		_, was := d.revoked[k]
-		d.mu.RUnlock()
-		if was {
-			return nil, StatusRevokedKey
-		}
-		return nil, StatusUnknownKey
+	_, was := d.revoked[k]
+	if !was {
+		_, was = d.unfinished[k]
 	}
 	d.mu.RUnlock()
-	return e, StatusOK
+	if was {
+		return nil, StatusRevokedKey
+	}
+	return nil, StatusUnknownKey
 }
 
 // Begin checks an op of n bytes at off with key k and, if it may run, pins
 // the key against revocation until End. n is AtomicSize for atomics.
 // It does not allocate.
 func (s *Session) Begin(k Key, op Opcode, off uint64, n int) (Hold, Status) {
-	st := s.begin(k, op, off, n)
-	if st.st != StatusOK {
-		s.d.statsErrs.Add(1)
-		return Hold{}, st.st
+	h, st := s.begin(k, op, off, n)
+	if st != StatusOK {
+		s.errs.Add(1)
+		return Hold{}, st
 	}
-	s.d.statsOps[op].Add(1)
+	s.ops[op].Add(1)
 	switch op {
 	case OpRead:
-		s.d.statsRead.Add(uint64(n))
+		s.bytesRd.Add(uint64(n))
 	case OpWrite:
-		s.d.statsWrite.Add(uint64(n))
+		s.bytesWr.Add(uint64(n))
 	}
-	return st.h, StatusOK
+	return h, StatusOK
 }
 
-type beginResult struct {
-	h  Hold
-	st Status
-}
-
-func (s *Session) begin(k Key, op Opcode, off uint64, n int) beginResult {
+func (s *Session) begin(k Key, op Opcode, off uint64, n int) (Hold, Status) {
 	if !op.Valid() || n < 0 || n > MaxTransfer || (op.IsAtomic() && n != AtomicSize) {
-		return beginResult{st: StatusInvalid}
+		return Hold{}, StatusInvalid
 	}
 	e, st := s.d.lookup(k)
 	if st != StatusOK {
-		return beginResult{st: st}
+		return Hold{}, st
 	}
 	if !e.access.Allows(op) {
-		return beginResult{st: StatusPermission}
+		return Hold{}, StatusPermission
 	}
 	size := uint64(len(e.mem))
 	if off > size || uint64(n) > size-off {
-		return beginResult{st: StatusOutOfBounds}
+		return Hold{}, StatusOutOfBounds
 	}
 	mem := e.mem[off : off+uint64(n) : off+uint64(n)]
 	if op.IsAtomic() && !atomicmem.Aligned(mem) {
-		return beginResult{st: StatusMisaligned}
+		return Hold{}, StatusMisaligned
 	}
-	s.mu.Lock()
-	if s.nheld == maxHeld || s.closed {
-		s.mu.Unlock()
-		return beginResult{st: StatusInvalid}
+	if s.nheld == maxHeld || s.closed.Load() {
+		return Hold{}, StatusInvalid
 	}
-	s.held[s.nheld] = e
+	// Publish the hold before acquiring, so that Revoke's abortHolders,
+	// which runs after it saw inflight != 0, finds it.
+	s.held[s.nheld].Store(e)
 	s.nheld++
-	s.mu.Unlock()
 	if !e.acquire() {
 		s.unhold(e)
-		return beginResult{st: StatusRevokedKey}
+		return Hold{}, StatusRevokedKey
 	}
-	return beginResult{h: Hold{e: e, Mem: mem}}
+	return Hold{e: e, Mem: mem}, StatusOK
 }
 
 // End finishes an op begun with Begin.
@@ -457,16 +474,14 @@ func (s *Session) End(h Hold) {
 }
 
 func (s *Session) unhold(e *keyEntry) {
-	s.mu.Lock()
 	for i := s.nheld - 1; i >= 0; i-- {
-		if s.held[i] == e {
+		if s.held[i].Load() == e {
 			s.nheld--
-			s.held[i] = s.held[s.nheld]
-			s.held[s.nheld] = nil
-			break
+			s.held[i].Store(s.held[s.nheld].Load())
+			s.held[s.nheld].Store(nil)
+			return
 		}
 	}
-	s.mu.Unlock()
 }
 
 // Mapping describes a key's range in its region's memfd, for providers that

@@ -54,6 +54,7 @@ func Dial(ctx context.Context, addr string, opts rdma.DialOptions) (rdma.Conn, e
 		hdrs: make([]byte, depth*reqSize),
 		iov:  make([][]byte, 0, 2*depth),
 		rd:   iovec.NewReader(nc),
+		wr:   iovec.NewWriter(nc),
 	}
 	return c, nil
 }
@@ -103,7 +104,8 @@ type conn struct {
 	wmu  sync.Mutex // serializes Post: ring order = wire order
 	hdrs []byte     // request headers of one Post; guarded by wmu
 	iov  [][]byte   // guarded by wmu
-	bufs net.Buffers
+	wr   *iovec.Writer
+	bufs net.Buffers // TLS path
 
 	// rmu is the reader token: whoever holds it reads replies. The fields
 	// below are guarded by rmu.
@@ -159,14 +161,9 @@ func (c *conn) Post(wrs []rdma.WorkRequest) error {
 			run = -1
 		}
 	}
-	if len(iov) == 1 {
-		_, err = c.nc.Write(iov[0]) // a run of headers: plain write(2)
-	} else {
-		c.bufs = iov
-		_, err = c.bufs.WriteTo(c.nc)
-	}
-	clear(iov)
-	c.iov = iov[:0]
+	err = c.writeLocked(iov)
+	clear(c.iov[:cap(c.iov)])
+	c.iov = c.iov[:0]
 	if err != nil {
 		// Everything posted completes with StatusTransport.
 		c.fail(err)
@@ -174,23 +171,71 @@ func (c *conn) Post(wrs []rdma.WorkRequest) error {
 	return nil
 }
 
+// writeLocked writes iov without ever blocking on a full socket while
+// replies wait to be read: if the server is blocked writing replies that
+// nobody reads (this goroutine is the one that would read them), the
+// client must read to let it make progress, as a NIC would. Over TLS the
+// write blocks (documented). Preconditions: c.wmu must be held.
+func (c *conn) writeLocked(iov [][]byte) error {
+	if !c.wr.Vectored() {
+		c.bufs = iov
+		_, err := c.bufs.WriteTo(c.nc)
+		return err
+	}
+	for len(iov) > 0 {
+		n, err := c.wr.Writev(iov, false)
+		iov = iovec.Advance(iov, n)
+		if err == nil {
+			continue
+		}
+		if err != iovec.ErrWouldBlock {
+			return err
+		}
+		canRead := c.q.Pending()
+		readable, _, err := c.wr.Poll(canRead, 5*time.Millisecond)
+		if err != nil {
+			return err
+		}
+		if readable && c.rmu.TryLock() {
+			err := c.drainLocked()
+			c.rmu.Unlock()
+			c.q.Wake()
+			if err != nil {
+				return err
+			}
+		} else if readable {
+			// Another goroutine is reading: just wait for room.
+			if _, _, err := c.wr.Poll(false, 5*time.Millisecond); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// drainLocked reads the replies that have arrived, without blocking.
+// Preconditions: c.rmu must be held.
+func (c *conn) drainLocked() error {
+	for c.q.Pending() {
+		if _, err := c.readOnce(false); err != nil {
+			if err == iovec.ErrWouldBlock {
+				return nil
+			}
+			return err
+		}
+	}
+	return nil
+}
+
 // Poll reads the replies that have arrived, without blocking.
 func (c *conn) Poll(cqes []rdma.Completion) (int, error) {
 	if c.q.Pending() && c.rmu.TryLock() {
-		for {
-			progress, err := c.readOnce(false)
-			if err != nil {
-				if err != iovec.ErrWouldBlock {
-					c.fail(err)
-				}
-				break
-			}
-			if !progress && !c.q.Pending() {
-				break
-			}
-		}
+		err := c.drainLocked()
 		c.rmu.Unlock()
 		c.q.Wake()
+		if err != nil {
+			c.fail(err)
+		}
 	}
 	return c.q.Poll(cqes)
 }

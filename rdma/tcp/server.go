@@ -132,6 +132,7 @@ func (l *Listener) routineAccept() {
 type serverConn struct {
 	nc   net.Conn
 	rd   *iovec.Reader
+	wr   *iovec.Writer
 	sess *rdma.Session
 
 	rbuf [rbufSize]byte
@@ -156,7 +157,7 @@ func newServerConn(nc net.Conn, d *rdma.Domain) *serverConn {
 	if tc, ok := nc.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
-	c := &serverConn{nc: nc, rd: iovec.NewReader(nc), iov: make([][]byte, 0, 2*maxPending), hdrRun: -1}
+	c := &serverConn{nc: nc, rd: iovec.NewReader(nc), wr: iovec.NewWriter(nc), iov: make([][]byte, 0, 2*maxPending), hdrRun: -1}
 	c.sess = d.NewSession(rdma.SessionHooks{Abort: func() { nc.Close() }})
 	return c
 }
@@ -379,9 +380,18 @@ func (c *serverConn) flush() error {
 	if len(c.iov) == 0 {
 		return nil
 	}
-	c.bufs = c.iov
-	_, err := c.bufs.WriteTo(c.nc)
-	clear(c.iov)
+	var err error
+	if c.wr.Vectored() {
+		for iov := c.iov; len(iov) > 0 && err == nil; {
+			var n int
+			n, err = c.wr.Writev(iov, true)
+			iov = iovec.Advance(iov, n)
+		}
+	} else {
+		c.bufs = c.iov
+		_, err = c.bufs.WriteTo(c.nc)
+	}
+	clear(c.iov[:cap(c.iov)])
 	c.iov = c.iov[:0]
 	c.nreplies, c.pendBytes, c.hdrRun = 0, 0, -1
 	c.releaseHolds()
