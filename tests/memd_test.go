@@ -18,6 +18,7 @@ import (
 	"rmem/pool"
 	"rmem/pool/client"
 	"rmem/rdma"
+	_ "rmem/rdma/shm"
 	_ "rmem/rdma/tcp"
 	"rmem/tests/internal/memdtest"
 )
@@ -483,6 +484,51 @@ func TestMemdSingleNode(t *testing.T) {
 	fi, err := os.Stat(filepath.Join(run, "token"))
 	if err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("token file: %v %v", fi.Mode(), err)
+	}
+	// An agent on this host: token from the file, data through shm.
+	tok, err := client.LoadToken(filepath.Join(run, "token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := client.New("http://"+addr, client.Options{Token: tok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.CloseIdleConnections()
+	ctx := context.Background()
+	l, err := cl.CreateLease(ctx, pool.CreateLeaseRequest{Agent: "local", TTL: pool.Duration(time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slabs, err := cl.Allocate(ctx, l.ID, pool.AllocateRequest{Slabs: 2, Replicas: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := slabs[1].Replicas[0]
+	if want := filepath.Join(run, "memd-data.sock"); rep.Addrs["shm"] != want {
+		t.Fatalf("shm address %q, want %q", rep.Addrs["shm"], want)
+	}
+	if fi, err := os.Stat(rep.Addrs["shm"]); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("shm socket: %v %v", fi.Mode(), err)
+	}
+	tc, k := dialReplica(t, rep)
+	if err := rdma.Write(ctx, tc, k, 4096, pattern(slabs[1].ID)); err != nil {
+		t.Fatal(err)
+	}
+	sc, err := rdma.Dial(ctx, "shm", rep.Addrs["shm"], rdma.DialOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	got := make([]byte, 4096)
+	if err := rdma.Read(ctx, sc, k, 4096, got); err != nil || !bytes.Equal(got, pattern(slabs[1].ID)) {
+		t.Fatalf("read over shm what was written over tcp: %v", err)
+	}
+	if err := cl.DeleteLease(ctx, l.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdma.Read(ctx, sc, k, 4096, got); !errors.Is(err, rdma.ErrRevokedKey) {
+		t.Fatalf("shm read after the lease ended: %v", err)
 	}
 	_, errOut, err := memdtest.Run(bin, nil, "status", "--coordinator", "http://"+addr, "--runtime-dir", filepath.Join(dir, "elsewhere"))
 	if err == nil || !strings.Contains(errOut, "token") {

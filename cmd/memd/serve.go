@@ -32,6 +32,7 @@ import (
 	"rmem/pool/httpapi"
 	"rmem/pool/memserver"
 	"rmem/pool/store"
+	_ "rmem/rdma/shm" // same-host data plane
 	_ "rmem/rdma/tcp" // the default data-plane provider
 )
 
@@ -109,6 +110,7 @@ type serveConfig struct {
 	domain                string
 	tcpListen, tcpAdv     string
 	shmSocket             string
+	shmDefault            bool // shm-socket not configured: run without shm if it cannot start
 	dataDir               string
 	hbInterval, hbTimeout time.Duration
 	sweep                 time.Duration
@@ -243,6 +245,7 @@ func readServeConfig(app *cli.App) (*serveConfig, error) {
 			}
 		}
 		c.shmSocket = app.String("shm-socket")
+		c.shmDefault = c.shmSocket == ""
 		if c.shmSocket == "" {
 			c.shmSocket = filepath.Join(runtimeDir, shmSocketName)
 		}
@@ -432,7 +435,7 @@ func serve(ctx context.Context, log *zap.Logger, cfg *serveConfig) (err error) {
 				return fmt.Errorf("shm socket directory: %w", err)
 			}
 			listen["shm"] = cfg.shmSocket
-			optional["shm"] = true // until the shm provider is built in, run without it
+			optional["shm"] = cfg.shmDefault
 		}
 		ms, err = memserver.New(memserver.Options{
 			ID: pool.ServerID(cfg.id), Capacity: cfg.capacity, SlabSize: cfg.slabSize,
@@ -486,16 +489,6 @@ func serve(ctx context.Context, log *zap.Logger, cfg *serveConfig) (err error) {
 	root.Handle("/", httpapi.Auth(cfg.token, cfg.mtls, api))
 	hs := &http.Server{Handler: root, ReadHeaderTimeout: 10 * time.Second, TLSConfig: cfg.serverTLS,
 		ErrorLog: zap.NewStdLog(log.Named("http"))}
-	httpDone := make(chan error, 1)
-	go func() {
-		if cfg.serverTLS != nil {
-			httpDone <- hs.ServeTLS(ln, "", "")
-		} else {
-			httpDone <- hs.Serve(ln)
-		}
-	}()
-	log.Info("control API listening", zap.String("addr", ln.Addr().String()), zap.Strings("roles", roles))
-
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var sweepDone, joinDone chan struct{}
@@ -517,8 +510,27 @@ func serve(ctx context.Context, log *zap.Logger, cfg *serveConfig) (err error) {
 			regr = cl
 		}
 		joinDone = make(chan struct{})
-		go func() { defer close(joinDone); ms.RoutineJoin(runCtx, regr, cfg.hbInterval, nil) }()
+		ready := make(chan struct{})
+		go func() { defer close(joinDone); ms.RoutineJoin(runCtx, regr, cfg.hbInterval, ready) }()
+		if co != nil {
+			// In one process, serve only once this node's memory is in the
+			// pool: a client that can reach the API finds it there.
+			select {
+			case <-ready:
+			case <-ctx.Done():
+			}
+		}
 	}
+	httpDone := make(chan error, 1)
+	go func() {
+		if cfg.serverTLS != nil {
+			httpDone <- hs.ServeTLS(ln, "", "")
+		} else {
+			httpDone <- hs.Serve(ln)
+		}
+	}()
+	log.Info("control API listening", zap.String("addr", ln.Addr().String()), zap.Strings("roles", roles))
+
 
 	select {
 	case <-ctx.Done():

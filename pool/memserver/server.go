@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
 	"sort"
 	"sync"
 	"time"
@@ -115,6 +116,15 @@ func New(opts Options) (*Server, error) {
 			}
 			s.Close()
 			return nil, fmt.Errorf("memserver: %s listener on %s: %w", n, opts.Listen[n], err)
+		}
+		if n == "shm" {
+			// The shm provider hands clients the region's memfd: only
+			// root (the memagent) may connect.
+			if err := os.Chmod(l.Addr(), 0o600); err != nil {
+				l.Close()
+				s.Close()
+				return nil, fmt.Errorf("memserver: shm socket %s: %w", l.Addr(), err)
+			}
 		}
 		s.listeners = append(s.listeners, l)
 		s.addrs[n] = l.Addr()
