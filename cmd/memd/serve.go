@@ -531,7 +531,6 @@ func serve(ctx context.Context, log *zap.Logger, cfg *serveConfig) (err error) {
 	}()
 	log.Info("control API listening", zap.String("addr", ln.Addr().String()), zap.Strings("roles", roles))
 
-
 	select {
 	case <-ctx.Done():
 		log.Info("shutting down")
