@@ -530,6 +530,50 @@ func TestMemdSingleNode(t *testing.T) {
 	if err := rdma.Read(ctx, sc, k, 4096, got); !errors.Is(err, rdma.ErrRevokedKey) {
 		t.Fatalf("shm read after the lease ended: %v", err)
 	}
+
+	// A lease that is not renewed expires: its keys are revoked, its slabs
+	// zeroed and free again.
+	short, err := cl.CreateLease(ctx, pool.CreateLeaseRequest{Agent: "forgetful", TTL: pool.Duration(300 * time.Millisecond)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slabs, err = cl.Allocate(ctx, short.ID, pool.AllocateRequest{Slabs: 2, Replicas: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2, k2 := dialReplica(t, slabs[0].Replicas[0])
+	if err := rdma.Write(ctx, c2, k2, 0, []byte("left behind")); err != nil {
+		t.Fatal(err)
+	}
+	took := memdtest.Eventually(t, 15*time.Second, "lease expiry frees the slabs", func() error {
+		st, err := cl.Status(ctx)
+		if err != nil {
+			return err
+		}
+		if st.Agents != 0 || st.Used != 0 {
+			return fmt.Errorf("%+v", st)
+		}
+		return nil
+	})
+	t.Logf("unrenewed 300ms lease freed after %v", took)
+	if err := rdma.Read(ctx, c2, k2, 0, got[:8]); !errors.Is(err, rdma.ErrRevokedKey) {
+		t.Fatalf("key of an expired lease: %v", err)
+	}
+	// The next tenant of the same memory reads zeros.
+	l3, err := cl.CreateLease(ctx, pool.CreateLeaseRequest{Agent: "next", TTL: pool.Duration(time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slabs, err = cl.Allocate(ctx, l3.ID, pool.AllocateRequest{Slabs: 2, Replicas: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range slabs {
+		c3, k3 := dialReplica(t, s.Replicas[0])
+		if err := rdma.Read(ctx, c3, k3, 0, got[:11]); err != nil || !bytes.Equal(got[:11], make([]byte, 11)) {
+			t.Fatalf("next tenant reads %q, %v", got[:11], err)
+		}
+	}
 	_, errOut, err := memdtest.Run(bin, nil, "status", "--coordinator", "http://"+addr, "--runtime-dir", filepath.Join(dir, "elsewhere"))
 	if err == nil || !strings.Contains(errOut, "token") {
 		t.Fatalf("CLI without a token: %v %s", err, errOut)

@@ -22,6 +22,7 @@
 // # Concurrency and deadlocks
 //
 // Server.mu guards the slab table and is held across Revoke and zeroing, so
-// grants and frees are serialised (a 64 MiB zeroing takes a few ms).
+// grants and frees are serialised (a 64 MiB zeroing takes a few ms);
+// heartbeats and metrics do not take it.
 // Goroutines: the rdma listeners' own, and RoutineJoin, stopped by its ctx.
 package memserver

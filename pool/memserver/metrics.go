@@ -9,7 +9,7 @@ func (s *Server) RegisterMetrics(reg prometheus.Registerer) error {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rmem_memserver_capacity_bytes", Help: "Bytes donated by this memory server."},
 			func() float64 { return float64(s.opts.Capacity) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rmem_memserver_slabs_granted", Help: "Slabs with a live key."},
-			func() float64 { s.mu.Lock(); defer s.mu.Unlock(); return float64(s.live) }),
+			func() float64 { return float64(s.live.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rmem_memserver_slabs", Help: "Slabs this server donates."},
 			func() float64 { return slabs }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "rmem_memserver_ops_total", Help: "Data-plane operations served."},

@@ -9,6 +9,7 @@ import (
 	"os"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -76,10 +77,11 @@ type Server struct {
 	backing   string
 
 	mu    sync.Mutex
-	keys  []rdma.Key // by slab index; zero: not granted
-	live  int
+	keys  []rdma.Key   // by slab index; zero: not granted
+	live  atomic.Int64 // granted slabs; read without mu by heartbeats
 	close bool
 
+	hbMu     sync.Mutex // guards lastOps, lastTime: heartbeats never wait behind zeroing
 	lastOps  uint64
 	lastTime time.Time
 }
@@ -205,7 +207,7 @@ func (s *Server) revokeAndZeroLocked(ctx context.Context, i pool.SlabIndex) erro
 		return fmt.Errorf("memserver: revoke slab %d: %w", i, err)
 	}
 	s.keys[i] = rdma.Key{}
-	s.live--
+	s.live.Add(-1)
 	clear(s.slab(i))
 	return nil
 }
@@ -237,7 +239,7 @@ func (s *Server) Grant(ctx context.Context, instance string, idx []pool.SlabInde
 			return nil, fmt.Errorf("memserver: issue key for slab %d: %w", i, err)
 		}
 		s.keys[i] = k
-		s.live++
+		s.live.Add(1)
 		out[n] = pool.Key(k.String())
 	}
 	return out, nil
@@ -274,15 +276,15 @@ func (s *Server) Free(ctx context.Context, instance string, entries []pool.FreeE
 func (s *Server) Heartbeat() pool.Heartbeat {
 	st := s.domain.Stats()
 	ops := st.Reads + st.Writes + st.CompareSwaps + st.FetchAdds
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.hbMu.Lock()
+	defer s.hbMu.Unlock()
 	now := time.Now()
 	load := 0.0
 	if dt := now.Sub(s.lastTime).Seconds(); dt > 0 {
 		load = float64(ops-s.lastOps) / dt
 	}
 	s.lastOps, s.lastTime = ops, now
-	return pool.Heartbeat{Instance: s.instance, Granted: s.live, Load: load}
+	return pool.Heartbeat{Instance: s.instance, Granted: int(s.live.Load()), Load: load}
 }
 
 // Close stops the listeners, revokes every key and frees the memory. It is
