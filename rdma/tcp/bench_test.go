@@ -287,7 +287,12 @@ func BenchmarkReadThroughput(b *testing.B) {
 			el := time.Since(t0)
 			b.StopTimer()
 			gbps := float64(b.N*benchPage) / el.Seconds() / 1e9
-			raw := rawStreamRate(b, max(b.N, 50000))
+			// The raw stream is noisy on a shared machine: take the best of
+			// three, so the ratio errs against us.
+			raw := 0.0
+			for range 3 {
+				raw = max(raw, rawStreamRate(b, max(b.N, 50000)))
+			}
 			b.ReportMetric(gbps, "GB/s")
 			b.ReportMetric(raw, "raw-GB/s")
 			b.ReportMetric(gbps/raw, "raw-ratio")
