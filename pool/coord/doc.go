@@ -11,6 +11,11 @@
 // expiry times are not stored: after a restart every server and lease gets a
 // full timeout (TTL) from the restart.
 //
+// The state is cached in memory and the store is written through, so one
+// coordinator owns a store at a time (bbolt's file lock enforces it); with a
+// shared store (etcd, later) coordinators will need leader election and a
+// reload on taking over.
+//
 // It is not for moving data: agents copy slabs themselves (rdma) and report
 // migrations done; memory servers issue and revoke keys when the coordinator
 // asks them through the SlabServer interface.

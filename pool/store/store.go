@@ -37,6 +37,10 @@ var (
 //   - fn must not retain a Tx, or a value slice returned by Get or passed
 //     to ForEach, after it returns (copy what you keep). Put copies val.
 //   - fn must not call View or Update (it would deadlock on Bolt).
+//   - fn may run more than once for one Update (an etcd implementation
+//     retries on a conflicting revision), so it must have no effects outside
+//     the Tx; the coordinator applies its in-memory change only after
+//     Update returned nil.
 //   - After Close, View and Update return ErrClosed. Close is idempotent.
 type Store interface {
 	View(fn func(Tx) error) error
