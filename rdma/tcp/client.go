@@ -161,8 +161,9 @@ func (c *conn) Post(wrs []rdma.WorkRequest) error {
 			run = -1
 		}
 	}
+	used := len(iov)
 	err = c.writeLocked(iov)
-	clear(c.iov[:cap(c.iov)])
+	clear(c.iov[:used]) // drop references to the callers' buffers
 	c.iov = c.iov[:0]
 	if err != nil {
 		// Everything posted completes with StatusTransport.

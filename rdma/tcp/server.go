@@ -391,7 +391,7 @@ func (c *serverConn) flush() error {
 		c.bufs = c.iov
 		_, err = c.bufs.WriteTo(c.nc)
 	}
-	clear(c.iov[:cap(c.iov)])
+	clear(c.iov) // drop references to region memory
 	c.iov = c.iov[:0]
 	c.nreplies, c.pendBytes, c.hdrRun = 0, 0, -1
 	c.releaseHolds()
