@@ -469,8 +469,9 @@ func TestMemdSingleNode(t *testing.T) {
 	dir := t.TempDir()
 	run := filepath.Join(dir, "run")
 	addr := memdtest.FreeAddr(t)
-	memdtest.Start(t, "memd", bin, "serve", "--listen", addr, "--runtime-dir", run, "--data-dir", filepath.Join(dir, "data"),
-		"--capacity", "32MiB", "--slab-size", "16MiB", "--tcp-listen", "127.0.0.1:0")
+	serveArgs := []string{"serve", "--listen", addr, "--runtime-dir", run, "--data-dir", filepath.Join(dir, "data"),
+		"--capacity", "32MiB", "--slab-size", "16MiB", "--tcp-listen", "127.0.0.1:0"}
+	proc := memdtest.Start(t, "memd", bin, serveArgs...)
 	var out string
 	memdtest.Eventually(t, 20*time.Second, "memd status with the generated token", func() error {
 		var err error
@@ -573,6 +574,29 @@ func TestMemdSingleNode(t *testing.T) {
 		if err := rdma.Read(ctx, c3, k3, 0, got[:11]); err != nil || !bytes.Equal(got[:11], make([]byte, 11)) {
 			t.Fatalf("next tenant reads %q, %v", got[:11], err)
 		}
+	}
+
+	// kill -9 and start again: the same token, the lease is still there,
+	// its replicas are reported lost (the memory went with the process),
+	// and the new instance's memory is all free.
+	proc.Kill()
+	memdtest.Start(t, "memd-restarted", bin, serveArgs...)
+	memdtest.Eventually(t, 20*time.Second, "restarted memd up", func() error {
+		st, err := cl.Status(ctx)
+		if err == nil && st.ServersUp != 1 {
+			err = fmt.Errorf("%+v", st)
+		}
+		return err
+	})
+	r, err := cl.Renew(ctx, l3.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Events) != 2 || r.Events[0].Type != pool.EventReplicaLost {
+		t.Fatalf("events after restart: %+v", r.Events)
+	}
+	if st, _ := cl.Status(ctx); st.Free != 32<<20 || st.SlabsLost != 2 {
+		t.Fatalf("status after restart: %+v", st)
 	}
 	_, errOut, err := memdtest.Run(bin, nil, "status", "--coordinator", "http://"+addr, "--runtime-dir", filepath.Join(dir, "elsewhere"))
 	if err == nil || !strings.Contains(errOut, "token") {

@@ -392,8 +392,18 @@ func writeToken(path string) (string, error) {
 // localRegistrar adapts an in-process coordinator to memserver.Registrar.
 type localRegistrar struct{ c *coord.Coordinator }
 
+// Register registers the local server. A live-looking older instance of
+// the same id can only be this process's predecessor (killed before it could
+// leave): it is marked gone first.
 func (r localRegistrar) Register(_ context.Context, info pool.ServerInfo) (pool.Server, error) {
-	return r.c.Register(info)
+	rec, err := r.c.Register(info)
+	if errors.Is(err, pool.ErrConflict) {
+		if err := r.c.Leave(info.ID); err != nil {
+			return rec, err
+		}
+		rec, err = r.c.Register(info)
+	}
+	return rec, err
 }
 func (r localRegistrar) Heartbeat(_ context.Context, id pool.ServerID, hb pool.Heartbeat) error {
 	return r.c.Heartbeat(id, hb)
@@ -475,6 +485,7 @@ func serve(ctx context.Context, log *zap.Logger, cfg *serveConfig) (err error) {
 		if err != nil {
 			return err
 		}
+		defer co.Close()
 		if err := co.Routes(api); err != nil {
 			return err
 		}
@@ -487,7 +498,7 @@ func serve(ctx context.Context, log *zap.Logger, cfg *serveConfig) (err error) {
 		httpapi.WriteJSON(w, http.StatusOK, map[string]any{"status": "ok", "roles": roles})
 	})
 	root.Handle("/", httpapi.Auth(cfg.token, cfg.mtls, api))
-	hs := &http.Server{Handler: root, ReadHeaderTimeout: 10 * time.Second, TLSConfig: cfg.serverTLS,
+	hs := &http.Server{Handler: root, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, TLSConfig: cfg.serverTLS,
 		ErrorLog: zap.NewStdLog(log.Named("http"))}
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()

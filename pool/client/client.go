@@ -300,3 +300,6 @@ func (m *MemServer) Grant(ctx context.Context, instance string, idx []pool.SlabI
 func (m *MemServer) Free(ctx context.Context, instance string, slabs []pool.FreeEntry) error {
 	return m.c.Do(ctx, "POST", "/v1/memserver/free", pool.FreeRequest{Instance: instance, Slabs: slabs}, nil)
 }
+
+// CloseIdleConnections closes idle keep-alive connections.
+func (m *MemServer) CloseIdleConnections() { m.c.CloseIdleConnections() }

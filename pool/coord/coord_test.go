@@ -319,6 +319,15 @@ func TestServerRestartLosesReplicas(t *testing.T) {
 	if err := e.c.Heartbeat("s0", pool.Heartbeat{Instance: info.Instance}); !errors.Is(err, pool.ErrStaleInstance) {
 		t.Fatalf("heartbeat of a new instance before registering: %v", err)
 	}
+	// While the old instance is live, a new one with the same id is refused
+	// (two nodes with one id must not wipe each other's replicas)...
+	if _, err := e.c.Register(info); !errors.Is(err, pool.ErrConflict) {
+		t.Fatalf("second live instance of s0: %v", err)
+	}
+	// ...and accepted once the old one missed its heartbeats.
+	e.clock.Advance(1100 * time.Millisecond)
+	e.c.Heartbeat("s1", pool.Heartbeat{Instance: e.infos["s1"].Instance})
+	e.c.Tick(context.Background())
 	if _, err := e.c.Register(info); err != nil {
 		t.Fatal(err)
 	}

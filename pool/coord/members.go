@@ -2,6 +2,7 @@ package coord
 
 import (
 	"fmt"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -28,6 +29,13 @@ func (c *Coordinator) Register(info pool.ServerInfo) (pool.Server, error) {
 	old := c.servers[info.ID]
 	rec := pool.Server{ServerInfo: info, State: pool.ServerUp, Registered: now}
 	if old != nil {
+		if old.rec.Instance != info.Instance && old.rec.State == pool.ServerUp && now.Sub(old.lastHB) <= c.opts.HeartbeatTimeout {
+			// Either two nodes share an id, or the server restarted faster
+			// than the timeout: refuse until the old instance is declared
+			// dead, rather than let one node wipe the other's replicas.
+			return pool.Server{}, fmt.Errorf("%w: server id %q is held by live instance %s (last heartbeat %v ago): is another node using the same --id? A restarted server is accepted once the old instance misses its heartbeats (%v)",
+				pool.ErrConflict, info.ID, old.rec.Instance, now.Sub(old.lastHB).Round(time.Millisecond), c.opts.HeartbeatTimeout)
+		}
 		rec.Draining = old.rec.Draining
 		if old.rec.Instance == info.Instance && old.rec.Slabs != info.Slabs {
 			return pool.Server{}, fmt.Errorf("%w: server %q instance %s re-registered with %d slabs, had %d", pool.ErrConflict, info.ID, info.Instance, info.Slabs, old.rec.Slabs)
@@ -43,6 +51,7 @@ func (c *Coordinator) Register(info pool.ServerInfo) (pool.Server, error) {
 		c.srvList = append(c.srvList, s)
 	}
 	restarted := old == nil || old.rec.Instance != info.Instance
+	closeConn(s.conn)
 	s.rec, s.lastHB, s.conn = rec, now, nil
 	s.hb = pool.Heartbeat{Instance: info.Instance}
 	if restarted {
@@ -139,4 +148,22 @@ func (c *Coordinator) Drain(id pool.ServerID) (pool.DrainView, error) {
 	}
 	n := c.replicasOnLocked(id)
 	return pool.DrainView{Server: id, Draining: s.rec.Draining, Replicas: n, Done: s.rec.Draining && n == 0}, nil
+}
+
+// closeConn releases a SlabServer's idle connections, if it has any.
+func closeConn(conn SlabServer) {
+	if c, ok := conn.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
+// Close releases the connections to memory servers. The Coordinator must
+// not be used afterwards; the caller closes the store.
+func (c *Coordinator) Close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, s := range c.srvList {
+		closeConn(s.conn)
+		s.conn = nil
+	}
 }

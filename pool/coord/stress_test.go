@@ -86,6 +86,9 @@ func TestConcurrentInvariants(t *testing.T) {
 			if i == 25 { // a server restarts under load
 				info := e.infos["s3"]
 				info.Instance = e.ss.Get("s3").Restart()
+				if err := e.c.Leave("s3"); err != nil { // a clean restart
+					t.Error(err)
+				}
 				if _, err := e.c.Register(info); err != nil {
 					t.Error(err)
 				}
