@@ -115,6 +115,7 @@ type conn struct {
 	riov  [iovec.MaxBufs][]byte
 	segs  [iovec.MaxBufs]seg
 	seq   uint64 // the request whose reply is being parsed
+	tail  uint64 // a recent q.Tail(): requests below it may be read with q.At
 	hfill int    // header bytes of seq already in rhdr[0:hfill]
 	inPay bool   // seq's header said OK: its payload is being read
 	pfill int    // payload bytes of seq already in its Local
@@ -330,8 +331,9 @@ func (c *conn) readOnce(wait bool) (progress bool, err error) {
 		nseg++
 	}
 	nh := 0
+	c.tail = c.q.Tail()
 	if c.inPay {
-		s, _ := c.q.Peek(seq)
+		s := c.q.At(seq)
 		add(seg{seq: seq, off: c.pfill}, s.Local[c.pfill:])
 		seq++
 	}
@@ -342,10 +344,10 @@ func (c *conn) readOnce(wait bool) (progress bool, err error) {
 		}
 		add(seg{seq: seq, hdr: true, off: lo}, c.rhdr[lo:(nh+1)*replySize])
 		nh++
-		s, ok := c.q.Peek(seq)
-		if !ok {
+		if seq >= c.tail {
 			break // not posted yet: its op (and payload) is unknown
 		}
+		s := c.q.At(seq)
 		if s.Op == rdma.OpRead && len(s.Local) > 0 {
 			add(seg{seq: seq, spec: true}, s.Local)
 		}
@@ -411,10 +413,13 @@ func (c *conn) consume(n int) (progress bool, err error) {
 // handleHeader decodes the reply header of c.seq and completes it, or
 // enters its payload phase. ok reports a completion.
 func (c *conn) handleHeader(h []byte) (ok bool, err error) {
-	s, posted := c.q.Peek(c.seq)
-	if !posted {
-		return false, fmt.Errorf("%w: reply %d to no request", rdma.ErrProtocol, c.seq)
+	if c.seq >= c.tail {
+		c.tail = c.q.Tail() // posted since the readv was built?
+		if c.seq >= c.tail {
+			return false, fmt.Errorf("%w: reply %d to no request", rdma.ErrProtocol, c.seq)
+		}
 	}
+	s := c.q.At(c.seq)
 	rep, err := decodeReply(h, c.seq, s.Op, len(s.Local))
 	if err != nil {
 		return false, err
@@ -447,7 +452,7 @@ func (c *conn) respill(i, n int) error {
 func (c *conn) feed(b []byte) error {
 	for len(b) > 0 {
 		if c.inPay {
-			s, _ := c.q.Peek(c.seq)
+			s := c.q.At(c.seq)
 			k := copy(s.Local[c.pfill:], b)
 			b = b[k:]
 			c.pfill += k

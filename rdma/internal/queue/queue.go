@@ -90,16 +90,18 @@ func (q *Queue) Next() (*Slot, bool) {
 	return q.slot(q.done), true
 }
 
-// Peek returns the request with sequence number seq if it is posted and not
-// yet completed. Its fields are stable until it is completed.
-func (q *Queue) Peek(seq uint64) (*Slot, bool) {
+// Tail returns the sequence number the next posted request will get. For
+// the completer, every request below it is posted and stays stable until
+// it completes it, so it may read them with At without the lock.
+func (q *Queue) Tail() uint64 {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if seq < q.done || seq >= q.tail {
-		return nil, false
-	}
-	return q.slot(seq), true
+	return q.tail
 }
+
+// At returns the request with sequence number seq. Preconditions: called
+// by the completer, seq is not completed and below a value Tail returned.
+func (q *Queue) At(seq uint64) *Slot { return q.slot(seq) }
 
 // Complete completes the request Next returned. For a successful atomic
 // whose Local has at least 8 bytes it also stores value there.
