@@ -67,7 +67,7 @@ func (p *memdPool) startServer(id string) {
 	args := []string{"serve", "--role", "server", "--id", id, "--coordinator", p.url, "--token", memdToken,
 		"--listen", memdtest.FreeAddr(p.t), "--tcp-listen", "127.0.0.1:0", "--shm-socket", "off",
 		"--capacity", "64MiB", "--slab-size", "16MiB", "--heartbeat-interval", "200ms", "--heartbeat-timeout", "1s",
-		"--runtime-dir", filepath.Join(p.dir, "run-"+id)}
+		"--runtime-dir", filepath.Join(p.dir, "run-"+id), memdtest.MlockFlag(p.t, 64<<20)}
 	p.servers[id] = memdtest.Start(p.t, id, p.bin, args...)
 }
 
@@ -470,7 +470,7 @@ func TestMemdSingleNode(t *testing.T) {
 	run := filepath.Join(dir, "run")
 	addr := memdtest.FreeAddr(t)
 	serveArgs := []string{"serve", "--listen", addr, "--runtime-dir", run, "--data-dir", filepath.Join(dir, "data"),
-		"--capacity", "32MiB", "--slab-size", "16MiB", "--tcp-listen", "127.0.0.1:0"}
+		"--capacity", "32MiB", "--slab-size", "16MiB", "--tcp-listen", "127.0.0.1:0", memdtest.MlockFlag(t, 32<<20)}
 	proc := memdtest.Start(t, "memd", bin, serveArgs...)
 	var out string
 	memdtest.Eventually(t, 20*time.Second, "memd status with the generated token", func() error {
@@ -660,7 +660,8 @@ func TestMemdMTLS(t *testing.T) {
 	_, port, _ := strings.Cut(memdtest.FreeAddr(t), ":")
 	memdtest.Start(t, "memd", bin, "serve", "--listen", "0.0.0.0:"+port, "--runtime-dir", filepath.Join(dir, "run"),
 		"--data-dir", filepath.Join(dir, "data"), "--capacity", "32MiB", "--slab-size", "16MiB", "--tcp-listen", "127.0.0.1:0",
-		"--tls-cert", pki.ServerCert, "--tls-key", pki.ServerKey, "--tls-client-ca", pki.CA, "--tls-ca", pki.CA)
+		"--tls-cert", pki.ServerCert, "--tls-key", pki.ServerKey, "--tls-client-ca", pki.CA, "--tls-ca", pki.CA,
+		memdtest.MlockFlag(t, 32<<20))
 	url := "https://127.0.0.1:" + port
 	nowhere := filepath.Join(dir, "no-token-here")
 	memdtest.Eventually(t, 20*time.Second, "memd status over mTLS", func() error {

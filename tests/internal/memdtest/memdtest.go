@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 var (
@@ -171,4 +173,20 @@ func Eventually(t *testing.T, timeout time.Duration, what string, cond func() er
 	}
 	t.Fatalf("%s: not within %v: %v", what, timeout, err)
 	return 0
+}
+
+// MlockFlag returns the --mlock setting for a memd donating bytes: true when
+// this process may lock that much (root, or a large enough
+// RLIMIT_MEMLOCK), else false, logged, so the rest still runs for real.
+func MlockFlag(t *testing.T, bytes uint64) string {
+	t.Helper()
+	if os.Geteuid() == 0 {
+		return "--mlock=true"
+	}
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_MEMLOCK, &rl); err == nil && (rl.Max == unix.RLIM_INFINITY || rl.Max >= bytes) {
+		return "--mlock=true"
+	}
+	t.Logf("not root and RLIMIT_MEMLOCK below %d bytes: memd runs with --mlock=false", bytes)
+	return "--mlock=false"
 }
