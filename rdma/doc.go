@@ -68,11 +68,13 @@
 //
 // # Concurrency and deadlocks
 //
-// Lock order: Region.mu before Domain.mu before Session.mu. Conn methods are
-// safe for concurrent use; each Conn runs at most one goroutine of its own
-// (the tcp reply reader), stopped by Close. Revoke blocks while server-side
-// ops with the key run; it aborts their connections after
-// DomainOptions.RevokeGrace, so a stalled client cannot stall it for long.
-// An shm client stopped inside an op (SIGSTOP) does stall it: pass a ctx
-// with a deadline and do not reuse the memory if Revoke fails.
+// Lock order: Region.mu before Domain.mu. The per-op path (Session.Begin,
+// End) takes no lock: keys are looked up in a copy-on-write snapshot. Conn
+// methods are safe for concurrent use; a Conn runs at most one goroutine of
+// its own (shm's control reader; tcp has none: replies are read in Wait),
+// stopped by Close. Revoke blocks while server-side ops with the key run;
+// it aborts their connections after DomainOptions.RevokeGrace, so a
+// stalled client cannot stall it for long. An shm client stopped inside an
+// op (SIGSTOP) does stall it: pass a ctx with a deadline and do not reuse
+// the memory if Revoke fails.
 package rdma

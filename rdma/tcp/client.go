@@ -137,7 +137,8 @@ type seg struct {
 var _ rdma.Conn = (*conn)(nil)
 
 // Post writes the batch with one writev (WRITE payloads straight from the
-// callers' buffers). It may block while the socket's send buffer is full.
+// callers' buffers). While the socket's send buffer is full it reads
+// replies instead of blocking on the server (over TLS it blocks).
 func (c *conn) Post(wrs []rdma.WorkRequest) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()

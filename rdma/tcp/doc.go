@@ -33,9 +33,15 @@
 //
 // # Concurrency and deadlocks
 //
-// Client: Post holds the connection's write lock while it writes, so it
-// can block on a full socket buffer (back-pressure from a slow server);
-// Close unblocks it. One goroutine per connection reads replies.
+// Client: no goroutine of its own. Post writes under the connection's
+// write lock; Wait and Poll read replies in the caller's goroutine under a
+// reader token (one reader at a time; other waiters sleep until it hands
+// over). When the socket is full, Post reads replies while it waits for
+// room, so one goroutine that posts big READs and big WRITEs without
+// waiting cannot deadlock against a server blocked on its replies (over
+// TLS, writes block: keep batches within the socket buffers there). A
+// server that stops answering blocks Wait until its ctx ends: use
+// deadlines.
 // Server: one goroutine per connection plus one accept goroutine per
 // listener; Listener.Close stops them all and waits. A READ pins its key
 // (rdma.Session.Begin) until its reply has been written, so a client that
