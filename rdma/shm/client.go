@@ -276,17 +276,22 @@ func (c *conn) lookupLocked(k rdma.Key) (*mapping, rdma.Status) {
 // mapRange maps [Offset, Offset+Length) of fd, page-aligned, with the
 // protection the access allows.
 func mapRange(fd int, r mapReply) (*mapping, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, err
+	}
+	// mmap offsets must be multiples of the file's page size: 4 KiB for
+	// shmem, the huge page size for a MFD_HUGETLB memfd (its st_blksize).
 	page := uint64(os.Getpagesize())
+	if b := uint64(st.Blksize); b > page && b&(b-1) == 0 {
+		page = b
+	}
 	start := r.Offset &^ (page - 1)
 	end := r.Offset + r.Length
 	if end < r.Offset {
 		return nil, fmt.Errorf("%w: range wraps", rdma.ErrProtocol)
 	}
 	end = (end + page - 1) &^ (page - 1)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, err
-	}
 	if uint64(st.Size) < end {
 		return nil, fmt.Errorf("%w: memfd of %d bytes, range ends at %d", rdma.ErrProtocol, st.Size, end)
 	}

@@ -76,6 +76,13 @@ func (l *Listener) Close() error {
 	return err
 }
 
+// Conns returns the number of connections being served.
+func (l *Listener) Conns() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.conns)
+}
+
 func (l *Listener) routineAccept() {
 	defer l.wg.Done()
 	for {
