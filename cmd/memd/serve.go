@@ -505,7 +505,7 @@ func serve(ctx context.Context, log *zap.Logger, cfg *serveConfig) (err error) {
 	var sweepDone, joinDone chan struct{}
 	if co != nil {
 		sweepDone = make(chan struct{})
-		go func() { defer close(sweepDone); co.Run(runCtx, cfg.sweep) }()
+		go func() { defer close(sweepDone); co.RoutineSweep(runCtx, cfg.sweep) }()
 	}
 	if ms != nil {
 		var regr memserver.Registrar

@@ -212,9 +212,9 @@ func (c *Coordinator) Registry() *prometheus.Registry { return c.opts.Registry }
 // SlabSize returns the pool's slab size.
 func (c *Coordinator) SlabSize() uint64 { return c.opts.SlabSize }
 
-// Run sweeps every interval (dead servers, expired leases, retried frees)
+// RoutineSweep sweeps every interval (dead servers, expired leases, retried frees)
 // until ctx is done. It is the coordinator's only long-running goroutine.
-func (c *Coordinator) Run(ctx context.Context, interval time.Duration) {
+func (c *Coordinator) RoutineSweep(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {

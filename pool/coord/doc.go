@@ -38,6 +38,6 @@
 // writes (so the store's order is the state's order) but never across calls
 // to memory servers: Allocate reserves indexes under mu, grants without it,
 // and commits under it again. Methods ending in Locked need mu held.
-// Goroutines: Run (the sweeper, stopped by its ctx) and, during Allocate and
+// Goroutines: RoutineSweep (stopped by its ctx) and, during Allocate and
 // frees, one short-lived goroutine per memory server contacted.
 package coord

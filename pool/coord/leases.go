@@ -254,7 +254,7 @@ func (c *Coordinator) connLocked(s *srv) (SlabServer, error) {
 
 // Tick does the periodic work: marks servers that missed their heartbeats
 // dead, ends expired leases (freeing their slabs), and retries frees that
-// failed. Run calls it; tests with a fake clock call it directly.
+// failed. RoutineSweep calls it; tests with a fake clock call it directly.
 func (c *Coordinator) Tick(ctx context.Context) {
 	now := c.clock.Now()
 	c.mu.Lock()

@@ -24,7 +24,8 @@ var (
 	buildErr  error
 )
 
-// Build compiles cmd/memd once per test binary and returns its path.
+// Build compiles cmd/memd once per test binary (with -race when the tests
+// are) and returns its path.
 func Build(t *testing.T) string {
 	t.Helper()
 	buildOnce.Do(func() {
@@ -36,7 +37,11 @@ func Build(t *testing.T) string {
 		_, file, _, _ := runtime.Caller(0)
 		root := filepath.Join(filepath.Dir(file), "..", "..", "..")
 		buildPath = filepath.Join(dir, "memd")
-		cmd := exec.Command("go", "build", "-o", buildPath, "./cmd/memd")
+		args := []string{"build", "-o", buildPath}
+		if raceEnabled {
+			args = append(args, "-race") // race-check the daemons too
+		}
+		cmd := exec.Command("go", append(args, "./cmd/memd")...)
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("go build ./cmd/memd: %v\n%s", err, out)
@@ -99,6 +104,9 @@ func Start(t *testing.T, name, bin string, args ...string) *Proc {
 	t.Cleanup(func() {
 		p.Signal(syscall.SIGKILL)
 		<-p.done
+		if strings.Contains(p.out.String(), "DATA RACE") {
+			t.Errorf("the race detector found a data race in %s", name)
+		}
 		if t.Failed() {
 			t.Logf("--- output of %s (%s):\n%s", name, strings.Join(args, " "), p.out.String())
 		}

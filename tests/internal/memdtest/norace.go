@@ -1,0 +1,5 @@
+//go:build !race
+
+package memdtest
+
+const raceEnabled = false
