@@ -499,3 +499,29 @@ func TestFailedFreeIsRetried(t *testing.T) {
 		t.Fatal("key not revoked")
 	}
 }
+
+// RoutineSweep does Tick's work on its own and stops with its context.
+func TestRoutineSweep(t *testing.T) {
+	e := newEnv(t, store.NewMem())
+	e.addServer("s0", 2, "")
+	l := e.lease("a", time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); e.c.RoutineSweep(ctx, time.Millisecond) }()
+	e.clock.Advance(2 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := e.c.Lease(l); errors.Is(err, pool.ErrNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the sweeper did not end the expired lease")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if sv, _ := e.c.Server("s0"); sv.State != pool.ServerDead {
+		t.Fatalf("silent server is %s", sv.State)
+	}
+	cancel()
+	<-done
+}
