@@ -189,6 +189,9 @@ func (c *Coordinator) runFrees(ctx context.Context, jobs []freeJob) {
 	if len(jobs) == 0 {
 		return
 	}
+	// Cleanup must not stop because the client whose request caused it
+	// went away.
+	ctx = context.WithoutCancel(ctx)
 	errs := make([]error, len(jobs))
 	conns := make([]SlabServer, len(jobs))
 	c.mu.Lock()

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -222,9 +223,12 @@ func (s *Server) Grant(ctx context.Context, instance string, idx []pool.SlabInde
 	if s.close {
 		return nil, fmt.Errorf("memserver: %w", rdma.ErrClosed)
 	}
-	for _, i := range idx {
+	for n, i := range idx {
 		if int(i) >= len(s.keys) {
 			return nil, &pool.FieldError{Field: "indexes", Msg: fmt.Sprintf("slab %d out of range (%d slabs)", i, len(s.keys))}
+		}
+		if slices.Contains(idx[:n], i) {
+			return nil, &pool.FieldError{Field: "indexes", Msg: fmt.Sprintf("slab %d listed twice", i)}
 		}
 	}
 	out := make([]pool.Key, len(idx))

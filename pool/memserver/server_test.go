@@ -138,6 +138,12 @@ func TestBadInput(t *testing.T) {
 	if _, err := s.Grant(ctx, s.Instance(), []pool.SlabIndex{4}); !errors.Is(err, pool.ErrInvalid) {
 		t.Errorf("grant out of range: %v", err)
 	}
+	if _, err := s.Grant(ctx, s.Instance(), []pool.SlabIndex{1, 2, 1}); !errors.Is(err, pool.ErrInvalid) {
+		t.Errorf("grant of one slab twice: %v", err)
+	}
+	if hb := s.Heartbeat(); hb.Granted != 0 {
+		t.Errorf("a refused grant granted %d slabs", hb.Granted)
+	}
 	if err := s.Free(ctx, s.Instance(), []pool.FreeEntry{{Index: 0, Key: "zz"}}); !errors.Is(err, pool.ErrInvalid) {
 		t.Errorf("free with a malformed key: %v", err)
 	}
