@@ -23,6 +23,10 @@
 //
 // Server.mu guards the slab table and is held across Revoke and zeroing, so
 // grants and frees are serialised (a 64 MiB zeroing takes a few ms);
-// heartbeats and metrics do not take it.
+// heartbeats and metrics do not take it. A same-host (shm) client stopped
+// inside an op stalls Revoke, and so every grant and free, until the
+// caller's context ends (the coordinator's call timeout); the slab is then
+// neither zeroed nor reused, its key stays recorded, and the coordinator
+// retries the free later.
 // Goroutines: the rdma listeners' own, and RoutineJoin, stopped by its ctx.
 package memserver
