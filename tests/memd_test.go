@@ -118,7 +118,7 @@ func newMemdPool(t *testing.T) *memdPool {
 
 // golden compares memd's --json output, with volatile fields replaced, to
 // tests/testdata/NAME.golden.
-func golden(t *testing.T, name, out string, volatile ...string) {
+func memdGolden(t *testing.T, name, out string, volatile ...string) {
 	t.Helper()
 	var v any
 	if err := json.Unmarshal([]byte(out), &v); err != nil {
@@ -170,7 +170,7 @@ func golden(t *testing.T, name, out string, volatile ...string) {
 	}
 }
 
-func dialReplica(t *testing.T, r pool.ReplicaView) (rdma.Conn, rdma.Key) {
+func memdDialReplica(t *testing.T, r pool.ReplicaView) (rdma.Conn, rdma.Key) {
 	t.Helper()
 	c, err := rdma.Dial(context.Background(), "tcp", r.Addrs["tcp"], rdma.DialOptions{})
 	if err != nil {
@@ -184,7 +184,7 @@ func dialReplica(t *testing.T, r pool.ReplicaView) (rdma.Conn, rdma.Key) {
 	return c, k
 }
 
-func pattern(slab pool.SlabID) []byte {
+func memdPattern(slab pool.SlabID) []byte {
 	return bytes.Repeat([]byte(fmt.Sprintf("slab-%04d", slab)), 4096/9+1)[:4096]
 }
 
@@ -201,7 +201,7 @@ func TestMemdPool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	golden(t, "memd_servers", out, "instance", "registered", "last_heartbeat", "heartbeat_age", "addrs", "control_url", "load")
+	memdGolden(t, "memd_servers", out, "instance", "registered", "last_heartbeat", "heartbeat_age", "addrs", "control_url", "load")
 
 	lease, err := p.cl.CreateLease(ctx, pool.CreateLeaseRequest{Agent: "agent-1", Node: "node-a", PID: 4242, TTL: pool.Duration(time.Minute)})
 	if err != nil {
@@ -217,12 +217,12 @@ func TestMemdPool(t *testing.T) {
 			t.Fatalf("slab %d replicas %+v", s.ID, s.Replicas)
 		}
 		for _, r := range s.Replicas {
-			c, k := dialReplica(t, r)
-			if err := rdma.Write(ctx, c, k, memdSlabSize-4096, pattern(s.ID)); err != nil {
+			c, k := memdDialReplica(t, r)
+			if err := rdma.Write(ctx, c, k, memdSlabSize-4096, memdPattern(s.ID)); err != nil {
 				t.Fatalf("write slab %d on %s: %v", s.ID, r.Server, err)
 			}
 			got := make([]byte, 4096)
-			if err := rdma.Read(ctx, c, k, memdSlabSize-4096, got); err != nil || !bytes.Equal(got, pattern(s.ID)) {
+			if err := rdma.Read(ctx, c, k, memdSlabSize-4096, got); err != nil || !bytes.Equal(got, memdPattern(s.ID)) {
 				t.Fatalf("read back slab %d on %s: %v", s.ID, r.Server, err)
 			}
 		}
@@ -242,7 +242,7 @@ func TestMemdPool(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			golden(t, tt.name, out, tt.volatile...)
+			memdGolden(t, tt.name, out, tt.volatile...)
 		}
 		for _, args := range [][]string{{"status"}, {"servers"}, {"agents"}, {"slabs", "--server", "s1"}} {
 			out, err := p.cli(args...)
@@ -314,8 +314,8 @@ func TestMemdPool(t *testing.T) {
 			if nr.Server == "s1" {
 				t.Fatal("replacement on the draining server")
 			}
-			oc, ok := dialReplica(t, old)
-			nc, nk := dialReplica(t, nr)
+			oc, ok := memdDialReplica(t, old)
+			nc, nk := memdDialReplica(t, nr)
 			buf := make([]byte, 4096)
 			if err := rdma.Read(ctx, oc, ok, memdSlabSize-4096, buf); err != nil {
 				t.Fatal(err)
@@ -343,7 +343,7 @@ func TestMemdPool(t *testing.T) {
 		case <-time.After(20 * time.Second):
 			t.Fatal("memd drain did not see the drain finish")
 		}
-		golden(t, "memd_drain", followOut)
+		memdGolden(t, "memd_drain", followOut)
 		// Every slab still reads its data, now from s2 and s3.
 		cur, err := p.cl.LeaseSlabs(ctx, lease.ID)
 		if err != nil {
@@ -354,9 +354,9 @@ func TestMemdPool(t *testing.T) {
 				if rep.Server == "s1" {
 					t.Fatalf("slab %d still on s1", s.ID)
 				}
-				c, k := dialReplica(t, rep)
+				c, k := memdDialReplica(t, rep)
 				got := make([]byte, 4096)
-				if err := rdma.Read(ctx, c, k, memdSlabSize-4096, got); err != nil || !bytes.Equal(got, pattern(s.ID)) {
+				if err := rdma.Read(ctx, c, k, memdSlabSize-4096, got); err != nil || !bytes.Equal(got, memdPattern(s.ID)) {
 					t.Fatalf("slab %d on %s after drain: %v", s.ID, rep.Server, err)
 				}
 			}
@@ -437,9 +437,9 @@ func TestMemdPool(t *testing.T) {
 				if rep.Server == "s3" {
 					continue
 				}
-				c, k := dialReplica(t, rep)
+				c, k := memdDialReplica(t, rep)
 				got := make([]byte, 4096)
-				if err := rdma.Read(ctx, c, k, memdSlabSize-4096, got); err != nil || !bytes.Equal(got, pattern(s.ID)) {
+				if err := rdma.Read(ctx, c, k, memdSlabSize-4096, got); err != nil || !bytes.Equal(got, memdPattern(s.ID)) {
 					t.Fatalf("slab %d on %s after coordinator restart: %v", s.ID, rep.Server, err)
 				}
 			}
@@ -452,7 +452,7 @@ func TestMemdPool(t *testing.T) {
 		if rep.Server == "s3" {
 			rep = slabs[0].Replicas[1]
 		}
-		c, k := dialReplica(t, rep)
+		c, k := memdDialReplica(t, rep)
 		if err := rdma.Read(ctx, c, k, 0, make([]byte, 8)); !errors.Is(err, rdma.ErrRevokedKey) {
 			t.Fatalf("key after the lease ended: %v", err)
 		}
@@ -512,8 +512,8 @@ func TestMemdSingleNode(t *testing.T) {
 	if fi, err := os.Stat(rep.Addrs["shm"]); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("shm socket: %v %v", fi.Mode(), err)
 	}
-	tc, k := dialReplica(t, rep)
-	if err := rdma.Write(ctx, tc, k, 4096, pattern(slabs[1].ID)); err != nil {
+	tc, k := memdDialReplica(t, rep)
+	if err := rdma.Write(ctx, tc, k, 4096, memdPattern(slabs[1].ID)); err != nil {
 		t.Fatal(err)
 	}
 	sc, err := rdma.Dial(ctx, "shm", rep.Addrs["shm"], rdma.DialOptions{})
@@ -522,7 +522,7 @@ func TestMemdSingleNode(t *testing.T) {
 	}
 	defer sc.Close()
 	got := make([]byte, 4096)
-	if err := rdma.Read(ctx, sc, k, 4096, got); err != nil || !bytes.Equal(got, pattern(slabs[1].ID)) {
+	if err := rdma.Read(ctx, sc, k, 4096, got); err != nil || !bytes.Equal(got, memdPattern(slabs[1].ID)) {
 		t.Fatalf("read over shm what was written over tcp: %v", err)
 	}
 	if err := cl.DeleteLease(ctx, l.ID); err != nil {
@@ -542,7 +542,7 @@ func TestMemdSingleNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c2, k2 := dialReplica(t, slabs[0].Replicas[0])
+	c2, k2 := memdDialReplica(t, slabs[0].Replicas[0])
 	if err := rdma.Write(ctx, c2, k2, 0, []byte("left behind")); err != nil {
 		t.Fatal(err)
 	}
@@ -570,7 +570,7 @@ func TestMemdSingleNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, s := range slabs {
-		c3, k3 := dialReplica(t, s.Replicas[0])
+		c3, k3 := memdDialReplica(t, s.Replicas[0])
 		if err := rdma.Read(ctx, c3, k3, 0, got[:11]); err != nil || !bytes.Equal(got[:11], make([]byte, 11)) {
 			t.Fatalf("next tenant reads %q, %v", got[:11], err)
 		}
