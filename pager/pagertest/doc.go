@@ -1,0 +1,10 @@
+// Package pagertest provides Store, an in-memory pager.Store for the
+// pager's tests: a few memory servers (an rdma.Domain over heap memory each,
+// served by the in-memory "mem" provider or by real "tcp" on loopback), slabs
+// placed on R distinct servers, and the real replication and failover code
+// of pager/slabio. Tests break servers (Kill: unreachable; Lose: data gone)
+// and drain or repair slabs the way the pool would ask an agent to.
+//
+// It is for tests, not production: placement is round-robin, there are no
+// leases and servers live in the test process.
+package pagertest

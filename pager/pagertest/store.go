@@ -1,0 +1,296 @@
+package pagertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"rmem/pager"
+	"rmem/pager/slabio"
+	"rmem/rdma"
+	"rmem/rdma/rdmatest"
+	_ "rmem/rdma/tcp" // the "tcp" provider
+)
+
+var _ pager.Store = (*Store)(nil)
+
+// Options configure a Store.
+type Options struct {
+	Servers        int    // memory servers (default 2)
+	Replicas       int    // replicas per slab, ≤ Servers (default 1)
+	SlabSize       uint64 // bytes (default 1 MiB)
+	SlabsPerServer int    // capacity of each server (default 64)
+	Network        string // "mem" (default) or "tcp" (loopback)
+}
+
+func (o *Options) defaults() {
+	if o.Servers == 0 {
+		o.Servers = 2
+	}
+	if o.Replicas == 0 {
+		o.Replicas = 1
+	}
+	if o.SlabSize == 0 {
+		o.SlabSize = 1 << 20
+	}
+	if o.SlabsPerServer == 0 {
+		o.SlabsPerServer = 64
+	}
+	if o.Network == "" {
+		o.Network = rdmatest.Network
+	}
+}
+
+type server struct {
+	name   string
+	domain *rdma.Domain
+	region *rdma.Region
+	ln     rdma.Listener
+	free   []int // free slab indexes
+	dead   bool
+}
+
+type placement struct {
+	server int
+	index  int
+	key    rdma.Key
+}
+
+// Store is an in-memory pager.Store.
+type Store struct {
+	opts  Options
+	table *slabio.Table
+
+	mu      sync.Mutex
+	servers []*server
+	slabs   map[pager.SlabID][]placement
+	next    pager.SlabID
+	rr      int
+	allocs  int
+}
+
+// ErrNoCapacity: not enough live servers or free slabs.
+var ErrNoCapacity = errors.New("pagertest: no capacity")
+
+// New starts the servers; tb.Cleanup stops them.
+func New(tb testing.TB, opts Options) *Store {
+	tb.Helper()
+	opts.defaults()
+	if opts.Replicas > opts.Servers {
+		tb.Fatalf("pagertest: %d replicas need as many servers, have %d", opts.Replicas, opts.Servers)
+	}
+	s := &Store{
+		opts:  opts,
+		table: slabio.NewTable(opts.SlabSize, rdma.DialOptions{Depth: 256}),
+		slabs: map[pager.SlabID][]placement{},
+	}
+	for i := 0; i < opts.Servers; i++ {
+		d := rdma.NewDomain(rdma.DomainOptions{})
+		r := rdma.NewRegion(make([]byte, opts.SlabSize*uint64(opts.SlabsPerServer)))
+		if err := d.Register(r); err != nil {
+			tb.Fatal(err)
+		}
+		addr := ""
+		if opts.Network == "tcp" {
+			addr = "127.0.0.1:0"
+		}
+		ln, err := rdma.Listen(opts.Network, addr, d, rdma.ListenOptions{})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		sv := &server{name: fmt.Sprintf("server-%d", i), domain: d, region: r, ln: ln}
+		for j := opts.SlabsPerServer - 1; j >= 0; j-- {
+			sv.free = append(sv.free, j)
+		}
+		s.servers = append(s.servers, sv)
+		tb.Cleanup(func() { ln.Close() })
+	}
+	return s
+}
+
+// Table returns the Store's slab table (for stats and inspection).
+func (s *Store) Table() *slabio.Table { return s.table }
+
+// SlabSize implements pager.Store.
+func (s *Store) SlabSize() uint64 { return s.opts.SlabSize }
+
+// OpenIO implements pager.Store.
+func (s *Store) OpenIO() (pager.PageIO, error) { return s.table.NewIO(), nil }
+
+// Alloc implements pager.Store.
+func (s *Store) Alloc(ctx context.Context, n int) ([]pager.SlabID, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ids := make([]pager.SlabID, 0, n)
+	for k := 0; k < n; k++ {
+		pl, err := s.placeLocked(s.opts.Replicas, nil)
+		if err != nil {
+			for _, id := range ids {
+				s.freeLocked(ctx, id)
+			}
+			return nil, err
+		}
+		s.next++
+		id := s.next
+		s.slabs[id] = pl
+		s.table.Put(id, s.replicasLocked(pl))
+		ids = append(ids, id)
+	}
+	s.allocs += n
+	return ids, nil
+}
+
+// Allocated returns the slabs allocated so far and currently held.
+func (s *Store) Allocated() (total, held int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.allocs, len(s.slabs)
+}
+
+// placeLocked takes n free slabs on distinct live servers not in avoid.
+func (s *Store) placeLocked(n int, avoid map[int]bool) ([]placement, error) {
+	var pl []placement
+	used := map[int]bool{}
+	for tries := 0; len(pl) < n && tries < len(s.servers); tries++ {
+		i := s.rr % len(s.servers)
+		s.rr++
+		sv := s.servers[i]
+		if sv.dead || used[i] || avoid[i] || len(sv.free) == 0 {
+			continue
+		}
+		idx := sv.free[len(sv.free)-1]
+		key, err := sv.domain.IssueKey(sv.region, uint64(idx)*s.opts.SlabSize, s.opts.SlabSize, rdma.AccessReadWrite)
+		if err != nil {
+			break
+		}
+		sv.free = sv.free[:len(sv.free)-1]
+		used[i] = true
+		pl = append(pl, placement{server: i, index: idx, key: key})
+	}
+	if len(pl) < n {
+		for _, p := range pl {
+			s.releaseLocked(context.Background(), p)
+		}
+		return nil, fmt.Errorf("%w: %d replicas wanted", ErrNoCapacity, n)
+	}
+	return pl, nil
+}
+
+func (s *Store) replicasLocked(pl []placement) []slabio.Replica {
+	reps := make([]slabio.Replica, len(pl))
+	for i, p := range pl {
+		sv := s.servers[p.server]
+		reps[i] = slabio.Replica{Server: sv.name, Network: s.opts.Network, Addr: sv.ln.Addr(), Key: p.key}
+	}
+	return reps
+}
+
+func (s *Store) releaseLocked(ctx context.Context, p placement) {
+	sv := s.servers[p.server]
+	sv.domain.Revoke(ctx, p.key)
+	if sv.dead {
+		return
+	}
+	off := uint64(p.index) * s.opts.SlabSize
+	clear(sv.region.Bytes()[off : off+s.opts.SlabSize])
+	sv.free = append(sv.free, p.index)
+}
+
+func (s *Store) freeLocked(ctx context.Context, id pager.SlabID) {
+	for _, p := range s.slabs[id] {
+		s.releaseLocked(ctx, p)
+	}
+	delete(s.slabs, id)
+	s.table.Remove(id)
+}
+
+// Free implements pager.Store.
+func (s *Store) Free(ctx context.Context, ids []pager.SlabID) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range ids {
+		s.freeLocked(ctx, id)
+	}
+	return nil
+}
+
+// Servers returns the number of servers.
+func (s *Store) Servers() int { return len(s.servers) }
+
+// Kill makes server i unreachable (every connection fails, dials fail);
+// its memory and keys survive, as with a network partition.
+func (s *Store) Kill(i int) { s.servers[i].ln.Close() }
+
+// Lose kills server i and drops its memory, as a crashed memory server
+// whose pool reports its replicas lost.
+func (s *Store) Lose(i int) {
+	s.mu.Lock()
+	sv := s.servers[i]
+	sv.dead = true
+	s.mu.Unlock()
+	sv.ln.Close()
+	s.table.MarkServerLost(sv.name)
+}
+
+// Repair restores redundancy as an agent does on replica-lost and
+// replica-drain events: every replica that is lost, or on a server in
+// from, is copied to a new slab on another live server and then dropped.
+// It returns the number of replicas moved.
+func (s *Store) Repair(ctx context.Context, from ...int) (int, error) {
+	moved := 0
+	for _, id := range s.table.IDs() {
+		reps, ok := s.table.Replicas(id)
+		if !ok {
+			continue
+		}
+		for ri, r := range reps {
+			leaving := r.State == slabio.Lost
+			for _, f := range from {
+				leaving = leaving || s.servers[f].name == r.Server
+			}
+			if !leaving {
+				continue
+			}
+			s.mu.Lock()
+			pls := s.slabs[id]
+			avoid := map[int]bool{}
+			for _, p := range pls {
+				avoid[p.server] = true
+			}
+			for _, f := range from {
+				avoid[f] = true
+			}
+			pl, err := s.placeLocked(1, avoid)
+			var to slabio.Replica
+			if err == nil {
+				to = s.replicasLocked(pl)[0]
+			}
+			s.mu.Unlock()
+			if err != nil {
+				return moved, err
+			}
+			if err := s.table.Migrate(ctx, id, r.Server, to); err != nil {
+				s.mu.Lock()
+				s.releaseLocked(ctx, pl[0])
+				s.mu.Unlock()
+				return moved, err
+			}
+			s.mu.Lock()
+			old := s.slabs[id]
+			keep := make([]placement, 0, len(old))
+			for _, p := range old {
+				if s.servers[p.server].name == reps[ri].Server {
+					s.releaseLocked(ctx, p)
+					continue
+				}
+				keep = append(keep, p)
+			}
+			s.slabs[id] = append(keep, pl[0])
+			s.mu.Unlock()
+			moved++
+		}
+	}
+	return moved, nil
+}

@@ -1,0 +1,32 @@
+// Package slabio carries the pager's remote pages over rdma: a Table of
+// slabs and their replicas (network address, key, state), and IO, the
+// per-loop PageIO that READs from the first healthy replica with failover
+// and WRITEs to every replica. Both Store implementations (pager/poolstore
+// over the pool, pager/pagertest in memory) are a Table plus the code that
+// fills it, so the replication and failover rules live in one place.
+//
+// It is NOT the pool's bookkeeping (who owns which slab, leases): the
+// caller puts and removes slabs. It decides nothing about pages.
+//
+// # Rules
+//
+//   - READ goes to the first Healthy replica; a failed one moves the op to
+//     the next. Revoked or unknown keys mean the replica's data is gone
+//     (Lost). Transport failures mean unreachable now (ErrUnavailable if no
+//     replica answers); the connection is redialled on the next op.
+//   - WRITE goes to every replica that is not Lost (Filling included). If
+//     some succeed and some fail, the failed ones hold stale data and are
+//     marked Lost so no READ ever returns it; if all fail, nothing is
+//     marked: they still hold the previous version.
+//   - Migrate copies a slab to a new replica in chunks while the slab is in
+//     use: each chunk's READ+WRITE excludes IO.Write calls (copyMu), and
+//     writes in between also go to the Filling replica, so the copy never
+//     overwrites newer data.
+//
+// # Concurrency
+//
+// Table methods are safe for concurrent use. A slab's replica slice is
+// copy-on-write: it is never changed in place, so IO reads it without a
+// lock after looking it up. Lock order: copyMu before mu. An IO is for one
+// goroutine.
+package slabio

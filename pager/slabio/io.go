@@ -1,0 +1,398 @@
+package slabio
+
+import (
+	"context"
+
+	"rmem/pager"
+	"rmem/rdma"
+)
+
+var _ pager.PageIO = (*IO)(nil)
+
+type connKey struct{ network, addr string }
+
+type peer struct {
+	c       rdma.Conn
+	n       int  // requests posted in this round
+	active  bool // in IO.active this round
+	dialErr bool // dial failed this call: do not retry until the next call
+}
+
+// Why an op is still failing, to choose between ErrLost and ErrUnavailable.
+const (
+	whyLost uint8 = 1 << iota
+	whyUnavailable
+)
+
+// IO is a PageIO over a Table: its own connection per replica address and
+// preallocated work requests, for one goroutine.
+type IO struct {
+	t     *Table
+	depth int
+	peers map[connKey]*peer
+
+	active []*peer
+	wrs    []rdma.WorkRequest
+	cqes   []rdma.Completion
+	// Per op of the current chunk.
+	next []uint8 // READ: replica to try next
+	why  []uint8
+	via  []*peer
+	rep  []uint8 // replica index of the posted request
+	ok   []uint8 // WRITE: replicas written
+	pend []int32
+	more []int32
+	// WRITE: one entry per posted request (op index, replica index).
+	wop  []int32
+	wrep []uint8
+}
+
+// NewIO returns an IO over t. Connections are dialled on first use.
+func (t *Table) NewIO() *IO {
+	d := t.dial.QueueDepth()
+	return &IO{
+		t: t, depth: d, peers: map[connKey]*peer{},
+		active: make([]*peer, 0, 16),
+		wrs:    make([]rdma.WorkRequest, 2*d), cqes: make([]rdma.Completion, d),
+		next: make([]uint8, d), why: make([]uint8, d), via: make([]*peer, d),
+		rep: make([]uint8, d), ok: make([]uint8, d),
+		pend: make([]int32, 0, d), more: make([]int32, 0, d),
+		wop: make([]int32, d), wrep: make([]uint8, d),
+	}
+}
+
+// Close closes the IO's connections.
+func (io *IO) Close() error {
+	for k, p := range io.peers {
+		if p.c != nil {
+			p.c.Close()
+		}
+		delete(io.peers, k)
+	}
+	return nil
+}
+
+// peer returns the connection to r, dialling it if needed, or nil.
+func (io *IO) peer(ctx context.Context, r *Replica) *peer {
+	k := connKey{r.Network, r.Addr}
+	p := io.peers[k]
+	if p == nil {
+		p = &peer{}
+		io.peers[k] = p
+	}
+	if p.c == nil && !p.dialErr {
+		c, err := rdma.Dial(ctx, r.Network, r.Addr, io.t.dial)
+		if err != nil {
+			p.dialErr = true
+			return nil
+		}
+		p.c = c
+	}
+	if p.c == nil {
+		return nil
+	}
+	if !p.active {
+		p.active, p.n = true, 0
+		io.active = append(io.active, p)
+	}
+	return p
+}
+
+// drop closes a failed connection; the next call redials.
+func (p *peer) drop() {
+	if p.c != nil {
+		p.c.Close()
+		p.c = nil
+	}
+}
+
+func (io *IO) endCall() {
+	for _, p := range io.peers {
+		p.dialErr = false
+	}
+}
+
+func (io *IO) endRound() {
+	for _, p := range io.active {
+		p.active, p.n = false, 0
+	}
+	io.active = io.active[:0]
+}
+
+// Read implements pager.PageIO.
+func (io *IO) Read(ctx context.Context, ops []pager.PageOp) error {
+	defer io.endCall()
+	for len(ops) > 0 {
+		n := min(len(ops), io.depth)
+		if err := io.readChunk(ctx, ops[:n]); err != nil {
+			for i := range ops {
+				if ops[i].Err == nil {
+					ops[i].Err = err
+				}
+			}
+			return err
+		}
+		ops = ops[n:]
+	}
+	return nil
+}
+
+func (io *IO) readChunk(ctx context.Context, ops []pager.PageOp) error {
+	io.pend = io.pend[:0]
+	for i := range ops {
+		ops[i].Err = nil
+		io.next[i], io.why[i] = 0, 0
+		io.pend = append(io.pend, int32(i))
+	}
+	for round := 0; len(io.pend) > 0; round++ {
+		// Choose a replica per pending op.
+		for _, i := range io.pend {
+			op := &ops[i]
+			io.via[i] = nil
+			reps, ok := io.t.lookup(op.Slab)
+			if !ok {
+				op.Err = pager.ErrUnknownSlab
+				continue
+			}
+			for int(io.next[i]) < len(reps) {
+				r := &reps[io.next[i]]
+				switch r.State {
+				case Lost:
+					io.why[i] |= whyLost
+				case Healthy:
+					if p := io.peer(ctx, r); p != nil {
+						io.via[i], io.rep[i] = p, io.next[i]
+						io.wrs[i] = rdma.WorkRequest{ID: uint64(i), Op: rdma.OpRead, Key: r.Key, Offset: op.Off, Local: op.Buf}
+					} else {
+						io.why[i] |= whyUnavailable
+					}
+				}
+				io.next[i]++
+				if io.via[i] != nil {
+					break
+				}
+			}
+			if io.via[i] == nil {
+				io.fail(op, io.why[i])
+			} else if round > 0 {
+				io.t.failovers.Add(1)
+			}
+		}
+		// Post per connection, then collect.
+		io.more = io.more[:0]
+		for _, p := range io.active {
+			k := 0
+			for _, i := range io.pend {
+				if io.via[i] == p {
+					io.cqes[k].ID = uint64(i) // reuse cqes as an index list
+					k++
+				}
+			}
+			if err := io.postGather(p, k); err != nil {
+				for j := 0; j < k; j++ {
+					i := int32(io.cqes[j].ID)
+					io.via[i] = nil
+					io.why[i] |= whyUnavailable
+					io.more = append(io.more, i)
+				}
+				p.drop()
+				continue
+			}
+			p.n = k
+		}
+		for _, p := range io.active {
+			if err := io.collect(ctx, p, func(c *rdma.Completion) {
+				i := int32(c.ID)
+				op := &ops[i]
+				if c.Status == rdma.StatusOK {
+					io.t.reads.Add(1)
+					return
+				}
+				io.classify(op.Slab, io.rep[i], c.Status, p, &io.why[i])
+				io.more = append(io.more, i)
+			}); err != nil {
+				io.endRound()
+				return err
+			}
+		}
+		io.endRound()
+		io.pend, io.more = io.more, io.pend
+	}
+	return nil
+}
+
+// postGather posts, as one batch, the READs of the k ops whose indexes are
+// in cqes[:k] (their WRs sit at wrs[i]), copied together into the scratch
+// half of wrs. Providers copy WRs at Post, so the scratch is reusable.
+func (io *IO) postGather(p *peer, k int) error {
+	buf := io.scratch(k)
+	for j := 0; j < k; j++ {
+		buf[j] = io.wrs[io.cqes[j].ID]
+	}
+	return p.c.Post(buf)
+}
+
+// scratch returns k WorkRequests after the per-op ones (wrs has 2×depth).
+func (io *IO) scratch(k int) []rdma.WorkRequest {
+	return io.wrs[io.depth : io.depth+k : 2*io.depth]
+}
+
+// collect waits for p's n completions and hands each to f. On a transport
+// failure the connection is dropped (its completions still arrive, with
+// StatusTransport).
+func (io *IO) collect(ctx context.Context, p *peer, f func(*rdma.Completion)) error {
+	for p.n > 0 {
+		got, err := p.c.Wait(ctx, io.cqes[:min(p.n, len(io.cqes))])
+		if err != nil {
+			p.drop()
+			return err
+		}
+		for j := 0; j < got; j++ {
+			f(&io.cqes[j])
+		}
+		p.n -= got
+	}
+	return nil
+}
+
+// classify records why a request failed and marks what it says.
+func (io *IO) classify(id pager.SlabID, rep uint8, st rdma.Status, p *peer, why *uint8) {
+	switch st {
+	case rdma.StatusRevokedKey, rdma.StatusUnknownKey:
+		// The server no longer has the slab under this key: the data is gone.
+		*why |= whyLost
+		if reps, ok := io.t.lookup(id); ok && int(rep) < len(reps) {
+			io.t.markLost(id, reps[rep].Server)
+		}
+	case rdma.StatusTransport:
+		*why |= whyUnavailable
+		p.drop()
+	default:
+		*why |= whyUnavailable
+	}
+}
+
+func (io *IO) fail(op *pager.PageOp, why uint8) {
+	if why&whyUnavailable != 0 {
+		op.Err = pager.ErrUnavailable
+		return
+	}
+	op.Err = pager.ErrLost
+	io.t.lost.Add(1)
+}
+
+// Write implements pager.PageIO.
+func (io *IO) Write(ctx context.Context, ops []pager.PageOp) error {
+	defer io.endCall()
+	io.t.copyMu.RLock()
+	defer io.t.copyMu.RUnlock()
+	per := max(1, io.depth/8) // ops per chunk: up to 8 replicas each
+	for len(ops) > 0 {
+		n := min(len(ops), per)
+		if err := io.writeChunk(ctx, ops[:n]); err != nil {
+			for i := range ops {
+				if ops[i].Err == nil {
+					ops[i].Err = err
+				}
+			}
+			return err
+		}
+		ops = ops[n:]
+	}
+	return nil
+}
+
+func (io *IO) writeChunk(ctx context.Context, ops []pager.PageOp) error {
+	// One WR per (op, live replica), posted per connection.
+	nw := 0
+	for i := range ops {
+		op := &ops[i]
+		op.Err = nil
+		io.ok[i], io.why[i] = 0, 0
+		reps, ok := io.t.lookup(op.Slab)
+		if !ok {
+			op.Err = pager.ErrUnknownSlab
+			continue
+		}
+		for ri := range reps {
+			r := &reps[ri]
+			if r.State == Lost {
+				continue
+			}
+			p := io.peer(ctx, r)
+			io.wrs[nw] = rdma.WorkRequest{ID: uint64(nw), Op: rdma.OpWrite, Key: r.Key, Offset: op.Off, Local: op.Buf}
+			io.wop[nw], io.wrep[nw] = int32(i), uint8(ri)
+			io.via[nw], io.rep[nw] = p, 0
+			if p == nil { // not dialled: this replica misses the WRITE
+				io.why[i] |= whyUnavailable
+				io.rep[nw] = 1
+			}
+			nw++
+		}
+	}
+	failed := func(w int) {
+		io.why[io.wop[w]] |= whyUnavailable
+		io.rep[w] = 1 // failed marker
+	}
+	for _, p := range io.active {
+		buf := io.scratch(0)[:0]
+		for w := 0; w < nw; w++ {
+			if io.via[w] == p {
+				buf = append(buf, io.wrs[w])
+			}
+		}
+		if err := p.c.Post(buf); err != nil {
+			for w := 0; w < nw; w++ {
+				if io.via[w] == p {
+					failed(w)
+				}
+			}
+			p.drop()
+			continue
+		}
+		p.n = len(buf)
+	}
+	for _, p := range io.active {
+		err := io.collect(ctx, p, func(c *rdma.Completion) {
+			w := int(c.ID)
+			if c.Status != rdma.StatusOK {
+				failed(w)
+				if c.Status == rdma.StatusTransport {
+					p.drop()
+				}
+				return
+			}
+			io.ok[io.wop[w]]++
+		})
+		if err != nil {
+			io.endRound()
+			return err
+		}
+	}
+	io.endRound()
+	for i := range ops {
+		op := &ops[i]
+		if op.Err != nil {
+			continue
+		}
+		if io.ok[i] == 0 {
+			// Nothing written: every replica keeps the previous version.
+			if io.why[i] == 0 {
+				op.Err = pager.ErrLost
+			} else {
+				op.Err = pager.ErrUnavailable
+			}
+			continue
+		}
+		io.t.writes.Add(1)
+	}
+	// Replicas that missed a WRITE another replica took are stale.
+	for w := 0; w < nw; w++ {
+		if io.rep[w] == 1 && io.ok[io.wop[w]] > 0 {
+			if reps, ok := io.t.lookup(ops[io.wop[w]].Slab); ok && int(io.wrep[w]) < len(reps) {
+				io.t.markLost(ops[io.wop[w]].Slab, reps[io.wrep[w]].Server)
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,287 @@
+package slabio_test
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"sync"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"rmem/pager"
+	"rmem/pager/pagertest"
+	"rmem/pager/slabio"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const page = 4096
+
+func fill(b []byte, slab pager.SlabID, off, gen uint64) {
+	for w := 0; w+8 <= len(b); w += 8 {
+		binary.LittleEndian.PutUint64(b[w:], uint64(slab)<<48^off<<8^gen^uint64(w))
+	}
+}
+
+func check(t *testing.T, b []byte, slab pager.SlabID, off, gen uint64) {
+	t.Helper()
+	want := make([]byte, len(b))
+	fill(want, slab, off, gen)
+	if string(want) != string(b) {
+		t.Fatalf("slab %d off %d: data differs from generation %d", slab, off, gen)
+	}
+}
+
+// writeAll writes generation gen of n pages of every slab and returns the ops.
+func writeAll(t *testing.T, io pager.PageIO, ids []pager.SlabID, n int, gen uint64) {
+	t.Helper()
+	var ops []pager.PageOp
+	for _, id := range ids {
+		for p := 0; p < n; p++ {
+			b := make([]byte, page)
+			fill(b, id, uint64(p*page), gen)
+			ops = append(ops, pager.PageOp{Slab: id, Off: uint64(p * page), Buf: b})
+		}
+	}
+	if err := io.Write(context.Background(), ops); err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range ops {
+		if op.Err != nil {
+			t.Fatalf("write slab %d off %d: %v", op.Slab, op.Off, op.Err)
+		}
+	}
+}
+
+// readAll reads n pages of every slab and returns the per-op errors.
+func readAll(t *testing.T, io pager.PageIO, ids []pager.SlabID, n int, gen uint64) []error {
+	t.Helper()
+	var ops []pager.PageOp
+	for _, id := range ids {
+		for p := 0; p < n; p++ {
+			ops = append(ops, pager.PageOp{Slab: id, Off: uint64(p * page), Buf: make([]byte, page)})
+		}
+	}
+	if err := io.Read(context.Background(), ops); err != nil {
+		t.Fatal(err)
+	}
+	errs := make([]error, len(ops))
+	for i, op := range ops {
+		errs[i] = op.Err
+		if op.Err == nil {
+			check(t, op.Buf, op.Slab, op.Off, gen)
+		}
+	}
+	return errs
+}
+
+func allNil(t *testing.T, errs []error) {
+	t.Helper()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("op %d: %v", i, err)
+		}
+	}
+}
+
+func allIs(t *testing.T, errs []error, want error) {
+	t.Helper()
+	for i, err := range errs {
+		if !errors.Is(err, want) {
+			t.Fatalf("op %d: got %v, want %v", i, err, want)
+		}
+	}
+}
+
+func setup(t *testing.T, opts pagertest.Options, slabs int) (*pagertest.Store, pager.PageIO, []pager.SlabID) {
+	s := pagertest.New(t, opts)
+	ids, err := s.Alloc(context.Background(), slabs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io, err := s.OpenIO()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { io.Close() })
+	return s, io, ids
+}
+
+func TestReadWriteFailover(t *testing.T) {
+	for _, network := range []string{"mem", "tcp"} {
+		t.Run(network, func(t *testing.T) {
+			s, io, ids := setup(t, pagertest.Options{Servers: 3, Replicas: 2, SlabSize: 64 * page, Network: network}, 3)
+			// A fresh slab reads as zeros.
+			allNil(t, readAllZero(t, io, ids))
+			writeAll(t, io, ids, 64, 1)
+			allNil(t, readAll(t, io, ids, 64, 1))
+			s.Kill(0)
+			allNil(t, readAll(t, io, ids, 64, 1))
+			if st := s.Table().Stats(); st.Failovers == 0 {
+				t.Fatalf("no failover counted with server 0 killed: %+v", st)
+			}
+			// Writes go to the surviving replicas; the killed one is stale.
+			writeAll(t, io, ids, 64, 2)
+			allNil(t, readAll(t, io, ids, 64, 2))
+			for _, id := range ids {
+				reps, _ := s.Table().Replicas(id)
+				for _, r := range reps {
+					if r.Server == "server-0" && r.State != slabio.Lost {
+						t.Fatalf("slab %d: replica on the killed server is %v after a missed WRITE, want lost", id, r.State)
+					}
+				}
+			}
+		})
+	}
+}
+
+func readAllZero(t *testing.T, io pager.PageIO, ids []pager.SlabID) []error {
+	ops := []pager.PageOp{}
+	for _, id := range ids {
+		ops = append(ops, pager.PageOp{Slab: id, Off: 5 * page, Buf: make([]byte, page)})
+	}
+	if err := io.Read(context.Background(), ops); err != nil {
+		t.Fatal(err)
+	}
+	errs := []error{}
+	for _, op := range ops {
+		for _, c := range op.Buf {
+			if c != 0 {
+				t.Fatalf("fresh slab %d not zero", op.Slab)
+			}
+		}
+		errs = append(errs, op.Err)
+	}
+	return errs
+}
+
+func TestUnreachableIsNotLost(t *testing.T) {
+	s, io, ids := setup(t, pagertest.Options{Servers: 2, Replicas: 2, SlabSize: 16 * page}, 2)
+	writeAll(t, io, ids, 16, 1)
+	s.Kill(0)
+	s.Kill(1)
+	allIs(t, readAll(t, io, ids, 16, 1), pager.ErrUnavailable)
+	// A WRITE that reaches nobody leaves both replicas trusted.
+	ops := []pager.PageOp{{Slab: ids[0], Off: 0, Buf: make([]byte, page)}}
+	io.Write(context.Background(), ops)
+	if !errors.Is(ops[0].Err, pager.ErrUnavailable) {
+		t.Fatalf("write to dead servers: %v", ops[0].Err)
+	}
+	reps, _ := s.Table().Replicas(ids[0])
+	for _, r := range reps {
+		if r.State != slabio.Healthy {
+			t.Fatalf("replica %s is %v after a WRITE reached nobody", r.Server, r.State)
+		}
+	}
+}
+
+func TestLost(t *testing.T) {
+	s, io, ids := setup(t, pagertest.Options{Servers: 2, Replicas: 2, SlabSize: 16 * page}, 2)
+	writeAll(t, io, ids, 16, 1)
+	s.Lose(0)
+	allNil(t, readAll(t, io, ids, 16, 1))
+	s.Lose(1)
+	allIs(t, readAll(t, io, ids, 16, 1), pager.ErrLost)
+	ops := []pager.PageOp{{Slab: 999, Buf: make([]byte, page)}}
+	io.Read(context.Background(), ops)
+	if !errors.Is(ops[0].Err, pager.ErrUnknownSlab) {
+		t.Fatalf("unknown slab: %v", ops[0].Err)
+	}
+}
+
+func TestFreedSlabReadsLost(t *testing.T) {
+	s, io, ids := setup(t, pagertest.Options{Servers: 2, Replicas: 1, SlabSize: 16 * page}, 1)
+	writeAll(t, io, ids, 1, 1)
+	reps, _ := s.Table().Replicas(ids[0])
+	s.Free(context.Background(), ids)
+	// Someone still holding the old key (a stale table) gets a revoked key:
+	// the data is gone, never zeros.
+	s.Table().Put(ids[0], reps)
+	allIs(t, readAll(t, io, ids, 1, 1), pager.ErrLost)
+}
+
+// Migration while writers run: the copy never overwrites newer data.
+func TestMigrateUnderWrites(t *testing.T) {
+	for _, network := range []string{"mem", "tcp"} {
+		t.Run(network, func(t *testing.T) {
+			const pages = 256 // 1 MiB slab: 4 copy chunks
+			s, io, ids := setup(t, pagertest.Options{Servers: 3, Replicas: 1, SlabSize: pages * page, Network: network}, 1)
+			writeAll(t, io, ids, pages, 1)
+			from, _ := s.Table().Replicas(ids[0])
+			var wg sync.WaitGroup
+			stop := make(chan struct{})
+			gen := make([]uint64, pages)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				w, _ := s.OpenIO()
+				defer w.Close()
+				b := make([]byte, page)
+				ops := make([]pager.PageOp, 1)
+				for g := uint64(2); ; g++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					p := int(g*7) % pages
+					fill(b, ids[0], uint64(p*page), g)
+					ops[0] = pager.PageOp{Slab: ids[0], Off: uint64(p * page), Buf: b}
+					if err := w.Write(context.Background(), ops); err != nil || ops[0].Err != nil {
+						t.Errorf("write: %v %v", err, ops[0].Err)
+						return
+					}
+					gen[p] = g
+				}
+			}()
+			var idx int
+			for i := range s.Servers() {
+				if "server-"+string(rune('0'+i)) == from[0].Server {
+					idx = i
+				}
+			}
+			moved, err := s.Repair(context.Background(), idx)
+			close(stop)
+			wg.Wait()
+			if err != nil || moved != 1 {
+				t.Fatalf("repair: moved %d, %v", moved, err)
+			}
+			reps, _ := s.Table().Replicas(ids[0])
+			if len(reps) != 1 || reps[0].Server == from[0].Server || reps[0].State != slabio.Healthy {
+				t.Fatalf("after migration: %+v", reps)
+			}
+			s.Kill(idx) // only the new replica may answer
+			for p := 0; p < pages; p++ {
+				ops := []pager.PageOp{{Slab: ids[0], Off: uint64(p * page), Buf: make([]byte, page)}}
+				if err := io.Read(context.Background(), ops); err != nil || ops[0].Err != nil {
+					t.Fatal(err, ops[0].Err)
+				}
+				g := gen[p]
+				if g == 0 {
+					g = 1
+				}
+				check(t, ops[0].Buf, ids[0], uint64(p*page), g)
+			}
+			if s.Table().Stats().Copied != pages*page {
+				t.Fatalf("copied %d bytes", s.Table().Stats().Copied)
+			}
+		})
+	}
+}
+
+func TestNoAllocs(t *testing.T) {
+	_, io, ids := setup(t, pagertest.Options{Servers: 2, Replicas: 2, SlabSize: 64 * page}, 1)
+	ops := make([]pager.PageOp, 32)
+	for i := range ops {
+		ops[i] = pager.PageOp{Slab: ids[0], Off: uint64(i * page), Buf: make([]byte, page)}
+	}
+	ctx := context.Background()
+	io.Write(ctx, ops) // dial
+	if n := testing.AllocsPerRun(50, func() { io.Write(ctx, ops) }); n != 0 {
+		t.Errorf("Write: %v allocs per call", n)
+	}
+	if n := testing.AllocsPerRun(50, func() { io.Read(ctx, ops) }); n != 0 {
+		t.Errorf("Read: %v allocs per call", n)
+	}
+}

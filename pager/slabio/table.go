@@ -1,0 +1,262 @@
+package slabio
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"rmem/pager"
+	"rmem/rdma"
+)
+
+// State is a replica's health as the Table sees it.
+type State uint8
+
+const (
+	// Healthy replicas are read and written.
+	Healthy State = iota
+	// Filling replicas are being copied to (Migrate): written, not read.
+	Filling
+	// Lost replicas hold no usable data: neither read nor written.
+	Lost
+)
+
+func (s State) String() string {
+	switch s {
+	case Healthy:
+		return "healthy"
+	case Filling:
+		return "filling"
+	case Lost:
+		return "lost"
+	}
+	return fmt.Sprintf("State(%d)", uint8(s))
+}
+
+// Replica is one copy of a slab, reachable with rdma.
+type Replica struct {
+	Server  string // memory server id (distinct per replica of a slab)
+	Network string // rdma provider ("tcp", "shm", "mem")
+	Addr    string
+	Key     rdma.Key // read/write key of the slab's range
+	State   State
+}
+
+// ErrNoReplica: a replica named by server is not part of the slab.
+var ErrNoReplica = errors.New("slabio: no such replica")
+
+// Stats counts what the Table's IOs did.
+type Stats struct {
+	Reads     uint64 // pages (ops) read successfully
+	Writes    uint64 // ops written to at least one replica
+	Failovers uint64 // READs moved to another replica after an error
+	Lost      uint64 // ops that ended with pager.ErrLost
+	Stale     uint64 // replicas marked Lost after a partly failed WRITE
+	Copied    uint64 // bytes copied by Migrate
+}
+
+// Table is the set of slabs an agent holds, with their replicas.
+type Table struct {
+	slabSize uint64
+	dial     rdma.DialOptions
+
+	copyMu sync.RWMutex // IO.Write: R for a call; Migrate: W per chunk
+
+	mu    sync.RWMutex
+	slabs map[pager.SlabID][]Replica // copy-on-write values
+
+	reads, writes, failovers, lost, stale, copied atomic.Uint64
+}
+
+// NewTable returns an empty table of slabs of slabSize bytes. dial are the
+// options IOs dial replicas with (Depth bounds a batch).
+func NewTable(slabSize uint64, dial rdma.DialOptions) *Table {
+	return &Table{slabSize: slabSize, dial: dial, slabs: map[pager.SlabID][]Replica{}}
+}
+
+// SlabSize returns the slab size.
+func (t *Table) SlabSize() uint64 { return t.slabSize }
+
+// Put adds or replaces slab id with a copy of reps.
+func (t *Table) Put(id pager.SlabID, reps []Replica) {
+	c := append([]Replica(nil), reps...)
+	t.mu.Lock()
+	t.slabs[id] = c
+	t.mu.Unlock()
+}
+
+// Remove forgets slab id.
+func (t *Table) Remove(id pager.SlabID) {
+	t.mu.Lock()
+	delete(t.slabs, id)
+	t.mu.Unlock()
+}
+
+// Replicas returns a copy of slab id's replicas (nil, false if unknown).
+func (t *Table) Replicas(id pager.SlabID) ([]Replica, bool) {
+	reps, ok := t.lookup(id)
+	return append([]Replica(nil), reps...), ok
+}
+
+// IDs returns the slabs in the table.
+func (t *Table) IDs() []pager.SlabID {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	ids := make([]pager.SlabID, 0, len(t.slabs))
+	for id := range t.slabs {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// lookup returns the slab's replica slice, which must not be modified.
+func (t *Table) lookup(id pager.SlabID) ([]Replica, bool) {
+	t.mu.RLock()
+	reps, ok := t.slabs[id]
+	t.mu.RUnlock()
+	return reps, ok
+}
+
+// SetState sets the state of the slab's replica on server.
+func (t *Table) SetState(id pager.SlabID, server string, st State) error {
+	return t.update(id, func(reps []Replica) ([]Replica, error) {
+		for i := range reps {
+			if reps[i].Server == server {
+				reps[i].State = st
+				return reps, nil
+			}
+		}
+		return nil, fmt.Errorf("%w: slab %d on %q", ErrNoReplica, id, server)
+	})
+}
+
+// MarkServerLost marks every replica on server Lost and returns the slabs
+// that had one.
+func (t *Table) MarkServerLost(server string) []pager.SlabID {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var ids []pager.SlabID
+	for id, reps := range t.slabs {
+		for i := range reps {
+			if reps[i].Server == server && reps[i].State != Lost {
+				c := append([]Replica(nil), reps...)
+				c[i].State = Lost
+				t.slabs[id] = c
+				ids = append(ids, id)
+				break
+			}
+		}
+	}
+	return ids
+}
+
+// update replaces slab id's replicas by f's result on a private copy.
+func (t *Table) update(id pager.SlabID, f func([]Replica) ([]Replica, error)) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	reps, ok := t.slabs[id]
+	if !ok {
+		return fmt.Errorf("%w: %d", pager.ErrUnknownSlab, id)
+	}
+	c, err := f(append([]Replica(nil), reps...))
+	if err != nil {
+		return err
+	}
+	t.slabs[id] = c
+	return nil
+}
+
+// markLostIf marks the replica Lost unless it changed meanwhile.
+func (t *Table) markLost(id pager.SlabID, server string) {
+	if t.SetState(id, server, Lost) == nil {
+		t.stale.Add(1)
+	}
+}
+
+// Stats returns the counters.
+func (t *Table) Stats() Stats {
+	return Stats{
+		Reads: t.reads.Load(), Writes: t.writes.Load(), Failovers: t.failovers.Load(),
+		Lost: t.lost.Load(), Stale: t.stale.Load(), Copied: t.copied.Load(),
+	}
+}
+
+// MigrateChunk is the bytes Migrate copies per step.
+const MigrateChunk = 256 << 10
+
+// Migrate copies slab id onto to, a new replica, and then drops the replica
+// on from (draining or lost). The slab stays usable throughout: to is
+// written by IO.Write while Filling and becomes Healthy at the end. On
+// error to is removed again and from is left as it was.
+func (t *Table) Migrate(ctx context.Context, id pager.SlabID, from string, to Replica) error {
+	to.State = Filling
+	err := t.update(id, func(reps []Replica) ([]Replica, error) {
+		for _, r := range reps {
+			if r.Server == to.Server {
+				return nil, fmt.Errorf("slabio: slab %d already has a replica on %q", id, to.Server)
+			}
+		}
+		return append(reps, to), nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := t.copySlab(ctx, id, to); err != nil {
+		t.update(id, func(reps []Replica) ([]Replica, error) { return dropServer(reps, to.Server), nil })
+		return err
+	}
+	return t.update(id, func(reps []Replica) ([]Replica, error) {
+		for i := range reps {
+			if reps[i].Server == to.Server {
+				if reps[i].State != Filling {
+					return nil, fmt.Errorf("slabio: slab %d: new replica on %q failed during the copy", id, to.Server)
+				}
+				reps[i].State = Healthy
+			}
+		}
+		return dropServer(reps, from), nil
+	})
+}
+
+func dropServer(reps []Replica, server string) []Replica {
+	out := reps[:0]
+	for _, r := range reps {
+		if r.Server != server {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// copySlab copies the slab from its healthy replicas to the replica to.
+func (t *Table) copySlab(ctx context.Context, id pager.SlabID, to Replica) error {
+	io := t.NewIO()
+	defer io.Close()
+	dst, err := rdma.Dial(ctx, to.Network, to.Addr, t.dial)
+	if err != nil {
+		return fmt.Errorf("slabio: migrate slab %d: dial %s: %w", id, to.Server, err)
+	}
+	defer dst.Close()
+	buf := make([]byte, min(MigrateChunk, t.slabSize))
+	ops := make([]pager.PageOp, 1)
+	for off := uint64(0); off < t.slabSize; off += uint64(len(buf)) {
+		n := min(uint64(len(buf)), t.slabSize-off)
+		t.copyMu.Lock()
+		ops[0] = pager.PageOp{Slab: id, Off: off, Buf: buf[:n]}
+		err := io.Read(ctx, ops)
+		if err == nil {
+			err = ops[0].Err
+		}
+		if err == nil {
+			err = rdma.Write(ctx, dst, to.Key, off, buf[:n])
+		}
+		t.copyMu.Unlock()
+		if err != nil {
+			return fmt.Errorf("slabio: migrate slab %d to %s at %d: %w", id, to.Server, off, err)
+		}
+		t.copied.Add(n)
+	}
+	return nil
+}

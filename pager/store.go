@@ -1,0 +1,80 @@
+package pager
+
+import (
+	"context"
+	"errors"
+)
+
+// SlabID names one slab of remote memory (all of its replicas) inside a
+// Store. It is never 0.
+type SlabID uint64
+
+// PageOp is one page-sized (or larger) transfer between a local buffer and a
+// slab: READ into Buf, or WRITE from Buf, at byte offset Off of the slab.
+// Err is set by the PageIO for this op alone.
+type PageOp struct {
+	Slab SlabID
+	Off  uint64
+	Buf  []byte
+	Err  error
+}
+
+// Errors of a Store and its PageIO, set per op in PageOp.Err.
+var (
+	// ErrLost: every replica of the slab is gone (dead server, revoked
+	// key): its data cannot come back. The pager poisons such pages.
+	ErrLost = errors.New("pager: every replica lost")
+	// ErrUnavailable: no replica could be reached right now (transport
+	// failures) but none is known lost: retry later, never guess.
+	ErrUnavailable = errors.New("pager: no replica reachable")
+	// ErrUnknownSlab: the op names a slab the Store does not hold.
+	ErrUnknownSlab = errors.New("pager: unknown slab")
+	// ErrClosed: the Store or PageIO was closed.
+	ErrClosed = errors.New("pager: closed")
+)
+
+// Store is remote memory as the pager consumes it: slabs of SlabSize bytes,
+// each replicated on R memory servers, read and written with one-sided rdma
+// ops through a PageIO per fault loop.
+//
+// Contract:
+//   - Alloc returns n new slabs whose every replica reads as zeros, or an
+//     error and no slab.
+//   - Free gives slabs back; their data is gone afterwards. Freeing an
+//     unknown slab is not an error.
+//   - The Store keeps redundancy by itself: when the pool reports a replica
+//     lost or draining, it copies the slab from a surviving replica to a
+//     replacement. The pager learns of a slab with no surviving replica
+//     when a READ completes with ErrLost.
+//   - Store methods are safe for concurrent use.
+type Store interface {
+	// SlabSize is the size of every slab in bytes (a multiple of the page
+	// size).
+	SlabSize() uint64
+	Alloc(ctx context.Context, n int) ([]SlabID, error)
+	Free(ctx context.Context, ids []SlabID) error
+	// OpenIO returns a PageIO with its own connections, for one goroutine.
+	OpenIO() (PageIO, error)
+}
+
+// PageIO moves pages of a Store's slabs. It is for one goroutine at a time
+// and allocates nothing per op once its connections are open.
+//
+// Contract:
+//   - Read fills each op's Buf from the slab's first healthy replica; a
+//     replica that fails moves the op to the next one. Each op ends with
+//     Err nil, or wrapping ErrLost (no replica holds the data any more),
+//     ErrUnavailable (none could be reached; retry later) or
+//     ErrUnknownSlab.
+//   - Write writes each op's Buf to every replica of its slab. Err nil means
+//     every replica that is still trusted holds the data; a replica that
+//     failed the WRITE is no longer trusted for READs (it holds stale data)
+//     and the Store replaces it.
+//   - The returned error is for the whole call (ctx done, closed): then
+//     some ops may be unfinished and their Err is set to it.
+//   - len(ops) may be any size; the PageIO splits it by its queue depth.
+type PageIO interface {
+	Read(ctx context.Context, ops []PageOp) error
+	Write(ctx context.Context, ops []PageOp) error
+	Close() error
+}
