@@ -1,0 +1,350 @@
+package poolstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"rmem/pager"
+	"rmem/pager/slabio"
+	"rmem/pool"
+	"rmem/rdma"
+)
+
+var _ pager.Store = (*Store)(nil)
+
+// Pool is the coordinator as the Store uses it; *pool/client.Client
+// implements it.
+type Pool interface {
+	Status(ctx context.Context) (pool.Status, error)
+	CreateLease(ctx context.Context, req pool.CreateLeaseRequest) (pool.Lease, error)
+	Allocate(ctx context.Context, id pool.LeaseID, req pool.AllocateRequest) ([]pool.SlabView, error)
+	Renew(ctx context.Context, id pool.LeaseID) (pool.RenewResponse, error)
+	Replace(ctx context.Context, id pool.LeaseID, sid pool.SlabID, from pool.ServerID) (pool.ReplicaView, error)
+	Migrated(ctx context.Context, id pool.LeaseID, sid pool.SlabID, from pool.ServerID) error
+	FreeSlab(ctx context.Context, id pool.LeaseID, sid pool.SlabID) error
+	DeleteLease(ctx context.Context, id pool.LeaseID) error
+}
+
+// ErrOptions: invalid Options (the error names the field).
+var ErrOptions = errors.New("poolstore: invalid options")
+
+// Options configure a Store.
+type Options struct {
+	Pool     Pool   // required
+	Agent    string // lease agent name, e.g. "memagent@node-a"; required
+	Node     string
+	PID      int
+	TTL      time.Duration    // lease TTL (default 30s)
+	Replicas int              // replicas per slab, 1..8 (default 1)
+	Network  string           // rdma provider used to reach servers (default "tcp")
+	Dial     rdma.DialOptions // for every connection (Depth bounds a batch)
+	Log      *zap.Logger
+}
+
+// Validate checks the options, naming the bad field.
+func (o *Options) Validate() error {
+	switch {
+	case o.Pool == nil:
+		return fmt.Errorf("%w: Pool is required", ErrOptions)
+	case o.Agent == "":
+		return fmt.Errorf("%w: Agent is required", ErrOptions)
+	case o.TTL < 0 || (o.TTL > 0 && o.TTL < 100*time.Millisecond):
+		return fmt.Errorf("%w: TTL %v: want at least 100ms", ErrOptions, o.TTL)
+	case o.Replicas < 0 || o.Replicas > 8:
+		return fmt.Errorf("%w: Replicas %d: want 1..8", ErrOptions, o.Replicas)
+	}
+	if err := o.Dial.Validate(); err != nil {
+		return fmt.Errorf("%w: Dial: %w", ErrOptions, err)
+	}
+	return nil
+}
+
+// Stats counts the Store's control-plane work.
+type Stats struct {
+	Slabs      int    // slabs held
+	Allocated  uint64 // slabs allocated in total
+	Freed      uint64
+	Renewals   uint64
+	Migrations uint64 // replicas copied to a replacement and reported
+	MigrateErr uint64 // failed attempts (retried at the next renewal)
+	slabio.Stats
+}
+
+// Store is a pager.Store over the pool.
+type Store struct {
+	opts  Options
+	lease pool.Lease
+	table *slabio.Table
+	log   *zap.Logger
+
+	cancel context.CancelFunc
+	done   chan struct{}
+	once   sync.Once
+
+	allocated, freed, renewals, migrations, migrateErr atomic.Uint64
+}
+
+// Open creates a lease and starts renewing it.
+func Open(ctx context.Context, opts Options) (*Store, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.TTL == 0 {
+		opts.TTL = 30 * time.Second
+	}
+	if opts.Replicas == 0 {
+		opts.Replicas = 1
+	}
+	if opts.Network == "" {
+		opts.Network = "tcp"
+	}
+	if opts.Log == nil {
+		opts.Log = zap.NewNop()
+	}
+	st, err := opts.Pool.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("poolstore: pool status: %w", err)
+	}
+	if st.SlabSize == 0 || st.SlabSize%4096 != 0 {
+		return nil, fmt.Errorf("poolstore: pool slab size %d is not a multiple of 4096", st.SlabSize)
+	}
+	lease, err := opts.Pool.CreateLease(ctx, pool.CreateLeaseRequest{
+		Agent: opts.Agent, Node: opts.Node, PID: opts.PID, TTL: pool.Duration(opts.TTL),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("poolstore: create lease: %w", err)
+	}
+	rctx, cancel := context.WithCancel(context.Background())
+	s := &Store{
+		opts: opts, lease: lease, log: opts.Log.With(zap.String("lease", string(lease.ID))),
+		table:  slabio.NewTable(st.SlabSize, opts.Dial),
+		cancel: cancel, done: make(chan struct{}),
+	}
+	go s.RoutineRenew(rctx)
+	return s, nil
+}
+
+// Lease returns the lease the Store holds.
+func (s *Store) Lease() pool.Lease { return s.lease }
+
+// Table returns the slab table.
+func (s *Store) Table() *slabio.Table { return s.table }
+
+// SlabSize implements pager.Store.
+func (s *Store) SlabSize() uint64 { return s.table.SlabSize() }
+
+// OpenIO implements pager.Store.
+func (s *Store) OpenIO() (pager.PageIO, error) { return s.table.NewIO(), nil }
+
+// Alloc implements pager.Store.
+func (s *Store) Alloc(ctx context.Context, n int) ([]pager.SlabID, error) {
+	views, err := s.opts.Pool.Allocate(ctx, s.lease.ID, pool.AllocateRequest{Slabs: n, Replicas: s.opts.Replicas})
+	if err != nil {
+		return nil, fmt.Errorf("poolstore: allocate %d slabs: %w", n, err)
+	}
+	ids := make([]pager.SlabID, 0, len(views))
+	for _, v := range views {
+		reps, err := s.replicas(v.Replicas)
+		if err == nil && v.Size != s.table.SlabSize() {
+			err = fmt.Errorf("poolstore: slab %d has size %d, want %d", v.ID, v.Size, s.table.SlabSize())
+		}
+		if err != nil {
+			for _, v := range views {
+				s.opts.Pool.FreeSlab(ctx, s.lease.ID, v.ID)
+			}
+			for _, id := range ids {
+				s.table.Remove(id)
+			}
+			return nil, err
+		}
+		id := pager.SlabID(v.ID)
+		s.table.Put(id, reps)
+		ids = append(ids, id)
+	}
+	s.allocated.Add(uint64(len(ids)))
+	return ids, nil
+}
+
+func (s *Store) replicas(views []pool.ReplicaView) ([]slabio.Replica, error) {
+	reps := make([]slabio.Replica, 0, len(views))
+	for _, v := range views {
+		r, err := s.replica(v)
+		if err != nil {
+			return nil, err
+		}
+		reps = append(reps, r)
+	}
+	return reps, nil
+}
+
+func (s *Store) replica(v pool.ReplicaView) (slabio.Replica, error) {
+	addr := v.Addrs[s.opts.Network]
+	if addr == "" {
+		return slabio.Replica{}, fmt.Errorf("poolstore: server %s has no %q address", v.Server, s.opts.Network)
+	}
+	k, err := rdma.ParseKey(string(v.Key))
+	if err != nil {
+		return slabio.Replica{}, fmt.Errorf("poolstore: server %s: key: %w", v.Server, err)
+	}
+	st := slabio.Healthy
+	if v.State == "lost" {
+		st = slabio.Lost
+	}
+	return slabio.Replica{Server: string(v.Server), Network: s.opts.Network, Addr: addr, Key: k, State: st}, nil
+}
+
+// Free implements pager.Store.
+func (s *Store) Free(ctx context.Context, ids []pager.SlabID) error {
+	var errs []error
+	for _, id := range ids {
+		s.table.Remove(id)
+		if err := s.opts.Pool.FreeSlab(ctx, s.lease.ID, pool.SlabID(id)); err != nil && !errors.Is(err, pool.ErrNotFound) {
+			errs = append(errs, fmt.Errorf("poolstore: free slab %d: %w", id, err))
+			continue
+		}
+		s.freed.Add(1)
+	}
+	return errors.Join(errs...)
+}
+
+// Stats returns the counters.
+func (s *Store) Stats() Stats {
+	return Stats{
+		Slabs: len(s.table.IDs()), Allocated: s.allocated.Load(), Freed: s.freed.Load(),
+		Renewals: s.renewals.Load(), Migrations: s.migrations.Load(), MigrateErr: s.migrateErr.Load(),
+		Stats: s.table.Stats(),
+	}
+}
+
+// RoutineRenew renews the lease every TTL/3 and acts on its events until
+// ctx ends. Open starts it.
+func (s *Store) RoutineRenew(ctx context.Context) {
+	defer close(s.done)
+	t := time.NewTicker(s.opts.TTL / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.RenewOnce(ctx)
+	}
+}
+
+// RenewOnce renews the lease and restores redundancy where the pool's
+// events or failed WRITEs say it is missing.
+func (s *Store) RenewOnce(ctx context.Context) error {
+	rctx, cancel := context.WithTimeout(ctx, s.opts.TTL/3)
+	resp, err := s.opts.Pool.Renew(rctx, s.lease.ID)
+	cancel()
+	if err != nil {
+		s.log.Error("lease renewal failed", zap.Error(err))
+		return err
+	}
+	s.renewals.Add(1)
+	type work struct {
+		slab pager.SlabID
+		from string
+	}
+	var todo []work
+	seen := map[work]bool{}
+	for _, ev := range resp.Events {
+		w := work{pager.SlabID(ev.Slab), string(ev.Server)}
+		if ev.Type == pool.EventReplicaLost {
+			if s.table.SetState(w.slab, w.from, slabio.Lost) == nil {
+				s.log.Warn("replica lost", zap.Uint64("slab", uint64(w.slab)), zap.String("server", w.from))
+			}
+		}
+		if !seen[w] {
+			seen[w] = true
+			todo = append(todo, w)
+		}
+	}
+	// Replicas the data plane found stale (a missed WRITE).
+	for _, id := range s.table.IDs() {
+		reps, _ := s.table.Replicas(id)
+		for _, r := range reps {
+			w := work{id, r.Server}
+			if r.State == slabio.Lost && !seen[w] {
+				seen[w] = true
+				todo = append(todo, w)
+			}
+		}
+	}
+	var errs []error
+	for _, w := range todo {
+		if err := s.migrate(ctx, w.slab, w.from); err != nil {
+			s.migrateErr.Add(1)
+			s.log.Error("restoring a replica failed; retrying at the next renewal",
+				zap.Uint64("slab", uint64(w.slab)), zap.String("from", w.from), zap.Error(err))
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// migrate replaces slab id's replica on from by a new one.
+func (s *Store) migrate(ctx context.Context, id pager.SlabID, from string) error {
+	reps, ok := s.table.Replicas(id)
+	if !ok {
+		return nil // freed meanwhile
+	}
+	alive := 0
+	for _, r := range reps {
+		if r.State == slabio.Healthy && r.Server != from {
+			alive++
+		}
+	}
+	fromHealthy := false
+	for _, r := range reps {
+		if r.Server == from && r.State == slabio.Healthy {
+			fromHealthy = true
+		}
+	}
+	if alive == 0 && !fromHealthy {
+		s.log.Error("slab lost: no replica survives; its evicted pages will raise SIGBUS",
+			zap.Uint64("slab", uint64(id)))
+		return fmt.Errorf("poolstore: slab %d: %w", id, pager.ErrLost)
+	}
+	view, err := s.opts.Pool.Replace(ctx, s.lease.ID, pool.SlabID(id), pool.ServerID(from))
+	if err != nil {
+		return fmt.Errorf("poolstore: replace slab %d on %s: %w", id, from, err)
+	}
+	to, err := s.replica(view)
+	if err != nil {
+		return err
+	}
+	if err := s.table.Migrate(ctx, id, from, to); err != nil {
+		return err
+	}
+	if err := s.opts.Pool.Migrated(ctx, s.lease.ID, pool.SlabID(id), pool.ServerID(from)); err != nil {
+		return fmt.Errorf("poolstore: report slab %d migrated from %s: %w", id, from, err)
+	}
+	s.migrations.Add(1)
+	s.log.Info("replica restored", zap.Uint64("slab", uint64(id)), zap.String("from", from), zap.String("to", to.Server))
+	return nil
+}
+
+// Close stops renewing and ends the lease, which frees every slab. Safe to
+// call twice.
+func (s *Store) Close(ctx context.Context) error {
+	var err error
+	s.once.Do(func() {
+		s.cancel()
+		<-s.done
+		for _, id := range s.table.IDs() {
+			s.table.Remove(id)
+		}
+		if e := s.opts.Pool.DeleteLease(ctx, s.lease.ID); e != nil && !errors.Is(e, pool.ErrNotFound) {
+			err = fmt.Errorf("poolstore: end lease: %w", e)
+		}
+	})
+	return err
+}

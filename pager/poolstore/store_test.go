@@ -1,0 +1,200 @@
+package poolstore_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"rmem/pager"
+	"rmem/pager/poolstore"
+	"rmem/pager/slabio"
+	"rmem/pool"
+	"rmem/pool/client"
+	"rmem/pool/coord"
+	"rmem/pool/httpapi"
+	"rmem/pool/memserver"
+	"rmem/pool/store"
+	_ "rmem/rdma/tcp"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const slabSize = 2 << 20
+
+type dialer map[pool.ServerID]*memserver.Server
+
+func (d dialer) SlabServer(info *pool.ServerInfo) (coord.SlabServer, error) {
+	if s := d[info.ID]; s != nil {
+		return s, nil
+	}
+	return nil, errors.New("no such server")
+}
+
+// pool starts a coordinator behind its HTTP API and n memory servers with
+// tcp data planes, all in process.
+func startPool(t *testing.T, n int) (*client.Client, dialer) {
+	t.Helper()
+	d := dialer{}
+	c, err := coord.New(coord.Options{Store: store.NewMem(), Dialer: d, SlabSize: slabSize})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	if err := c.Routes(mux); err != nil {
+		t.Fatal(err)
+	}
+	mux.HandleFunc("/", httpapi.NotFound)
+	srv := httptest.NewServer(mux)
+	cl, err := client.New(srv.URL, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cl.CloseIdleConnections()
+		srv.Close()
+		c.Close()
+	})
+	for i := 0; i < n; i++ {
+		id := pool.ServerID([]string{"m0", "m1", "m2", "m3"}[i])
+		ms, err := memserver.New(memserver.Options{ID: id, Capacity: 4 * slabSize, SlabSize: slabSize, NoLock: true, NoHugeTLB: true,
+			Listen: map[string]string{"tcp": "127.0.0.1:0"}})
+		if err != nil {
+			if errors.Is(err, memserver.ErrMemory) {
+				t.Skipf("no memory for a memory server: %v", err)
+			}
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ms.Close() })
+		d[id] = ms
+		if _, err := cl.Register(context.Background(), ms.Info()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return cl, d
+}
+
+func pattern(b []byte, seed byte) {
+	for i := range b {
+		b[i] = seed + byte(i*7)
+	}
+}
+
+func TestLeaseSlabsAndMigration(t *testing.T) {
+	ctx := context.Background()
+	cl, servers := startPool(t, 4)
+	s, err := poolstore.Open(ctx, poolstore.Options{Pool: cl, Agent: "memagent-test", PID: 1, TTL: time.Minute, Replicas: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(ctx)
+	if s.SlabSize() != slabSize {
+		t.Fatalf("slab size %d", s.SlabSize())
+	}
+	ids, err := s.Alloc(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io, _ := s.OpenIO()
+	defer io.Close()
+	ops := make([]pager.PageOp, 0, 16)
+	for _, id := range ids {
+		for p := uint64(0); p < 8; p++ {
+			b := make([]byte, 4096)
+			pattern(b, byte(uint64(id)*8+p))
+			ops = append(ops, pager.PageOp{Slab: id, Off: p * 4096 * 61, Buf: b})
+		}
+	}
+	if err := io.Write(ctx, ops); err != nil {
+		t.Fatal(err)
+	}
+	verify := func(what string) {
+		t.Helper()
+		rd := make([]pager.PageOp, len(ops))
+		for i, op := range ops {
+			rd[i] = pager.PageOp{Slab: op.Slab, Off: op.Off, Buf: make([]byte, 4096)}
+		}
+		if err := io.Read(ctx, rd); err != nil {
+			t.Fatal(err)
+		}
+		for i := range rd {
+			if rd[i].Err != nil || string(rd[i].Buf) != string(ops[i].Buf) {
+				t.Fatalf("%s: page %d: %v / data differs", what, i, rd[i].Err)
+			}
+		}
+	}
+	verify("written")
+
+	// Drain the server holding a replica of the first slab: the renewal
+	// brings replica-drain, the store copies and reports.
+	reps, _ := s.Table().Replicas(ids[0])
+	victim := pool.ServerID(reps[0].Server)
+	if _, err := cl.Drain(ctx, victim, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RenewOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dv, err := cl.DrainStatus(ctx, victim)
+	if err != nil || !dv.Done {
+		t.Fatalf("drain of %s not done after a renewal: %+v %v", victim, dv, err)
+	}
+	if st := s.Stats(); st.Migrations == 0 {
+		t.Fatalf("no migration: %+v", st)
+	}
+	servers[victim].Close() // its data is unreachable now
+	verify("after drain")
+
+	// A server leaves without draining: replicas on it are lost; the store
+	// restores redundancy from the survivors.
+	reps, _ = s.Table().Replicas(ids[1])
+	gone := pool.ServerID(reps[0].Server)
+	if gone == victim {
+		gone = pool.ServerID(reps[1].Server)
+	}
+	if err := cl.Leave(ctx, gone); err != nil {
+		t.Fatal(err)
+	}
+	servers[gone].Close()
+	if err := s.RenewOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	verify("after a server left")
+	for _, id := range ids {
+		reps, _ := s.Table().Replicas(id)
+		for _, r := range reps {
+			if r.State != slabio.Healthy {
+				t.Fatalf("slab %d replica %s is %v", id, r.Server, r.State)
+			}
+			if pool.ServerID(r.Server) == victim {
+				t.Fatalf("slab %d still has a replica on drained %s", id, victim)
+			}
+		}
+	}
+	if err := s.Free(ctx, ids[:1]); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.LeaseSlabs(ctx, s.Lease().ID); !errors.Is(err, pool.ErrNotFound) && !errors.Is(err, pool.ErrLeaseExpired) {
+		t.Fatalf("lease after Close: %v", err)
+	}
+}
+
+func TestOptionsValidate(t *testing.T) {
+	for _, o := range []poolstore.Options{
+		{},
+		{Pool: &client.Client{}},
+		{Pool: &client.Client{}, Agent: "a", Replicas: 9},
+		{Pool: &client.Client{}, Agent: "a", TTL: time.Millisecond},
+	} {
+		if err := o.Validate(); !errors.Is(err, poolstore.ErrOptions) {
+			t.Errorf("%+v: %v", o, err)
+		}
+	}
+}
