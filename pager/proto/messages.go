@@ -1,0 +1,405 @@
+package proto
+
+import (
+	"fmt"
+	"math/bits"
+
+	"golang.org/x/sys/unix"
+
+	"rmem/userfaultfd"
+)
+
+// Body sizes.
+const (
+	helloSize     = 32
+	welcomeSize   = 24
+	regionAddSize = 32
+	regionDelSize = 24
+	ackSize       = 8
+	errorFixed    = 8
+	evictFixed    = 16
+	evictEntry    = 16
+	evictedSize   = 16
+)
+
+// HelloFlags are bits of Hello.Flags.
+type HelloFlags uint32
+
+// HelloUFFD: the uffd rides with the HELLO as SCM_RIGHTS. Set by
+// top-level processes (ForkSerial 0); a forked child's uffd reaches the
+// agent through the parent's FORK event instead.
+const HelloUFFD HelloFlags = 1 << 0
+
+// Hello is the shim's first message on a connection.
+type Hello struct {
+	PID        int32               // the sender (the agent checks it against SO_PEERCRED)
+	PPID       int32               // its parent
+	ForkSerial uint64              // 0: top-level; N: the Nth FORK event on the parent's uffd
+	Features   userfaultfd.Feature // features the uffd's handshake enabled
+	PageSize   uint32              // the sender's base page size
+	Flags      HelloFlags
+}
+
+func (*Hello) Type() Type { return TypeHello }
+
+func (m *Hello) Encode(b []byte, seq uint32) []byte {
+	b = appendHeader(b, TypeHello, seq, helloSize)
+	b = le.AppendUint32(b, uint32(m.PID))
+	b = le.AppendUint32(b, uint32(m.PPID))
+	b = le.AppendUint64(b, m.ForkSerial)
+	b = le.AppendUint64(b, uint64(m.Features))
+	b = le.AppendUint32(b, m.PageSize)
+	return le.AppendUint32(b, uint32(m.Flags))
+}
+
+func (m *Hello) Decode(body []byte) error {
+	if err := checkLen(TypeHello, body, helloSize); err != nil {
+		return err
+	}
+	h := Hello{
+		PID:        int32(le.Uint32(body)),
+		PPID:       int32(le.Uint32(body[4:])),
+		ForkSerial: le.Uint64(body[8:]),
+		Features:   userfaultfd.Feature(le.Uint64(body[16:])),
+		PageSize:   le.Uint32(body[24:]),
+		Flags:      HelloFlags(le.Uint32(body[28:])),
+	}
+	switch {
+	case h.PID <= 0:
+		return fmt.Errorf("%w: HELLO pid %d", ErrMalformed, h.PID)
+	case h.PPID < 0:
+		return fmt.Errorf("%w: HELLO parent pid %d", ErrMalformed, h.PPID)
+	case h.PageSize < 4096 || bits.OnesCount32(h.PageSize) != 1:
+		return fmt.Errorf("%w: HELLO page size %d", ErrMalformed, h.PageSize)
+	case h.ForkSerial == 0 && h.Flags&HelloUFFD == 0:
+		return fmt.Errorf("%w: HELLO of a top-level process (fork serial 0) without its uffd", ErrMalformed)
+	case h.ForkSerial != 0 && h.Flags&HelloUFFD != 0:
+		return fmt.Errorf("%w: HELLO of fork %d must not carry a uffd (the agent has it from the FORK event)", ErrMalformed, h.ForkSerial)
+	}
+	*m = h
+	return nil
+}
+
+// WelcomeFlags are bits of Welcome.Flags.
+type WelcomeFlags uint32
+
+// WelcomeUFFD: a second descriptor follows the staging memfd: the forked
+// child's own uffd (the one the agent got from the FORK event), so that
+// the child keeps a reference of its own (no silent zeros if the agent
+// dies).
+const WelcomeUFFD WelcomeFlags = 1 << 0
+
+// Welcome accepts a HELLO. The staging memfd (StagingSlots pages of the
+// client's page size) rides as SCM_RIGHTS, then the child's uffd if
+// Flags has WelcomeUFFD.
+type Welcome struct {
+	ClientID     uint64
+	MinAlloc     uint64 // the agent's threshold; RMEM_MIN_ALLOC in the client wins
+	StagingSlots uint32 // pages in the staging memfd, 1..MaxStagingSlots
+	Flags        WelcomeFlags
+}
+
+func (*Welcome) Type() Type { return TypeWelcome }
+
+// FDs is the number of descriptors that ride with m.
+func (m *Welcome) FDs() int {
+	if m.Flags&WelcomeUFFD != 0 {
+		return 2
+	}
+	return 1
+}
+
+func (m *Welcome) Encode(b []byte, seq uint32) []byte {
+	b = appendHeader(b, TypeWelcome, seq, welcomeSize)
+	b = le.AppendUint64(b, m.ClientID)
+	b = le.AppendUint64(b, m.MinAlloc)
+	b = le.AppendUint32(b, m.StagingSlots)
+	return le.AppendUint32(b, uint32(m.Flags))
+}
+
+func (m *Welcome) Decode(body []byte) error {
+	if err := checkLen(TypeWelcome, body, welcomeSize); err != nil {
+		return err
+	}
+	w := Welcome{
+		ClientID:     le.Uint64(body),
+		MinAlloc:     le.Uint64(body[8:]),
+		StagingSlots: le.Uint32(body[16:]),
+		Flags:        WelcomeFlags(le.Uint32(body[20:])),
+	}
+	if w.StagingSlots == 0 || w.StagingSlots > MaxStagingSlots {
+		return fmt.Errorf("%w: WELCOME with %d staging slots (1..%d)", ErrMalformed, w.StagingSlots, MaxStagingSlots)
+	}
+	*m = w
+	return nil
+}
+
+// Kind says where a region came from. Both kinds are private anonymous
+// memory; the kind is for statistics and logs.
+type Kind uint32
+
+const (
+	KindHeap Kind = 1 // malloc, calloc, realloc, posix_memalign & co.
+	KindMmap Kind = 2 // the program's own anonymous mmap (jemalloc, tcmalloc, …)
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindHeap:
+		return "heap"
+	case KindMmap:
+		return "mmap"
+	}
+	return fmt.Sprintf("kind(%d)", uint32(k))
+}
+
+// RegionAdd announces a range the shim has registered (MISSING|WP) with
+// its uffd. The shim returns the memory to the program only after the
+// ACK, so the agent knows the region before its first fault.
+type RegionAdd struct {
+	ID    uint64 // unique among the client's live regions
+	Range userfaultfd.Range
+	Kind  Kind
+}
+
+func (*RegionAdd) Type() Type { return TypeRegionAdd }
+
+func (m *RegionAdd) Encode(b []byte, seq uint32) []byte {
+	b = appendHeader(b, TypeRegionAdd, seq, regionAddSize)
+	b = le.AppendUint64(b, m.ID)
+	b = le.AppendUint64(b, uint64(m.Range.Start))
+	b = le.AppendUint64(b, m.Range.Len)
+	b = le.AppendUint32(b, uint32(m.Kind))
+	return le.AppendUint32(b, 0)
+}
+
+func (m *RegionAdd) Decode(body []byte) error {
+	if err := checkLen(TypeRegionAdd, body, regionAddSize); err != nil {
+		return err
+	}
+	r := RegionAdd{
+		ID:    le.Uint64(body),
+		Range: userfaultfd.Range{Start: userfaultfd.Addr(le.Uint64(body[8:])), Len: le.Uint64(body[16:])},
+		Kind:  Kind(le.Uint32(body[24:])),
+	}
+	if err := checkRange(TypeRegionAdd, r.Range); err != nil {
+		return err
+	}
+	if r.Kind != KindHeap && r.Kind != KindMmap {
+		return fmt.Errorf("%w: REGION_ADD %v", ErrMalformed, r.Kind)
+	}
+	if err := reserved(TypeRegionAdd, "reserved", le.Uint32(body[28:])); err != nil {
+		return err
+	}
+	*m = r
+	return nil
+}
+
+// RegionDel says that Range, part or all of region ID, is about to be
+// unmapped (free, munmap, realloc that moves, MAP_FIXED over it). The
+// shim unmaps only after the ACK; what remains of the region keeps its
+// ID.
+type RegionDel struct {
+	ID    uint64
+	Range userfaultfd.Range
+}
+
+func (*RegionDel) Type() Type { return TypeRegionDel }
+
+func (m *RegionDel) Encode(b []byte, seq uint32) []byte {
+	b = appendHeader(b, TypeRegionDel, seq, regionDelSize)
+	b = le.AppendUint64(b, m.ID)
+	b = le.AppendUint64(b, uint64(m.Range.Start))
+	return le.AppendUint64(b, m.Range.Len)
+}
+
+func (m *RegionDel) Decode(body []byte) error {
+	if err := checkLen(TypeRegionDel, body, regionDelSize); err != nil {
+		return err
+	}
+	r := RegionDel{
+		ID:    le.Uint64(body),
+		Range: userfaultfd.Range{Start: userfaultfd.Addr(le.Uint64(body[8:])), Len: le.Uint64(body[16:])},
+	}
+	if err := checkRange(TypeRegionDel, r.Range); err != nil {
+		return err
+	}
+	*m = r
+	return nil
+}
+
+func checkRange(t Type, r userfaultfd.Range) error {
+	if r.Len == 0 || !r.WellFormed() {
+		return fmt.Errorf("%w: %v range %v", ErrMalformed, t, r)
+	}
+	return nil
+}
+
+// Ack answers a request (REGION_ADD, REGION_DEL) that succeeded.
+type Ack struct {
+	Seq uint32 // the request's
+}
+
+func (*Ack) Type() Type { return TypeAck }
+
+func (m *Ack) Encode(b []byte, seq uint32) []byte {
+	b = appendHeader(b, TypeAck, seq, ackSize)
+	b = le.AppendUint32(b, m.Seq)
+	return le.AppendUint32(b, 0)
+}
+
+func (m *Ack) Decode(body []byte) error {
+	if err := checkLen(TypeAck, body, ackSize); err != nil {
+		return err
+	}
+	if err := reserved(TypeAck, "reserved", le.Uint32(body[4:])); err != nil {
+		return err
+	}
+	m.Seq = le.Uint32(body)
+	return nil
+}
+
+// Error answers a request that failed (or a HELLO that is refused). It is
+// an error: it wraps its errno, so errors.Is(err, unix.ENOMEM) works.
+type Error struct {
+	Seq   uint32     // the request's
+	Errno unix.Errno // nonzero
+	Text  string     // at most MaxErrorText bytes
+}
+
+func (*Error) Type() Type { return TypeError }
+
+func (m *Error) Error() string {
+	if m.Text == "" {
+		return fmt.Sprintf("proto: peer refused request %d: %v", m.Seq, m.Errno)
+	}
+	return fmt.Sprintf("proto: peer refused request %d: %s: %v", m.Seq, m.Text, m.Errno)
+}
+
+func (m *Error) Unwrap() error { return m.Errno }
+
+// Encode truncates Text to MaxErrorText bytes.
+func (m *Error) Encode(b []byte, seq uint32) []byte {
+	text := m.Text
+	if len(text) > MaxErrorText {
+		text = text[:MaxErrorText]
+	}
+	b = appendHeader(b, TypeError, seq, errorFixed+len(text))
+	b = le.AppendUint32(b, m.Seq)
+	b = le.AppendUint32(b, uint32(m.Errno))
+	return append(b, text...)
+}
+
+func (m *Error) Decode(body []byte) error {
+	if len(body) < errorFixed || len(body) > errorFixed+MaxErrorText {
+		return fmt.Errorf("%w: ERROR body is %d bytes, want %d..%d", ErrMalformed, len(body), errorFixed, errorFixed+MaxErrorText)
+	}
+	e := le.Uint32(body[4:])
+	if e == 0 {
+		return fmt.Errorf("%w: ERROR with errno 0", ErrMalformed)
+	}
+	*m = Error{Seq: le.Uint32(body), Errno: unix.Errno(e), Text: string(body[errorFixed:])}
+	return nil
+}
+
+// EvictPage names one victim: the page at Addr goes to staging slot Slot.
+type EvictPage struct {
+	Addr userfaultfd.Addr
+	Slot uint32
+}
+
+// Evict asks the shim's helper thread to copy each page into its staging
+// slot and then drop it (MADV_DONTNEED). The agent has write-protected
+// the pages first.
+type Evict struct {
+	Batch uint64
+	N     int // pages used in Pages, 1..MaxEvictBatch
+	Pages [MaxEvictBatch]EvictPage
+}
+
+func (*Evict) Type() Type { return TypeEvict }
+
+// Encode sends Pages[:N]; N must be within 1..MaxEvictBatch.
+func (m *Evict) Encode(b []byte, seq uint32) []byte {
+	n := min(max(m.N, 0), MaxEvictBatch)
+	b = appendHeader(b, TypeEvict, seq, evictFixed+n*evictEntry)
+	b = le.AppendUint64(b, m.Batch)
+	b = le.AppendUint32(b, uint32(n))
+	b = le.AppendUint32(b, 0)
+	for _, p := range m.Pages[:n] {
+		b = le.AppendUint64(b, uint64(p.Addr))
+		b = le.AppendUint32(b, p.Slot)
+		b = le.AppendUint32(b, 0)
+	}
+	return b
+}
+
+func (m *Evict) Decode(body []byte) error {
+	if len(body) < evictFixed {
+		return fmt.Errorf("%w: EVICT body is %d bytes, shorter than %d", ErrMalformed, len(body), evictFixed)
+	}
+	n := le.Uint32(body[8:])
+	if n == 0 || n > MaxEvictBatch {
+		return fmt.Errorf("%w: EVICT of %d pages (1..%d)", ErrMalformed, n, MaxEvictBatch)
+	}
+	if err := checkLen(TypeEvict, body, evictFixed+int(n)*evictEntry); err != nil {
+		return err
+	}
+	if err := reserved(TypeEvict, "reserved", le.Uint32(body[12:])); err != nil {
+		return err
+	}
+	for i := range int(n) {
+		e := body[evictFixed+i*evictEntry:]
+		if err := reserved(TypeEvict, "entry reserved", le.Uint32(e[12:])); err != nil {
+			return err
+		}
+	}
+	m.Batch = le.Uint64(body)
+	m.N = int(n)
+	for i := range m.N {
+		e := body[evictFixed+i*evictEntry:]
+		m.Pages[i] = EvictPage{Addr: userfaultfd.Addr(le.Uint64(e)), Slot: le.Uint32(e[8:])}
+	}
+	clear(m.Pages[m.N:])
+	return nil
+}
+
+// Evicted answers an EVICT: the first Done pages were copied and dropped;
+// if Done < N, Errno says why the next one failed.
+type Evicted struct {
+	Batch uint64
+	Done  uint32
+	Errno unix.Errno
+}
+
+func (*Evicted) Type() Type { return TypeEvicted }
+
+func (m *Evicted) Encode(b []byte, seq uint32) []byte {
+	b = appendHeader(b, TypeEvicted, seq, evictedSize)
+	b = le.AppendUint64(b, m.Batch)
+	b = le.AppendUint32(b, m.Done)
+	return le.AppendUint32(b, uint32(m.Errno))
+}
+
+func (m *Evicted) Decode(body []byte) error {
+	if err := checkLen(TypeEvicted, body, evictedSize); err != nil {
+		return err
+	}
+	e := Evicted{Batch: le.Uint64(body), Done: le.Uint32(body[8:]), Errno: unix.Errno(le.Uint32(body[12:]))}
+	if e.Done > MaxEvictBatch {
+		return fmt.Errorf("%w: EVICTED says %d pages done (max %d)", ErrMalformed, e.Done, MaxEvictBatch)
+	}
+	*m = e
+	return nil
+}
+
+var (
+	_ Message = (*Hello)(nil)
+	_ Message = (*Welcome)(nil)
+	_ Message = (*RegionAdd)(nil)
+	_ Message = (*RegionDel)(nil)
+	_ Message = (*Ack)(nil)
+	_ Message = (*Error)(nil)
+	_ Message = (*Evict)(nil)
+	_ Message = (*Evicted)(nil)
+)

@@ -1,0 +1,204 @@
+package proto
+
+import (
+	"bytes"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"rmem/userfaultfd"
+)
+
+func sampleMessages() []Message {
+	ev := &Evict{Batch: 7, N: 3}
+	ev.Pages[0] = EvictPage{Addr: 0x7f0000000000, Slot: 0}
+	ev.Pages[1] = EvictPage{Addr: 0x7f0000001000, Slot: 1}
+	ev.Pages[2] = EvictPage{Addr: 0x7f0000009000, Slot: 63}
+	full := &Evict{Batch: 1 << 60, N: MaxEvictBatch}
+	for i := range full.Pages {
+		full.Pages[i] = EvictPage{Addr: userfaultfd.Addr(0x1000 * (i + 1)), Slot: uint32(i)}
+	}
+	return []Message{
+		&Hello{PID: 42, PPID: 1, Features: userfaultfd.FeatureEventFork | userfaultfd.FeaturePagefaultFlagWP, PageSize: 4096, Flags: HelloUFFD},
+		&Hello{PID: 43, PPID: 42, ForkSerial: 3, PageSize: 4096},
+		&Welcome{ClientID: 9, MinAlloc: 1 << 20, StagingSlots: 256},
+		&Welcome{ClientID: 10, StagingSlots: 1, Flags: WelcomeUFFD},
+		&RegionAdd{ID: 5, Range: userfaultfd.Range{Start: 0x7f1234560000, Len: 1 << 30}, Kind: KindHeap},
+		&RegionAdd{ID: 6, Range: userfaultfd.Range{Start: 0x1000, Len: 4096}, Kind: KindMmap},
+		&RegionDel{ID: 5, Range: userfaultfd.Range{Start: 0x7f1234560000, Len: 1 << 30}},
+		&Ack{Seq: 77},
+		&Error{Seq: 78, Errno: unix.ENOMEM, Text: "over budget"},
+		&Error{Seq: 79, Errno: unix.EINVAL},
+		ev,
+		full,
+		&Evicted{Batch: 7, Done: 3},
+		&Evicted{Batch: 8, Done: 1, Errno: unix.EFAULT},
+	}
+}
+
+func TestRoundTrip(t *testing.T) {
+	buf := make([]byte, 0, MaxPacket)
+	for _, m := range sampleMessages() {
+		t.Run(m.Type().String(), func(t *testing.T) {
+			pkt := m.Encode(buf[:0], 1234)
+			if len(pkt) > MaxPacket {
+				t.Fatalf("packet of %d bytes exceeds MaxPacket %d", len(pkt), MaxPacket)
+			}
+			h, got, err := Decode(pkt)
+			if err != nil {
+				t.Fatalf("Decode: %v", err)
+			}
+			if h.Type != m.Type() || h.Seq != 1234 || int(h.Len) != len(pkt)-HeaderSize {
+				t.Fatalf("header %+v", h)
+			}
+			if !reflect.DeepEqual(got, m) {
+				t.Fatalf("decoded %+v, want %+v", got, m)
+			}
+			if again := got.Encode(nil, 1234); !bytes.Equal(again, pkt) {
+				t.Fatalf("re-encoding differs:\n%x\n%x", again, pkt)
+			}
+		})
+	}
+}
+
+func TestEncodeDoesNotAllocate(t *testing.T) {
+	buf := make([]byte, 0, MaxPacket)
+	for _, m := range sampleMessages() {
+		if a := testing.AllocsPerRun(100, func() { _ = m.Encode(buf[:0], 1) }); a != 0 {
+			t.Errorf("%v.Encode allocates %v times", m.Type(), a)
+		}
+	}
+	pkt := sampleMessages()[10].Encode(buf[:0], 1)
+	var ev Evict
+	if a := testing.AllocsPerRun(100, func() {
+		_, body, _ := Parse(pkt)
+		_ = ev.Decode(body)
+	}); a != 0 {
+		t.Errorf("Parse+Evict.Decode allocates %v times", a)
+	}
+}
+
+func TestWireLayout(t *testing.T) {
+	// The first bytes of every packet, as preload/proto.h writes them.
+	pkt := (&Ack{Seq: 0x01020304}).Encode(nil, 0x0a0b0c0d)
+	want := []byte{'R', 'M', 'E', 'M', 1, 0, 5, 0, 0x0d, 0x0c, 0x0b, 0x0a, 8, 0, 0, 0, 4, 3, 2, 1, 0, 0, 0, 0}
+	if !bytes.Equal(pkt, want) {
+		t.Fatalf("ACK packet\n got %x\nwant %x", pkt, want)
+	}
+	sizes := map[Type]int{TypeHello: helloSize, TypeWelcome: welcomeSize, TypeRegionAdd: regionAddSize,
+		TypeRegionDel: regionDelSize, TypeAck: ackSize, TypeEvicted: evictedSize}
+	for _, m := range sampleMessages() {
+		if want, ok := sizes[m.Type()]; ok {
+			if got := len(m.Encode(nil, 0)) - HeaderSize; got != want {
+				t.Errorf("%v body is %d bytes, want %d", m.Type(), got, want)
+			}
+		}
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	good := (&RegionDel{ID: 1, Range: userfaultfd.Range{Start: 0x1000, Len: 0x1000}}).Encode(nil, 1)
+	patch := func(off int, b ...byte) []byte {
+		p := bytes.Clone(good)
+		copy(p[off:], b)
+		return p
+	}
+	hello := func(edit func(h *Hello)) []byte {
+		h := Hello{PID: 1, PPID: 0, PageSize: 4096, Flags: HelloUFFD}
+		edit(&h)
+		return h.Encode(nil, 0)
+	}
+	evict := func(n uint32) []byte {
+		p := (&Evict{N: 1}).Encode(nil, 0)
+		le.PutUint32(p[HeaderSize+8:], n)
+		return p
+	}
+	errPkt := func(errno unix.Errno, text string) []byte {
+		p := appendHeader(nil, TypeError, 0, errorFixed+len(text))
+		p = le.AppendUint32(p, 1)
+		p = le.AppendUint32(p, uint32(errno))
+		return append(p, text...)
+	}
+	cases := []struct {
+		name string
+		pkt  []byte
+		want error
+		text string
+	}{
+		{"empty", nil, ErrMalformed, "shorter than"},
+		{"short header", good[:10], ErrMalformed, "shorter than"},
+		{"wrong magic", patch(0, 'X'), ErrMalformed, "magic"},
+		{"wrong version", patch(4, 2), ErrVersion, "version 2"},
+		{"type zero", patch(6, 0), ErrType, "type(0)"},
+		{"unknown type", patch(6, 99), ErrType, "type(99)"},
+		{"oversize len", patch(12, 0xff, 0xff, 0xff, 0x7f), ErrMalformed, "exceeds"},
+		{"len beyond packet", patch(12, 25), ErrMalformed, "header says 25"},
+		{"short body", good[:len(good)-1], ErrMalformed, "header says"},
+		{"body length for type", patch(6, byte(TypeAck)), ErrMalformed, "want 8"},
+		{"empty range", patch(HeaderSize+16, 0, 0, 0, 0, 0, 0, 0, 0), ErrMalformed, "range"},
+		{"wrapping range", patch(HeaderSize+16, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff), ErrMalformed, "range"},
+		{"hello pid", hello(func(h *Hello) { h.PID = 0 }), ErrMalformed, "pid"},
+		{"hello page size", hello(func(h *Hello) { h.PageSize = 5000 }), ErrMalformed, "page size"},
+		{"hello top-level without uffd", hello(func(h *Hello) { h.Flags = 0 }), ErrMalformed, "without its uffd"},
+		{"hello child with uffd", hello(func(h *Hello) { h.ForkSerial = 2 }), ErrMalformed, "must not carry"},
+		{"welcome no slots", (&Welcome{}).Encode(nil, 0), ErrMalformed, "staging slots"},
+		{"region kind", (&RegionAdd{ID: 1, Range: userfaultfd.Range{Start: 0, Len: 1}, Kind: 3}).Encode(nil, 0), ErrMalformed, "kind(3)"},
+		{"evict none", evict(0), ErrMalformed, "0 pages"},
+		{"evict too many", evict(65), ErrMalformed, "65 pages"},
+		{"evict count beyond body", evict(2), ErrMalformed, "want 48"},
+		{"error errno 0", errPkt(0, "x"), ErrMalformed, "errno 0"},
+		{"error text too long", errPkt(unix.EIO, strings.Repeat("x", MaxErrorText+1)), ErrMalformed, "want 8..208"},
+		{"evicted done", (&Evicted{Done: 65}).Encode(nil, 0), ErrMalformed, "65 pages done"},
+		{"ack reserved", append(appendHeader(nil, TypeAck, 0, 8), 1, 0, 0, 0, 1, 0, 0, 0), ErrMalformed, "must be 0"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, _, err := Decode(c.pkt)
+			if !errors.Is(err, c.want) || !strings.Contains(err.Error(), c.text) || !strings.HasPrefix(err.Error(), "proto: ") {
+				t.Fatalf("Decode = %v, want %v containing %q", err, c.want, c.text)
+			}
+		})
+	}
+}
+
+func TestExpect(t *testing.T) {
+	pkt := (&Error{Seq: 3, Errno: unix.ENOSPC, Text: "no slabs"}).Encode(nil, 9)
+	var a Ack
+	_, err := Expect(pkt, &a)
+	if !errors.Is(err, unix.ENOSPC) || !strings.Contains(err.Error(), "no slabs") {
+		t.Fatalf("Expect(ERROR as ACK) = %v, want the peer's ENOSPC", err)
+	}
+	_, err = Expect((&Evicted{}).Encode(nil, 1), &a)
+	if !errors.Is(err, ErrType) {
+		t.Fatalf("Expect(EVICTED as ACK) = %v, want ErrType", err)
+	}
+	h, err := Expect((&Ack{Seq: 4}).Encode(nil, 5), &a)
+	if err != nil || a.Seq != 4 || h.Seq != 5 {
+		t.Fatalf("Expect(ACK) = %+v %+v %v", h, a, err)
+	}
+}
+
+func TestErrorTextTruncated(t *testing.T) {
+	long := strings.Repeat("y", 3*MaxErrorText)
+	_, m, err := Decode((&Error{Seq: 1, Errno: unix.EIO, Text: long}).Encode(nil, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.(*Error).Text; got != long[:MaxErrorText] {
+		t.Fatalf("text of %d bytes, want %d", len(got), MaxErrorText)
+	}
+}
+
+func TestSocketPath(t *testing.T) {
+	t.Setenv(EnvSocket, "")
+	if got := SocketPath(); got != DefaultSocket {
+		t.Fatalf("SocketPath() = %q, want %q", got, DefaultSocket)
+	}
+	t.Setenv(EnvSocket, "/tmp/x.sock")
+	if got := SocketPath(); got != "/tmp/x.sock" {
+		t.Fatalf("SocketPath() = %q with %s set", got, EnvSocket)
+	}
+}

@@ -1,0 +1,118 @@
+/* The shim <-> memagent wire protocol, version 1: the C mirror of the Go
+ * package rmem/pager/proto (which is the reference, with the rules in
+ * docs/pager.md). One SOCK_SEQPACKET packet per message: a 16-byte
+ * little-endian header, then a fixed-layout body; descriptors ride as
+ * SCM_RIGHTS. x86-64 and arm64 are little endian, so the structs below are
+ * the wire layout (checked by the static asserts). Changes are additive. */
+#ifndef RMEM_PROTO_H
+#define RMEM_PROTO_H
+
+#include <stdint.h>
+
+#define RMEM_MAGIC 0x4d454d52u /* "RMEM" */
+#define RMEM_VERSION 1
+#define RMEM_MAX_EVICT_BATCH 64
+#define RMEM_MAX_ERROR_TEXT 200
+#define RMEM_MAX_STAGING_SLOTS (1u << 16)
+#define RMEM_MAX_PACKET (16 + 16 + RMEM_MAX_EVICT_BATCH * 16)
+#define RMEM_MAX_FDS 2
+
+#define RMEM_DEFAULT_SOCKET "/run/rmem/memagent.sock"
+#define RMEM_ENV_SOCKET "RMEM_AGENT_SOCK"
+#define RMEM_ENV_MIN_ALLOC "RMEM_MIN_ALLOC"
+
+enum rmem_type {
+	RMEM_HELLO = 1,      /* shim -> agent; fd: the uffd (top-level only) */
+	RMEM_WELCOME = 2,    /* agent -> shim; fds: staging memfd [, child's uffd] */
+	RMEM_REGION_ADD = 3, /* shim -> agent; reply ACK or ERROR */
+	RMEM_REGION_DEL = 4, /* shim -> agent; reply ACK or ERROR */
+	RMEM_ACK = 5,
+	RMEM_ERROR = 6,
+	RMEM_EVICT = 7,   /* agent -> shim helper thread */
+	RMEM_EVICTED = 8, /* shim -> agent */
+};
+
+struct rmem_hdr {
+	uint32_t magic;
+	uint16_t version;
+	uint16_t type;
+	uint32_t seq;
+	uint32_t len; /* body bytes */
+};
+
+#define RMEM_HELLO_UFFD 1u /* the uffd rides along; iff fork_serial == 0 */
+struct rmem_hello {
+	int32_t pid;
+	int32_t ppid;
+	uint64_t fork_serial; /* 0 top-level, N: Nth FORK event on the parent's uffd */
+	uint64_t features;    /* UFFD_FEATURE_* enabled on the uffd */
+	uint32_t page_size;
+	uint32_t flags;
+};
+
+#define RMEM_WELCOME_UFFD 1u /* second fd: the forked child's own uffd */
+struct rmem_welcome {
+	uint64_t client_id;
+	uint64_t min_alloc;
+	uint32_t staging_slots; /* 1..RMEM_MAX_STAGING_SLOTS pages */
+	uint32_t flags;
+};
+
+enum rmem_kind { RMEM_KIND_HEAP = 1, RMEM_KIND_MMAP = 2 };
+
+struct rmem_region_add {
+	uint64_t id;
+	uint64_t start;
+	uint64_t len;
+	uint32_t kind;
+	uint32_t reserved; /* 0 */
+};
+
+struct rmem_region_del {
+	uint64_t id;
+	uint64_t start;
+	uint64_t len;
+};
+
+struct rmem_ack {
+	uint32_t seq; /* the request's */
+	uint32_t reserved;
+};
+
+struct rmem_error {
+	uint32_t seq;
+	uint32_t err; /* errno, nonzero */
+	char text[RMEM_MAX_ERROR_TEXT]; /* len - 8 bytes used, not NUL-terminated */
+};
+
+struct rmem_evict_page {
+	uint64_t addr;
+	uint32_t slot;
+	uint32_t reserved;
+};
+
+struct rmem_evict {
+	uint64_t batch;
+	uint32_t n; /* 1..RMEM_MAX_EVICT_BATCH */
+	uint32_t reserved;
+	struct rmem_evict_page pages[RMEM_MAX_EVICT_BATCH];
+};
+
+struct rmem_evicted {
+	uint64_t batch;
+	uint32_t done;
+	uint32_t err; /* errno of the first page not done */
+};
+
+_Static_assert(sizeof(struct rmem_hdr) == 16, "header layout");
+_Static_assert(sizeof(struct rmem_hello) == 32, "HELLO layout");
+_Static_assert(sizeof(struct rmem_welcome) == 24, "WELCOME layout");
+_Static_assert(sizeof(struct rmem_region_add) == 32, "REGION_ADD layout");
+_Static_assert(sizeof(struct rmem_region_del) == 24, "REGION_DEL layout");
+_Static_assert(sizeof(struct rmem_ack) == 8, "ACK layout");
+_Static_assert(sizeof(struct rmem_evict_page) == 16, "EVICT entry layout");
+_Static_assert(sizeof(struct rmem_evict) == 16 + 64 * 16, "EVICT layout");
+_Static_assert(sizeof(struct rmem_evicted) == 16, "EVICTED layout");
+_Static_assert(16 + sizeof(struct rmem_evict) == RMEM_MAX_PACKET, "max packet");
+
+#endif
