@@ -26,6 +26,8 @@ type Prefetcher struct {
 	issued int   // pages issued by the last Fault
 	stride int64 // the delta they were issued along
 	used   int   // of which a later fault found resident or passed over
+
+	stats PrefetchStats // settled windows (Issued counts every Fault)
 }
 
 // PrefetchStats counts what prefetching did.
@@ -115,6 +117,7 @@ func (p *Prefetcher) Fault(page, limit int64, out []int64) int {
 
 	d, ok := p.Trend()
 	if !ok {
+		p.issued, p.used = 0, 0 // settled by adapt above
 		return 0
 	}
 	k := 0
@@ -127,6 +130,7 @@ func (p *Prefetcher) Fault(page, limit int64, out []int64) int {
 		k++
 	}
 	p.issued, p.stride, p.used = k, d, 0
+	p.stats.Issued += uint64(k)
 	return k
 }
 
@@ -161,6 +165,8 @@ func (p *Prefetcher) Used() { p.used = min(p.used+1, p.issued) }
 
 // adapt resizes the prefetch depth from the outcome of the previous prefetch.
 func (p *Prefetcher) adapt() {
+	p.stats.Hits += uint64(p.used)
+	p.stats.Wasted += uint64(p.issued - p.used)
 	switch {
 	case p.issued == 0:
 		return
@@ -171,6 +177,11 @@ func (p *Prefetcher) adapt() {
 	}
 	p.depth = max(p.minDepth, min(p.depth, p.maxDepth))
 }
+
+// Stats returns what prefetching did so far, as the stream showed it: Hits
+// are prefetched pages the stream passed over or caught in flight, Wasted
+// the rest of each settled prefetch (the last one is not settled yet).
+func (p *Prefetcher) Stats() PrefetchStats { return p.stats }
 
 // Depth returns the current prefetch depth.
 func (p *Prefetcher) Depth() int { return p.depth }
