@@ -47,8 +47,12 @@ func Dial(ctx context.Context, addr string, opts rdma.DialOptions) (rdma.Conn, e
 		nc.Close()
 		return nil, fmt.Errorf("rdma/tcp: dial %s: %w", addr, err)
 	}
-	depth := opts.QueueDepth()
-	c := &conn{
+	return newConn(nc, opts.QueueDepth()), nil
+}
+
+// newConn wraps a connection whose handshake is done.
+func newConn(nc net.Conn, depth int) *conn {
+	return &conn{
 		nc:   nc,
 		q:    queue.New(depth),
 		hdrs: make([]byte, depth*reqSize),
@@ -56,7 +60,6 @@ func Dial(ctx context.Context, addr string, opts rdma.DialOptions) (rdma.Conn, e
 		rd:   iovec.NewReader(nc),
 		wr:   iovec.NewWriter(nc),
 	}
-	return c, nil
 }
 
 func clientHandshake(ctx context.Context, nc net.Conn) error {

@@ -2,8 +2,12 @@ package tcp
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"io"
+	"net"
 	"testing"
+	"time"
 
 	"rmem/rdma"
 )
@@ -168,6 +172,81 @@ func FuzzDecodeHello(f *testing.F) {
 		putHello(out, h)
 		if !bytes.Equal(out[:4], b[:4]) || !bytes.Equal(out[4:6], b[4:6]) || !bytes.Equal(out[8:12], b[8:12]) {
 			t.Fatalf("hello %x re-encodes as %x", b[:helloSize], out)
+		}
+	})
+}
+
+// FuzzClientReplies feeds arbitrary reply bytes to a client with four
+// requests outstanding: every request completes exactly once, in order,
+// and nothing is written outside the READ buffers.
+func FuzzClientReplies(f *testing.F) {
+	key := rdma.Key{7}
+	reply1 := func(op rdma.Opcode, st rdma.Status, n uint32, id uint64, payload int) []byte {
+		b := make([]byte, replySize)
+		putReply(b, reply{Op: op, Status: st, Length: n, ID: id, Value: 9})
+		return append(b, bytes.Repeat([]byte{0xAB}, payload)...)
+	}
+	good := bytes.Join([][]byte{
+		reply1(rdma.OpRead, rdma.StatusOK, 16, 0, 16),
+		reply1(rdma.OpWrite, rdma.StatusOK, 8, 1, 0),
+		reply1(rdma.OpFetchAdd, rdma.StatusOK, 8, 2, 0),
+		reply1(rdma.OpRead, rdma.StatusOK, 40, 3, 40),
+	}, nil)
+	f.Add(good)
+	f.Add(bytes.Join([][]byte{
+		reply1(rdma.OpRead, rdma.StatusOutOfBounds, 0, 0, 0),
+		reply1(rdma.OpWrite, rdma.StatusOK, 8, 1, 0),
+		reply1(rdma.OpFetchAdd, rdma.StatusMisaligned, 0, 2, 0),
+		reply1(rdma.OpRead, rdma.StatusOK, 40, 3, 40),
+	}, nil))
+	f.Add(good[:50])
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cli, srv := net.Pipe()
+		c := newConn(cli, 8)
+		defer c.Close()
+		const guard = 64
+		arena := bytes.Repeat([]byte{0x5C}, 3*guard+16+40)
+		r1 := arena[guard : guard+16 : guard+16]
+		r2 := arena[2*guard+16 : 2*guard+16+40 : 2*guard+16+40]
+		wrs := []rdma.WorkRequest{
+			{ID: 10, Op: rdma.OpRead, Key: key, Local: r1},
+			{ID: 11, Op: rdma.OpWrite, Key: key, Local: make([]byte, 8)},
+			{ID: 12, Op: rdma.OpFetchAdd, Key: key},
+			{ID: 13, Op: rdma.OpRead, Key: key, Local: r2},
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			io.CopyN(io.Discard, srv, 4*reqSize+8)
+			srv.Write(data)
+			srv.Close()
+		}()
+		if err := c.Post(wrs); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		cq := make([]rdma.Completion, 4)
+		for got := 0; got < 4; {
+			n, err := c.Wait(ctx, cq[got:])
+			if err != nil {
+				t.Fatalf("after %d completions: %v", got, err)
+			}
+			for i, ce := range cq[got : got+n] {
+				if ce.ID != uint64(10+got+i) || !ce.Status.Valid() {
+					t.Fatalf("completion %d: %+v", got+i, ce)
+				}
+			}
+			got += n
+		}
+		c.Close() // unblocks the writer if the data had bytes past the replies
+		<-done
+		for i, b := range arena {
+			inside := (i >= guard && i < guard+16) || (i >= 2*guard+16 && i < 2*guard+16+40)
+			if !inside && b != 0x5C {
+				t.Fatalf("byte %d outside the READ buffers changed", i)
+			}
 		}
 	})
 }
