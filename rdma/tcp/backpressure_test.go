@@ -61,3 +61,72 @@ func TestPostDoesNotDeadlock(t *testing.T) {
 		got += m
 	}
 }
+
+// TestRevokeAbortsClientThatStopsReading: a client posts big READs and
+// never reads the replies, so the server is stuck in writev with the key
+// pinned. Revoke must still finish (after RevokeGrace it closes that
+// connection), and other clients must keep working.
+func TestRevokeAbortsClientThatStopsReading(t *testing.T) {
+	d := rdma.NewDomain(rdma.DomainOptions{RevokeGrace: 50 * time.Millisecond})
+	r, err := rdma.AllocRegion(8<<20, rdma.RegionOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Register(r); err != nil {
+		t.Fatal(err)
+	}
+	l, err := Listen("127.0.0.1:0", d, rdma.ListenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		l.Close()
+		d.Deregister(context.Background(), r)
+		r.Close()
+	})
+	k, _ := d.IssueKey(r, 0, 4<<20, rdma.AccessReadWrite)
+	other, _ := d.IssueKey(r, 4<<20, 4<<20, rdma.AccessReadWrite)
+	ctx := context.Background()
+	stuck, err := Dial(ctx, l.Addr(), rdma.DialOptions{Depth: 128})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stuck.Close()
+	wrs := make([]rdma.WorkRequest, 128)
+	for i := range wrs {
+		wrs[i] = rdma.WorkRequest{ID: uint64(i), Op: rdma.OpRead, Key: k, Offset: uint64(i%4) * rdma.MaxTransfer, Local: make([]byte, rdma.MaxTransfer)}
+	}
+	if err := stuck.Post(wrs); err != nil { // 128 MiB of replies nobody reads
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)                        // let the server fill the socket
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second) // hang guard
+	defer cancel()
+	if err := d.Revoke(rctx, k); err != nil {
+		t.Fatalf("revoke: %v", err)
+	}
+	// The stuck client sees a transport failure.
+	cq := make([]rdma.Completion, 128)
+	sawTransport := false
+	for got := 0; got < 128; {
+		n, err := stuck.Wait(rctx, cq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ce := range cq[:n] {
+			sawTransport = sawTransport || ce.Status == rdma.StatusTransport
+		}
+		got += n
+	}
+	if !sawTransport {
+		t.Fatal("the aborted client saw no transport failure")
+	}
+	good, err := Dial(ctx, l.Addr(), rdma.DialOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer good.Close()
+	if err := rdma.Write(rctx, good, other, 0, []byte("fine")); err != nil {
+		t.Fatal(err)
+	}
+}

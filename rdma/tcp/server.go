@@ -140,6 +140,7 @@ type serverConn struct {
 	// lastWrite: the previous request was a WRITE, so read one header at a
 	// time and let the next payload go straight to the region.
 	lastWrite bool
+	streaming bool // the last read filled its buffers: more is likely waiting
 
 	replies   [maxPending * replySize]byte
 	nreplies  int
@@ -200,14 +201,32 @@ func (c *serverConn) handshake() error {
 	return c.nc.SetDeadline(time.Time{})
 }
 
-// read reads into bufs after flushing pending replies: the server only
-// reads when it has run out of buffered requests, so the replies gathered
-// so far go out with one writev before it may block.
+// read reads into bufs; pending replies go out before it may block. If the
+// previous read filled all its buffers, the client is streaming and more
+// requests are probably waiting: try a non-blocking read first, so that
+// replies keep gathering into one writev. Otherwise (request/response)
+// flush first, saving the syscall that would find nothing.
 func (c *serverConn) read(bufs [][]byte) (int, error) {
-	if err := c.flush(); err != nil {
-		return 0, err
+	var n int
+	err := iovec.ErrWouldBlock
+	if c.streaming {
+		n, err = c.rd.Readv(bufs, false)
 	}
-	return c.rd.Readv(bufs, true)
+	if err == iovec.ErrWouldBlock {
+		if err := c.flush(); err != nil {
+			return 0, err
+		}
+		n, err = c.rd.Readv(bufs, true)
+	}
+	if err != nil {
+		return n, err
+	}
+	total := 0
+	for _, b := range bufs {
+		total += len(b)
+	}
+	c.streaming = n == total
+	return n, nil
 }
 
 // fillHeader makes rbuf[r:w] hold at least one request header.
