@@ -3,6 +3,9 @@ package tcp
 import (
 	"context"
 	"errors"
+	"io"
+	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -80,5 +83,84 @@ func TestMaxConns(t *testing.T) {
 			t.Fatalf("no connection after the first closed: %v", err)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestWaitWithDeadlineDoesNotAllocate: the pager waits with a timeout.
+func TestWaitWithDeadlineDoesNotAllocate(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short")
+	}
+	e := newEnv(t, rdma.ListenOptions{}, rdma.DialOptions{})
+	k, _ := e.Domain.IssueKey(e.Region, 0, 1<<20, rdma.AccessReadWrite)
+	c, err := Dial(context.Background(), e.Addr, rdma.DialOptions{Depth: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	wrs := []rdma.WorkRequest{{Op: rdma.OpRead, Key: k, Local: make([]byte, 4096)}}
+	cq := make([]rdma.Completion, 1)
+	var failed error
+	op := func() {
+		if err := c.Post(wrs); err != nil {
+			failed = err
+			return
+		}
+		if _, err := c.Wait(ctx, cq); err != nil {
+			failed = err
+		}
+	}
+	op()
+	if n := testing.AllocsPerRun(500, op); n != 0 || failed != nil {
+		t.Fatalf("%v allocations per op with a deadline ctx (%v)", n, failed)
+	}
+}
+
+// TestWaitReturnsOnContext: a server that accepts and then never answers
+// must not hang Wait, with a deadline or with a cancel-only ctx.
+func TestWaitReturnsOnContext(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() {
+		s, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer s.Close()
+		var b [helloSize]byte
+		io.ReadFull(s, b[:])
+		putHello(b[:], hello{Version: version, MaxTransfer: rdma.MaxTransfer})
+		s.Write(b[:])
+		io.Copy(io.Discard, s) // read requests, answer nothing
+	})
+	c, err := Dial(context.Background(), ln.Addr().String(), rdma.DialOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Post([]rdma.WorkRequest{{Op: rdma.OpRead, Local: make([]byte, 8)}}); err != nil {
+		t.Fatal(err)
+	}
+	cq := make([]rdma.Completion, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	if _, err := c.Wait(ctx, cq); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("wait with a deadline: %v", err)
+	}
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	time.AfterFunc(30*time.Millisecond, cancel2)
+	if _, err := c.Wait(ctx2, cq); !errors.Is(err, context.Canceled) {
+		t.Fatalf("wait with a cancelled ctx: %v", err)
+	}
+	// The request is still outstanding; closing completes nothing but ends it.
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
 	}
 }
