@@ -22,6 +22,7 @@ func Mount(dir string, fs *FS) (*fuse.Server, error) {
 		MaxBackground:      64,
 		DisableXAttrs:      true,
 		DisableReadDirPlus: true,
+		DisableSplice:      true, // data is in memory already
 	})
 	if err != nil {
 		return nil, fmt.Errorf("swapfs: mount %s: %w", dir, err)
