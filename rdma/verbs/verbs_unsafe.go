@@ -538,6 +538,7 @@ type queuePair struct {
 	psn  uint32
 	wrs  *C.struct_ibv_send_wr // depth preallocated send WRs (C memory)
 	sges *C.struct_ibv_sge
+	bad  C.int // out parameter of rm_post (a local would escape: one allocation per post)
 }
 
 func (d *device) createQP(pd *protDomain, cq *complQueue, depth int, psn uint32) (*queuePair, error) {
@@ -597,9 +598,8 @@ func (q *queuePair) post(ws []cWR) (int, error) {
 	if len(ws) == 0 {
 		return 0, nil
 	}
-	var bad C.int
-	if rc := C.rm_post(q.qp, &ws[0], C.int(len(ws)), q.wrs, q.sges, &bad); rc != 0 {
-		return int(bad), errnoErr("ibv_post_send", rc)
+	if rc := C.rm_post(q.qp, &ws[0], C.int(len(ws)), q.wrs, q.sges, &q.bad); rc != 0 {
+		return int(q.bad), errnoErr("ibv_post_send", rc)
 	}
 	return len(ws), nil
 }
