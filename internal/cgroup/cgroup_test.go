@@ -1,0 +1,97 @@
+package cgroup
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestCreateBadName(t *testing.T) {
+	for _, n := range []string{"", ".", "..", "a/b", "/x"} {
+		if _, err := Create(n, 1<<20); !errors.Is(err, ErrName) {
+			t.Errorf("Create(%q) = %v, want ErrName", n, err)
+		}
+	}
+}
+
+func newGroup(t *testing.T, limit uint64) *Group {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("creating cgroups needs root")
+	}
+	if _, _, err := Detect(); err != nil {
+		t.Skip(err)
+	}
+	g, err := Create(fmt.Sprintf("rmem-test-%d", os.Getpid()), limit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Remove(5 * time.Second) })
+	return g
+}
+
+func TestCommandRunsInGroup(t *testing.T) {
+	g := newGroup(t, 32<<20)
+	if _, err := Create(g.Path[strings.LastIndex(g.Path, "/")+1:], 1<<20); !errors.Is(err, os.ErrExist) {
+		t.Fatalf("Create of an existing group = %v, want EEXIST", err)
+	}
+	out, err := g.Command("cat", "/proc/self/cgroup").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := strings.TrimPrefix(g.Path, v1Root)
+	if g.Version == V2 {
+		want = "0::" + want[strings.LastIndex(want, "/"):]
+	}
+	if !strings.Contains(string(out), want) {
+		t.Fatalf("/proc/self/cgroup of the command:\n%s\nwant it to name %s", out, want)
+	}
+	// Exit status passes through the shell.
+	err = g.Command("sh", "-c", "exit 7").Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 7 {
+		t.Fatalf("exit 7 came back as %v", err)
+	}
+	u, err := g.Usage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("usage after two short commands: %+v", u)
+}
+
+func TestRemoveKillsLeftovers(t *testing.T) {
+	g := newGroup(t, 32<<20)
+	cmd := g.Command("sleep", "100")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	for {
+		pids, err := g.Procs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(pids) == 1 {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := g.Remove(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err == nil || cmd.ProcessState.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("sleep ended with %v, want SIGKILL", err)
+	}
+	if _, err := os.Stat(g.Path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("group still exists: %v", err)
+	}
+	if err := g.Remove(time.Second); err != nil {
+		t.Fatalf("second Remove: %v", err)
+	}
+}
