@@ -96,7 +96,7 @@ func choose(devs []devInfo, ip net.IP, c Config) (selection, error) {
 		}
 	}
 	// 3. An active InfiniBand port (GID 0), or a named device's first
-	// non-zero GID.
+	// IPv4-mapped GID, else its first non-zero GID.
 	for _, d := range devs {
 		if !match(d) || d.State != portActive {
 			continue
@@ -105,6 +105,12 @@ func choose(devs []devInfo, ip net.IP, c Config) (selection, error) {
 			return selection{d.Name, d.Port, 0}, nil
 		}
 		if c.Device != "" {
+			// RoCE v2 over IPv4 first: the GID is an IPv4-mapped address.
+			for i, g := range d.GIDs {
+				if net.IP(g[:]).To4() != nil && g != [16]byte{} {
+					return selection{d.Name, d.Port, i}, nil
+				}
+			}
 			for i, g := range d.GIDs {
 				if g != [16]byte{} {
 					return selection{d.Name, d.Port, i}, nil
