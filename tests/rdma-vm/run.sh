@@ -10,6 +10,9 @@
 # marker the guest prints on its serial console. Nothing goes into the repo.
 #
 # Usage: tests/rdma-vm/run.sh [go test flags for the guest, e.g. -test.run Conformance]
+# The guest runs the tests three times: plain, with GOMAXPROCS=1, and built
+# with -race (RMEM_VM_RACE=0 skips that one). RMEM_VM_VERBOSE=1 prints the
+# guest's log even on success.
 # Exit status: the guest tests' status; 77 when this machine cannot run the
 # guest at all (no QEMU and no way to install it), 1 on a harness failure.
 set -euo pipefail
@@ -30,7 +33,7 @@ export DEBIAN_FRONTEND=noninteractive
 # libraries the provider links against.
 need=()
 command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
-[ -x /bin/busybox ] && /bin/busybox --list 2>/dev/null | grep -qx insmod || need+=(busybox-static)
+{ [ -x /bin/busybox ] && /bin/busybox --list 2>/dev/null | grep -x insmod >/dev/null; } || need+=(busybox-static)
 command -v depmod >/dev/null || need+=(kmod)
 command -v cpio >/dev/null || need+=(cpio)
 command -v rdma >/dev/null || need+=(iproute2)
@@ -75,6 +78,10 @@ mkdir -p "$R"/{bin,sbin,dev,proc,sys,tmp,etc,lib/mod,tests,run}
 log "building test binaries"
 CGO_ENABLED=1 go test -c -tags verbs -o "$R/tests/verbs.test" ./rdma/verbs
 bins=("$R/tests/verbs.test" "$(command -v rdma)")
+if [ "${RMEM_VM_RACE:-1}" = 1 ]; then
+	CGO_ENABLED=1 go test -c -race -tags verbs -o "$R/tests/verbs-race.test" ./rdma/verbs
+	bins+=("$R/tests/verbs-race.test")
+fi
 
 # Modules, in load order, decompressed if needed.
 mods=()
