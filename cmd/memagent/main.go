@@ -21,6 +21,8 @@ func newRoot() *cobra.Command {
 	}
 	app := cli.NewApp("memagent", "MEMAGENT", root)
 	root.AddCommand(newUffdDemoCmd(app))
+	root.AddCommand(newMountCmd(app), newUmountCmd(app), newSwaponCmd(app), newSwapoffCmd(app))
+	root.AddCommand(newRunCmd(app))
 	return root
 }
 

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"rmem/internal/cli"
+	"rmem/internal/swapdev"
+	"rmem/internal/swaprun"
+)
+
+func newSwaponCmd(app *cli.App) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "swapon FILE",
+		Short: "Swap to a pool swap file: loop device with direct I/O, mkswap, swapon",
+		Long: `swapon attaches FILE (normally DIR/swap of 'memagent mount DIR') to a free
+loop device with direct I/O, formats it with mkswap and enables it with
+swapon. 'memagent swapoff FILE' undoes all of it. Needs root.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			prio, err := app.Int("priority", -1, 32767)
+			if err != nil {
+				return err
+			}
+			dev, err := swapdev.On(cmd.Context(), args[0], prio)
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(app.Stdout(), "%s: swap on %s\n", args[0], dev)
+			return err
+		},
+	}
+	cmd.Flags().Int("priority", -1, "swap priority, 0 to 32767 (-1: the kernel's default)")
+	return cmd
+}
+
+func newSwapoffCmd(app *cli.App) *cobra.Command {
+	return &cobra.Command{
+		Use:   "swapoff FILE",
+		Short: "Stop swapping to a pool swap file and detach its loop device",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return swapdev.Off(cmd.Context(), args[0])
+		},
+	}
+}
+
+// swapRunOptions reads the flags of `memagent run --mode swap`. The run
+// command (whichever file declares it) calls it with its App and the
+// command line after "--", then swaprun.Run.
+func swapRunOptions(app *cli.App, command []string) (swaprun.Options, error) {
+	local, err := app.Size("local-mem")
+	if err != nil {
+		return swaprun.Options{}, err
+	}
+	if local < 1<<20 {
+		return swaprun.Options{}, app.Invalid("local-mem", "must be at least 1MiB")
+	}
+	size, err := app.Size("swap-size")
+	if err != nil {
+		return swaprun.Options{}, err
+	}
+	mountArgs := swapPoolArgs(app)
+	for _, k := range []string{"log-level", "log-format"} {
+		if app.IsSet(k) {
+			mountArgs = append(mountArgs, "--"+k+"="+app.String(k))
+		}
+	}
+	return swaprun.Options{
+		Command: command, LocalMem: uint64(local), SwapSize: uint64(size),
+		Dir: app.String("swap-dir"), MountArgs: mountArgs,
+		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Log: app.Log().Named("swaprun"),
+	}, nil
+}
+
+// swapRunFlags declares the flags of swap mode.
+func swapRunFlags(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.String("swap-size", "4GiB", "swap mode: size of the pool swap file set up when none is active")
+	f.String("swap-dir", "", "swap mode: where to mount that swap file (default: a new directory under /run/rmem)")
+	if f.Lookup("coordinator") == nil {
+		swapPoolFlags(f)
+	}
+}
+
+// newRunCmd is `memagent run`. Only swap mode is implemented here; the
+// userfaultfd mode plugs in at the mode switch.
+func newRunCmd(app *cli.App) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "run --local-mem SIZE [--mode swap] -- CMD [ARG...]",
+		Short: "Run a program with its memory beyond --local-mem paged to the pool",
+		Long: `run runs CMD with at most --local-mem of its memory resident; the rest goes
+to pool memory. In swap mode CMD runs in a memory cgroup limited to
+--local-mem and the kernel swaps its overflow to a pool swap file; if no
+pool swap file is active, run mounts one (a separate 'memagent mount'
+process) and turns it on for the duration. The exit status and signals of
+CMD pass through. Needs root.`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			mode, err := app.OneOf("mode", "swap")
+			if err != nil {
+				return err
+			}
+			_ = mode
+			opts, err := swapRunOptions(app, args)
+			if err != nil {
+				return err
+			}
+			code, err := swaprun.Run(cmd.Context(), opts)
+			if err != nil {
+				return err
+			}
+			os.Exit(code)
+			return nil
+		},
+	}
+	cmd.Flags().SetInterspersed(false) // flags after CMD are its own
+	cmd.Flags().String("mode", "swap", "how pages leave: swap (memory cgroup + pool swap file)")
+	cmd.Flags().String("local-mem", "512MiB", "memory CMD may keep resident")
+	swapRunFlags(cmd)
+	return cmd
+}

@@ -1,0 +1,20 @@
+// Package swaprun runs a command with its memory overflowing to the pool
+// through the kernel's swap: `memagent run --mode swap --local-mem SIZE --
+// CMD`. It puts CMD in a memory cgroup limited to SIZE, so that what CMD
+// uses beyond it is swapped out, and makes sure the swap it goes to is a
+// pool swap file: if none is active it starts a `memagent mount` daemon
+// (a separate process, outside the cgroup, mlockall'ed), attaches its file
+// with swapon, and undoes both when CMD exits.
+//
+// It is NOT the filesystem (swapfs), the swap device plumbing
+// (internal/swapdev) or the cgroup code (internal/cgroup): it sequences
+// them around one command.
+//
+// # Processes
+//
+// CMD runs as a child whose exit status is returned (128+N when killed by
+// signal N, as shells report it); SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1
+// and SIGUSR2 received by the caller's process while CMD runs are
+// forwarded to it. The cgroup is removed, killing what CMD left in it,
+// when CMD exits.
+package swaprun
