@@ -120,7 +120,6 @@ type session struct {
 	cq   *complQueue
 	qp   *queuePair
 	mrs  map[rdma.Key]*keyMR
-	done bool
 }
 
 // RoutineServe runs one client connection's control exchange.
@@ -300,7 +299,6 @@ func (s *session) teardown() {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.done = true
 	if s.qp != nil {
 		s.qp.destroy()
 		s.qp = nil
