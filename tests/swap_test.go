@@ -1,0 +1,470 @@
+package tests
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"rmem/internal/cgroup"
+	"rmem/internal/swapdev"
+	"rmem/internal/swaprun"
+	"rmem/pool"
+	"rmem/pool/client"
+	"rmem/swapfs"
+	"rmem/tests/internal/memdtest"
+)
+
+// The swap tests run real processes against the kernel: a pool (memd), the
+// FUSE daemon (memagent mount), loop devices, swapon and a v1/v2 memory
+// cgroup. Every one of them is undone in t.Cleanup even when the test
+// fails: a leaked swap device or loop device breaks later tests.
+
+var (
+	swapBuildOnce sync.Once
+	swapAgentBin  string
+	swapBuildErr  error
+)
+
+// swapMemagent builds cmd/memagent once per test binary.
+func swapMemagent(t *testing.T) string {
+	t.Helper()
+	swapBuildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "swaptest-bin-")
+		if err != nil {
+			swapBuildErr = err
+			return
+		}
+		_, file, _, _ := runtime.Caller(0)
+		swapAgentBin = filepath.Join(dir, "memagent")
+		cmd := exec.Command("go", "build", "-o", swapAgentBin, "./cmd/memagent")
+		cmd.Dir = filepath.Join(filepath.Dir(file), "..")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			swapBuildErr = fmt.Errorf("go build ./cmd/memagent: %v\n%s", err, out)
+		}
+	})
+	if swapBuildErr != nil {
+		t.Fatal(swapBuildErr)
+	}
+	return swapAgentBin
+}
+
+// swapWorkloadC allocates MiB mebibytes, writes a pattern into every
+// 8-byte word, says "written", optionally waits for a line on stdin, and
+// verifies every word twice.
+const swapWorkloadC = `
+#include <stdio.h>
+#include <stdlib.h>
+#include <stdint.h>
+#include <string.h>
+static uint64_t pat(size_t i) { return i * 0x9E3779B97F4A7C15ull + 1; }
+int main(int argc, char **argv) {
+	size_t n = ((size_t)atol(argv[1]) << 20) / 8;
+	uint64_t *p = malloc(n * 8);
+	if (!p) { perror("malloc"); return 2; }
+	for (size_t i = 0; i < n; i++) p[i] = pat(i);
+	printf("written\n"); fflush(stdout);
+	if (argc > 2 && strcmp(argv[2], "wait") == 0) { char b[8]; if (!fgets(b, sizeof b, stdin)) return 3; }
+	for (int pass = 0; pass < 2; pass++)
+		for (size_t i = 0; i < n; i++)
+			if (p[i] != pat(i)) { fprintf(stderr, "word %zu: %llx\n", i, (unsigned long long)p[i]); return 1; }
+	printf("verified %zu words\n", n); fflush(stdout);
+	return 0;
+}
+`
+
+func swapNeeds(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts processes and swaps")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("FUSE mount(2), loop devices, swapon and cgroups need root")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skipf("no FUSE: %v", err)
+	}
+	if _, err := os.Stat("/dev/loop-control"); err != nil {
+		t.Skipf("no loop devices: %v", err)
+	}
+	for _, c := range []string{"losetup", "mkswap", "swapon", "swapoff", "cc"} {
+		if _, err := exec.LookPath(c); err != nil {
+			t.Skipf("%s not installed", c)
+		}
+	}
+	if _, _, err := cgroup.Detect(); err != nil {
+		t.Skip(err)
+	}
+}
+
+// swapWorkload compiles the workload into the test's temp dir.
+func swapWorkload(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	src, bin := filepath.Join(dir, "work.c"), filepath.Join(dir, "work")
+	if err := os.WriteFile(src, []byte(swapWorkloadC), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("cc", "-O2", "-o", bin, src).CombinedOutput(); err != nil {
+		t.Fatalf("cc: %v\n%s", err, out)
+	}
+	return bin
+}
+
+type swapPool struct {
+	url     string
+	cl      *client.Client
+	servers map[pool.ServerID]*memdtest.Proc
+}
+
+// swapStartPool starts a coordinator and n memory servers of 512 MiB in
+// 16 MiB slabs.
+func swapStartPool(t *testing.T, n int) *swapPool {
+	t.Helper()
+	bin := memdtest.Build(t)
+	dir := t.TempDir()
+	addr := memdtest.FreeAddr(t)
+	p := &swapPool{url: "http://" + addr, servers: map[pool.ServerID]*memdtest.Proc{}}
+	memdtest.Start(t, "coordinator", bin, "serve", "--role", "coordinator", "--listen", addr, "--token", memdToken,
+		"--data-dir", filepath.Join(dir, "data"), "--runtime-dir", filepath.Join(dir, "run"),
+		"--slab-size", "16MiB", "--heartbeat-timeout", "1s", "--sweep-interval", "100ms")
+	var err error
+	if p.cl, err = client.New(p.url, client.Options{Token: memdToken, Timeout: 5 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.cl.CloseIdleConnections)
+	for i := range n {
+		id := fmt.Sprintf("s%d", i+1)
+		p.servers[pool.ServerID(id)] = memdtest.Start(t, id, bin, "serve", "--role", "server", "--id", id,
+			"--coordinator", p.url, "--token", memdToken, "--listen", memdtest.FreeAddr(t),
+			"--tcp-listen", "127.0.0.1:0", "--shm-socket", "off", "--capacity", "512MiB", "--slab-size", "16MiB",
+			"--heartbeat-interval", "200ms", "--heartbeat-timeout", "1s",
+			"--runtime-dir", filepath.Join(dir, "run-"+id), memdtest.MlockFlag(t, 512<<20))
+	}
+	memdtest.Eventually(t, 20*time.Second, fmt.Sprintf("%d servers up", n), func() error {
+		st, err := p.cl.Status(context.Background())
+		if err == nil && st.ServersUp != n {
+			err = fmt.Errorf("%d servers up", st.ServersUp)
+		}
+		return err
+	})
+	return p
+}
+
+func (p *swapPool) args() []string {
+	return []string{"--coordinator", p.url, "--token", memdToken}
+}
+
+// swapCleanup undoes, at the end of the test, whatever a swap file in dir
+// may have left: swap, loop devices, the mount, the cgroup of a run.
+func swapCleanup(t *testing.T, dir string) {
+	t.Cleanup(func() {
+		file := filepath.Join(dir, swapfs.SwapName)
+		if err := swapdev.Off(context.Background(), file); err == nil {
+			t.Errorf("cleanup: %s was still swap or attached", file)
+		} else if !errors.Is(err, swapdev.ErrNotSwap) {
+			t.Errorf("cleanup: %v", err)
+		}
+		if ok, _ := swaprun.SwapMounted(dir); ok {
+			t.Errorf("cleanup: %s was still mounted", dir)
+			unix.Unmount(dir, unix.MNT_DETACH)
+		}
+	})
+}
+
+func swapNoLeftovers(t *testing.T, dir string, runPID int) {
+	t.Helper()
+	if loops, err := swapdev.LoopsOf(filepath.Join(dir, swapfs.SwapName)); err != nil || len(loops) != 0 {
+		t.Errorf("loop devices left: %+v %v", loops, err)
+	}
+	if ok, err := swaprun.SwapMounted(dir); err != nil || ok {
+		t.Errorf("%s still mounted (%v)", dir, err)
+	}
+	if runPID != 0 {
+		_, root, _ := cgroup.Detect()
+		if _, err := os.Stat(filepath.Join(root, "rmem-run-"+strconv.Itoa(runPID))); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("cgroup of the run left: %v", err)
+		}
+	}
+	if active, err := swaprun.ActivePoolSwaps(); err != nil || len(active) != 0 {
+		t.Errorf("pool swap still active: %v %v", active, err)
+	}
+}
+
+func swapStats(t *testing.T, dir string) swapfs.Stats {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, swapfs.StatsName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := swapfs.ParseStats(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// swapRun is `memagent run --mode swap` running the workload, which waits
+// after writing for a line on its stdin.
+type swapRun struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	lines chan string
+	out   *strings.Builder
+	mu    sync.Mutex
+}
+
+func swapStartRun(t *testing.T, args ...string) *swapRun {
+	t.Helper()
+	r := &swapRun{cmd: exec.Command(swapMemagent(t), args...), lines: make(chan string, 16), out: &strings.Builder{}}
+	r.cmd.Env = append(os.Environ(), "MEMAGENT_LOG_FORMAT=console")
+	var err error
+	if r.stdin, err = r.cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := r.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.cmd.Stderr = writerFunc(func(b []byte) (int, error) { r.mu.Lock(); defer r.mu.Unlock(); return r.out.Write(b) })
+	if err := r.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			r.lines <- sc.Text()
+		}
+		close(r.lines)
+	}()
+	t.Cleanup(func() {
+		r.cmd.Process.Signal(syscall.SIGTERM) // forwarded to the workload; run then tears down
+		r.stdin.Close()
+		done := make(chan struct{})
+		go func() { r.cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(60 * time.Second):
+			r.cmd.Process.Kill()
+		}
+		if t.Failed() {
+			t.Logf("--- memagent run:\n%s", r.output())
+		}
+	})
+	return r
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
+
+func (r *swapRun) output() string { r.mu.Lock(); defer r.mu.Unlock(); return r.out.String() }
+
+// expect waits for a line of the workload starting with prefix.
+func (r *swapRun) expect(t *testing.T, prefix string) string {
+	t.Helper()
+	timeout := time.After(90 * time.Second)
+	for {
+		select {
+		case l, ok := <-r.lines:
+			if !ok {
+				t.Fatalf("workload output ended before %q", prefix)
+			}
+			if strings.HasPrefix(l, prefix) {
+				return l
+			}
+		case <-timeout:
+			t.Fatalf("no %q from the workload within 90s", prefix)
+		}
+	}
+}
+
+func (r *swapRun) wait(t *testing.T) int {
+	t.Helper()
+	err := r.cmd.Wait()
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		t.Fatal(err)
+	}
+	return r.cmd.ProcessState.ExitCode()
+}
+
+// swapWorkloadRun runs the 256 MiB workload in a 64 MiB cgroup with a pool
+// swap file set up by run itself; between writing and verifying, between
+// calls it runs mid.
+func swapWorkloadRun(t *testing.T, p *swapPool, replicas int, mid func(dir string)) {
+	dir := t.TempDir()
+	swapCleanup(t, dir)
+	work := swapWorkload(t)
+	args := append([]string{"run", "--mode", "swap", "--local-mem", "64MiB", "--swap-size", "1GiB",
+		"--swap-dir", dir, "--replicas", strconv.Itoa(replicas)}, p.args()...)
+	r := swapStartRun(t, append(args, "--", work, "256", "wait")...)
+	r.expect(t, "written")
+
+	// 256 MiB written under a 64 MiB limit: at least 192 MiB is out, in
+	// pool slabs.
+	s := swapStats(t, dir)
+	t.Logf("after writing: %+v", s)
+	if s.PoolWriteBytes < 150<<20 || s.Slabs < 10 || s.Errors != 0 {
+		t.Errorf("swap traffic did not go to pool slabs: %+v", s)
+	}
+	slabs, err := p.cl.Slabs(context.Background(), client.SlabFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if uint64(len(slabs)) != s.Slabs {
+		t.Errorf("pool holds %d slabs, the swap file %d", len(slabs), s.Slabs)
+	}
+	for _, sv := range slabs {
+		if len(sv.Replicas) != replicas {
+			t.Errorf("slab %d has %d replicas, want %d", sv.ID, len(sv.Replicas), replicas)
+		}
+	}
+	if mid != nil {
+		mid(dir)
+	}
+	fmt.Fprintln(r.stdin, "go")
+	r.expect(t, "verified 33554432 words")
+	if code := r.wait(t); code != 0 {
+		t.Fatalf("memagent run exited %d", code)
+	}
+	swapNoLeftovers(t, dir, r.cmd.Process.Pid)
+	if mid != nil {
+		return
+	}
+	memdtest.Eventually(t, 10*time.Second, "the swap file's slabs freed", func() error {
+		st, err := p.cl.Status(context.Background())
+		if err == nil && st.Used != 0 {
+			err = fmt.Errorf("%d bytes still used", st.Used)
+		}
+		return err
+	})
+}
+
+// TestSwapRun: `memagent run --mode swap` alone against a running pool: a
+// workload touching 256 MiB in a 64 MiB cgroup verifies every word, its
+// overflow went to pool slabs, and nothing is left afterwards. Exit
+// statuses and signals of the command pass through.
+func TestSwapRun(t *testing.T) {
+	swapNeeds(t)
+	p := swapStartPool(t, 1)
+	swapWorkloadRun(t, p, 1, nil)
+
+	for _, c := range []struct {
+		script string
+		code   int
+	}{{"exit 3", 3}, {"kill -USR1 $$", 128 + int(syscall.SIGUSR1)}, {"true", 0}} {
+		dir := t.TempDir()
+		swapCleanup(t, dir)
+		args := append([]string{"run", "--local-mem", "16MiB", "--swap-size", "64MiB", "--swap-dir", dir}, p.args()...)
+		r := swapStartRun(t, append(args, "--", "sh", "-c", c.script)...)
+		if code := r.wait(t); code != c.code {
+			t.Errorf("run -- sh -c %q exited %d, want %d", c.script, code, c.code)
+		}
+		swapNoLeftovers(t, dir, r.cmd.Process.Pid)
+	}
+}
+
+// TestSwapKillPrimary: with --replicas 2, kill -9 the memory server holding
+// the first replica of most swap slabs between the workload's writing and
+// its verifying: every word still verifies, read from the survivors.
+func TestSwapKillPrimary(t *testing.T) {
+	swapNeeds(t)
+	p := swapStartPool(t, 3)
+	swapWorkloadRun(t, p, 2, func(dir string) {
+		slabs, err := p.cl.Slabs(context.Background(), client.SlabFilter{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := map[pool.ServerID]int{}
+		for _, sv := range slabs {
+			first[sv.Replicas[0].Server]++
+		}
+		var primary pool.ServerID
+		for id, n := range first {
+			if n > first[primary] {
+				primary = id
+			}
+		}
+		t.Logf("first replicas per server %v: killing %s", first, primary)
+		p.servers[primary].Kill()
+	})
+}
+
+// TestSwapMountCLI: mount, swapon, refused unmounts (SIGTERM and
+// `memagent umount`), swapoff, then a clean unmount; a failing losetup is
+// reported with its command and output.
+func TestSwapMountCLI(t *testing.T) {
+	swapNeeds(t)
+	p := swapStartPool(t, 1)
+	bin := swapMemagent(t)
+	dir := t.TempDir()
+	swapCleanup(t, dir)
+	file := filepath.Join(dir, swapfs.SwapName)
+	daemon := memdtest.Start(t, "memagent mount", bin, append([]string{"mount", dir, "--size", "256MiB"}, p.args()...)...)
+	memdtest.Eventually(t, 20*time.Second, "mounted", func() error {
+		if daemon.Exited() {
+			t.Fatalf("memagent mount exited:\n%s", daemon.Output())
+		}
+		if ok, err := swaprun.SwapMounted(dir); err != nil || !ok {
+			return fmt.Errorf("not mounted (%v)", err)
+		}
+		return nil
+	})
+	out, errOut, err := memdtest.Run(bin, nil, "swapon", file, "--priority", "5")
+	if err != nil {
+		t.Fatalf("swapon: %v: %s", err, errOut)
+	}
+	loops, swap, err := swapdev.InUse(file)
+	if err != nil || !swap || len(loops) != 1 || !loops[0].DirectIO || !strings.Contains(out, loops[0].Device) {
+		t.Fatalf("after swapon (%q): loops %+v, swap %v, %v", out, loops, swap, err)
+	}
+	if s, on, _ := swapdev.Active(loops[0].Device); !on || s.Priority != 5 {
+		t.Fatalf("swap area %+v, want priority 5", s)
+	}
+
+	// Unmounting while swap is active is refused, with the reason.
+	_, errOut, err = memdtest.Run(bin, nil, "umount", dir)
+	if err == nil || !strings.Contains(errOut, "active swap on "+loops[0].Device) || !strings.Contains(errOut, "swapoff") {
+		t.Fatalf("umount under active swap: %v: %q", err, errOut)
+	}
+	daemon.Signal(syscall.SIGTERM)
+	memdtest.Eventually(t, 10*time.Second, "refusal logged", func() error {
+		if !strings.Contains(daemon.Output(), "refusing to unmount") {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	if daemon.Exited() {
+		t.Fatal("the daemon exited under active swap")
+	}
+	// A failing command is reported with the command line and its output.
+	_, errOut, err = memdtest.Run(bin, nil, "swapon", filepath.Join(dir, "missing"))
+	if err == nil || !strings.Contains(errOut, "`losetup --find --show --direct-io=on") || !strings.Contains(errOut, "failed") {
+		t.Fatalf("swapon of a missing file: %v: %q", err, errOut)
+	}
+
+	if _, errOut, err := memdtest.Run(bin, nil, "swapoff", file); err != nil {
+		t.Fatalf("swapoff: %v: %s", err, errOut)
+	}
+	if loops, swap, err := swapdev.InUse(file); err != nil || swap || len(loops) != 0 {
+		t.Fatalf("after swapoff: loops %+v, swap %v, %v", loops, swap, err)
+	}
+	if err := daemon.Stop(20 * time.Second); err != nil {
+		t.Fatalf("memagent mount after SIGTERM: %v", err)
+	}
+	swapNoLeftovers(t, dir, 0)
+}
