@@ -1,12 +1,56 @@
-// Package pager is rmem's paging engine: the regions that clients hand to
-// memagent, their page tables, fault handling, eviction under a local-memory
-// budget, dirty tracking, prefetch and replication to the pool.
+// Package pager is rmem's paging engine: the regions that client processes
+// hand to memagent, their page tables, fault handling, eviction under a
+// local-memory budget, dirty tracking, prefetch and replication to the pool.
+// docs/pager.md is the design it implements.
 //
 // It is not the kernel interface (package userfaultfd), not the transport
-// (package rdma) and not the pool's bookkeeping (package pool); it consumes
-// small interfaces over each.
+// (package rdma), not the wire protocol (pager/proto) and not the pool's
+// bookkeeping (package pool); it consumes small interfaces over each: Store
+// and PageIO for remote pages (pager/poolstore over the pool,
+// pager/pagertest in memory; both built on pager/slabio). It does not parse
+// flags or print tables (cmd/memagent).
 //
-// Policies are plain state driven by the fault and eviction loops:
-//   - Prefetcher: Leap-style majority-trend detection of sequential and
-//     strided fault streams, with a prefetch depth that adapts to hits.
+// # Pieces
+//
+//   - Agent: the Unix socket listener (SOCK_SEQPACKET, SO_PEERCRED checked
+//     against HELLO), the client registry, the node-wide budget split,
+//     Stats and a Prometheus collector.
+//   - One loop per client process (RoutineServe on a locked OS thread):
+//     polls the uffd, the client's socket, its pidfd and a wake eventfd;
+//     serves faults in batches of up to 64 messages: zero page for pages
+//     never written, one batched READ (plus prefetches) for pages in the
+//     pool installed write-protected with UFFDIO_COPY, a staging-slot copy
+//     for pages mid-eviction, UFFDIO_POISON for pages whose every replica
+//     is gone (no silent zeros), UFFDIO_WRITEPROTECT faults mark pages
+//     dirty. No allocation per fault: page buffers, work requests and
+//     message buffers are preallocated per client.
+//   - Eviction (evict.go): CLOCK (pagetable.go says why) picks victims past
+//     the high watermark; they are write-protected, copied out and dropped
+//     by the client's own helper thread (EVICT/EVICTED, so MAP_PRIVATE
+//     semantics hold), and dirty ones written to every replica. A write
+//     racing an eviction waits (held fault) and is served after it.
+//   - Prefetcher: Leap-style majority-trend detection per region.
+//   - Fork (fork.go): the child's uffd from EVENT_FORK gets a loop of its
+//     own at once; its pooled pages are copied to slabs of its own, and it
+//     is paired with the child's HELLO by (parent pid, fork serial).
+//
+// # Deadlocks
+//
+// The agent never touches a client's registered memory: it reads and
+// writes pages only through UFFDIO_COPY, its own buffers and the staging
+// memfd. Non-cooperative events (REMOVE, UNMAP, FORK) block the client
+// until the loop reads them, so a loop never waits for the client while it
+// has unread uffd messages: it only blocks in remote I/O (bounded by the
+// Store's connections) and in sending a small packet. One EVICT is in
+// flight per client. A FORK is handled inside the parent's loop, which
+// first drains the EVICTED replies the client sent before fork(2).
+//
+// # Concurrency
+//
+// Each client's state is owned by its loop goroutine; the agent talks to
+// it only through client.mu (a pending connection, the stop flag) and the
+// wake eventfd. Counters are atomics, read by Stats and the collector.
+// Agent.mu guards the registry and the fork-pairing table; it is never held
+// while calling into a client. Close stops the accept loop, every client
+// loop and every handshake, and waits for them.
 package pager

@@ -1,0 +1,384 @@
+package client
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"runtime"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"rmem/pager/proto"
+	"rmem/userfaultfd"
+)
+
+// Errors.
+var (
+	// ErrClosed: the Client was closed (or its agent connection failed).
+	ErrClosed = errors.New("client: closed")
+	// ErrNotMapped: Unmap of memory that Map did not return.
+	ErrNotMapped = errors.New("client: not mapped by this client")
+)
+
+const pageSize = 4096
+
+type region struct {
+	id  uint64
+	mem []byte
+}
+
+// Client is one process's connection to memagent.
+type Client struct {
+	conn    *net.UnixConn
+	uffd    *userfaultfd.UFFD
+	staging []byte
+	id      uint64
+
+	mu      sync.Mutex
+	regions map[uintptr]*region // by start address
+	nextID  uint64
+	seq     uint32
+	waiters map[uint32]chan error
+	err     error // set when the connection failed
+	closed  bool
+	sendMu  sync.Mutex
+	sendBuf []byte
+
+	done chan struct{}
+}
+
+// Connect opens a userfaultfd, connects to the agent at path (""
+// means proto.SocketPath()) and starts the EVICT helper.
+func Connect(path string) (*Client, error) {
+	if path == "" {
+		path = proto.SocketPath()
+	}
+	if uint64(os.Getpagesize()) != pageSize {
+		return nil, fmt.Errorf("client: page size %d is not supported", os.Getpagesize())
+	}
+	avail, _, err := userfaultfd.Probe()
+	if err != nil {
+		return nil, fmt.Errorf("client: %w", err)
+	}
+	want := userfaultfd.FeaturePagefaultFlagWP | userfaultfd.FeatureEventRemap |
+		userfaultfd.FeatureEventRemove | userfaultfd.FeatureEventUnmap
+	if !avail.Has(want) {
+		return nil, fmt.Errorf("client: kernel lacks userfaultfd features %v: %w", want&^avail, userfaultfd.ErrFeature)
+	}
+	if avail.Has(userfaultfd.FeaturePoison) {
+		want |= userfaultfd.FeaturePoison // lost pages raise SIGBUS
+	}
+	u, err := userfaultfd.Open(want)
+	if err != nil {
+		return nil, fmt.Errorf("client: %w", err)
+	}
+	conn, err := proto.Dial(path)
+	if err != nil {
+		u.Close()
+		return nil, fmt.Errorf("client: %w", err)
+	}
+	c := &Client{conn: conn, uffd: u, regions: map[uintptr]*region{}, waiters: map[uint32]chan error{},
+		sendBuf: make([]byte, 0, proto.MaxPacket), done: make(chan struct{})}
+	if err := c.hello(want); err != nil {
+		conn.Close()
+		u.Close()
+		return nil, err
+	}
+	go c.routineHelper()
+	return c, nil
+}
+
+func (c *Client) hello(features userfaultfd.Feature) error {
+	h := proto.Hello{PID: int32(os.Getpid()), PPID: int32(os.Getppid()), Features: features,
+		PageSize: pageSize, Flags: proto.HelloUFFD}
+	if err := proto.Send(c.conn, make([]byte, 0, proto.MaxPacket), 1, &h, c.uffd.Fd()); err != nil {
+		return fmt.Errorf("client: %w", err)
+	}
+	buf := make([]byte, proto.MaxPacket)
+	var fds [proto.MaxFDs]int
+	pkt, nfds, err := proto.Recv(c.conn, buf, make([]byte, proto.OOBSize), fds[:])
+	if err != nil {
+		return fmt.Errorf("client: waiting for WELCOME: %w", err)
+	}
+	defer func() {
+		for _, fd := range fds[:nfds] {
+			unix.Close(fd)
+		}
+	}()
+	var w proto.Welcome
+	if _, err := proto.Expect(pkt, &w); err != nil {
+		return fmt.Errorf("client: agent refused: %w", err)
+	}
+	if nfds != w.FDs() || nfds < 1 {
+		return fmt.Errorf("client: WELCOME carried %d descriptors, want %d", nfds, w.FDs())
+	}
+	st, err := unix.Mmap(fds[0], 0, int(w.StagingSlots)*pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fmt.Errorf("client: map staging area: %w", err)
+	}
+	c.staging, c.id = st, w.ClientID
+	return nil
+}
+
+// ID returns the client id the agent assigned.
+func (c *Client) ID() uint64 { return c.id }
+
+// Map returns size bytes (rounded up to whole pages) of zeroed private
+// memory paged by the agent.
+func (c *Client) Map(size int) ([]byte, error) {
+	if size <= 0 {
+		return nil, fmt.Errorf("client: map %d bytes: %w", size, unix.EINVAL)
+	}
+	n := (size + pageSize - 1) &^ (pageSize - 1)
+	mem, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+	if err != nil {
+		return nil, fmt.Errorf("client: mmap %d bytes: %w", n, err)
+	}
+	rng := userfaultfd.Range{Start: userfaultfd.AddrOf(mem), Len: uint64(n)}
+	if _, err := c.uffd.Register(rng, userfaultfd.ModeMissing|userfaultfd.ModeWP); err != nil {
+		unix.Munmap(mem)
+		return nil, fmt.Errorf("client: %w", err)
+	}
+	c.mu.Lock()
+	c.nextID++
+	r := &region{id: c.nextID, mem: mem}
+	c.regions[uintptr(rng.Start)] = r
+	c.mu.Unlock()
+	if err := c.request(&proto.RegionAdd{ID: r.id, Range: rng, Kind: proto.KindMmap}); err != nil {
+		c.mu.Lock()
+		delete(c.regions, uintptr(rng.Start))
+		c.mu.Unlock()
+		c.uffd.Unregister(rng)
+		unix.Munmap(mem)
+		return nil, fmt.Errorf("client: region add: %w", err)
+	}
+	return mem[:size:size], nil
+}
+
+// Unmap releases memory returned by Map.
+func (c *Client) Unmap(b []byte) error {
+	if len(b) == 0 {
+		return ErrNotMapped
+	}
+	start := uintptr(userfaultfd.AddrOf(b))
+	c.mu.Lock()
+	r := c.regions[start]
+	delete(c.regions, start)
+	c.mu.Unlock()
+	if r == nil {
+		return ErrNotMapped
+	}
+	rng := userfaultfd.Range{Start: userfaultfd.Addr(start), Len: uint64(len(r.mem))}
+	err := c.request(&proto.RegionDel{ID: r.id, Range: rng})
+	if errors.Is(err, ErrClosed) {
+		err = nil // the agent forgets the region with the connection
+	} else if err != nil {
+		err = fmt.Errorf("client: region del: %w", err)
+	}
+	c.uffd.Unregister(rng)
+	if e := unix.Munmap(r.mem); e != nil && err == nil {
+		err = fmt.Errorf("client: munmap: %w", e)
+	}
+	return err
+}
+
+// request sends m and waits for its ACK or ERROR.
+func (c *Client) request(m proto.Message) error {
+	ch := make(chan error, 1)
+	c.mu.Lock()
+	if c.closed || c.err != nil {
+		err := c.err
+		c.mu.Unlock()
+		if err == nil {
+			err = ErrClosed
+		}
+		return err
+	}
+	c.seq++
+	seq := c.seq
+	c.waiters[seq] = ch
+	c.mu.Unlock()
+	if err := c.send(seq, m); err != nil {
+		c.mu.Lock()
+		delete(c.waiters, seq)
+		c.mu.Unlock()
+		return err
+	}
+	return <-ch
+}
+
+func (c *Client) send(seq uint32, m proto.Message) error {
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
+	return proto.Send(c.conn, c.sendBuf, seq, m)
+}
+
+// routineHelper reads the agent's messages: replies go to their waiters,
+// EVICTs are served on this locked OS thread.
+func (c *Client) routineHelper() {
+	defer close(c.done)
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	buf := make([]byte, proto.MaxPacket)
+	oob := make([]byte, proto.OOBSize)
+	var fds [proto.MaxFDs]int
+	var ev proto.Evict
+	for {
+		pkt, nfds, err := proto.Recv(c.conn, buf, oob, fds[:])
+		for _, fd := range fds[:nfds] {
+			unix.Close(fd)
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
+				err = ErrClosed
+			}
+			c.fail(err)
+			return
+		}
+		h, body, err := proto.Parse(pkt)
+		if err != nil {
+			c.fail(err)
+			return
+		}
+		switch h.Type {
+		case proto.TypeAck:
+			var m proto.Ack
+			if err := m.Decode(body); err == nil {
+				c.answer(m.Seq, nil)
+			}
+		case proto.TypeError:
+			var m proto.Error
+			if err := m.Decode(body); err == nil {
+				c.answer(m.Seq, &m)
+			}
+		case proto.TypeEvict:
+			if err := ev.Decode(body); err != nil {
+				c.fail(err)
+				return
+			}
+			done, errno := c.evict(&ev)
+			c.send(0, &proto.Evicted{Batch: ev.Batch, Done: done, Errno: errno})
+		}
+	}
+}
+
+// evict copies each victim to its staging slot and drops it. The agent
+// has write-protected the pages, so they cannot change meanwhile.
+func (c *Client) evict(ev *proto.Evict) (uint32, unix.Errno) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, p := range ev.Pages[:ev.N] {
+		page := c.page(uintptr(p.Addr))
+		if page == nil || int(p.Slot+1)*pageSize > len(c.staging) {
+			return uint32(i), unix.EFAULT
+		}
+		copy(c.staging[int(p.Slot)*pageSize:], page)
+		if err := unix.Madvise(page, unix.MADV_DONTNEED); err != nil {
+			return uint32(i), err.(unix.Errno)
+		}
+	}
+	return uint32(ev.N), 0
+}
+
+// page returns the mapped page at a, or nil. Preconditions: c.mu held.
+func (c *Client) page(a uintptr) []byte {
+	if a%pageSize != 0 {
+		return nil
+	}
+	for start, r := range c.regions {
+		if a >= start && a < start+uintptr(len(r.mem)) {
+			off := a - start
+			return r.mem[off : off+pageSize : off+pageSize]
+		}
+	}
+	return nil
+}
+
+func (c *Client) answer(seq uint32, err error) {
+	c.mu.Lock()
+	ch := c.waiters[seq]
+	delete(c.waiters, seq)
+	c.mu.Unlock()
+	if ch != nil {
+		ch <- err
+	}
+}
+
+func (c *Client) fail(err error) {
+	c.mu.Lock()
+	if c.err == nil {
+		c.err = err
+	}
+	ws := c.waiters
+	c.waiters = map[uint32]chan error{}
+	c.mu.Unlock()
+	for _, ch := range ws {
+		ch <- err
+	}
+}
+
+// Close unmaps every region, disconnects and closes the uffd. Safe to
+// call twice.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	regs := make([]*region, 0, len(c.regions))
+	for _, r := range c.regions {
+		regs = append(regs, r)
+	}
+	c.mu.Unlock()
+	for _, r := range regs {
+		c.Unmap(r.mem)
+	}
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	c.conn.Close()
+	<-c.done
+	unix.Munmap(c.staging)
+	return c.uffd.Close()
+}
+
+var (
+	defaultMu sync.Mutex
+	defaultC  *Client
+)
+
+// Default returns the process's client of the agent at proto.SocketPath(),
+// connecting on first use.
+func Default() (*Client, error) {
+	defaultMu.Lock()
+	defer defaultMu.Unlock()
+	if defaultC == nil {
+		c, err := Connect("")
+		if err != nil {
+			return nil, err
+		}
+		defaultC = c
+	}
+	return defaultC, nil
+}
+
+// Map maps size bytes with the default client.
+func Map(size int) ([]byte, error) {
+	c, err := Default()
+	if err != nil {
+		return nil, err
+	}
+	return c.Map(size)
+}
+
+// Unmap unmaps memory returned by Map.
+func Unmap(b []byte) error {
+	c, err := Default()
+	if err != nil {
+		return err
+	}
+	return c.Unmap(b)
+}

@@ -1,0 +1,438 @@
+package pager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"rmem/pager/proto"
+	"rmem/userfaultfd"
+)
+
+// ErrOptions: invalid Options; the error names the field.
+var ErrOptions = errors.New("pager: invalid options")
+
+// Options configure an Agent.
+type Options struct {
+	// Socket is the Unix socket path clients connect to (default
+	// proto.DefaultSocket). An existing socket file there is replaced.
+	Socket string
+	// SocketMode is the socket file's mode (default 0660).
+	SocketMode os.FileMode
+	// AllowUIDs are the user ids allowed to connect besides root and the
+	// agent's own (SO_PEERCRED).
+	AllowUIDs []uint32
+	// Store supplies remote memory. Required.
+	Store Store
+	// LocalMem is each client process's budget of resident bytes
+	// (required, at least 64 KiB).
+	LocalMem uint64
+	// NodeMem bounds the resident bytes of all clients together; it is
+	// split evenly among the clients (0: no node-wide bound).
+	NodeMem uint64
+	// MinAlloc is the allocation size from which the shim pages memory,
+	// sent in WELCOME (0: the shim's default).
+	MinAlloc uint64
+	// StagingSlots is the pages of each client's staging area (default
+	// 256; at least proto.MaxEvictBatch).
+	StagingSlots int
+	// MaxPrefetch is the deepest prefetch in pages (default 32; negative
+	// disables prefetching).
+	MaxPrefetch int
+	// HandshakeTimeout bounds a client's HELLO (default 5s).
+	HandshakeTimeout time.Duration
+	// Log receives the agent's logs (default: none).
+	Log *zap.Logger
+	// Registry, when set, gets the agent's Prometheus collector.
+	Registry prometheus.Registerer
+}
+
+// Validate checks the options, naming the bad field.
+func (o *Options) Validate() error {
+	switch {
+	case o.Store == nil:
+		return fmt.Errorf("%w: Store is required", ErrOptions)
+	case o.LocalMem < 16*pageSize:
+		return fmt.Errorf("%w: LocalMem %d: want at least %d bytes", ErrOptions, o.LocalMem, 16*pageSize)
+	case o.NodeMem != 0 && o.NodeMem < 16*pageSize:
+		return fmt.Errorf("%w: NodeMem %d: want 0 or at least %d bytes", ErrOptions, o.NodeMem, 16*pageSize)
+	case o.StagingSlots != 0 && (o.StagingSlots < proto.MaxEvictBatch || o.StagingSlots > proto.MaxStagingSlots):
+		return fmt.Errorf("%w: StagingSlots %d: want %d..%d", ErrOptions, o.StagingSlots, proto.MaxEvictBatch, proto.MaxStagingSlots)
+	case o.HandshakeTimeout < 0:
+		return fmt.Errorf("%w: HandshakeTimeout %v is negative", ErrOptions, o.HandshakeTimeout)
+	case o.SocketMode&^os.ModePerm != 0:
+		return fmt.Errorf("%w: SocketMode %v: permission bits only", ErrOptions, o.SocketMode)
+	}
+	if ss := o.Store.SlabSize(); ss == 0 || ss%pageSize != 0 {
+		return fmt.Errorf("%w: Store: slab size %d is not a multiple of %d", ErrOptions, ss, pageSize)
+	}
+	return nil
+}
+
+// Agent serves the page faults of client processes: it accepts clients on
+// a Unix socket and runs one loop per client process.
+type Agent struct {
+	opts         Options
+	log          *zap.Logger
+	ln           *net.UnixListener
+	pagesPerSlab uint64
+
+	ctx    context.Context // cancelled by Close: ends remote I/O
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	nextID atomic.Uint64
+
+	mu       sync.Mutex
+	cond     *sync.Cond
+	clients  map[uint64]*client
+	forked   map[forkKey]*client // forked children waiting for their HELLO
+	closed   bool
+	nclients atomic.Int64
+}
+
+type forkKey struct {
+	ppid   int
+	serial uint64
+}
+
+// New validates opts, listens on the socket and returns the Agent; Run
+// accepts clients.
+func New(opts Options) (*Agent, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	if userfaultfd.PageSize != pageSize {
+		return nil, fmt.Errorf("pager: page size %d is not supported (want %d)", userfaultfd.PageSize, pageSize)
+	}
+	if opts.Socket == "" {
+		opts.Socket = proto.DefaultSocket
+	}
+	if opts.SocketMode == 0 {
+		opts.SocketMode = 0o660
+	}
+	if opts.StagingSlots == 0 {
+		opts.StagingSlots = 256
+	}
+	if opts.MaxPrefetch == 0 {
+		opts.MaxPrefetch = 32
+	}
+	if opts.MaxPrefetch < 0 {
+		opts.MaxPrefetch = 0
+	}
+	if opts.HandshakeTimeout == 0 {
+		opts.HandshakeTimeout = 5 * time.Second
+	}
+	if opts.Log == nil {
+		opts.Log = zap.NewNop()
+	}
+	if fi, err := os.Lstat(opts.Socket); err == nil && fi.Mode()&os.ModeSocket != 0 {
+		os.Remove(opts.Socket)
+	}
+	ln, err := proto.Listen(opts.Socket)
+	if err != nil {
+		return nil, err
+	}
+	ln.SetUnlinkOnClose(true)
+	if err := os.Chmod(opts.Socket, opts.SocketMode); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("pager: chmod socket: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	a := &Agent{
+		opts: opts, log: opts.Log, ln: ln, pagesPerSlab: opts.Store.SlabSize() / pageSize,
+		ctx: ctx, cancel: cancel,
+		clients: map[uint64]*client{}, forked: map[forkKey]*client{},
+	}
+	a.cond = sync.NewCond(&a.mu)
+	if opts.Registry != nil {
+		if err := opts.Registry.Register(&collector{a}); err != nil {
+			ln.Close()
+			cancel()
+			return nil, fmt.Errorf("pager: register metrics: %w", err)
+		}
+	}
+	return a, nil
+}
+
+// Addr returns the socket path.
+func (a *Agent) Addr() string { return a.opts.Socket }
+
+// Run accepts clients until ctx ends or Close is called; it returns nil
+// after Close and ctx.Err() when ctx ended (Close must still be called).
+func (a *Agent) Run(ctx context.Context) error {
+	stop := context.AfterFunc(ctx, func() { a.ln.Close() })
+	defer stop()
+	for {
+		conn, err := a.ln.AcceptUnix()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				return nil
+			}
+			a.log.Warn("accept failed", zap.Error(err))
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		a.mu.Lock()
+		if a.closed {
+			a.mu.Unlock()
+			conn.Close()
+			return nil
+		}
+		a.wg.Add(1)
+		a.mu.Unlock()
+		go func() {
+			defer a.wg.Done()
+			a.handshake(conn)
+		}()
+	}
+}
+
+// Close stops accepting, stops every client loop and waits for all of the
+// agent's goroutines. Clients keep their uffd: their next fault on a page
+// the agent evicted blocks until an agent takes the uffd back, never reads
+// zeros. Slabs are not freed here (the Store's owner ends the lease). Safe
+// to call twice.
+func (a *Agent) Close() error {
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return nil
+	}
+	a.closed = true
+	clients := make([]*client, 0, len(a.clients))
+	for _, c := range a.clients { // forked children waiting for HELLO too
+		clients = append(clients, c)
+	}
+	a.cond.Broadcast()
+	a.mu.Unlock()
+	a.ln.Close()
+	a.cancel()
+	for _, c := range clients {
+		c.shutdown()
+	}
+	a.wg.Wait()
+	return nil
+}
+
+// handshake reads a client's HELLO, checks its credentials and starts (or
+// attaches it to) its loop.
+func (a *Agent) handshake(conn *net.UnixConn) {
+	ok := false
+	defer func() {
+		if !ok {
+			conn.Close()
+		}
+	}()
+	conn.SetDeadline(time.Now().Add(a.opts.HandshakeTimeout))
+	cred, err := userfaultfd.PeerCred(conn)
+	if err != nil {
+		a.log.Warn("peer credentials unavailable", zap.Error(err))
+		return
+	}
+	buf := make([]byte, proto.MaxPacket)
+	oob := make([]byte, proto.OOBSize)
+	var fds [proto.MaxFDs]int
+	pkt, nfds, err := proto.Recv(conn, buf, oob, fds[:])
+	if err != nil {
+		a.log.Warn("no HELLO from client", zap.Int32("pid", cred.Pid), zap.Error(err))
+		return
+	}
+	closeFDs := func() {
+		for _, fd := range fds[:nfds] {
+			unix.Close(fd)
+		}
+		nfds = 0
+	}
+	refuse := func(h proto.Header, errno unix.Errno, why string) {
+		closeFDs()
+		a.log.Warn("client refused", zap.Int32("pid", cred.Pid), zap.Uint32("uid", cred.Uid), zap.String("why", why))
+		proto.Send(conn, buf, 1, &proto.Error{Seq: h.Seq, Errno: errno, Text: why})
+	}
+	var hello proto.Hello
+	h, err := proto.Expect(pkt, &hello)
+	switch {
+	case err != nil:
+		refuse(h, unix.EPROTO, err.Error())
+		return
+	case !a.allowed(cred.Uid):
+		refuse(h, unix.EACCES, fmt.Sprintf("uid %d may not use this agent", cred.Uid))
+		return
+	case hello.PID != cred.Pid:
+		refuse(h, unix.EPERM, fmt.Sprintf("HELLO says pid %d, the socket says %d", hello.PID, cred.Pid))
+		return
+	case hello.PageSize != pageSize:
+		refuse(h, unix.EINVAL, fmt.Sprintf("page size %d is not supported", hello.PageSize))
+		return
+	}
+	welcome := proto.Welcome{MinAlloc: a.opts.MinAlloc, StagingSlots: uint32(a.opts.StagingSlots)}
+	var c *client
+	if hello.ForkSerial == 0 {
+		if hello.Flags&proto.HelloUFFD == 0 || nfds != 1 {
+			refuse(h, unix.EINVAL, "a top-level HELLO carries exactly its uffd")
+			return
+		}
+		u, err := userfaultfd.FromFD(fds[0], hello.Features)
+		if err != nil {
+			refuse(h, unix.EBADF, "not a userfaultfd: "+err.Error())
+			return
+		}
+		nfds = 0 // owned by u
+		c, err = a.newClient(u, hello.Features)
+		if err != nil {
+			u.Close()
+			refuse(h, unix.ENOMEM, err.Error())
+			return
+		}
+		welcome.ClientID = c.id
+		if err := proto.Send(conn, buf, 1, &welcome, c.stagingFD); err != nil {
+			a.log.Warn("sending WELCOME failed", zap.Error(err))
+			c.teardownUnstarted()
+			return
+		}
+		if !a.start(c) {
+			return
+		}
+	} else {
+		closeFDs()
+		c = a.takeForkChild(int(hello.PPID), hello.ForkSerial, time.Now().Add(a.opts.HandshakeTimeout))
+		if c == nil {
+			refuse(h, unix.ENOENT, fmt.Sprintf("no fork %d of pid %d known", hello.ForkSerial, hello.PPID))
+			return
+		}
+		welcome.ClientID = c.id
+		welcome.Flags = proto.WelcomeUFFD
+		if err := proto.Send(conn, buf, 1, &welcome, c.stagingFD, c.uffd.Fd()); err != nil {
+			a.log.Warn("sending WELCOME failed", zap.Error(err))
+			return
+		}
+	}
+	conn.SetDeadline(time.Time{})
+	ok = true
+	a.log.Info("client connected", zap.Uint64("client", c.id), zap.Int32("pid", cred.Pid), zap.Uint64("fork", hello.ForkSerial))
+	c.attach(conn, int(cred.Pid))
+}
+
+func (a *Agent) allowed(uid uint32) bool {
+	return uid == 0 || uid == uint32(os.Geteuid()) || slices.Contains(a.opts.AllowUIDs, uid)
+}
+
+// start registers c and runs its loop; false if the agent is closed.
+func (a *Agent) start(c *client) bool {
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		c.teardownUnstarted()
+		return false
+	}
+	a.clients[c.id] = c
+	a.nclients.Add(1)
+	a.wg.Add(1)
+	a.mu.Unlock()
+	go func() {
+		defer a.wg.Done()
+		c.RoutineServe()
+	}()
+	return true
+}
+
+// addForkChild starts serving a forked child and keeps it for its HELLO.
+func (a *Agent) addForkChild(ppid int, serial uint64, c *client) {
+	if !a.start(c) {
+		return
+	}
+	a.mu.Lock()
+	a.forked[forkKey{ppid, serial}] = c
+	a.cond.Broadcast()
+	a.mu.Unlock()
+}
+
+// takeForkChild returns the child of fork serial of ppid, waiting until
+// deadline for the parent's loop to have handled the FORK.
+func (a *Agent) takeForkChild(ppid int, serial uint64, deadline time.Time) *client {
+	k := forkKey{ppid, serial}
+	t := time.AfterFunc(time.Until(deadline), func() {
+		a.mu.Lock()
+		a.cond.Broadcast()
+		a.mu.Unlock()
+	})
+	defer t.Stop()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for {
+		if c := a.forked[k]; c != nil {
+			delete(a.forked, k)
+			return c
+		}
+		if a.closed || time.Now().After(deadline) {
+			return nil
+		}
+		a.cond.Wait()
+	}
+}
+
+// dropClient forgets c (its loop has ended).
+func (a *Agent) dropClient(c *client) {
+	a.mu.Lock()
+	if a.clients[c.id] == c {
+		delete(a.clients, c.id)
+		a.nclients.Add(-1)
+	}
+	for k, fc := range a.forked {
+		if fc == c {
+			delete(a.forked, k)
+		}
+	}
+	a.mu.Unlock()
+}
+
+// budgetPages returns each client's budget of resident pages: LocalMem,
+// or an even share of NodeMem if smaller.
+func (a *Agent) budgetPages() int {
+	b := a.opts.LocalMem
+	if a.opts.NodeMem > 0 {
+		b = min(b, a.opts.NodeMem/uint64(max(a.nclients.Load(), 1)))
+	}
+	return int(b / pageSize)
+}
+
+// Stats returns a snapshot of every client, ordered by id.
+func (a *Agent) Stats() []ClientStats {
+	a.mu.Lock()
+	cs := make([]*client, 0, len(a.clients))
+	for _, c := range a.clients {
+		cs = append(cs, c)
+	}
+	a.mu.Unlock()
+	budget := uint64(a.budgetPages()) * pageSize
+	out := make([]ClientStats, 0, len(cs))
+	for _, c := range cs {
+		s := c.st.snapshot(pageSize)
+		s.ID, s.PID, s.BudgetBytes = c.id, int(c.pidAtm.Load()), budget
+		out = append(out, s)
+	}
+	slices.SortFunc(out, func(x, y ClientStats) int { return int(x.ID) - int(y.ID) })
+	return out
+}
+
+// teardownUnstarted releases a client whose loop never ran.
+func (c *client) teardownUnstarted() {
+	c.io.Close()
+	c.uffd.Close()
+	unix.Munmap(c.staging)
+	unix.Close(c.stagingFD)
+	unix.Close(c.wakefd)
+	close(c.done)
+}

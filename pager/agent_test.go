@@ -1,0 +1,353 @@
+package pager_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc64"
+	"io"
+	"math/rand"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime/debug"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"go.uber.org/zap/zaptest"
+
+	"rmem/client"
+	"rmem/pager"
+	"rmem/pager/pagertest"
+	"rmem/userfaultfd"
+)
+
+const (
+	childEnv = "RMEM_PAGER_TEST_CHILD"
+	sockEnv  = "RMEM_PAGER_TEST_SOCK"
+)
+
+func TestMain(m *testing.M) {
+	if spec := os.Getenv(childEnv); spec != "" {
+		if err := childMain(spec); err != nil {
+			fmt.Fprintln(os.Stderr, "child:", err)
+			os.Exit(3)
+		}
+		os.Exit(0)
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// childSpec is what the child process does with its mapped memory.
+type childSpec struct {
+	Bytes    int    // mapped
+	Passes   int    // rewrite passes (each a new generation)
+	Order    string // read-back order: "reverse", "random", "stride"
+	Hold     bool   // after checking, print DONE and wait for stdin to close
+	ReadOnly bool   // lost test: write, report WRITTEN, wait, then read
+}
+
+type childResult struct {
+	Pages    int
+	Checksum uint64
+	Bad      int
+	First    string
+}
+
+func word(page, gen, w uint64) uint64 {
+	x := page*0x9E3779B97F4A7C15 ^ gen*0xC2B2AE3D27D4EB4F ^ w
+	x ^= x >> 29
+	return x*0xBF58476D1CE4E5B9 + 1
+}
+
+func childMain(specJSON string) error {
+	var spec childSpec
+	if err := json.Unmarshal([]byte(specJSON), &spec); err != nil {
+		return err
+	}
+	c, err := client.Connect(os.Getenv(sockEnv))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	mem, err := c.Map(spec.Bytes)
+	if err != nil {
+		return err
+	}
+	pages := spec.Bytes / 4096
+	gen := uint64(0)
+	for pass := 0; pass < max(spec.Passes, 1); pass++ {
+		gen++
+		for p := 0; p < pages; p++ {
+			pg := mem[p*4096 : (p+1)*4096]
+			for w := 0; w < 512; w += 64 { // a few words per page: writes every page
+				binary.LittleEndian.PutUint64(pg[w*8:], word(uint64(p), gen, uint64(w)))
+			}
+		}
+	}
+	if spec.ReadOnly {
+		fmt.Println("WRITTEN")
+		bufio.NewReader(os.Stdin).ReadString('\n')
+	}
+	order := make([]int, pages)
+	for i := range order {
+		order[i] = i
+	}
+	switch spec.Order {
+	case "reverse":
+		for i := range order {
+			order[i] = pages - 1 - i
+		}
+	case "random":
+		rand.New(rand.NewSource(1)).Shuffle(pages, func(i, j int) { order[i], order[j] = order[j], order[i] })
+	case "stride":
+		k := 0
+		for s := 0; s < 7; s++ {
+			for p := s; p < pages; p += 7 {
+				order[k] = p
+				k++
+			}
+		}
+	}
+	// A lost page raises SIGBUS; Go turns it into a panic we report.
+	debug.SetPanicOnFault(true)
+	defer func() {
+		if e := recover(); e != nil {
+			fmt.Printf("FAULT %v\n", e)
+			if spec.Hold {
+				bufio.NewReader(os.Stdin).ReadString('\n')
+			}
+			os.Exit(7)
+		}
+	}()
+	res := childResult{Pages: pages}
+	tab := crc64.MakeTable(crc64.ECMA)
+	var b [8]byte
+	for _, p := range order {
+		pg := mem[p*4096 : (p+1)*4096]
+		for w := 0; w < 512; w++ {
+			got := binary.LittleEndian.Uint64(pg[w*8:])
+			want := uint64(0)
+			if w%64 == 0 {
+				want = word(uint64(p), gen, uint64(w))
+			}
+			if got != want {
+				if res.Bad == 0 {
+					res.First = fmt.Sprintf("page %d word %d: %#x, want %#x", p, w, got, want)
+				}
+				res.Bad++
+			}
+			binary.LittleEndian.PutUint64(b[:], got)
+			res.Checksum = crc64.Update(res.Checksum, tab, b[:])
+		}
+	}
+	out, _ := json.Marshal(res)
+	fmt.Println(string(out))
+	if spec.Hold {
+		fmt.Println("DONE")
+		bufio.NewReader(os.Stdin).ReadString('\n')
+	}
+	return c.Unmap(mem)
+}
+
+func skipUnlessUFFD(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the agent serves another process's userfaultfd")
+	}
+	avail, _, err := userfaultfd.Probe()
+	if err != nil {
+		t.Skipf("no userfaultfd: %v", err)
+	}
+	want := userfaultfd.FeaturePagefaultFlagWP | userfaultfd.FeatureEventRemove | userfaultfd.FeatureEventUnmap
+	if !avail.Has(want) {
+		t.Skipf("kernel lacks userfaultfd features %v", want&^avail)
+	}
+}
+
+func startAgent(t *testing.T, store pager.Store, localMem uint64) *pager.Agent {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	a, err := pager.New(pager.Options{Socket: sock, Store: store, LocalMem: localMem, Log: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- a.Run(context.Background()) }()
+	t.Cleanup(func() {
+		a.Close()
+		if err := <-errc; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return a
+}
+
+// child is a running child process.
+type child struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	out   *bufio.Reader
+}
+
+func startChild(t *testing.T, a *pager.Agent, spec childSpec) *child {
+	t.Helper()
+	js, _ := json.Marshal(spec)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+string(js), sockEnv+"="+a.Addr())
+	cmd.Stderr = os.Stderr
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c := &child{cmd: cmd, stdin: stdin, out: bufio.NewReader(stdout)}
+	t.Cleanup(func() {
+		c.stdin.Close()
+		if c.cmd.ProcessState == nil {
+			c.cmd.Process.Kill()
+			c.cmd.Wait()
+		}
+	})
+	return c
+}
+
+func (c *child) line(t *testing.T) string {
+	t.Helper()
+	s, err := c.out.ReadString('\n')
+	if err != nil {
+		t.Fatalf("child output: %v (%q)", err, s)
+	}
+	return strings.TrimSpace(s)
+}
+
+func (c *child) result(t *testing.T) childResult {
+	t.Helper()
+	var r childResult
+	if err := json.Unmarshal([]byte(c.line(t)), &r); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func (c *child) wait(t *testing.T) error {
+	t.Helper()
+	c.stdin.Close()
+	return c.cmd.Wait()
+}
+
+func statsOf(t *testing.T, a *pager.Agent) pager.ClientStats {
+	t.Helper()
+	st := a.Stats()
+	if len(st) != 1 {
+		t.Fatalf("%d clients, want 1: %+v", len(st), st)
+	}
+	return st[0]
+}
+
+// A child maps 4× its budget, writes every page, reads back in another
+// order: every word is right, and the agent evicted and fetched.
+func TestOverBudget(t *testing.T) {
+	skipUnlessUFFD(t)
+	for _, order := range []string{"reverse", "random", "stride"} {
+		t.Run(order, func(t *testing.T) {
+			const budget = 1 << 20
+			store := pagertest.New(t, pagertest.Options{Servers: 2, Replicas: 1, SlabSize: 1 << 20, SlabsPerServer: 16})
+			a := startAgent(t, store, budget)
+			c := startChild(t, a, childSpec{Bytes: 4 * budget, Passes: 2, Order: order, Hold: true})
+			res := c.result(t)
+			if res.Bad != 0 || res.Pages != 1024 {
+				t.Fatalf("%d bad words of %d pages; first: %s", res.Bad, res.Pages, res.First)
+			}
+			if c.line(t) != "DONE" {
+				t.Fatal("child did not finish")
+			}
+			st := statsOf(t, a)
+			t.Logf("stats: %+v", st)
+			if st.Evictions == 0 || st.RemoteReads == 0 || st.WriteBacks == 0 {
+				t.Fatalf("no paging: %+v", st)
+			}
+			if st.ResidentBytes > budget {
+				t.Fatalf("resident %d bytes over the %d budget", st.ResidentBytes, budget)
+			}
+			if err := c.wait(t); err != nil {
+				t.Fatal(err)
+			}
+			waitNoClients(t, a)
+			if _, held := store.Allocated(); held != 0 {
+				t.Fatalf("%d slabs still held after the client exited", held)
+			}
+		})
+	}
+}
+
+func waitNoClients(t *testing.T, a *pager.Agent) {
+	t.Helper()
+	for i := 0; len(a.Stats()) != 0; i++ {
+		if i > 500 {
+			t.Fatalf("client not dropped after exit: %+v", a.Stats())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// With every replica of evicted pages gone the child dies of SIGBUS: it
+// never reads zeros.
+func TestLostReplicasSIGBUS(t *testing.T) {
+	skipUnlessUFFD(t)
+	const budget = 256 << 10
+	store := pagertest.New(t, pagertest.Options{Servers: 2, Replicas: 2, SlabSize: 1 << 20, SlabsPerServer: 4})
+	a := startAgent(t, store, budget)
+	c := startChild(t, a, childSpec{Bytes: 4 * budget, Order: "reverse", ReadOnly: true, Hold: true})
+	if l := c.line(t); l != "WRITTEN" {
+		t.Fatalf("child said %q", l)
+	}
+	if st := statsOf(t, a); st.Evictions == 0 {
+		t.Fatalf("nothing evicted: %+v", st)
+	}
+	store.Lose(0)
+	store.Lose(1)
+	io.WriteString(c.stdin, "go\n")
+	if l := c.line(t); !strings.HasPrefix(l, "FAULT") {
+		t.Fatalf("child read every page after its replicas were lost: %s", l)
+	}
+	if st := statsOf(t, a); st.Lost == 0 {
+		t.Fatalf("no lost page counted: %+v", st)
+	}
+	err := c.wait(t)
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 7 {
+		t.Fatalf("child ended with %v, want exit status 7 (it faulted)", err)
+	}
+}
+
+// R=2 over tcp: a replica's server dies mid-run; every word still reads
+// back right, served by the other replica.
+func TestFailoverMidRun(t *testing.T) {
+	skipUnlessUFFD(t)
+	const budget = 512 << 10
+	store := pagertest.New(t, pagertest.Options{Servers: 3, Replicas: 2, SlabSize: 1 << 20, SlabsPerServer: 8, Network: "tcp"})
+	a := startAgent(t, store, budget)
+	c := startChild(t, a, childSpec{Bytes: 4 * budget, Order: "random", ReadOnly: true, Hold: true})
+	if l := c.line(t); l != "WRITTEN" {
+		t.Fatalf("child said %q", l)
+	}
+	store.Kill(0)
+	io.WriteString(c.stdin, "go\n")
+	res := c.result(t)
+	if res.Bad != 0 {
+		t.Fatalf("%d bad words; first: %s", res.Bad, res.First)
+	}
+	c.line(t)
+	if st := store.Table().Stats(); st.Failovers == 0 && st.Stale == 0 {
+		t.Logf("no failover needed (no slab on server 0?): %+v", st)
+	}
+	if err := c.wait(t); err != nil {
+		t.Fatal(err)
+	}
+}

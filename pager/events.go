@@ -1,0 +1,257 @@
+package pager
+
+import (
+	"context"
+	"errors"
+	"io"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"rmem/pager/proto"
+	"rmem/userfaultfd"
+)
+
+// event handles a non-fault uffd message.
+func (c *client) event(ev userfaultfd.Event) {
+	switch ev.Kind {
+	case userfaultfd.EventFork:
+		c.fork(ev.FD)
+	case userfaultfd.EventRemove:
+		c.dropRange(ev.Range, false)
+	case userfaultfd.EventUnmap:
+		c.dropRange(ev.Range, true)
+	case userfaultfd.EventRemap:
+		c.remap(ev.From, ev.To, ev.Len)
+	}
+}
+
+// dropRange forgets the pages of rng: after MADV_DONTNEED (REMOVE) they
+// read as zeros, after munmap (UNMAP, REGION_DEL) they are gone. Pages
+// being evicted are skipped on REMOVE: that is the client's own
+// MADV_DONTNEED of the eviction. A region unmapped entirely is dropped
+// and its slabs freed.
+func (c *client) dropRange(rng userfaultfd.Range, unmap bool) {
+	end, ok := rng.End()
+	if !ok {
+		return
+	}
+	for i := 0; i < len(c.regs.list); i++ {
+		r := c.regs.list[i]
+		if end <= r.start || r.end() <= rng.Start {
+			continue
+		}
+		if unmap && rng.Start <= r.start && r.end() <= end {
+			c.removeRegion(r)
+			i--
+			continue
+		}
+		from := int(uint64(max(rng.Start, r.start)-r.start) / pageSize)
+		to := int((uint64(min(end, r.end())-r.start) + pageSize - 1) / pageSize)
+		for idx := from; idx < to; idx++ {
+			p := r.pages[idx]
+			if p.Has(FlagBusy) && !unmap {
+				continue
+			}
+			c.dropPage(r, idx)
+		}
+	}
+}
+
+// dropPage makes page idx Absent, releasing its staging slot.
+func (c *client) dropPage(r *region, idx int) {
+	p := r.pages[idx]
+	if p.State() == Staged {
+		c.staged--
+		if s := c.slotOf(r, idx); s >= 0 {
+			c.freeSlot(s)
+		}
+	}
+	keep := p & FlagBusy // the eviction in flight still owns its slot
+	c.set(r, idx, Page(0).With(Absent)|keep)
+}
+
+func (c *client) removeRegion(r *region) {
+	for idx := range r.pages {
+		c.dropPage(r, idx)
+		r.pages[idx] = 0
+	}
+	r.gone = true
+	if r.pf != nil {
+		s := r.pf.Stats()
+		c.pfBase.Hits += s.Hits
+		c.pfBase.Wasted += s.Wasted
+	}
+	c.regs.remove(r)
+	c.clock = Clock{}
+	c.st.regions.Add(-1)
+	if ids := appendSlabs(nil, r); len(ids) > 0 {
+		ctx, cancel := context.WithTimeout(c.a.ctx, 10*time.Second)
+		if err := c.a.opts.Store.Free(ctx, ids); err != nil {
+			c.log.Warn("freeing a region's slabs failed", zap.Error(err))
+		}
+		cancel()
+	}
+}
+
+// remap follows a region moved whole by mremap. Moves of part of a region
+// are not followed: the pages left behind are dropped (the shim announces
+// such moves with REGION_DEL and REGION_ADD instead).
+func (c *client) remap(from, to userfaultfd.Addr, length uint64) {
+	for _, r := range c.regs.list {
+		if r.start == from && uint64(len(r.pages))*pageSize == length {
+			r.start = to
+			c.regs.sort()
+			return
+		}
+	}
+	c.log.Warn("mremap of part of a region; its pages are dropped",
+		zap.Stringer("from", from), zap.Stringer("to", to), zap.Uint64("len", length))
+	c.dropRange(userfaultfd.Range{Start: from, Len: length}, true)
+}
+
+// dropConn forgets the client's socket: faults are still served, eviction
+// stops.
+func (c *client) dropConn() {
+	if c.conn != nil {
+		c.conn.Close()
+	}
+	c.conn, c.sockfd = nil, -1
+}
+
+// readable reports whether fd has input now.
+func readable(fd int) bool {
+	p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	n, err := unix.Poll(p, 0)
+	return err == nil && n > 0
+}
+
+// serveSocket handles one packet from the client. It reports false when
+// the client is gone (socket closed and no pidfd to tell).
+func (c *client) serveSocket() bool {
+	var fds [proto.MaxFDs]int
+	pkt, nfds, err := proto.Recv(c.conn, c.recvBuf, c.oob, fds[:])
+	for _, fd := range fds[:nfds] {
+		unix.Close(fd) // the client sends none after HELLO
+	}
+	if err != nil {
+		if !errors.Is(err, io.EOF) {
+			c.log.Warn("client socket failed", zap.Error(err))
+		}
+		c.dropConn()
+		return c.pidfd >= 0
+	}
+	h, body, err := proto.Parse(pkt)
+	if err == nil {
+		err = c.message(h, body)
+	}
+	if err != nil {
+		c.log.Warn("bad message from client; closing its connection", zap.Error(err))
+		c.dropConn()
+		return c.pidfd >= 0
+	}
+	return true
+}
+
+// drainSocket handles every packet already queued on the socket.
+func (c *client) drainSocket() {
+	for c.conn != nil && c.sockfd >= 0 && readable(c.sockfd) {
+		if !c.serveSocket() {
+			return
+		}
+	}
+}
+
+func (c *client) message(h proto.Header, body []byte) error {
+	switch h.Type {
+	case proto.TypeRegionAdd:
+		var m proto.RegionAdd
+		if err := m.Decode(body); err != nil {
+			return err
+		}
+		return c.reply(h.Seq, c.addRegion(&m))
+	case proto.TypeRegionDel:
+		var m proto.RegionDel
+		if err := m.Decode(body); err != nil {
+			return err
+		}
+		return c.reply(h.Seq, c.delRegion(&m))
+	case proto.TypeEvicted:
+		var m proto.Evicted
+		if err := m.Decode(body); err != nil {
+			return err
+		}
+		c.evicted(&m)
+		return nil
+	}
+	return errors.Join(proto.ErrType, errors.New(h.Type.String()+" from a client"))
+}
+
+// reply answers request seq with ACK, or ERROR carrying err's errno.
+func (c *client) reply(seq uint32, err error) error {
+	c.seq++
+	if err == nil {
+		return proto.Send(c.conn, c.sendBuf, c.seq, &proto.Ack{Seq: seq})
+	}
+	var errno unix.Errno
+	if !errors.As(err, &errno) {
+		errno = unix.EINVAL
+	}
+	return proto.Send(c.conn, c.sendBuf, c.seq, &proto.Error{Seq: seq, Errno: errno, Text: err.Error()})
+}
+
+// Region limits.
+const maxRegions = 1 << 16
+
+func (c *client) addRegion(m *proto.RegionAdd) error {
+	rng := m.Range
+	end, ok := rng.End()
+	switch {
+	case !ok || rng.Len == 0 || !rng.PageAligned(pageSize):
+		return errWithErrno(unix.EINVAL, "region is empty, unaligned or wraps")
+	case c.regs.byID(m.ID) != nil:
+		return errWithErrno(unix.EEXIST, "region id in use")
+	case c.regs.overlaps(rng.Start, end):
+		return errWithErrno(unix.EEXIST, "region overlaps another")
+	case len(c.regs.list) >= maxRegions:
+		return errWithErrno(unix.ENOSPC, "too many regions")
+	}
+	n := int(rng.Len / pageSize)
+	spp := int(c.a.pagesPerSlab)
+	r := &region{
+		id: m.ID, start: rng.Start, kind: m.Kind,
+		pages: make(PageTable, n),
+		slabs: make([]SlabID, (n+spp-1)/spp),
+	}
+	if c.a.opts.MaxPrefetch > 0 {
+		r.pf = NewPrefetcher(32, c.a.opts.MaxPrefetch)
+	}
+	c.regs.add(r)
+	c.clock = Clock{}
+	c.st.regions.Add(1)
+	return nil
+}
+
+func (c *client) delRegion(m *proto.RegionDel) error {
+	r := c.regs.byID(m.ID)
+	if r == nil {
+		return errWithErrno(unix.ENOENT, "no such region")
+	}
+	end, ok := m.Range.End()
+	if !ok || m.Range.Start < r.start || end > r.end() || !m.Range.PageAligned(pageSize) {
+		return errWithErrno(unix.EINVAL, "range is not page aligned inside the region")
+	}
+	c.dropRange(m.Range, true)
+	return nil
+}
+
+type errnoError struct {
+	errno unix.Errno
+	text  string
+}
+
+func (e *errnoError) Error() string { return "pager: " + e.text }
+func (e *errnoError) Unwrap() error { return e.errno }
+
+func errWithErrno(errno unix.Errno, text string) error { return &errnoError{errno, text} }

@@ -1,0 +1,647 @@
+package pager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"rmem/pager/proto"
+	"rmem/userfaultfd"
+)
+
+// pageSize is the only page size the pager handles (base pages).
+const pageSize = 4096
+
+const (
+	maxMsgs     = 64   // uffd messages read per wake-up
+	maxBatch    = 128  // READs per batch (faults + prefetches)
+	maxHeld     = 4096 // faults waiting for an eviction or a retry
+	retryPeriod = 5 * time.Millisecond
+)
+
+type pageRef struct {
+	r   *region
+	idx int
+}
+
+type readRef struct {
+	pageRef
+	prefetch bool
+}
+
+type heldFault struct {
+	pageRef
+	flags userfaultfd.FaultFlags
+	since time.Time
+}
+
+// client is one client process and the loop that serves it. Everything
+// but the fields under mu and the counters is owned by the loop goroutine.
+type client struct {
+	a    *Agent
+	id   uint64
+	log  *zap.Logger
+	uffd *userfaultfd.UFFD
+	io   PageIO
+	st   counters
+
+	mu      sync.Mutex
+	pid     int
+	pending *net.UnixConn // a connection handed over by the agent (forked child)
+	stop    bool
+
+	wakefd int
+	done   chan struct{}
+	pidAtm atomic.Int64
+
+	// Loop state.
+	conn       *net.UnixConn
+	sockfd     int
+	pidfd      int
+	regs       regions
+	clock      Clock
+	msgs       []userfaultfd.Msg
+	pfds       []unix.PollFd
+	reads      []PageOp
+	readAt     []readRef
+	bufs       []byte
+	pfOut      []int64
+	held       []heldFault
+	retry      []heldFault
+	retrySpare []heldFault
+	victims    []Victim
+	zeros      []byte
+	forks      uint64
+	features   userfaultfd.Feature
+	closed     bool
+
+	// Staging and eviction.
+	stagingFD int
+	staging   []byte
+	slotFree  []uint32
+	slotOwner []pageRef
+	evict     proto.Evict
+	evictRefs [proto.MaxEvictBatch]pageRef
+	evictBusy bool
+	evictSeq  uint64
+	staged    int // pages in Staged state waiting for a write-back retry
+	wb        []PageOp
+	wbRef     []int
+	sendBuf   []byte
+	recvBuf   []byte
+	oob       []byte
+	seq       uint32
+	pfBase    PrefetchStats // of removed regions
+}
+
+// newClient prepares a client for uffd (owned from now on); the loop
+// starts with run.
+func (a *Agent) newClient(u *userfaultfd.UFFD, features userfaultfd.Feature) (*client, error) {
+	io, err := a.opts.Store.OpenIO()
+	if err != nil {
+		return nil, fmt.Errorf("pager: open page I/O: %w", err)
+	}
+	wfd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		io.Close()
+		return nil, fmt.Errorf("pager: eventfd: %w", err)
+	}
+	slots := a.opts.StagingSlots
+	sfd, err := unix.MemfdCreate("rmem-staging", unix.MFD_CLOEXEC)
+	if err == nil {
+		err = unix.Ftruncate(sfd, int64(slots)*pageSize)
+	}
+	var staging []byte
+	if err == nil {
+		staging, err = unix.Mmap(sfd, 0, slots*pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	}
+	if err != nil {
+		io.Close()
+		unix.Close(wfd)
+		if sfd > 0 {
+			unix.Close(sfd)
+		}
+		return nil, fmt.Errorf("pager: staging memfd: %w", err)
+	}
+	c := &client{
+		a: a, id: a.nextID.Add(1), uffd: u, io: io, features: features,
+		wakefd: wfd, done: make(chan struct{}), sockfd: -1, pidfd: -1,
+		msgs:  make([]userfaultfd.Msg, maxMsgs),
+		pfds:  make([]unix.PollFd, 0, 4),
+		reads: make([]PageOp, 0, maxBatch), readAt: make([]readRef, 0, maxBatch),
+		bufs:  make([]byte, maxBatch*pageSize),
+		pfOut: make([]int64, a.opts.MaxPrefetch),
+		held:  make([]heldFault, 0, maxHeld), retry: make([]heldFault, 0, maxHeld),
+		retrySpare: make([]heldFault, 0, maxHeld),
+		victims:    make([]Victim, proto.MaxEvictBatch),
+		zeros:      make([]byte, pageSize),
+		stagingFD:  sfd, staging: staging,
+		slotFree: make([]uint32, 0, slots), slotOwner: make([]pageRef, slots),
+		wb: make([]PageOp, 0, proto.MaxEvictBatch), wbRef: make([]int, 0, proto.MaxEvictBatch),
+		sendBuf: make([]byte, 0, proto.MaxPacket), recvBuf: make([]byte, proto.MaxPacket),
+		oob: make([]byte, proto.OOBSize),
+	}
+	for s := slots - 1; s >= 0; s-- {
+		c.slotFree = append(c.slotFree, uint32(s))
+	}
+	c.log = a.log.With(zap.Uint64("client", c.id))
+	return c, nil
+}
+
+// attach hands the client its connection and pid (from the agent's
+// goroutine) and wakes the loop.
+func (c *client) attach(conn *net.UnixConn, pid int) {
+	c.mu.Lock()
+	c.pending, c.pid = conn, pid
+	c.mu.Unlock()
+	c.pidAtm.Store(int64(pid))
+	c.wake()
+}
+
+// shutdown asks the loop to stop and waits for it.
+func (c *client) shutdown() {
+	c.mu.Lock()
+	c.stop = true
+	c.mu.Unlock()
+	c.wake()
+	<-c.done
+}
+
+func (c *client) wake() {
+	var one = [8]byte{1}
+	unix.Write(c.wakefd, one[:])
+}
+
+// RoutineServe is the client's loop: one goroutine on a locked OS thread
+// that owns every piece of the client's state.
+func (c *client) RoutineServe() {
+	defer close(c.done)
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	defer c.teardown()
+	for {
+		if c.control() {
+			return
+		}
+		c.pfds = c.pfds[:0]
+		c.pfds = append(c.pfds, unix.PollFd{Fd: int32(c.uffd.Fd()), Events: unix.POLLIN})
+		c.pfds = append(c.pfds, unix.PollFd{Fd: int32(c.wakefd), Events: unix.POLLIN})
+		if c.sockfd >= 0 {
+			c.pfds = append(c.pfds, unix.PollFd{Fd: int32(c.sockfd), Events: unix.POLLIN})
+		}
+		if c.pidfd >= 0 {
+			c.pfds = append(c.pfds, unix.PollFd{Fd: int32(c.pidfd), Events: unix.POLLIN})
+		}
+		timeout := -1
+		if len(c.retry) > 0 || c.staged > 0 {
+			timeout = int(retryPeriod / time.Millisecond)
+		}
+		_, err := unix.Poll(c.pfds, timeout)
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			c.log.Error("poll failed; dropping client", zap.Error(err))
+			return
+		}
+		for _, p := range c.pfds {
+			switch {
+			case p.Revents == 0:
+			case int(p.Fd) == c.wakefd:
+				var b [8]byte
+				unix.Read(c.wakefd, b[:])
+			case int(p.Fd) == c.uffd.Fd():
+				if p.Revents&(unix.POLLERR|unix.POLLHUP) != 0 {
+					c.log.Info("uffd hung up: client gone")
+					return
+				}
+				c.serveUFFD()
+			case int(p.Fd) == c.sockfd:
+				if !c.serveSocket() {
+					c.log.Info("client closed its connection")
+					return
+				}
+			case int(p.Fd) == c.pidfd:
+				c.log.Info("client exited", zap.Int("pid", int(c.pidAtm.Load())))
+				return
+			}
+		}
+		c.retryHeld()
+		c.retryWriteBack()
+		c.maybeEvict()
+	}
+}
+
+// control applies what the agent asked for; it reports whether to stop.
+func (c *client) control() bool {
+	c.mu.Lock()
+	stop, conn, pid := c.stop, c.pending, c.pid
+	c.pending = nil
+	c.mu.Unlock()
+	if stop {
+		return true
+	}
+	if conn != nil {
+		c.setConn(conn, pid)
+	}
+	return false
+}
+
+func (c *client) setConn(conn *net.UnixConn, pid int) {
+	if c.conn != nil {
+		c.conn.Close()
+	}
+	c.conn, c.sockfd = conn, -1
+	if rc, err := conn.SyscallConn(); err == nil {
+		rc.Control(func(fd uintptr) { c.sockfd = int(fd) })
+	}
+	if c.pidfd < 0 && pid > 0 {
+		fd, err := unix.PidfdOpen(pid, 0)
+		if err != nil {
+			c.log.Warn("pidfd_open failed: exit is seen only through the socket", zap.Int("pid", pid), zap.Error(err))
+		} else {
+			c.pidfd = fd
+		}
+	}
+}
+
+// teardown frees everything the client holds. The client's evicted pages
+// go back to the pool only if the process is gone (pidfd fired or the
+// uffd hung up): on agent shutdown they stay, and the client, which holds
+// its own reference to the uffd, blocks on its next fault instead of
+// reading zeros.
+func (c *client) teardown() {
+	c.mu.Lock()
+	agentStop := c.stop
+	c.mu.Unlock()
+	if !agentStop {
+		var ids []SlabID
+		for _, r := range c.regs.list {
+			ids = appendSlabs(ids, r)
+		}
+		if len(ids) > 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			if err := c.a.opts.Store.Free(ctx, ids); err != nil {
+				c.log.Warn("freeing slabs failed", zap.Error(err))
+			}
+			cancel()
+		}
+	}
+	c.io.Close()
+	c.uffd.Close()
+	if c.conn != nil {
+		c.conn.Close()
+	}
+	c.mu.Lock()
+	if c.pending != nil {
+		c.pending.Close()
+		c.pending = nil
+	}
+	c.mu.Unlock()
+	if c.pidfd >= 0 {
+		unix.Close(c.pidfd)
+	}
+	unix.Munmap(c.staging)
+	unix.Close(c.stagingFD)
+	unix.Close(c.wakefd)
+	c.closed = true
+	c.a.dropClient(c)
+}
+
+func appendSlabs(ids []SlabID, r *region) []SlabID {
+	for _, s := range r.slabs {
+		if s != 0 {
+			ids = append(ids, s)
+		}
+	}
+	return ids
+}
+
+// set changes a page's entry, keeping the resident and remote counts.
+func (c *client) set(r *region, idx int, np Page) {
+	op := r.pages[idx]
+	if op.State() != np.State() {
+		c.count(op.State(), -1)
+		c.count(np.State(), +1)
+	}
+	r.pages[idx] = np
+}
+
+func (c *client) count(s PageState, d int64) {
+	switch s {
+	case Resident:
+		c.st.resident.Add(d)
+	case Remote, Staged:
+		c.st.remote.Add(d)
+	}
+}
+
+func pageRange(a userfaultfd.Addr) userfaultfd.Range {
+	return userfaultfd.Range{Start: a, Len: pageSize}
+}
+
+// serveUFFD reads and handles pending uffd messages in batches.
+func (c *client) serveUFFD() {
+	for {
+		n, err := c.uffd.ReadEvents(c.msgs)
+		if err != nil {
+			if !errors.Is(err, unix.EAGAIN) {
+				c.log.Error("reading uffd failed", zap.Error(err))
+			}
+			return
+		}
+		now := time.Now()
+		for i := 0; i < n; i++ {
+			ev, err := c.msgs[i].Decode()
+			if err != nil {
+				c.log.Error("bad uffd message", zap.Error(err))
+				continue
+			}
+			switch ev.Kind {
+			case userfaultfd.EventPagefault:
+				c.fault(ev.Addr.RoundDown(pageSize), ev.Flags, now)
+			default:
+				c.flushReads(now)
+				c.event(ev)
+			}
+		}
+		c.flushReads(now)
+		if n < len(c.msgs) {
+			return
+		}
+	}
+}
+
+// fault handles one page fault at page address a.
+func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since time.Time) {
+	r, idx := c.regs.find(a)
+	if r == nil {
+		// Not a region we know: nothing of it was ever evicted, so this
+		// is a first touch.
+		if err := c.zeroFill(a, since); err != nil {
+			c.uffd.Wake(pageRange(a)) // it faults again
+		}
+		return
+	}
+	p := r.pages[idx]
+	if p.Has(FlagBusy) {
+		c.hold(&c.held, heldFault{pageRef{r, idx}, flags, since})
+		return
+	}
+	if flags&userfaultfd.FaultWP != 0 {
+		c.st.wpFaults.Add(1)
+		if p.State() == Resident {
+			c.set(r, idx, p|FlagDirty|FlagRef)
+			if err := c.uffd.Unprotect(pageRange(a), 0); err != nil && !userfaultfd.IsGone(err) {
+				if userfaultfd.IsMMChanged(err) {
+					c.hold(&c.retry, heldFault{pageRef{r, idx}, flags, since})
+					return
+				}
+				c.log.Error("unprotect failed", zap.Stringer("addr", a), zap.Error(err))
+				c.uffd.Wake(pageRange(a))
+			}
+			c.st.latency.Observe(time.Since(since))
+			return
+		}
+		// A write to a page that is not mapped any more: it faults again
+		// as MISSING.
+		c.uffd.Wake(pageRange(a))
+		return
+	}
+	c.st.faults.Add(1)
+	switch p.State() {
+	case Absent:
+		// Dirty: a write to the zero page is not seen (no WP on it).
+		switch err := c.zeroFill(a, since); {
+		case err == nil:
+			c.set(r, idx, p.With(Resident)|FlagDirty|FlagRef)
+		case userfaultfd.IsMMChanged(err):
+			c.hold(&c.retry, heldFault{pageRef{r, idx}, flags, since})
+		}
+	case Resident:
+		c.uffd.Wake(pageRange(a)) // a repeated fault
+	case Remote:
+		if p.Has(FlagFetch) {
+			return // already in this batch
+		}
+		c.addRead(r, idx, false)
+		if r.pf != nil {
+			n := r.pf.Fault(int64(idx), int64(len(r.pages)), c.pfOut)
+			for _, q := range c.pfOut[:n] {
+				qp := r.pages[q]
+				if qp.State() == Remote && qp&(FlagFetch|FlagBusy) == 0 {
+					c.addRead(r, int(q), true)
+					c.st.prefetchIssued.Add(1)
+				}
+			}
+		}
+	case Staged:
+		if err := c.fromSlot(r, idx, 0); userfaultfd.IsMMChanged(err) {
+			c.hold(&c.retry, heldFault{pageRef{r, idx}, flags, since})
+			return
+		}
+		c.st.latency.Observe(time.Since(since))
+	case Lost:
+		if err := c.poison(r, idx); userfaultfd.IsMMChanged(err) {
+			c.hold(&c.retry, heldFault{pageRef{r, idx}, flags, since})
+		}
+	}
+}
+
+// zeroFill maps the zero page at a. It returns nil when the page is mapped
+// (by this call or before it: EEXIST), else the error (IsMMChanged: retry
+// after reading events; IsGone: nothing to do).
+func (c *client) zeroFill(a userfaultfd.Addr, since time.Time) error {
+	_, err := c.uffd.ZeroPage(pageRange(a), 0)
+	switch {
+	case err == nil:
+	case userfaultfd.IsExist(err):
+		c.uffd.Wake(pageRange(a))
+		err = nil
+	case userfaultfd.IsMMChanged(err), userfaultfd.IsGone(err):
+		return err
+	default:
+		c.log.Error("zeropage failed", zap.Stringer("addr", a), zap.Error(err))
+		return err
+	}
+	c.st.zeroFills.Add(1)
+	c.st.latency.Observe(time.Since(since))
+	return nil
+}
+
+func (c *client) hold(list *[]heldFault, h heldFault) {
+	c.st.held.Add(1)
+	if len(*list) == cap(*list) {
+		// Full: let the thread fault again later.
+		c.uffd.Wake(pageRange(h.r.addr(h.idx)))
+		return
+	}
+	*list = append(*list, h)
+}
+
+// addRead queues a READ of page idx of r into the batch.
+func (c *client) addRead(r *region, idx int, prefetch bool) {
+	if len(c.reads) == cap(c.reads) {
+		c.flushReads(time.Now())
+	}
+	k := len(c.reads)
+	spp := int(c.a.pagesPerSlab)
+	c.reads = append(c.reads, PageOp{
+		Slab: r.slabs[idx/spp],
+		Off:  uint64(idx%spp) * pageSize,
+		Buf:  c.bufs[k*pageSize : (k+1)*pageSize],
+	})
+	c.readAt = append(c.readAt, readRef{pageRef{r, idx}, prefetch})
+	r.pages[idx] |= FlagFetch
+}
+
+// flushReads posts the batch of READs and installs what arrived.
+func (c *client) flushReads(since time.Time) {
+	if len(c.reads) == 0 {
+		return
+	}
+	ctx := c.a.ctx
+	c.io.Read(ctx, c.reads)
+	for k := range c.reads {
+		op := &c.reads[k]
+		ref := c.readAt[k]
+		r, idx := ref.r, ref.idx
+		p := r.pages[idx] &^ FlagFetch
+		r.pages[idx] = p
+		a := r.addr(idx)
+		switch {
+		case op.Err == nil:
+			c.st.remoteReads.Add(1)
+			// Installed write-protected: clean until a WP fault says
+			// otherwise.
+			_, err := c.uffd.Copy(a, op.Buf, userfaultfd.WriteProtected)
+			switch {
+			case err == nil:
+				np := p.With(Resident)
+				if !ref.prefetch {
+					np |= FlagRef
+				}
+				c.set(r, idx, np)
+			case userfaultfd.IsExist(err):
+				c.uffd.Wake(pageRange(a))
+			case userfaultfd.IsGone(err):
+			default:
+				if !ref.prefetch {
+					c.hold(&c.retry, heldFault{ref.pageRef, 0, since})
+				}
+			}
+			if !ref.prefetch {
+				c.st.latency.Observe(time.Since(since))
+			}
+		case errors.Is(op.Err, ErrLost):
+			c.set(r, idx, p.With(Lost))
+			if err := c.poison(r, idx); err != nil && !ref.prefetch {
+				c.hold(&c.retry, heldFault{ref.pageRef, 0, since})
+			}
+		default:
+			if !ref.prefetch {
+				c.st.retries.Add(1)
+				c.hold(&c.retry, heldFault{ref.pageRef, 0, since})
+			}
+		}
+	}
+	c.reads = c.reads[:0]
+	c.readAt = c.readAt[:0]
+}
+
+// poison makes page idx raise SIGBUS: every replica of its data is gone.
+// An IsMMChanged error means: retry after reading events.
+func (c *client) poison(r *region, idx int) error {
+	a := r.addr(idx)
+	if c.features.Has(userfaultfd.FeaturePoison) {
+		_, err := c.uffd.Poison(pageRange(a), 0)
+		if userfaultfd.IsMMChanged(err) {
+			return err
+		}
+		c.st.lost.Add(1)
+		c.log.Error("PAGE LOST: every replica of an evicted page is gone; the client gets SIGBUS",
+			zap.Int("pid", int(c.pidAtm.Load())), zap.Stringer("addr", a), zap.Uint64("region", r.id))
+		if err == nil || userfaultfd.IsExist(err) || userfaultfd.IsGone(err) {
+			if err != nil {
+				c.uffd.Wake(pageRange(a))
+			}
+			return nil
+		}
+		c.log.Error("poison failed", zap.Error(err))
+	} else {
+		c.st.lost.Add(1)
+		c.log.Error("PAGE LOST: every replica of an evicted page is gone; the client gets SIGBUS (no UFFDIO_POISON: the process is killed)",
+			zap.Int("pid", int(c.pidAtm.Load())), zap.Stringer("addr", a), zap.Uint64("region", r.id))
+	}
+	// Never let the thread see zeros: stop the process.
+	if pid := int(c.pidAtm.Load()); pid > 0 {
+		unix.Kill(pid, unix.SIGBUS)
+	}
+	return nil
+}
+
+// fromSlot installs a page from its staging slot and frees the slot.
+func (c *client) fromSlot(r *region, idx int, flags userfaultfd.Flags) error {
+	slot := c.slotOf(r, idx)
+	if slot < 0 {
+		c.log.Error("staged page without a slot", zap.Uint64("region", r.id), zap.Int("page", idx))
+		return nil
+	}
+	a := r.addr(idx)
+	_, err := c.uffd.Copy(a, c.staging[slot*pageSize:(slot+1)*pageSize], flags)
+	switch {
+	case err == nil:
+	case userfaultfd.IsExist(err):
+		c.uffd.Wake(pageRange(a))
+	case userfaultfd.IsGone(err):
+	default:
+		if !userfaultfd.IsMMChanged(err) {
+			c.log.Error("copy from staging failed", zap.Error(err))
+		}
+		return err
+	}
+	p := r.pages[idx]
+	if p.State() == Staged {
+		c.staged--
+		c.set(r, idx, p.With(Resident)|FlagDirty|FlagRef)
+	} else {
+		c.set(r, idx, p.With(Resident)|FlagRef)
+	}
+	c.freeSlot(slot)
+	return nil
+}
+
+func (c *client) slotOf(r *region, idx int) int {
+	for s, o := range c.slotOwner {
+		if o.r == r && o.idx == idx {
+			return s
+		}
+	}
+	return -1
+}
+
+func (c *client) freeSlot(s int) {
+	c.slotOwner[s] = pageRef{}
+	c.slotFree = append(c.slotFree, uint32(s))
+}
+
+// retryHeld serves again the faults whose READ found no replica reachable.
+func (c *client) retryHeld() {
+	if len(c.retry) == 0 {
+		return
+	}
+	now := time.Now()
+	pending := c.retry
+	c.retry, c.retrySpare = c.retrySpare[:0], pending
+	for _, h := range pending {
+		if !h.r.gone {
+			c.fault(h.r.addr(h.idx), h.flags, h.since)
+		}
+	}
+	c.flushReads(now)
+}

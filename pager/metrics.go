@@ -1,0 +1,74 @@
+package pager
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+var (
+	labels = []string{"client", "pid"}
+
+	descResident = prometheus.NewDesc("rmem_agent_resident_bytes", "Resident bytes of a client's paged regions.", labels, nil)
+	descRemote   = prometheus.NewDesc("rmem_agent_remote_bytes", "Bytes of a client's pages held in the pool.", labels, nil)
+	descBudget   = prometheus.NewDesc("rmem_agent_budget_bytes", "A client's budget of resident bytes.", labels, nil)
+	descFaults   = prometheus.NewDesc("rmem_agent_faults_total", "Missing-page faults served.", labels, nil)
+	descZero     = prometheus.NewDesc("rmem_agent_zero_fills_total", "Faults served with a zero page.", labels, nil)
+	descReads    = prometheus.NewDesc("rmem_agent_remote_reads_total", "Pages read from the pool (faults and prefetches).", labels, nil)
+	descWP       = prometheus.NewDesc("rmem_agent_wp_faults_total", "Write-protect faults (first write to a clean page).", labels, nil)
+	descEvict    = prometheus.NewDesc("rmem_agent_evictions_total", "Pages evicted.", labels, nil)
+	descWB       = prometheus.NewDesc("rmem_agent_write_backs_total", "Dirty pages written back to the pool.", labels, nil)
+	descLost     = prometheus.NewDesc("rmem_agent_lost_pages_total", "Pages poisoned because every replica was gone.", labels, nil)
+	descPFIssued = prometheus.NewDesc("rmem_agent_prefetch_issued_total", "Pages prefetched.", labels, nil)
+	descPFHits   = prometheus.NewDesc("rmem_agent_prefetch_hits_total", "Prefetched pages the stream used.", labels, nil)
+	descPFWasted = prometheus.NewDesc("rmem_agent_prefetch_wasted_total", "Prefetched pages the stream did not use.", labels, nil)
+	descLatency  = prometheus.NewDesc("rmem_agent_fault_seconds", "Time from reading a fault to resolving it.", labels, nil)
+	descClients  = prometheus.NewDesc("rmem_agent_clients", "Client processes served.", nil, nil)
+)
+
+// collector exports every client's figures (the same as Agent.Stats).
+type collector struct{ a *Agent }
+
+func (collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descResident, descRemote, descBudget, descFaults, descZero, descReads, descWP,
+		descEvict, descWB, descLost, descPFIssued, descPFHits, descPFWasted, descLatency, descClients} {
+		ch <- d
+	}
+}
+
+func (col collector) Collect(ch chan<- prometheus.Metric) {
+	a := col.a
+	a.mu.Lock()
+	cs := make([]*client, 0, len(a.clients))
+	for _, c := range a.clients {
+		cs = append(cs, c)
+	}
+	a.mu.Unlock()
+	ch <- prometheus.MustNewConstMetric(descClients, prometheus.GaugeValue, float64(len(cs)))
+	budget := float64(a.budgetPages() * pageSize)
+	for _, c := range cs {
+		s := c.st.snapshot(pageSize)
+		lv := []string{strconv.FormatUint(c.id, 10), strconv.FormatInt(c.pidAtm.Load(), 10)}
+		gauge := func(d *prometheus.Desc, v float64) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, lv...)
+		}
+		counter := func(d *prometheus.Desc, v uint64) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), lv...)
+		}
+		gauge(descResident, float64(s.ResidentBytes))
+		gauge(descRemote, float64(s.RemoteBytes))
+		gauge(descBudget, budget)
+		counter(descFaults, s.Faults)
+		counter(descZero, s.ZeroFills)
+		counter(descReads, s.RemoteReads)
+		counter(descWP, s.WPFaults)
+		counter(descEvict, s.Evictions)
+		counter(descWB, s.WriteBacks)
+		counter(descLost, s.Lost)
+		counter(descPFIssued, s.PrefetchIssued)
+		counter(descPFHits, s.PrefetchHits)
+		counter(descPFWasted, s.PrefetchWasted)
+		buckets, count, sum := c.st.latency.Buckets()
+		ch <- prometheus.MustNewConstHistogram(descLatency, count, sum, buckets, lv...)
+	}
+}
