@@ -195,3 +195,85 @@ func TestNoDevice(t *testing.T) {
 	}
 	t.Log(err)
 }
+
+// TestRevokedKeyMidBatch drives the recovery path: the client still holds
+// the rkey of a revoked key, so the device fails that request with a remote
+// access error, which breaks both QPs and flushes the requests behind it.
+// The revoked request must complete with StatusRevokedKey, every other one
+// must execute exactly once and in order, and the connection must stay
+// usable.
+func TestRevokedKeyMidBatch(t *testing.T) {
+	e := newEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := rdma.Dial(ctx, "verbs", e.Addr, rdma.DialOptions{Depth: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	doomed, err := e.Domain.IssueKey(e.Region, 0, 4096, rdma.AccessReadWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	live, err := e.Domain.IssueKey(e.Region, 1<<20, 1<<20, rdma.AccessReadWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Both keys resolved: the client caches their rkeys.
+	if _, err := rdma.FetchAdd(ctx, c, doomed, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rdma.FetchAdd(ctx, c, live, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	for round := range 3 {
+		if round > 0 {
+			if doomed, err = e.Domain.IssueKey(e.Region, 0, 4096, rdma.AccessReadWrite); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := rdma.FetchAdd(ctx, c, doomed, 0, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := e.Domain.Revoke(ctx, doomed); err != nil {
+			t.Fatal(err)
+		}
+		// FETCH_ADDs on live (word 8), the revoked key in the middle, then
+		// more: the counter proves each ran exactly once.
+		const n = 40
+		wrs := make([]rdma.WorkRequest, n)
+		for i := range wrs {
+			wrs[i] = rdma.WorkRequest{ID: uint64(i), Op: rdma.OpFetchAdd, Key: live, Offset: 8, Add: 1}
+		}
+		bad := 10 + round*7
+		wrs[bad] = rdma.WorkRequest{ID: uint64(bad), Op: rdma.OpWrite, Key: doomed, Local: []byte("late write")}
+		if err := c.Post(wrs); err != nil {
+			t.Fatal(err)
+		}
+		cq := make([]rdma.Completion, 8)
+		next := uint64(round * (n - 1))
+		for got := 0; got < n; {
+			k, err := c.Wait(ctx, cq)
+			if err != nil {
+				t.Fatalf("round %d: wait after %d: %v", round, got, err)
+			}
+			for _, ce := range cq[:k] {
+				switch {
+				case ce.ID != uint64(got):
+					t.Fatalf("round %d: completion %d has id %d", round, got, ce.ID)
+				case got == bad && ce.Status != rdma.StatusRevokedKey:
+					t.Fatalf("round %d: request with the revoked key: %+v", round, ce)
+				case got != bad && (ce.Status != rdma.StatusOK || ce.Value != next):
+					t.Fatalf("round %d: fetch-add %d: %+v, want old value %d", round, got, ce, next)
+				}
+				if got != bad {
+					next++
+				}
+				got++
+			}
+		}
+		if string(e.Region.Bytes()[:10]) == "late write" {
+			t.Fatalf("round %d: a write with the revoked key landed", round)
+		}
+	}
+}
