@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -34,59 +36,75 @@ import (
 // fails: a leaked swap device or loop device breaks later tests.
 
 var (
-	swapBuildOnce sync.Once
-	swapAgentBin  string
-	swapBuildErr  error
+	swapBuildMu sync.Mutex
+	swapBuilt   = map[string]string{}
 )
 
-// swapMemagent builds cmd/memagent once per test binary.
-func swapMemagent(t *testing.T) string {
-	t.Helper()
-	swapBuildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "swaptest-bin-")
-		if err != nil {
-			swapBuildErr = err
-			return
-		}
-		_, file, _, _ := runtime.Caller(0)
-		swapAgentBin = filepath.Join(dir, "memagent")
-		cmd := exec.Command("go", "build", "-o", swapAgentBin, "./cmd/memagent")
-		cmd.Dir = filepath.Join(filepath.Dir(file), "..")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			swapBuildErr = fmt.Errorf("go build ./cmd/memagent: %v\n%s", err, out)
-		}
-	})
-	if swapBuildErr != nil {
-		t.Fatal(swapBuildErr)
+// swapBuild builds ./cmd/NAME once per test binary and returns its path.
+func swapBuild(tb testing.TB, name string) string {
+	tb.Helper()
+	swapBuildMu.Lock()
+	defer swapBuildMu.Unlock()
+	if p, ok := swapBuilt[name]; ok {
+		return p
 	}
-	return swapAgentBin
+	dir, err := os.MkdirTemp("", "swaptest-bin-")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	_, file, _, _ := runtime.Caller(0)
+	bin := filepath.Join(dir, name)
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/"+name)
+	cmd.Dir = filepath.Join(filepath.Dir(file), "..")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		tb.Fatalf("go build ./cmd/%s: %v\n%s", name, err, out)
+	}
+	swapBuilt[name] = bin
+	return bin
 }
 
-// swapWorkloadC allocates MiB mebibytes, writes a pattern into every
-// 8-byte word, says "written", optionally waits for a line on stdin, and
-// verifies every word twice.
+func swapMemagent(tb testing.TB) string { return swapBuild(tb, "memagent") }
+
+// swapWorkloadC allocates MiB mebibytes and writes a pattern into every
+// 8-byte word; says "written"; with "wait", waits for a line on stdin; then
+// verifies every word twice ("seq", "wait") or reads 100k random words
+// ("rand"). It prints the time from its first write to its last check.
 const swapWorkloadC = `
 #include <stdio.h>
 #include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 static uint64_t pat(size_t i) { return i * 0x9E3779B97F4A7C15ull + 1; }
+static long long now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1000000000ll + t.tv_nsec; }
 int main(int argc, char **argv) {
 	size_t n = ((size_t)atol(argv[1]) << 20) / 8;
+	const char *mode = argc > 2 ? argv[2] : "seq";
 	uint64_t *p = malloc(n * 8);
 	if (!p) { perror("malloc"); return 2; }
+	long long t0 = now();
 	for (size_t i = 0; i < n; i++) p[i] = pat(i);
 	printf("written\n"); fflush(stdout);
-	if (argc > 2 && strcmp(argv[2], "wait") == 0) { char b[8]; if (!fgets(b, sizeof b, stdin)) return 3; }
-	for (int pass = 0; pass < 2; pass++)
-		for (size_t i = 0; i < n; i++)
+	if (strcmp(mode, "wait") == 0) { char b[8]; if (!fgets(b, sizeof b, stdin)) return 3; }
+	if (strcmp(mode, "rand") == 0) {
+		uint64_t x = 88172645463325252ull;
+		for (int k = 0; k < 100000; k++) {
+			x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+			size_t i = x % n;
 			if (p[i] != pat(i)) { fprintf(stderr, "word %zu: %llx\n", i, (unsigned long long)p[i]); return 1; }
-	printf("verified %zu words\n", n); fflush(stdout);
+		}
+	} else {
+		for (int pass = 0; pass < 2; pass++)
+			for (size_t i = 0; i < n; i++)
+				if (p[i] != pat(i)) { fprintf(stderr, "word %zu: %llx\n", i, (unsigned long long)p[i]); return 1; }
+	}
+	printf("verified %zu words\n", n);
+	printf("time_ns %lld\n", now() - t0);
 	return 0;
 }
 `
 
-func swapNeeds(t *testing.T) {
+func swapNeeds(t testing.TB) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("starts processes and swaps")
@@ -111,7 +129,7 @@ func swapNeeds(t *testing.T) {
 }
 
 // swapWorkload compiles the workload into the test's temp dir.
-func swapWorkload(t *testing.T) string {
+func swapWorkload(t testing.TB) string {
 	t.Helper()
 	dir := t.TempDir()
 	src, bin := filepath.Join(dir, "work.c"), filepath.Join(dir, "work")
@@ -467,4 +485,119 @@ func TestSwapMountCLI(t *testing.T) {
 		t.Fatalf("memagent mount after SIGTERM: %v", err)
 	}
 	swapNoLeftovers(t, dir, 0)
+}
+
+// swapBenchPool starts a single memd (coordinator and a 1 GiB memory
+// server) for a benchmark and returns the memagent flags to reach it.
+func swapBenchPool(b *testing.B) []string {
+	bin := swapBuild(b, "memd")
+	dir := b.TempDir()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	cmd := exec.Command(bin, "serve", "--listen", addr, "--token", memdToken, "--data-dir", filepath.Join(dir, "data"),
+		"--runtime-dir", filepath.Join(dir, "run"), "--capacity", "1GiB", "--slab-size", "16MiB",
+		"--tcp-listen", "127.0.0.1:0", "--shm-socket", "off")
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	cl, err := client.New("http://"+addr, client.Options{Token: memdToken})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cl.CloseIdleConnections()
+	for start := time.Now(); ; time.Sleep(50 * time.Millisecond) {
+		if st, err := cl.Status(context.Background()); err == nil && st.ServersUp == 1 {
+			break
+		}
+		if time.Since(start) > 20*time.Second {
+			b.Fatalf("memd not up:\n%s", out.String())
+		}
+	}
+	return []string{"--coordinator", "http://" + addr, "--token", memdToken}
+}
+
+// swapTimeWorkload runs the workload (through memagent run, unless agent
+// args are nil) and returns the time it reports.
+func swapTimeWorkload(b *testing.B, runArgs []string, work, mode string) (time.Duration, error) {
+	args := slices.Concat(runArgs, []string{work, "256", mode})
+	cmd := exec.Command(args[0], args[1:]...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return 0, fmt.Errorf("%s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		if v, ok := strings.CutPrefix(l, "time_ns "); ok {
+			ns, err := strconv.ParseInt(v, 10, 64)
+			return time.Duration(ns), err
+		}
+	}
+	return 0, fmt.Errorf("no time_ns in the output of %s:\n%s", strings.Join(args, " "), out)
+}
+
+// BenchmarkSwapModes runs the workloads (256 MiB written then verified
+// sequentially twice, or read at 100k random words) all-local, in swap
+// mode with 64 MiB local, and in userfaultfd mode when `memagent run` has
+// it, and prints them side by side with the ratio to all-local measured
+// in the same run. Times are the workload's own (from its first write to
+// its last check), not the setup of the swap file.
+//
+//	go test ./tests -run XXX -bench SwapModes -benchtime 1x
+func BenchmarkSwapModes(b *testing.B) {
+	swapNeeds(b)
+	agent := swapMemagent(b)
+	pool := swapBenchPool(b)
+	work := swapWorkload(b)
+	help, _ := exec.Command(agent, "run", "--help").CombinedOutput()
+	modes := []struct {
+		name string
+		args []string
+	}{
+		{"local", []string{}},
+		{"swap", append(append([]string{agent, "run", "--mode", "swap", "--local-mem", "64MiB", "--swap-size", "1GiB"}, pool...), "--")},
+	}
+	if strings.Contains(string(help), "uffd") {
+		modes = append(modes, struct {
+			name string
+			args []string
+		}{"uffd", append(append([]string{agent, "run", "--mode", "uffd", "--local-mem", "64MiB"}, pool...), "--")})
+	} else {
+		b.Log("memagent run has no uffd mode in this build: that column is left out")
+	}
+	var table strings.Builder
+	fmt.Fprintf(&table, "\n%-6s", "")
+	for _, m := range modes {
+		fmt.Fprintf(&table, " %14s", m.name)
+	}
+	for _, w := range []string{"seq", "rand"} {
+		b.Run(w, func(b *testing.B) {
+			sum := make([]time.Duration, len(modes))
+			for range b.N {
+				for i, m := range modes {
+					d, err := swapTimeWorkload(b, m.args, work, w)
+					if err != nil {
+						b.Fatal(err)
+					}
+					sum[i] += d
+				}
+			}
+			fmt.Fprintf(&table, "\n%-6s", w)
+			for i, m := range modes {
+				ms := float64(sum[i].Milliseconds()) / float64(b.N)
+				b.ReportMetric(ms, m.name+"-ms")
+				ratio := float64(sum[i]) / float64(sum[0])
+				if i > 0 {
+					b.ReportMetric(ratio, m.name+"/local")
+				}
+				fmt.Fprintf(&table, " %8.0fms %4.1fx", ms, ratio)
+			}
+		})
+	}
+	fmt.Printf("workload time, 256 MiB (local: no limit; others: 64 MiB local), ratio to local:%s\n", table.String())
 }
