@@ -25,6 +25,7 @@ const (
 	maxBatch    = 128  // READs per batch (faults + prefetches)
 	maxHeld     = 4096 // faults waiting for an eviction or a retry
 	retryPeriod = 5 * time.Millisecond
+	maxThrottle = 50 * time.Millisecond
 )
 
 type pageRef struct {
@@ -231,10 +232,23 @@ func (c *client) RoutineServe() {
 				return
 			}
 		}
+		c.maybeEvict()
 		c.retryHeld()
 		c.retryWriteBack()
 		c.maybeEvict()
 	}
+}
+
+// throttle reports whether a fault that adds a resident page should wait
+// for an eviction: the client is a batch past its budget and can evict.
+// A fault waits at most maxThrottle: the budget bends rather than stall a
+// client whose helper thread cannot run (a Go client with few Ps).
+func (c *client) throttle(since time.Time) bool {
+	if c.conn == nil || !c.evictBusy && len(c.slotFree) == 0 {
+		return false
+	}
+	over := int(c.st.resident.Load())+len(c.reads) >= c.a.budgetPages()+proto.MaxEvictBatch
+	return over && time.Since(since) < maxThrottle
 }
 
 // control applies what the agent asked for; it reports whether to stop.
@@ -413,6 +427,10 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 		c.uffd.Wake(pageRange(a))
 		return
 	}
+	if st := p.State(); (st == Absent || st == Remote || st == Staged) && c.throttle(since) {
+		c.hold(&c.retry, heldFault{pageRef{r, idx}, flags, since})
+		return
+	}
 	c.st.faults.Add(1)
 	switch p.State() {
 	case Absent:
@@ -430,7 +448,7 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 			return // already in this batch
 		}
 		c.addRead(r, idx, false)
-		if r.pf != nil {
+		if r.pf != nil && !c.nearBudget() {
 			n := r.pf.Fault(int64(idx), int64(len(r.pages)), c.pfOut)
 			for _, q := range c.pfOut[:n] {
 				qp := r.pages[q]
@@ -451,6 +469,12 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 			c.hold(&c.retry, heldFault{pageRef{r, idx}, flags, since})
 		}
 	}
+}
+
+// nearBudget reports whether resident pages (and READs queued) are past
+// the high watermark: then prefetching would only evict what it brought.
+func (c *client) nearBudget() bool {
+	return int(c.st.resident.Load())+len(c.reads) >= WatermarksFor(c.a.budgetPages()).High
 }
 
 // zeroFill maps the zero page at a. It returns nil when the page is mapped
