@@ -20,6 +20,9 @@ import (
 // ctrlTimeout bounds one control round trip (RESOLVE, RECONNECT).
 const ctrlTimeout = 10 * time.Second
 
+// revokedKey stands for any revoked key.
+var revokedKey = &remoteKey{status: rdma.StatusRevokedKey}
+
 // remoteKey is what the client knows of an rmem key: the verbs rkey and
 // address of the MR the server registered for it, or that it is revoked.
 type remoteKey struct {
@@ -79,7 +82,8 @@ type conn struct {
 	nposted                            int
 	aHead, aTail                       uint64 // arena ring counters
 
-	keys map[rdma.Key]*remoteKey
+	keys map[rdma.Key]*remoteKey // live keys this connection resolved
+	rks  []*remoteKey            // Post's scratch: the batch's keys
 	wbuf []cWR
 	wcs  []cWC
 	pfds [2]unix.PollFd
@@ -137,6 +141,7 @@ func dial(ctx context.Context, addr string, opts rdma.DialOptions, cfg Config) (
 	}
 	c.slots = make([]slot, depth)
 	c.wbuf = make([]cWR, depth)
+	c.rks = make([]*remoteKey, depth)
 	c.wcs = make([]cWC, 64)
 	c.pfds = [2]unix.PollFd{{Fd: int32(c.cq.fd), Events: unix.POLLIN}, {Fd: int32(c.ctrlFd), Events: unix.POLLIN}}
 	if c.qp, err = c.dev.createQP(c.pd, c.cq, depth, rand.Uint32()); err != nil {
@@ -236,14 +241,17 @@ func (c *conn) Post(wrs []rdma.WorkRequest) error {
 	}
 	// Learn every key first, so that a failure posts nothing.
 	for i := range wrs {
-		if _, err := c.resolveLocked(wrs[i].Key, false); err != nil {
+		rk, err := c.resolveLocked(wrs[i].Key, false)
+		if err != nil {
+			clear(c.rks[:i])
 			return err
 		}
+		c.rks[i] = rk
 	}
 	for i := range wrs {
 		s := c.slot(c.tail)
 		*s = slot{wr: wrs[i]}
-		s.rk = c.keys[wrs[i].Key]
+		s.rk, c.rks[i] = c.rks[i], nil
 		if st := check(&wrs[i], s.rk); st != rdma.StatusOK {
 			s.state, s.status = slotDone, st
 		} else if !wrs[i].Op.IsAtomic() && len(wrs[i].Local) == 0 {
@@ -302,13 +310,14 @@ func (c *conn) resolveLocked(k rdma.Key, fresh bool) (*remoteKey, error) {
 		c.keys[k] = rk
 		return rk, nil
 	case rdma.StatusRevokedKey:
+		// Not kept in the cache, which thus holds live keys only: a
+		// revoked key costs a round trip per use.
 		if rk := c.keys[k]; rk != nil {
 			rk.status = rdma.StatusRevokedKey // slots hold the pointer
+			delete(c.keys, k)
 			return rk, nil
 		}
-		rk := &remoteKey{status: rdma.StatusRevokedKey}
-		c.keys[k] = rk
-		return rk, nil
+		return revokedKey, nil
 	default:
 		if rk := c.keys[k]; rk != nil {
 			rk.status = rdma.StatusRevokedKey

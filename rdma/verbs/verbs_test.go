@@ -73,6 +73,7 @@ func newEnv(t *testing.T) *rdmatest.Env {
 }
 
 func TestConformance(t *testing.T) {
+	testIP(t) // skip once, not per subtest
 	rdmatest.RunConformance(t, newEnv)
 }
 
