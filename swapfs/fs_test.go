@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hanwen/go-fuse/v2/fuse"
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
@@ -208,6 +209,22 @@ func TestNoAllocPerRequest(t *testing.T) {
 	})
 	if n != 0 {
 		t.Errorf("%v allocations per WRITE+READ, want 0", n)
+	}
+	// The same through the FUSE entry points, as go-fuse calls them.
+	rin := &fuse.ReadIn{InHeader: fuse.InHeader{NodeId: swapIno}, Offset: 0, Size: uint32(len(buf))}
+	win := &fuse.WriteIn{InHeader: fuse.InHeader{NodeId: swapIno}, Offset: 0, Size: uint32(len(buf))}
+	n = testing.AllocsPerRun(50, func() {
+		if _, st := fs.Writev(nil, win, bufs); !st.Ok() {
+			t.Fatal(st)
+		}
+		r, st := fs.Read(nil, rin, buf)
+		if !st.Ok() || r.Size() != len(buf) {
+			t.Fatal(st)
+		}
+		r.Done()
+	})
+	if n != 0 {
+		t.Errorf("%v allocations per FUSE WRITE+READ, want 0", n)
 	}
 }
 

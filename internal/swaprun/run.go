@@ -104,6 +104,13 @@ func Run(ctx context.Context, opts Options) (exitCode int, err error) {
 		return -1, err
 	}
 	log := opts.Log
+	// From now on the forwarded signals are caught: one that arrives during
+	// setup is passed to CMD as soon as it starts (it then ends at once and
+	// everything is torn down), instead of killing this process and
+	// leaving the swap file behind.
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, forwarded...)
+	defer signal.Stop(sigs)
 	active, err := ActivePoolSwaps()
 	if err != nil {
 		return -1, err
@@ -135,9 +142,6 @@ func Run(ctx context.Context, opts Options) (exitCode int, err error) {
 
 	cmd := g.Command(opts.Command[0], opts.Command[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = opts.Stdin, opts.Stdout, opts.Stderr
-	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, forwarded...)
-	defer signal.Stop(sigs)
 	if err := cmd.Start(); err != nil {
 		return -1, fmt.Errorf("swaprun: start %s: %w", opts.Command[0], err)
 	}
