@@ -8,6 +8,8 @@ import (
 	"errors"
 	"net"
 	"os"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -276,5 +278,99 @@ func TestRevokedKeyMidBatch(t *testing.T) {
 		if string(e.Region.Bytes()[:10]) == "late write" {
 			t.Fatalf("round %d: a write with the revoked key landed", round)
 		}
+	}
+}
+
+// TestSharedConn: several goroutines Post and Wait on one Conn (allowed,
+// though completions go to whichever caller polls), then Close races with
+// a Wait.
+func TestSharedConn(t *testing.T) {
+	e := newEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := rdma.Dial(ctx, "verbs", e.Addr, rdma.DialOptions{Depth: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := e.Domain.IssueKey(e.Region, 0, 1<<20, rdma.AccessReadWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const workers, per = 4, 50
+	var total atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			buf := make([]byte, 4096)
+			cq := make([]rdma.Completion, 4)
+			for i := range per {
+				wr := []rdma.WorkRequest{{ID: uint64(w*per + i), Op: rdma.OpWrite, Key: k, Offset: uint64(w) * 4096, Local: buf}}
+				for {
+					err := c.Post(wr)
+					if err == nil {
+						break
+					}
+					if !errors.Is(err, rdma.ErrQueueFull) {
+						errs <- err
+						return
+					}
+					time.Sleep(time.Millisecond)
+				}
+				n, err := c.Wait(ctx, cq)
+				if err != nil && !errors.Is(err, rdma.ErrIdle) {
+					errs <- err
+					return
+				}
+				for _, ce := range cq[:n] {
+					if ce.Status != rdma.StatusOK {
+						errs <- ce.Err()
+						return
+					}
+				}
+				total.Add(int64(n))
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	cq := make([]rdma.Completion, 32)
+	for total.Load() < workers*per {
+		n, err := c.Wait(ctx, cq)
+		if err != nil {
+			t.Fatalf("after %d completions: %v", total.Load(), err)
+		}
+		total.Add(int64(n))
+	}
+	// Close while another goroutine is in Wait (with the mutex released,
+	// asleep in poll(2) on the channel): Wait returns, the race detector
+	// sees no conflict with the teardown.
+	if err := c.Post([]rdma.WorkRequest{{Op: rdma.OpRead, Key: k, Local: make([]byte, 8)}}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		for {
+			n, err := c.Wait(ctx, cq)
+			if err != nil || n == 0 {
+				done <- err
+				return
+			}
+		}
+	}()
+	time.Sleep(10 * time.Millisecond)
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil && !errors.Is(err, rdma.ErrClosed) && !errors.Is(err, rdma.ErrIdle) {
+			t.Fatalf("Wait across Close: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Wait did not return after Close")
 	}
 }
