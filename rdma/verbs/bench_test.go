@@ -11,10 +11,12 @@ import (
 
 	"rmem/rdma"
 	_ "rmem/rdma/tcp"
+	"rmem/rdma/verbs"
 )
 
 // BenchmarkRead4K reads 4 KiB pages with 1 and 32 requests outstanding,
-// over verbs and, as the baseline measured in the same run on the same
+// over verbs (through the bounce arena, and direct into a registered
+// buffer) and, as the baseline measured in the same run on the same
 // interface, over the tcp provider; it reports verbs/tcp.
 func BenchmarkRead4K(b *testing.B) {
 	ip := testIP(b)
@@ -45,17 +47,21 @@ func BenchmarkRead4K(b *testing.B) {
 	}()
 	for _, depth := range []int{1, 32} {
 		b.Run("outstanding="+strconv.Itoa(depth), func(b *testing.B) {
-			base := readLoop(b, "tcp", addrs["tcp"], k, depth, b.N)
-			v := readLoop(b, "verbs", addrs["verbs"], k, depth, b.N)
+			base := readLoop(b, "tcp", addrs["tcp"], k, depth, b.N, false)
+			v := readLoop(b, "verbs", addrs["verbs"], k, depth, b.N, false)
+			direct := readLoop(b, "verbs", addrs["verbs"], k, depth, b.N, true)
 			b.ReportMetric(float64(v.Nanoseconds())/float64(b.N), "verbs-ns/op")
+			b.ReportMetric(float64(direct.Nanoseconds())/float64(b.N), "direct-ns/op")
 			b.ReportMetric(float64(base.Nanoseconds())/float64(b.N), "tcp-ns/op")
 			b.ReportMetric(float64(v)/float64(base), "verbs/tcp")
+			b.ReportMetric(float64(direct)/float64(base), "direct/tcp")
 		})
 	}
 }
 
-// readLoop keeps depth 4 KiB READs outstanding until n completed.
-func readLoop(b *testing.B, network, addr string, k rdma.Key, depth, n int) time.Duration {
+// readLoop keeps depth 4 KiB READs outstanding until n completed; with
+// register, into a buffer registered with RegisterLocal (no bounce copy).
+func readLoop(b *testing.B, network, addr string, k rdma.Key, depth, n int, register bool) time.Duration {
 	ctx := context.Background()
 	c, err := rdma.Dial(ctx, network, addr, rdma.DialOptions{Depth: depth})
 	if err != nil {
@@ -63,6 +69,11 @@ func readLoop(b *testing.B, network, addr string, k rdma.Key, depth, n int) time
 	}
 	defer c.Close()
 	buf := make([]byte, depth*4096)
+	if register {
+		if err := c.(verbs.LocalRegistrar).RegisterLocal(buf); err != nil {
+			b.Fatal(err)
+		}
+	}
 	wrs := make([]rdma.WorkRequest, depth)
 	for i := range wrs {
 		wrs[i] = rdma.WorkRequest{ID: uint64(i), Op: rdma.OpRead, Key: k, Offset: uint64(i) * 4096, Local: buf[i*4096 : (i+1)*4096]}

@@ -50,6 +50,8 @@ type slot struct {
 	n        uint32
 	value    uint64
 	staged   bool
+	direct   bool   // Local is in registered memory: no bounce copy
+	lkey     uint32 // Local's lkey when direct
 	stageOff uint64 // offset of the bounce buffer in the arena
 	stageEnd uint64 // arena head after the allocation (frees up to here)
 }
@@ -81,6 +83,8 @@ type conn struct {
 	head, tail, nextPost, fseq, hwHead uint64
 	nposted                            int
 	aHead, aTail                       uint64 // arena ring counters
+
+	locals []localMR // memory the caller registered (RegisterLocal)
 
 	keys map[rdma.Key]*remoteKey // live keys this connection resolved
 	rks  []*remoteKey            // Post's scratch: the batch's keys
@@ -193,6 +197,10 @@ func (c *conn) teardown() {
 		c.qp.destroy()
 		c.qp = nil
 	}
+	for i := range c.locals {
+		c.locals[i].release()
+	}
+	c.locals = nil
 	if c.arenaMR != nil {
 		c.arenaMR.deregister()
 		c.arenaMR = nil
@@ -435,7 +443,14 @@ func (c *conn) pumpLocked() {
 		case wr.Op.IsAtomic():
 			idx := seq % uint64(c.depth)
 			laddr, length = addrOf(c.atom[idx*8:]), rdma.AtomicSize
+		case s.direct:
+			laddr, length = addrOf(wr.Local), uint32(len(wr.Local))
 		default:
+			if lkey, ok := c.lookupLocal(wr.Local); ok {
+				s.direct, s.lkey = true, lkey
+				laddr, length = addrOf(wr.Local), uint32(len(wr.Local))
+				break
+			}
 			if !s.staged {
 				if !c.allocStage(s, len(wr.Local)) {
 					if !flush() {
@@ -454,7 +469,11 @@ func (c *conn) pumpLocked() {
 		if wr.Op == rdma.OpFetchAdd {
 			cmp = wr.Add
 		}
-		setWR(&c.wbuf[n], seq, wr.Op, laddr, length, c.arenaMR.lkey, s.rk.addr+wr.Offset, s.rk.rkey, cmp, swp, false)
+		lkey := c.arenaMR.lkey
+		if s.direct {
+			lkey = s.lkey
+		}
+		setWR(&c.wbuf[n], seq, wr.Op, laddr, length, lkey, s.rk.addr+wr.Offset, s.rk.rkey, cmp, swp, false)
 		n++
 		s.state = slotPosted
 		c.nextPost++
@@ -560,7 +579,9 @@ func (c *conn) finishLocked(s *slot, seq uint64) {
 	wr := &s.wr
 	switch wr.Op {
 	case rdma.OpRead:
-		copy(wr.Local, c.stage[s.stageOff:s.stageOff+uint64(len(wr.Local))])
+		if !s.direct {
+			copy(wr.Local, c.stage[s.stageOff:s.stageOff+uint64(len(wr.Local))])
+		}
 		s.n = uint32(len(wr.Local))
 	case rdma.OpWrite:
 		s.n = uint32(len(wr.Local))

@@ -73,10 +73,12 @@
 //
 // # What it is not
 //
-// Not a path for SEND/RECV messaging, and not zero-copy for arbitrary Go
+// Not a path for SEND/RECV messaging, and not zero-copy for arbitrary
 // buffers: a request's Local buffer is copied through the registered bounce
-// arena (about 1 µs per 4 KiB page), because Go memory must not be handed
-// to a device. Not fork-safe: do not fork with open connections.
+// arena (about 1 µs per 4 KiB page) unless it lies in memory registered
+// with LocalRegistrar.RegisterLocal (the pager's buffer pool), which the
+// device then reads and writes directly. Not fork-safe: do not fork with
+// open connections.
 //
 // # Concurrency and deadlocks
 //
