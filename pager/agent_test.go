@@ -50,6 +50,8 @@ type childSpec struct {
 	Order    string // read-back order: "reverse", "random", "stride"
 	Hold     bool   // after checking, print DONE and wait for stdin to close
 	ReadOnly bool   // lost test: write, report WRITTEN, wait, then read
+	Workload string // benchmarks: see benchChild
+	Accesses int
 }
 
 type childResult struct {
@@ -69,6 +71,9 @@ func childMain(specJSON string) error {
 	var spec childSpec
 	if err := json.Unmarshal([]byte(specJSON), &spec); err != nil {
 		return err
+	}
+	if spec.Workload != "" {
+		return benchChild(spec)
 	}
 	c, err := client.Connect(os.Getenv(sockEnv))
 	if err != nil {
@@ -362,4 +367,11 @@ func TestFailoverMidRun(t *testing.T) {
 	if err := c.wait(t); err != nil {
 		t.Fatal(err)
 	}
+}
+
+func benchCmd(sock, spec string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.bench=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+spec, sockEnv+"="+sock)
+	cmd.Stderr = os.Stderr
+	return cmd
 }

@@ -378,6 +378,9 @@ func (c *client) serveUFFD() {
 			}
 			switch ev.Kind {
 			case userfaultfd.EventPagefault:
+				if ev.Flags&userfaultfd.FaultWP == 0 {
+					c.st.faults.Add(1)
+				}
 				c.fault(ev.Addr.RoundDown(pageSize), ev.Flags, now)
 			default:
 				c.flushReads(now)
@@ -431,7 +434,6 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 		c.hold(&c.retry, heldFault{pageRef{r, idx}, flags, since})
 		return
 	}
-	c.st.faults.Add(1)
 	switch p.State() {
 	case Absent:
 		// Dirty: a write to the zero page is not seen (no WP on it).
@@ -448,7 +450,7 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 			return // already in this batch
 		}
 		c.addRead(r, idx, false)
-		if r.pf != nil && !c.nearBudget() {
+		if r.pf != nil {
 			n := r.pf.Fault(int64(idx), int64(len(r.pages)), c.pfOut)
 			for _, q := range c.pfOut[:n] {
 				qp := r.pages[q]
@@ -469,12 +471,6 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 			c.hold(&c.retry, heldFault{pageRef{r, idx}, flags, since})
 		}
 	}
-}
-
-// nearBudget reports whether resident pages (and READs queued) are past
-// the high watermark: then prefetching would only evict what it brought.
-func (c *client) nearBudget() bool {
-	return int(c.st.resident.Load())+len(c.reads) >= WatermarksFor(c.a.budgetPages()).High
 }
 
 // zeroFill maps the zero page at a. It returns nil when the page is mapped
@@ -546,11 +542,9 @@ func (c *client) flushReads(since time.Time) {
 			_, err := c.uffd.Copy(a, op.Buf, userfaultfd.WriteProtected)
 			switch {
 			case err == nil:
-				np := p.With(Resident)
-				if !ref.prefetch {
-					np |= FlagRef
-				}
-				c.set(r, idx, np)
+				// Prefetched pages are referenced too: the stream is
+				// about to use them, CLOCK must not take them first.
+				c.set(r, idx, p.With(Resident)|FlagRef)
 			case userfaultfd.IsExist(err):
 				c.uffd.Wake(pageRange(a))
 			case userfaultfd.IsGone(err):

@@ -1,0 +1,308 @@
+package pager_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"rmem/client"
+	"rmem/pager"
+	"rmem/pager/pagertest"
+	"rmem/rdma"
+	"rmem/rdma/rdmatest"
+)
+
+// Benchmarks of the whole pager: a child process maps memory through the
+// client package and runs a workload while the agent in the test process
+// serves its faults from pagertest memory servers (tcp on loopback, or the
+// in-memory provider as the no-network baseline). Sizes are scaled down for
+// a 2-CPU machine: the workloads use an 8 MiB working set.
+//
+//	go test -run '^$' -bench . -benchtime 1x ./pager/
+
+type benchResult struct {
+	Latencies []int64 // ns per timed access (latency workload)
+	Elapsed   int64   // ns for the workload
+	Sum       uint64  // keeps the work from being optimised away
+}
+
+func benchChild(spec childSpec) error {
+	c, err := client.Connect(os.Getenv(sockEnv))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	mem, err := c.Map(spec.Bytes)
+	if err != nil {
+		return err
+	}
+	pages := spec.Bytes / 4096
+	rng := rand.New(rand.NewSource(42))
+	var res benchResult
+	// Populate every page (written: the agent must write it back when it
+	// evicts it), then let the agent settle under its budget.
+	for p := 0; p < pages; p++ {
+		binary.LittleEndian.PutUint64(mem[p*4096:], uint64(p)+1)
+	}
+	if spec.Workload == "qsort" {
+		for i := 0; i+8 <= len(mem); i += 8 {
+			binary.LittleEndian.PutUint64(mem[i:], rng.Uint64())
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+	start := time.Now()
+	switch spec.Workload {
+	case "latency":
+		// Touch pages in random order, one read each, timing each: with
+		// the budget far below the size and prefetch off, almost every
+		// access is a remote fault.
+		order := rng.Perm(pages)[:min(spec.Accesses, pages)]
+		res.Latencies = make([]int64, 0, len(order))
+		for _, p := range order {
+			t0 := time.Now()
+			res.Sum += uint64(mem[p*4096+8])
+			res.Latencies = append(res.Latencies, int64(time.Since(t0)))
+		}
+	case "seq":
+		for pass := 0; pass < 2; pass++ {
+			for i := 0; i < len(mem); i += 64 {
+				res.Sum += uint64(mem[i])
+			}
+		}
+	case "random":
+		for i := 0; i < spec.Accesses; i++ {
+			res.Sum += binary.LittleEndian.Uint64(mem[rng.Intn(len(mem)/8)*8:])
+		}
+	case "zipf":
+		z := newZipf(rng, pages, 0.99)
+		perm := rng.Perm(pages) // hot pages spread over the range
+		for i := 0; i < spec.Accesses; i++ {
+			p := perm[z.next()]
+			res.Sum += binary.LittleEndian.Uint64(mem[p*4096+rng.Intn(512)*8:])
+		}
+	case "qsort":
+		quicksort(mem, 0, len(mem)/8-1)
+		for i := 8; i+8 <= len(mem); i += 8 * 997 {
+			if binary.LittleEndian.Uint64(mem[i-8:]) > binary.LittleEndian.Uint64(mem[i:]) {
+				return fmt.Errorf("not sorted at %d", i/8)
+			}
+		}
+	default:
+		return fmt.Errorf("unknown workload %q", spec.Workload)
+	}
+	res.Elapsed = int64(time.Since(start))
+	out, _ := json.Marshal(res)
+	fmt.Println(string(out))
+	if spec.Hold {
+		bufio.NewReader(os.Stdin).ReadString('\n')
+	}
+	return c.Unmap(mem)
+}
+
+// zipf draws ranks in [0, n) with P(k) ∝ 1/(k+1)^theta (theta may be < 1,
+// unlike math/rand.Zipf), by inverting the CDF.
+type zipf struct {
+	rng *rand.Rand
+	cdf []float64
+}
+
+func newZipf(rng *rand.Rand, n int, theta float64) *zipf {
+	cdf := make([]float64, n)
+	sum := 0.0
+	for k := range cdf {
+		sum += 1 / math.Pow(float64(k+1), theta)
+		cdf[k] = sum
+	}
+	for k := range cdf {
+		cdf[k] /= sum
+	}
+	return &zipf{rng, cdf}
+}
+
+func (z *zipf) next() int { return sort.SearchFloat64s(z.cdf, z.rng.Float64()) }
+
+// quicksort sorts the little-endian int64s of b[lo..hi] in place.
+func quicksort(b []byte, lo, hi int) {
+	get := func(i int) int64 { return int64(binary.LittleEndian.Uint64(b[i*8:])) }
+	set := func(i int, v int64) { binary.LittleEndian.PutUint64(b[i*8:], uint64(v)) }
+	for lo < hi {
+		p := get(lo + (hi-lo)/2)
+		i, j := lo, hi
+		for i <= j {
+			for get(i) < p {
+				i++
+			}
+			for get(j) > p {
+				j--
+			}
+			if i <= j {
+				vi, vj := get(i), get(j)
+				set(i, vj)
+				set(j, vi)
+				i++
+				j--
+			}
+		}
+		if j-lo < hi-i {
+			quicksort(b, lo, j)
+			lo = i
+		} else {
+			quicksort(b, i, hi)
+			hi = j
+		}
+	}
+}
+
+func skipBench(b *testing.B) {
+	b.Helper()
+	if os.Geteuid() != 0 {
+		b.Skip("needs root: the agent serves another process's userfaultfd")
+	}
+}
+
+// runBench starts an agent over store with budget bytes and runs one
+// child workload, returning its result and the agent's stats of it.
+func runBench(b *testing.B, store pager.Store, budget uint64, prefetch int, spec childSpec) (benchResult, pager.ClientStats) {
+	b.Helper()
+	sock := filepath.Join(b.TempDir(), "agent.sock")
+	a, err := pager.New(pager.Options{Socket: sock, Store: store, LocalMem: budget, MaxPrefetch: prefetch, Log: zap.NewNop()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- a.Run(context.Background()) }()
+	defer func() {
+		a.Close()
+		<-errc
+	}()
+	spec.Hold = true // the stats are read before the child exits
+	js, _ := json.Marshal(spec)
+	cmd := benchCmd(sock, string(js))
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	line, err := bufio.NewReader(stdout).ReadBytes('\n')
+	var st pager.ClientStats
+	for _, s := range a.Stats() {
+		st = s
+	}
+	stdin.Close()
+	if werr := cmd.Wait(); err == nil {
+		err = werr
+	}
+	if err != nil {
+		b.Fatalf("child: %v", err)
+	}
+	var res benchResult
+	if err := json.Unmarshal(line, &res); err != nil {
+		b.Fatalf("child output %q: %v", line, err)
+	}
+	return res, st
+}
+
+func quantile(ns []int64, q float64) time.Duration {
+	s := slices.Clone(ns)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	return time.Duration(s[int(q*float64(len(s)-1))])
+}
+
+// BenchmarkRemoteFault: latency of a fault served from a memory server
+// over tcp loopback, as the faulting thread sees it, against a baseline
+// measured in the same run: the same fault served from the in-memory
+// provider (uffd round trip + UFFDIO_COPY + the agent's own work, no
+// network) plus one rdma 4 KiB READ over tcp loopback.
+func BenchmarkRemoteFault(b *testing.B) {
+	skipBench(b)
+	const size = 16 << 20
+	const budget = 1 << 20
+	spec := childSpec{Bytes: size, Workload: "latency", Accesses: 2000}
+	stores := map[string]*pagertest.Store{}
+	for _, network := range []string{"mem", "tcp"} {
+		stores[network] = pagertest.New(b, pagertest.Options{Servers: 1, Replicas: 1, SlabSize: 1 << 20, SlabsPerServer: 32, Network: network})
+	}
+	local, _ := runBench(b, stores["mem"], budget, -1, spec)
+	remote, st := runBench(b, stores["tcp"], budget, -1, spec)
+
+	// rdma READ of 4 KiB over tcp loopback, one at a time.
+	srv := rdmatest.NewServer(b, 1<<20)
+	ln, err := rdma.Listen("tcp", "127.0.0.1:0", srv.Domain, rdma.ListenOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	conn, err := rdma.Dial(context.Background(), "tcp", ln.Addr(), rdma.DialOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	key := srv.Key(b, 0, 1<<20, rdma.AccessRead)
+	buf := make([]byte, 4096)
+	reads := make([]int64, 2000)
+	for i := range reads {
+		t0 := time.Now()
+		if err := rdma.Read(context.Background(), conn, key, uint64(i%256)*4096, buf); err != nil {
+			b.Fatal(err)
+		}
+		reads[i] = int64(time.Since(t0))
+	}
+	for _, q := range []struct {
+		name string
+		q    float64
+	}{{"p50", 0.50}, {"p99", 0.99}} {
+		l, r, rd := quantile(local.Latencies, q.q), quantile(remote.Latencies, q.q), quantile(reads, q.q)
+		base := l + rd
+		b.ReportMetric(float64(r.Microseconds()), q.name+"-remote-µs")
+		b.ReportMetric(float64(base.Microseconds()), q.name+"-baseline-µs")
+		b.ReportMetric(float64(r)/float64(base), q.name+"-ratio")
+		b.Logf("%s: remote fault %v; baseline %v = local fault %v + tcp READ %v; ratio %.2f",
+			q.name, r, base, l, rd, float64(r)/float64(base))
+	}
+	b.Logf("agent stats of the remote run: %+v", st)
+}
+
+// BenchmarkWorkloads: each workload with its working set 100%, 50% and
+// 25% local, pages over tcp loopback; slowdown against 100% local.
+func BenchmarkWorkloads(b *testing.B) {
+	skipBench(b)
+	const size = 8 << 20
+	for _, w := range []struct {
+		name     string
+		accesses int
+	}{{"seq", 0}, {"random", 200000}, {"zipf", 200000}, {"qsort", 0}} {
+		b.Run(w.name, func(b *testing.B) {
+			var base time.Duration
+			for _, pct := range []int{100, 50, 25} {
+				store := pagertest.New(b, pagertest.Options{Servers: 2, Replicas: 1, SlabSize: 1 << 20, SlabsPerServer: 16, Network: "tcp"})
+				budget := uint64(size) * uint64(pct) / 100
+				if pct == 100 {
+					budget += 1 << 20 // room for the client's own pages
+				}
+				res, st := runBench(b, store, budget, 0, childSpec{Bytes: size, Workload: w.name, Accesses: w.accesses})
+				el := time.Duration(res.Elapsed)
+				if pct == 100 {
+					base = el
+				}
+				b.ReportMetric(float64(el)/float64(base), fmt.Sprintf("slowdown-%d%%", pct))
+				b.Logf("%s at %d%% local: %v (%.2fx), faults %d, remote reads %d, evictions %d, prefetch hit rate %.2f, p50 %v p99 %v",
+					w.name, pct, el, float64(el)/float64(base), st.Faults, st.RemoteReads, st.Evictions, st.PrefetchHitRate(), st.FaultP50, st.FaultP99)
+			}
+		})
+	}
+}
