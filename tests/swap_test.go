@@ -66,9 +66,9 @@ func swapBuild(tb testing.TB, name string) string {
 func swapMemagent(tb testing.TB) string { return swapBuild(tb, "memagent") }
 
 // swapWorkloadC allocates MiB mebibytes and writes a pattern into every
-// 8-byte word; says "written"; with "wait", waits for a line on stdin; then
-// verifies every word twice ("seq", "wait") or reads 100k random words
-// ("rand"). It prints the time from its first write to its last check.
+// 8-byte word; says "written"; then verifies every word twice ("seq",
+// "wait") or reads 100k random words ("rand"). With "wait" it waits for a
+// line on stdin after writing and after the first verifying pass. It prints the time from its first write to its last check.
 const swapWorkloadC = `
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,9 +94,14 @@ int main(int argc, char **argv) {
 			if (p[i] != pat(i)) { fprintf(stderr, "word %zu: %llx\n", i, (unsigned long long)p[i]); return 1; }
 		}
 	} else {
-		for (int pass = 0; pass < 2; pass++)
+		for (int pass = 0; pass < 2; pass++) {
 			for (size_t i = 0; i < n; i++)
 				if (p[i] != pat(i)) { fprintf(stderr, "word %zu: %llx\n", i, (unsigned long long)p[i]); return 1; }
+			if (pass == 0 && strcmp(mode, "wait") == 0) {
+				printf("pass 1 verified\n"); fflush(stdout);
+				char b[8]; if (!fgets(b, sizeof b, stdin)) return 3;
+			}
+		}
 	}
 	printf("verified %zu words\n", n);
 	printf("time_ns %lld\n", now() - t0);
@@ -321,9 +326,10 @@ func (r *swapRun) wait(t *testing.T) int {
 }
 
 // swapWorkloadRun runs the 256 MiB workload in a 64 MiB cgroup with a pool
-// swap file set up by run itself; between writing and verifying, between
-// calls it runs mid.
-func swapWorkloadRun(t *testing.T, p *swapPool, replicas int, mid func(dir string)) {
+// swap file set up by run itself. It calls kill (if not nil) between the
+// writing and the first verifying pass, and then check between the two
+// verifying passes.
+func swapWorkloadRun(t *testing.T, p *swapPool, replicas int, kill, check func(dir string)) {
 	dir := t.TempDir()
 	swapCleanup(t, dir)
 	work := swapWorkload(t)
@@ -351,8 +357,13 @@ func swapWorkloadRun(t *testing.T, p *swapPool, replicas int, mid func(dir strin
 			t.Errorf("slab %d has %d replicas, want %d", sv.ID, len(sv.Replicas), replicas)
 		}
 	}
-	if mid != nil {
-		mid(dir)
+	if kill != nil {
+		kill(dir)
+	}
+	fmt.Fprintln(r.stdin, "go")
+	r.expect(t, "pass 1 verified")
+	if check != nil {
+		check(dir)
 	}
 	fmt.Fprintln(r.stdin, "go")
 	r.expect(t, "verified 33554432 words")
@@ -360,7 +371,7 @@ func swapWorkloadRun(t *testing.T, p *swapPool, replicas int, mid func(dir strin
 		t.Fatalf("memagent run exited %d", code)
 	}
 	swapNoLeftovers(t, dir, r.cmd.Process.Pid)
-	if mid != nil {
+	if kill != nil {
 		return
 	}
 	memdtest.Eventually(t, 10*time.Second, "the swap file's slabs freed", func() error {
@@ -379,7 +390,12 @@ func swapWorkloadRun(t *testing.T, p *swapPool, replicas int, mid func(dir strin
 func TestSwapRun(t *testing.T) {
 	swapNeeds(t)
 	p := swapStartPool(t, 1)
-	swapWorkloadRun(t, p, 1, nil)
+	swapWorkloadRun(t, p, 1, nil, func(dir string) {
+		// The first pass read back what was swapped out: from pool slabs.
+		if s := swapStats(t, dir); s.PoolReadBytes < 150<<20 || s.Errors != 0 {
+			t.Errorf("after a verifying pass, swap-ins did not come from pool slabs: %+v", s)
+		}
+	})
 
 	for _, c := range []struct {
 		script string
@@ -398,10 +414,12 @@ func TestSwapRun(t *testing.T) {
 
 // TestSwapKillPrimary: with --replicas 2, kill -9 the memory server holding
 // the first replica of most swap slabs between the workload's writing and
-// its verifying: every word still verifies, read from the survivors.
+// its verifying: every word still verifies, read from the survivors, and
+// the swap file's slabs get their second replica back.
 func TestSwapKillPrimary(t *testing.T) {
 	swapNeeds(t)
 	p := swapStartPool(t, 3)
+	var primary pool.ServerID
 	swapWorkloadRun(t, p, 2, func(dir string) {
 		slabs, err := p.cl.Slabs(context.Background(), client.SlabFilter{})
 		if err != nil {
@@ -411,7 +429,6 @@ func TestSwapKillPrimary(t *testing.T) {
 		for _, sv := range slabs {
 			first[sv.Replicas[0].Server]++
 		}
-		var primary pool.ServerID
 		for id, n := range first {
 			if n > first[primary] {
 				primary = id
@@ -419,6 +436,28 @@ func TestSwapKillPrimary(t *testing.T) {
 		}
 		t.Logf("first replicas per server %v: killing %s", first, primary)
 		p.servers[primary].Kill()
+	}, func(dir string) {
+		// Every word was read back, through failover for the slabs whose
+		// first replica died. The swap file's Store restores redundancy as the pager's does:
+		// every slab gets back two healthy replicas on the survivors.
+		memdtest.Eventually(t, 30*time.Second, "slabs re-replicated off "+string(primary), func() error {
+			slabs, err := p.cl.Slabs(context.Background(), client.SlabFilter{})
+			if err != nil {
+				return err
+			}
+			for _, sv := range slabs {
+				ok := 0
+				for _, r := range sv.Replicas {
+					if r.State == "ok" && r.Server != primary {
+						ok++
+					}
+				}
+				if ok != 2 {
+					return fmt.Errorf("slab %d: replicas %+v", sv.ID, sv.Replicas)
+				}
+			}
+			return nil
+		})
 	})
 }
 
