@@ -1,0 +1,133 @@
+package pager_test
+
+import (
+	"bufio"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"rmem/pager"
+	"rmem/pager/pagertest"
+	"rmem/pager/proto"
+	"rmem/userfaultfd"
+)
+
+// buildShim compiles the LD_PRELOAD shim and one of its test programs, or
+// skips when gcc or the sources are missing.
+func buildShim(t *testing.T, prog string) (lib, bin string) {
+	t.Helper()
+	if _, err := exec.LookPath("gcc"); err != nil {
+		t.Skip("gcc is not installed: cannot build the shim")
+	}
+	src := filepath.Join("..", "preload", "src", "rmem.c")
+	psrc := filepath.Join("..", "preload", "testdata", prog+".c")
+	for _, p := range []string{src, psrc} {
+		if _, err := os.Stat(p); err != nil {
+			t.Skipf("shim sources not here: %v", err)
+		}
+	}
+	dir := t.TempDir()
+	lib, bin = filepath.Join(dir, "librmem.so"), filepath.Join(dir, prog)
+	if out, err := exec.Command("gcc", "-O2", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden",
+		"-o", lib, src, "-ldl").CombinedOutput(); err != nil {
+		t.Fatalf("gcc shim: %v\n%s", err, out)
+	}
+	if out, err := exec.Command("gcc", "-O2", "-pthread", "-o", bin, psrc).CombinedOutput(); err != nil {
+		t.Fatalf("gcc %s: %v\n%s", prog, err, out)
+	}
+	return lib, bin
+}
+
+// Private-memory semantics across fork (DESIGN.md pitfall 2), end to end:
+// a C program under the shim fills 16 MiB (4 MiB budget: most of it is
+// evicted), forks, and parent and child each write their own value over
+// the same addresses, get evicted again and read back their own.
+func TestForkPrivate(t *testing.T) {
+	skipUnlessUFFD(t)
+	avail, _, _ := userfaultfd.Probe()
+	if !avail.Has(userfaultfd.FeatureEventFork | userfaultfd.FeatureThreadID) {
+		t.Skip("kernel lacks EVENT_FORK or THREAD_ID")
+	}
+	lib, bin := buildShim(t, "fork")
+	const budget = 4 << 20
+	store := pagertest.New(t, pagertest.Options{Servers: 2, Replicas: 1, SlabSize: 1 << 20, SlabsPerServer: 48})
+	a := startAgent(t, store, budget)
+	cmd := exec.Command(bin)
+	cmd.Env = append(os.Environ(), "LD_PRELOAD="+lib, proto.EnvSocket+"="+a.Addr())
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	}()
+	lines := make(chan string, 8)
+	go func() {
+		defer close(lines)
+		s := bufio.NewScanner(stdout)
+		for s.Scan() {
+			lines <- s.Text()
+		}
+	}()
+	expect := func(prefix string) string {
+		t.Helper()
+		select {
+		case l, ok := <-lines:
+			if !ok || !strings.HasPrefix(l, prefix) {
+				t.Fatalf("want %q, got %q (closed: %v); stderr:\n%s", prefix, l, !ok, stderr.String())
+			}
+			return l
+		case <-time.After(30 * time.Second):
+			t.Fatalf("timed out waiting for %q; stderr:\n%s", prefix, stderr.String())
+		}
+		return ""
+	}
+	expect("ready")
+	waitStats(t, a, func(st pager.ClientStats) bool { return st.Evictions > 0 })
+	io.WriteString(stdin, "g")
+	got := map[byte]bool{}
+	for range 2 {
+		got[expect("")[0]] = true
+	}
+	if !got['P'] || !got['C'] {
+		t.Fatalf("want P and C lines, got %v", got)
+	}
+	// Both processes are paged: each has evicted pages of its own.
+	for i := 0; ; i++ {
+		st := a.Stats()
+		if len(st) == 2 && st[0].Evictions > 0 && st[1].Evictions > 0 && st[1].PID != 0 {
+			t.Logf("parent %+v", st[0])
+			t.Logf("child %+v", st[1])
+			break
+		}
+		if i > 500 {
+			t.Fatalf("want two paged clients, got %+v", st)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	io.WriteString(stdin, "gg")
+	oks := map[string]bool{}
+	for range 2 {
+		oks[expect("")] = true
+	}
+	if !oks["child ok"] || !oks["parent ok"] {
+		t.Fatalf("got %v; stderr:\n%s", oks, stderr.String())
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("%v; stderr:\n%s", err, stderr.String())
+	}
+	waitNoClients(t, a)
+	if _, held := store.Allocated(); held != 0 {
+		t.Fatalf("%d slabs held after both processes exited", held)
+	}
+}
