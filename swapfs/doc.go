@@ -35,6 +35,14 @@
 // READ or WRITE that finds no replica reachable is retried for
 // Options.Retry before it fails with EIO.
 //
+// # Concurrency
+//
+// go-fuse calls the FS from a goroutine per request; FS methods are safe
+// for concurrent use. The written bitmap and the slab-id array are atomic
+// words; allocMu serializes only the first write to a slab (one Alloc
+// round trip). The FS starts no goroutine; Mount starts go-fuse's Serve,
+// which returns when the file system is unmounted.
+//
 // # Deadlocks
 //
 // The daemon serving this filesystem must not be in the memory cgroup
