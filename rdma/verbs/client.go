@@ -148,7 +148,7 @@ func dial(ctx context.Context, addr string, opts rdma.DialOptions, cfg Config) (
 	c.rks = make([]*remoteKey, depth)
 	c.wcs = make([]cWC, 64)
 	c.pfds = [2]unix.PollFd{{Fd: int32(c.cq.fd), Events: unix.POLLIN}, {Fd: int32(c.ctrlFd), Events: unix.POLLIN}}
-	if c.qp, err = c.dev.createQP(c.pd, c.cq, depth, rand.Uint32()); err != nil {
+	if c.qp, err = c.dev.createQP(c.pd, c.cq, depth, rand.Uint32(), false); err != nil {
 		return nil, err
 	}
 	if dl, ok := ctx.Deadline(); ok {
@@ -156,6 +156,9 @@ func dial(ctx context.Context, addr string, opts rdma.DialOptions, cfg Config) (
 	} else {
 		nc.SetDeadline(time.Now().Add(ctrlTimeout))
 	}
+	// ctx bounds the handshake: cancelling it fails the blocked I/O.
+	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
 	m := msg{Type: msgHello, EP: c.dev.endpoint(c.qp, depth)}
 	if err := writeMsg(nc, c.cbuf[:], &m); err != nil {
 		return nil, fmt.Errorf("rdma: verbs: hello to %s: %w", addr, err)
@@ -601,7 +604,7 @@ func (c *conn) finishLocked(s *slot, seq uint64) {
 func (c *conn) reconnectLocked() {
 	c.qp.destroy()
 	c.qp = nil
-	qp, err := c.dev.createQP(c.pd, c.cq, c.depth, rand.Uint32())
+	qp, err := c.dev.createQP(c.pd, c.cq, c.depth, rand.Uint32(), false)
 	if err != nil {
 		c.failLocked(fmt.Errorf("%w: %w", rdma.ErrTransport, err))
 		return

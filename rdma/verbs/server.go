@@ -197,7 +197,7 @@ func (s *session) newQPLocked(peer endpoint) (endpoint, error) {
 		s.qp.destroy()
 		s.qp = nil
 	}
-	qp, err := s.dev.createQP(s.pd, s.cq, 1, rand.Uint32())
+	qp, err := s.dev.createQP(s.pd, s.cq, 1, rand.Uint32(), true)
 	if err != nil {
 		return endpoint{}, err
 	}

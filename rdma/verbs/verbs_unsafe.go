@@ -101,13 +101,13 @@ static struct ibv_qp *rm_create_qp(struct ibv_pd *pd, struct ibv_cq *cq, int dep
 
 static uint32_t rm_qpn(struct ibv_qp *qp) { return qp->qp_num; }
 
-static int rm_qp_init(struct ibv_qp *qp, uint8_t port) {
+static int rm_qp_init(struct ibv_qp *qp, uint8_t port, int remote) {
 	struct ibv_qp_attr a;
 	memset(&a, 0, sizeof a);
 	a.qp_state = IBV_QPS_INIT;
 	a.pkey_index = 0;
 	a.port_num = port;
-	a.qp_access_flags = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
+	a.qp_access_flags = remote ? IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC : 0;
 	return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
 }
 
@@ -541,7 +541,10 @@ type queuePair struct {
 	bad  C.int // out parameter of rm_post (a local would escape: one allocation per post)
 }
 
-func (d *device) createQP(pd *protDomain, cq *complQueue, depth int, psn uint32) (*queuePair, error) {
+// createQP makes an RC QP in INIT. Only a server's QP (remote) accepts
+// remote READ, WRITE and atomics; a client's refuses them whatever its MRs
+// allow.
+func (d *device) createQP(pd *protDomain, cq *complQueue, depth int, psn uint32, remote bool) (*queuePair, error) {
 	qp, err := C.rm_create_qp(pd.pd, cq.cq, C.int(depth))
 	if qp == nil {
 		return nil, fmt.Errorf("rdma: verbs: ibv_create_qp (RC, depth %d): %w", depth, err)
@@ -553,7 +556,11 @@ func (d *device) createQP(pd *protDomain, cq *complQueue, depth int, psn uint32)
 		q.destroy()
 		return nil, errors.New("rdma: verbs: out of memory for send WRs")
 	}
-	if rc := C.rm_qp_init(qp, C.uint8_t(d.port)); rc != 0 {
+	r := C.int(0)
+	if remote {
+		r = 1
+	}
+	if rc := C.rm_qp_init(qp, C.uint8_t(d.port), r); rc != 0 {
 		q.destroy()
 		return nil, errnoErr("ibv_modify_qp INIT", rc)
 	}
