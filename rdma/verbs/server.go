@@ -35,9 +35,18 @@ type listener struct {
 var _ rdma.Listener = (*listener)(nil)
 
 func listen(addr string, d *rdma.Domain, opts rdma.ListenOptions, cfg Config) (*listener, error) {
-	// Fail now, not at the first client, when there is no device at all.
-	if _, err := listDevices(); err != nil {
+	// Fail now, not at the first client, when there is no device at all
+	// or none serves the address to listen on.
+	devs, err := listDevices()
+	if err != nil {
 		return nil, err
+	}
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		if ip := net.ParseIP(host); ip != nil && !ip.IsUnspecified() {
+			if _, err := choose(devs, ip, cfg); err != nil {
+				return nil, err
+			}
+		}
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -373,4 +374,16 @@ func TestSharedConn(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("Wait did not return after Close")
 	}
+}
+
+// TestListenWrongAddress: listening on an address no RDMA device serves
+// fails at once, naming the address.
+func TestListenWrongAddress(t *testing.T) {
+	testIP(t)
+	d := rdma.NewDomain(rdma.DomainOptions{})
+	_, err := rdma.Listen("verbs", "127.0.0.1:0", d, rdma.ListenOptions{})
+	if !errors.Is(err, verbs.ErrNoDevice) || !strings.Contains(err.Error(), "127.0.0.1") {
+		t.Fatalf("listen on loopback: %v", err)
+	}
+	t.Log(err)
 }
