@@ -132,6 +132,12 @@ func (c *Client) Map(size int) ([]byte, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("client: map %d bytes: %w", size, unix.EINVAL)
 	}
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
+	}
 	n := (size + pageSize - 1) &^ (pageSize - 1)
 	mem, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
 	if err != nil {

@@ -259,6 +259,7 @@ func (a *Agent) handshake(conn *net.UnixConn) {
 	refuse := func(h proto.Header, errno unix.Errno, why string) {
 		closeFDs()
 		a.log.Warn("client refused", zap.Int32("pid", cred.Pid), zap.Uint32("uid", cred.Uid), zap.String("why", why))
+		conn.SetDeadline(time.Now().Add(time.Second))
 		proto.Send(conn, buf, 1, &proto.Error{Seq: h.Seq, Errno: errno, Text: why})
 	}
 	var hello proto.Hello
@@ -282,6 +283,10 @@ func (a *Agent) handshake(conn *net.UnixConn) {
 	if hello.ForkSerial == 0 {
 		if hello.Flags&proto.HelloUFFD == 0 || nfds != 1 {
 			refuse(h, unix.EINVAL, "a top-level HELLO carries exactly its uffd")
+			return
+		}
+		if link, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", fds[0])); err != nil || link != "anon_inode:[userfaultfd]" {
+			refuse(h, unix.EBADF, "the descriptor is not a userfaultfd")
 			return
 		}
 		u, err := userfaultfd.FromFD(fds[0], hello.Features)
