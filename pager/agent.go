@@ -153,7 +153,7 @@ func New(opts Options) (*Agent, error) {
 		ctx: ctx, cancel: cancel,
 		clients: map[uint64]*client{}, forked: map[forkKey]*client{},
 	}
-	a.cond = sync.NewCond(&a.mu)
+	a.cond = newCond(a)
 	if opts.Registry != nil {
 		if err := opts.Registry.Register(&collector{a}); err != nil {
 			ln.Close()
@@ -163,6 +163,8 @@ func New(opts Options) (*Agent, error) {
 	}
 	return a, nil
 }
+
+func newCond(a *Agent) *sync.Cond { return sync.NewCond(&a.mu) }
 
 // Addr returns the socket path.
 func (a *Agent) Addr() string { return a.opts.Socket }

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"strings"
 	"testing"
@@ -264,8 +265,11 @@ func TestOverBudget(t *testing.T) {
 			const budget = 1 << 20
 			store := pagertest.New(t, pagertest.Options{Servers: 2, Replicas: 1, SlabSize: 1 << 20, SlabsPerServer: 16})
 			a := startAgent(t, store, budget)
+			var m0, m1 runtime.MemStats
+			runtime.ReadMemStats(&m0)
 			c := startChild(t, a, childSpec{Bytes: 4 * budget, Passes: 2, Order: order, Hold: true})
 			res := c.result(t)
+			runtime.ReadMemStats(&m1)
 			if res.Bad != 0 || res.Pages != 1024 {
 				t.Fatalf("%d bad words of %d pages; first: %s", res.Bad, res.Pages, res.First)
 			}
@@ -276,6 +280,12 @@ func TestOverBudget(t *testing.T) {
 			// come in, and the evictor brings it back under once they stop.
 			st := waitStats(t, a, func(st pager.ClientStats) bool { return st.ResidentBytes <= budget })
 			t.Logf("stats: %+v", st)
+			// Everything this process allocated during the run, per fault
+			// (the test's goroutines included). The success path allocates
+			// nothing; ioctls refused with EAGAIN while the client is in
+			// madvise (then retried) allocate their *OpError.
+			perFault := float64(m1.Mallocs-m0.Mallocs) / float64(st.Faults+st.WPFaults)
+			t.Logf("allocations per fault (whole process): %.3f", perFault)
 			if st.Evictions == 0 || st.RemoteReads == 0 || st.WriteBacks == 0 {
 				t.Fatalf("no paging: %+v", st)
 			}

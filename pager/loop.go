@@ -380,6 +380,8 @@ func (c *client) serveUFFD() {
 			case userfaultfd.EventPagefault:
 				if ev.Flags&userfaultfd.FaultWP == 0 {
 					c.st.faults.Add(1)
+				} else {
+					c.st.wpFaults.Add(1)
 				}
 				c.fault(ev.Addr.RoundDown(pageSize), ev.Flags, now)
 			default:
@@ -411,7 +413,6 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 		return
 	}
 	if flags&userfaultfd.FaultWP != 0 {
-		c.st.wpFaults.Add(1)
 		if p.State() == Resident {
 			c.set(r, idx, p|FlagDirty|FlagRef)
 			if err := c.uffd.Unprotect(pageRange(a), 0); err != nil && !userfaultfd.IsGone(err) {
@@ -495,7 +496,9 @@ func (c *client) zeroFill(a userfaultfd.Addr, since time.Time) error {
 }
 
 func (c *client) hold(list *[]heldFault, h heldFault) {
-	c.st.held.Add(1)
+	if list == &c.held {
+		c.st.held.Add(1)
+	}
 	if len(*list) == cap(*list) {
 		// Full: let the thread fault again later.
 		c.uffd.Wake(pageRange(h.r.addr(h.idx)))
