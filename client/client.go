@@ -273,20 +273,58 @@ func (c *Client) routineHelper() {
 
 // evict copies each victim to its staging slot and drops it. The agent
 // has write-protected the pages, so they cannot change meanwhile.
+//
+// Each run of adjacent victims is dropped with one madvise: every madvise
+// of a registered range makes the agent's ioctls fail with EAGAIN until
+// its REMOVE event is read, so fewer calls mean fewer retries there.
 func (c *Client) evict(ev *proto.Evict) (uint32, unix.Errno) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for i, p := range ev.Pages[:ev.N] {
+	pages := ev.Pages[:ev.N]
+	for i, p := range pages {
 		page := c.page(uintptr(p.Addr))
 		if page == nil || int(p.Slot+1)*pageSize > len(c.staging) {
-			return uint32(i), unix.EFAULT
+			return c.drop(pages[:i]), unix.EFAULT
 		}
 		copy(c.staging[int(p.Slot)*pageSize:], page)
-		if err := unix.Madvise(page, unix.MADV_DONTNEED); err != nil {
-			return uint32(i), err.(unix.Errno)
-		}
 	}
-	return uint32(ev.N), 0
+	done := c.drop(pages)
+	if done < uint32(len(pages)) {
+		return done, unix.EINVAL
+	}
+	return done, 0
+}
+
+// drop madvises the copied pages away, a run of adjacent pages at a time,
+// and returns how many of them (from the first) were dropped.
+// Preconditions: c.mu held.
+func (c *Client) drop(pages []proto.EvictPage) uint32 {
+	for i := 0; i < len(pages); {
+		j := i + 1
+		for j < len(pages) && pages[j].Addr == pages[j-1].Addr+pageSize {
+			j++
+		}
+		first, last := c.page(uintptr(pages[i].Addr)), c.page(uintptr(pages[j-1].Addr))
+		if first == nil || last == nil || uintptr(userfaultfd.AddrOf(last))-uintptr(userfaultfd.AddrOf(first)) != uintptr(j-1-i)*pageSize {
+			return uint32(i) // not one mapping: the agent's addresses are wrong
+		}
+		run := extend(first, (j-i)*pageSize)
+		if run == nil || unix.Madvise(run, unix.MADV_DONTNEED) != nil {
+			return uint32(i)
+		}
+		i = j
+	}
+	return uint32(len(pages))
+}
+
+// extend returns n bytes of the region that first starts, or nil when
+// they are not all inside it.
+// Preconditions: c.mu held.
+func extend(first []byte, n int) []byte {
+	if n <= cap(first) {
+		return first[:n:n]
+	}
+	return nil
 }
 
 // page returns the mapped page at a, or nil. Preconditions: c.mu held.
@@ -297,7 +335,7 @@ func (c *Client) page(a uintptr) []byte {
 	for start, r := range c.regions {
 		if a >= start && a < start+uintptr(len(r.mem)) {
 			off := a - start
-			return r.mem[off : off+pageSize : off+pageSize]
+			return r.mem[off : off+pageSize] // cap: to the region's end
 		}
 	}
 	return nil

@@ -38,20 +38,33 @@ func (c *client) maybeEvict() {
 		return
 	}
 	k := 0
-	for _, v := range victims {
-		r := c.regs.list[v.Table]
-		a := r.addr(v.Page)
-		if err := c.uffd.WriteProtect(pageRange(a)); err != nil {
-			c.log.Warn("write-protect of a victim failed", zap.Stringer("addr", a), zap.Error(err))
-			r.pages[v.Page] &^= FlagBusy
+	for i := 0; i < len(victims); {
+		// One WRITEPROTECT per run of adjacent victims.
+		j := i + 1
+		for j < len(victims) && victims[j].Table == victims[i].Table && victims[j].Page == victims[j-1].Page+1 {
+			j++
+		}
+		r := c.regs.list[victims[i].Table]
+		run := userfaultfd.Range{Start: r.addr(victims[i].Page), Len: uint64(j-i) * pageSize}
+		if err := c.uffd.WriteProtect(run); err != nil {
+			if !userfaultfd.IsMMChanged(err) {
+				c.log.Warn("write-protect of victims failed", zap.Stringer("range", run), zap.Error(err))
+			}
+			for _, v := range victims[i:j] {
+				r.pages[v.Page] &^= FlagBusy
+			}
+			i = j
 			continue
 		}
-		slot := c.slotFree[len(c.slotFree)-1]
-		c.slotFree = c.slotFree[:len(c.slotFree)-1]
-		c.slotOwner[slot] = pageRef{r, v.Page}
-		c.evict.Pages[k] = proto.EvictPage{Addr: a, Slot: slot}
-		c.evictRefs[k] = pageRef{r, v.Page}
-		k++
+		for _, v := range victims[i:j] {
+			slot := c.slotFree[len(c.slotFree)-1]
+			c.slotFree = c.slotFree[:len(c.slotFree)-1]
+			c.slotOwner[slot] = pageRef{r, v.Page}
+			c.evict.Pages[k] = proto.EvictPage{Addr: r.addr(v.Page), Slot: slot}
+			c.evictRefs[k] = pageRef{r, v.Page}
+			k++
+		}
+		i = j
 	}
 	if k == 0 {
 		return
