@@ -18,10 +18,22 @@
 //
 // Faults of mapped memory are served by memagent, never by this process,
 // so a goroutine faulting inside the runtime (say, a memmove during a GC
-// stop-the-world) waits only for the agent (DESIGN.md pitfall 1). The
-// helper reads only pages the agent has just write-protected and knows to
-// be resident. The process keeps its own reference to the uffd: if the
-// agent dies, a fault on an evicted page blocks instead of reading zeros.
+// stop-the-world) waits for the agent (DESIGN.md pitfall 1). The helper
+// reads only pages the agent has just write-protected and knows to be
+// resident. The process keeps its own reference to the uffd: if the agent
+// dies, a fault on an evicted page blocks instead of reading zeros.
+//
+// Known limit: two kinds of fault wait for the helper goroutine, not only
+// for the agent: a write to a page whose eviction is in flight (until the
+// helper answers EVICTED, about 100 µs) and a fault past the budget (the
+// agent holds it for at most 50 ms while the helper evicts). If a GC
+// stop-the-world begins while a goroutine sits in such a fault inside a
+// function the runtime cannot preempt, the helper is stopped too and the
+// fault is served only when the agent's bound expires (budget) or not at
+// all (eviction in flight). The C shim has no such limit (its helper is a
+// plain thread). With GOMAXPROCS=1 faults past the budget are slow: the
+// helper runs only when the scheduler preempts the faulting goroutine.
+//
 // Do not fork without exec: the child is not paged.
 //
 // # Concurrency

@@ -1,0 +1,28 @@
+package pager
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestWriteTable(t *testing.T) {
+	var b strings.Builder
+	err := WriteTable(&b, []ClientStats{
+		{PID: 42, ResidentBytes: 3 << 20, RemoteBytes: 5 << 30, BudgetBytes: 512 << 10, Faults: 7,
+			FaultP50: 16 * time.Microsecond, FaultP99: time.Millisecond, PrefetchHits: 3, PrefetchWasted: 1},
+		{PID: 43},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{"PID", "42", "3.0MiB", "5.0GiB", "512KiB", "16µs", "1ms", "75%", "43"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	if n := strings.Count(out, "\n"); n != 3 {
+		t.Errorf("%d lines:\n%s", n, out)
+	}
+}
