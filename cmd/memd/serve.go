@@ -34,6 +34,7 @@ import (
 	"rmem/pool/store"
 	_ "rmem/rdma/shm" // same-host data plane
 	_ "rmem/rdma/tcp" // the default data-plane provider
+	"rmem/rdma/verbs"
 )
 
 // Default addresses and paths (docs/api.md).
@@ -89,6 +90,7 @@ generated in <runtime-dir>/token for the CLI and memagent on this host.`,
 	f.String("tcp-listen", defaultTCPListen, "data-plane tcp address (\"off\" disables)")
 	f.String("tcp-advertise", "", "tcp address registered for agents (default: the listener's address)")
 	f.String("shm-socket", "", "data-plane shm socket (default <runtime-dir>/memd-data.sock; \"off\" disables)")
+	f.String("verbs-listen", "off", "data-plane RDMA verbs set-up address IP:PORT on an RDMA device's IP (needs a memd built with -tags verbs; docs/rdma-hardware.md)")
 	f.String("data-dir", defaultDataDir, "coordinator metadata directory (bbolt file memd.db)")
 	f.String("heartbeat-interval", "2s", "memory server heartbeat interval")
 	f.String("heartbeat-timeout", "10s", "coordinator: a server silent this long is dead")
@@ -109,6 +111,7 @@ type serveConfig struct {
 	capacity, slabSize    uint64
 	domain                string
 	tcpListen, tcpAdv     string
+	verbsListen           string
 	shmSocket             string
 	shmDefault            bool // shm-socket not configured: run without shm if it cannot start
 	dataDir               string
@@ -242,6 +245,15 @@ func readServeConfig(app *cli.App) (*serveConfig, error) {
 		if c.tcpListen != "off" {
 			if _, _, err := net.SplitHostPort(c.tcpListen); err != nil {
 				return nil, app.Invalid("tcp-listen", "want HOST:PORT or off")
+			}
+		}
+		c.verbsListen = app.String("verbs-listen")
+		if c.verbsListen != "off" {
+			if _, _, err := net.SplitHostPort(c.verbsListen); err != nil {
+				return nil, app.Invalid("verbs-listen", "want IP:PORT or off")
+			}
+			if !verbs.Built {
+				return nil, app.Invalid("verbs-listen", "%v", verbs.ErrNotBuilt)
 			}
 		}
 		c.shmSocket = app.String("shm-socket")
@@ -439,6 +451,9 @@ func serve(ctx context.Context, log *zap.Logger, cfg *serveConfig) (err error) {
 		optional := map[string]bool{}
 		if cfg.tcpListen != "off" {
 			listen["tcp"] = cfg.tcpListen
+		}
+		if cfg.verbsListen != "off" {
+			listen["verbs"] = cfg.verbsListen
 		}
 		if cfg.shmSocket != "off" {
 			if err := os.MkdirAll(filepath.Dir(cfg.shmSocket), 0o755); err != nil {
