@@ -10,12 +10,22 @@ KERNEL_PKGS := ./userfaultfd/... ./internal/uffddemo/...
 # "context deadline exceeded" on a loaded machine.
 FUZZTIME ?= 50000x
 
-.PHONY: all build demo test fmt-check vet test-race test-gomaxprocs1 fuzz clean
+.PHONY: all build shim demo test fmt-check vet test-race test-gomaxprocs1 fuzz clean
 
 all: build
 
-build:
+build: shim
 	$(GO) build -o $(BIN)/ ./cmd/...
+
+# The LD_PRELOAD shim, installed beside the binaries (memagent run finds it
+# there). Same flags as preload's tests use.
+CC          ?= gcc
+SHIM_CFLAGS := -O2 -fPIC -shared -pthread -fvisibility=hidden -Wall -Wextra -Werror
+shim: $(BIN)/librmem.so
+
+$(BIN)/librmem.so: preload/src/rmem.c preload/proto.h
+	@mkdir -p $(BIN)
+	$(CC) $(SHIM_CFLAGS) -o $@ preload/src/rmem.c -ldl
 
 # The main job, end to end on this host.
 demo: build

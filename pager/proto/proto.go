@@ -43,7 +43,7 @@ const (
 	// KiB/MiB/GiB suffix); it wins over WELCOME's MinAlloc.
 	EnvMinAlloc = "RMEM_MIN_ALLOC"
 	// DefaultMinAlloc is the shim's threshold when neither RMEM_MIN_ALLOC
-	// nor the agent says otherwise (see preload/rmem.c for the
+	// nor the agent says otherwise (see preload/src/rmem.c for the
 	// measurement behind it).
 	DefaultMinAlloc = 1 << 20
 )

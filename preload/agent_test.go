@@ -1,0 +1,751 @@
+package preload
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"rmem/pager/proto"
+	"rmem/userfaultfd"
+)
+
+// testAgent is a test fixture, not the product (that is package pager): it
+// speaks the protocol, serves faults with ZeroPage or Copy from an
+// in-memory map of page contents, and evicts pages on request through the
+// shim's helper thread. The memory it serves lives in other processes.
+type testAgent struct {
+	t    *testing.T
+	path string
+	ln   *net.UnixListener
+	wg   sync.WaitGroup
+
+	mu      sync.Mutex
+	cond    *sync.Cond
+	clients map[int32]*agentClient
+	forks   map[forkKey]*forkedChild // FORK events not yet claimed by a HELLO
+	closed  bool
+	hellos  int
+	refuse  bool // answer HELLO with ERROR
+}
+
+type forkKey struct {
+	ppid   int32
+	serial uint64
+}
+
+// forkedChild is what a FORK event leaves for the child's HELLO: its uffd
+// and a copy of the parent's state at the fork.
+type forkedChild struct {
+	uffd     *userfaultfd.UFFD
+	regions  []region
+	saved    map[userfaultfd.Addr][]byte
+	resident map[userfaultfd.Addr]bool
+}
+
+type region struct {
+	id   uint64
+	r    userfaultfd.Range
+	kind proto.Kind
+}
+
+// agentStats are counts for one client.
+type agentStats struct {
+	Regions     map[proto.Kind]int // REGION_ADDs by kind
+	Deletes     int
+	ZeroFills   int
+	Restores    int // faults served from evicted contents
+	Evicted     int
+	HeldFaults  int // faults on pages while their eviction was in flight
+	RemoveEvts  int
+	UnmapEvts   int
+	ForkEvents  int
+	ForkChild   bool
+	StagingSize int
+}
+
+type agentClient struct {
+	a      *testAgent
+	pid    int32
+	ppid   int32
+	conn   *net.UnixConn
+	uffd   *userfaultfd.UFFD
+	poller *userfaultfd.Poller
+	memfd  int
+	stage  []byte
+	done   chan struct{}
+	cmds   chan evictCmd
+
+	// Owned by the serve goroutine.
+	regions  []region
+	saved    map[userfaultfd.Addr][]byte
+	resident map[userfaultfd.Addr]bool
+	// Evicted pages whose REMOVE event (from the helper's MADV_DONTNEED)
+	// has not been handled yet: the event is read before EVICTED is sent,
+	// but the two readers may deliver them in either order.
+	expectRemove map[userfaultfd.Addr]bool
+	forks        uint64
+	seq          uint32
+	sbuf         []byte
+
+	smu   sync.Mutex
+	stats agentStats
+}
+
+type evictCmd struct {
+	reply chan evictResult
+}
+
+type evictResult struct {
+	n   int
+	err error
+}
+
+const testSlots = 64
+
+func newTestAgent(t *testing.T) *testAgent {
+	t.Helper()
+	a := &testAgent{
+		t:       t,
+		path:    filepath.Join(t.TempDir(), "agent.sock"),
+		clients: map[int32]*agentClient{},
+		forks:   map[forkKey]*forkedChild{},
+	}
+	a.cond = sync.NewCond(&a.mu)
+	ln, err := proto.Listen(a.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.ln = ln
+	a.wg.Add(1)
+	go a.routineAccept()
+	t.Cleanup(a.Close)
+	return a
+}
+
+func (a *testAgent) Close() {
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return
+	}
+	a.closed = true
+	a.cond.Broadcast()
+	for _, c := range a.clients {
+		c.conn.Close()
+	}
+	for k, f := range a.forks {
+		f.uffd.Close()
+		delete(a.forks, k)
+	}
+	a.mu.Unlock()
+	a.ln.Close()
+	a.wg.Wait()
+}
+
+func (a *testAgent) routineAccept() {
+	defer a.wg.Done()
+	for {
+		c, err := a.ln.AcceptUnix()
+		if err != nil {
+			return
+		}
+		a.wg.Add(1)
+		go a.routineClient(c)
+	}
+}
+
+// client waits for the client with pid to have said HELLO.
+func (a *testAgent) client(pid int32) (*agentClient, error) {
+	deadline := time.Now().Add(20 * time.Second)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for a.clients[pid] == nil {
+		if time.Now().After(deadline) || a.closed {
+			return nil, fmt.Errorf("no HELLO from pid %d", pid)
+		}
+		a.mu.Unlock()
+		time.Sleep(5 * time.Millisecond)
+		a.mu.Lock()
+	}
+	return a.clients[pid], nil
+}
+
+// Evict evicts every page of pid that is resident, in batches of 64, and
+// returns how many it evicted.
+func (a *testAgent) Evict(pid int32) (int, error) {
+	c, err := a.client(pid)
+	if err != nil {
+		return 0, err
+	}
+	cmd := evictCmd{reply: make(chan evictResult, 1)}
+	select {
+	case c.cmds <- cmd:
+	case <-c.done:
+		return 0, errors.New("client gone")
+	}
+	select {
+	case r := <-cmd.reply:
+		return r.n, r.err
+	case <-c.done:
+		return 0, errors.New("client gone during eviction")
+	}
+}
+
+func (a *testAgent) Stats(pid int32) agentStats {
+	c, err := a.client(pid)
+	if err != nil {
+		a.t.Errorf("stats: %v", err)
+		return agentStats{}
+	}
+	c.smu.Lock()
+	defer c.smu.Unlock()
+	s := c.stats
+	s.Regions = maps(c.stats.Regions)
+	return s
+}
+
+func maps(m map[proto.Kind]int) map[proto.Kind]int {
+	out := map[proto.Kind]int{}
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+func (a *testAgent) routineClient(conn *net.UnixConn) {
+	defer a.wg.Done()
+	defer conn.Close()
+	buf, oob := make([]byte, proto.MaxPacket), make([]byte, proto.OOBSize)
+	fds := make([]int, proto.MaxFDs)
+	pkt, nfds, err := proto.Recv(conn, buf, oob, fds)
+	if err != nil {
+		a.t.Errorf("agent: first packet: %v", err)
+		return
+	}
+	var h proto.Hello
+	hdr, err := proto.Expect(pkt, &h)
+	if err != nil {
+		a.t.Errorf("agent: HELLO: %v", err)
+		closeFDs(fds[:nfds])
+		return
+	}
+	cred, err := userfaultfd.PeerCred(conn)
+	if err != nil || cred.Pid != h.PID {
+		a.t.Errorf("agent: HELLO pid %d, peer %v %v", h.PID, cred, err)
+	}
+	c := &agentClient{
+		a: a, pid: h.PID, ppid: h.PPID, conn: conn, memfd: -1,
+		done: make(chan struct{}), cmds: make(chan evictCmd),
+		saved: map[userfaultfd.Addr][]byte{}, resident: map[userfaultfd.Addr]bool{},
+		expectRemove: map[userfaultfd.Addr]bool{},
+		sbuf:         make([]byte, 0, proto.MaxPacket),
+	}
+	c.stats.Regions = map[proto.Kind]int{}
+	defer close(c.done)
+	a.mu.Lock()
+	a.hellos++
+	refuse := a.refuse
+	a.mu.Unlock()
+	if refuse {
+		closeFDs(fds[:nfds])
+		proto.Send(conn, c.sbuf, 0, &proto.Error{Seq: hdr.Seq, Errno: unix.EPERM, Text: "test agent refuses"})
+		return
+	}
+	if h.ForkSerial == 0 {
+		if nfds != 1 {
+			a.t.Errorf("agent: top-level HELLO with %d fds", nfds)
+			closeFDs(fds[:nfds])
+			return
+		}
+		c.uffd, err = userfaultfd.FromFD(fds[0], h.Features)
+		if err != nil {
+			a.t.Errorf("agent: %v", err)
+			return
+		}
+	} else {
+		closeFDs(fds[:nfds])
+		f, err := a.claimFork(forkKey{h.PPID, h.ForkSerial})
+		if err != nil {
+			a.t.Errorf("agent: HELLO of pid %d: %v", h.PID, err)
+			proto.Send(conn, c.sbuf, 0, &proto.Error{Seq: hdr.Seq, Errno: unix.ESRCH, Text: err.Error()})
+			return
+		}
+		c.uffd, c.regions, c.saved, c.resident = f.uffd, f.regions, f.saved, f.resident
+		c.stats.ForkChild = true
+	}
+	defer c.uffd.Close()
+	if err := c.setupStaging(); err != nil {
+		a.t.Errorf("agent: %v", err)
+		return
+	}
+	defer unix.Munmap(c.stage)
+	defer unix.Close(c.memfd)
+	w := &proto.Welcome{ClientID: uint64(h.PID), StagingSlots: testSlots}
+	wfds := []int{c.memfd}
+	if h.ForkSerial != 0 {
+		w.Flags |= proto.WelcomeUFFD
+		wfds = append(wfds, c.uffd.Fd())
+	}
+	if err := proto.Send(conn, c.sbuf, 0, w, wfds...); err != nil {
+		a.t.Errorf("agent: WELCOME: %v", err)
+		return
+	}
+	c.poller, err = userfaultfd.NewPoller(c.uffd)
+	if err != nil {
+		a.t.Errorf("agent: %v", err)
+		return
+	}
+	defer c.poller.Close()
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return
+	}
+	a.clients[h.PID] = c
+	a.mu.Unlock()
+	c.serve()
+}
+
+func (a *testAgent) claimFork(k forkKey) (*forkedChild, error) {
+	deadline := time.Now().Add(10 * time.Second)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for a.forks[k] == nil {
+		if a.closed || time.Now().After(deadline) {
+			return nil, fmt.Errorf("no FORK event for parent %d serial %d", k.ppid, k.serial)
+		}
+		a.mu.Unlock()
+		time.Sleep(2 * time.Millisecond)
+		a.mu.Lock()
+	}
+	f := a.forks[k]
+	delete(a.forks, k)
+	return f, nil
+}
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}
+
+func (c *agentClient) setupStaging() error {
+	fd, err := unix.MemfdCreate("rmem-test-staging", unix.MFD_CLOEXEC)
+	if err != nil {
+		return err
+	}
+	size := testSlots * int(userfaultfd.PageSize)
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		unix.Close(fd)
+		return err
+	}
+	b, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Close(fd)
+		return err
+	}
+	c.memfd, c.stage = fd, b
+	c.stats.StagingSize = size
+	return nil
+}
+
+type sockMsg struct {
+	h   proto.Header
+	m   proto.Message
+	err error
+}
+
+// serve is the client's loop: one goroutine owns its state; two readers
+// feed it the socket's messages and the uffd's events.
+func (c *agentClient) serve() {
+	msgs := make(chan sockMsg)
+	events := make(chan []userfaultfd.Event)
+	quit := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { // socket reader
+		defer wg.Done()
+		buf, oob := make([]byte, proto.MaxPacket), make([]byte, proto.OOBSize)
+		for {
+			pkt, _, err := proto.Recv(c.conn, buf, oob, nil)
+			var sm sockMsg
+			if err != nil {
+				sm.err = err
+			} else {
+				sm.h, sm.m, sm.err = proto.Decode(pkt)
+			}
+			select {
+			case msgs <- sm:
+			case <-quit:
+				return
+			}
+			if sm.err != nil {
+				return
+			}
+		}
+	}()
+	go func() { // uffd reader
+		defer wg.Done()
+		raw := make([]userfaultfd.Msg, 64)
+		for {
+			n, err := c.poller.Wait(raw)
+			if err != nil {
+				return
+			}
+			evs := make([]userfaultfd.Event, 0, n)
+			for i := range n {
+				ev, err := raw[i].Decode()
+				if err != nil {
+					c.a.t.Errorf("agent: %v", err)
+					continue
+				}
+				evs = append(evs, ev)
+			}
+			select {
+			case events <- evs:
+			case <-quit:
+				for _, ev := range evs {
+					if ev.Kind == userfaultfd.EventFork {
+						unix.Close(ev.FD)
+					}
+				}
+				return
+			}
+		}
+	}()
+	defer func() {
+		close(quit)
+		c.poller.Stop()
+		c.conn.Close()
+		wg.Wait()
+	}()
+
+	var ev *eviction
+	var retry []userfaultfd.Event
+	for {
+		var tick <-chan time.Time
+		if len(retry) > 0 {
+			tick = time.After(200 * time.Microsecond)
+		}
+		select {
+		case <-tick:
+			again := retry[:0:0]
+			for _, e := range retry {
+				if c.handleEvent(e, ev) {
+					again = append(again, e)
+				}
+			}
+			retry = again
+		case sm := <-msgs:
+			if sm.err != nil {
+				if !errors.Is(sm.err, io.EOF) && !errors.Is(sm.err, net.ErrClosed) {
+					c.a.t.Errorf("agent: pid %d: %v", c.pid, sm.err)
+				}
+				if ev != nil {
+					ev.cmd.reply <- evictResult{ev.total, errors.New("client gone")}
+				}
+				return
+			}
+			ev = c.handleMsg(sm, ev)
+		case evs := <-events:
+			for _, e := range evs {
+				if c.handleEvent(e, ev) {
+					retry = append(retry, e)
+				}
+			}
+		case cmd := <-c.cmds:
+			if ev != nil {
+				cmd.reply <- evictResult{0, errors.New("eviction in flight")}
+				continue
+			}
+			ev = c.startEviction(cmd)
+		}
+	}
+}
+
+// eviction is an EVICT in flight.
+type eviction struct {
+	cmd     evictCmd
+	pending []userfaultfd.Addr // pages still to evict, sorted
+	batch   []userfaultfd.Addr // the batch out now
+	id      uint64
+	held    []userfaultfd.Addr        // faults on batch pages, woken after EVICTED
+	removed map[userfaultfd.Addr]bool // batch pages whose REMOVE came already
+	total   int
+}
+
+func (e *eviction) inBatch(a userfaultfd.Addr) bool {
+	if e == nil {
+		return false
+	}
+	_, ok := slices.BinarySearch(e.batch, a)
+	return ok
+}
+
+func (c *agentClient) reply(seq uint32, err error) {
+	var m proto.Message = &proto.Ack{Seq: seq}
+	if err != nil {
+		m = &proto.Error{Seq: seq, Errno: unix.EINVAL, Text: err.Error()}
+	}
+	c.seq++
+	if err := proto.Send(c.conn, c.sbuf, c.seq, m); err != nil {
+		c.a.t.Errorf("agent: reply: %v", err)
+	}
+}
+
+func (c *agentClient) handleMsg(sm sockMsg, ev *eviction) *eviction {
+	switch m := sm.m.(type) {
+	case *proto.RegionAdd:
+		for _, r := range c.regions {
+			if r.r.Overlaps(m.Range) {
+				c.a.t.Errorf("agent: REGION_ADD %v overlaps region %d %v", m.Range, r.id, r.r)
+			}
+		}
+		c.regions = append(c.regions, region{m.ID, m.Range, m.Kind})
+		c.smu.Lock()
+		c.stats.Regions[m.Kind]++
+		c.smu.Unlock()
+		c.reply(sm.h.Seq, nil)
+	case *proto.RegionDel:
+		var out []region
+		found := false
+		for _, r := range c.regions {
+			if !r.r.Overlaps(m.Range) {
+				out = append(out, r)
+				continue
+			}
+			found = found || r.id == m.ID
+			end, _ := r.r.End()
+			dend, _ := m.Range.End()
+			if r.r.Start < m.Range.Start {
+				out = append(out, region{r.id, userfaultfd.Range{Start: r.r.Start, Len: uint64(m.Range.Start - r.r.Start)}, r.kind})
+			}
+			if dend < end {
+				out = append(out, region{r.id, userfaultfd.Range{Start: dend, Len: uint64(end - dend)}, r.kind})
+			}
+		}
+		if !found {
+			c.a.t.Errorf("agent: REGION_DEL of unknown region %d %v", m.ID, m.Range)
+		}
+		c.regions = out
+		c.forget(m.Range)
+		c.smu.Lock()
+		c.stats.Deletes++
+		c.smu.Unlock()
+		c.reply(sm.h.Seq, nil)
+	case *proto.Evicted:
+		return c.finishBatch(m, ev)
+	default:
+		c.a.t.Errorf("agent: unexpected %v from pid %d", sm.h.Type, c.pid)
+	}
+	return ev
+}
+
+func (c *agentClient) forget(r userfaultfd.Range) {
+	for p := range r.Pages(userfaultfd.PageSize) {
+		delete(c.saved, p)
+		delete(c.resident, p)
+	}
+}
+
+func (c *agentClient) inRegion(a userfaultfd.Addr) bool {
+	for _, r := range c.regions {
+		if r.r.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// handleEvent handles one uffd event; it returns true if the event must be
+// handled again later (the address space is changing).
+func (c *agentClient) handleEvent(e userfaultfd.Event, ev *eviction) (again bool) {
+	page := userfaultfd.Range{Start: e.Addr.RoundDown(userfaultfd.PageSize), Len: userfaultfd.PageSize}
+	switch e.Kind {
+	case userfaultfd.EventPagefault:
+		if ev.inBatch(page.Start) {
+			ev.held = append(ev.held, page.Start)
+			c.smu.Lock()
+			c.stats.HeldFaults++
+			c.smu.Unlock()
+			return false
+		}
+		if e.Flags&userfaultfd.FaultWP != 0 {
+			err := c.uffd.Unprotect(page, 0)
+			if userfaultfd.IsMMChanged(err) {
+				return true
+			}
+			if err != nil {
+				c.a.t.Errorf("agent: unprotect %v: %v", page, err)
+			}
+			return false
+		}
+		if !c.inRegion(page.Start) {
+			c.a.t.Errorf("agent: pid %d faults at %v outside its regions", c.pid, e.Addr)
+		}
+		data, restore := c.saved[page.Start]
+		var err error
+		if restore {
+			_, err = c.uffd.Copy(page.Start, data, 0)
+		} else {
+			_, err = c.uffd.ZeroPage(page, 0)
+		}
+		if userfaultfd.IsMMChanged(err) {
+			// A non-cooperative event (REMOVE, UNMAP, FORK) is being
+			// delivered; once the reader has taken it, this succeeds.
+			return true
+		}
+		c.smu.Lock()
+		if restore && err == nil {
+			delete(c.saved, page.Start)
+			c.stats.Restores++
+		} else if err == nil {
+			c.stats.ZeroFills++
+		}
+		c.smu.Unlock()
+		if userfaultfd.IsExist(err) {
+			err = c.uffd.Wake(page)
+		}
+		if err != nil && !userfaultfd.IsGone(err) {
+			c.a.t.Errorf("agent: serve %v: %v", page, err)
+			return false
+		}
+		c.resident[page.Start] = true
+	case userfaultfd.EventRemove, userfaultfd.EventUnmap:
+		c.smu.Lock()
+		if e.Kind == userfaultfd.EventRemove {
+			c.stats.RemoveEvts++
+		} else {
+			c.stats.UnmapEvts++
+		}
+		c.smu.Unlock()
+		for p := range e.Range.Pages(userfaultfd.PageSize) {
+			if e.Kind == userfaultfd.EventRemove && ev.inBatch(p) {
+				ev.removed[p] = true
+				continue // our own eviction's MADV_DONTNEED
+			}
+			if e.Kind == userfaultfd.EventRemove && c.expectRemove[p] {
+				delete(c.expectRemove, p)
+				continue // the same, handled after its EVICTED
+			}
+			delete(c.expectRemove, p)
+			delete(c.saved, p)
+			delete(c.resident, p)
+		}
+	case userfaultfd.EventFork:
+		child, err := userfaultfd.FromFD(e.FD, c.uffd.Features())
+		if err != nil {
+			c.a.t.Errorf("agent: %v", err)
+			unix.Close(e.FD)
+			return false
+		}
+		c.forks++
+		f := &forkedChild{
+			uffd:     child,
+			regions:  slices.Clone(c.regions),
+			saved:    map[userfaultfd.Addr][]byte{},
+			resident: map[userfaultfd.Addr]bool{},
+		}
+		for k, v := range c.saved {
+			f.saved[k] = slices.Clone(v)
+		}
+		for k := range c.resident {
+			f.resident[k] = true
+		}
+		c.smu.Lock()
+		c.stats.ForkEvents++
+		c.smu.Unlock()
+		c.a.mu.Lock()
+		if c.a.closed {
+			child.Close()
+		} else {
+			c.a.forks[forkKey{c.pid, c.forks}] = f
+		}
+		c.a.mu.Unlock()
+	default:
+		c.a.t.Errorf("agent: unexpected event %v", e.Kind)
+	}
+	return false
+}
+
+func (c *agentClient) startEviction(cmd evictCmd) *eviction {
+	ev := &eviction{cmd: cmd, removed: map[userfaultfd.Addr]bool{}}
+	for p := range c.resident {
+		ev.pending = append(ev.pending, p)
+	}
+	slices.Sort(ev.pending)
+	return c.nextBatch(ev)
+}
+
+func (c *agentClient) nextBatch(ev *eviction) *eviction {
+	for len(ev.pending) > 0 {
+		n := min(len(ev.pending), proto.MaxEvictBatch)
+		ev.batch, ev.pending = ev.pending[:n], ev.pending[n:]
+		var m proto.Evict
+		ok := true
+		for i, p := range ev.batch {
+			if err := c.uffd.WriteProtect(userfaultfd.Range{Start: p, Len: userfaultfd.PageSize}); err != nil {
+				c.a.t.Errorf("agent: write-protect %v: %v", p, err)
+				ok = false
+				break
+			}
+			m.Pages[i] = proto.EvictPage{Addr: p, Slot: uint32(i)}
+		}
+		if !ok {
+			break
+		}
+		ev.id++
+		m.Batch, m.N = ev.id, n
+		c.seq++
+		if err := proto.Send(c.conn, c.sbuf, c.seq, &m); err != nil {
+			ev.cmd.reply <- evictResult{ev.total, err}
+			return nil
+		}
+		return ev
+	}
+	ev.cmd.reply <- evictResult{ev.total, nil}
+	return nil
+}
+
+func (c *agentClient) finishBatch(m *proto.Evicted, ev *eviction) *eviction {
+	if ev == nil || m.Batch != ev.id {
+		c.a.t.Errorf("agent: EVICTED %d without that batch out", m.Batch)
+		return ev
+	}
+	if int(m.Done) != len(ev.batch) {
+		c.a.t.Errorf("agent: EVICTED %d of %d pages: %v", m.Done, len(ev.batch), m.Errno)
+	}
+	ps := int(userfaultfd.PageSize)
+	for i, p := range ev.batch[:m.Done] {
+		if !c.inRegion(p) {
+			continue // deleted while the batch was out
+		}
+		c.saved[p] = slices.Clone(c.stage[i*ps : (i+1)*ps])
+		delete(c.resident, p)
+		if !ev.removed[p] {
+			c.expectRemove[p] = true
+		}
+		ev.total++
+	}
+	c.smu.Lock()
+	c.stats.Evicted += int(m.Done)
+	c.smu.Unlock()
+	for _, p := range ev.batch[m.Done:] {
+		// Not evicted: let writers through again.
+		c.uffd.Unprotect(userfaultfd.Range{Start: p, Len: userfaultfd.PageSize}, 0)
+	}
+	for _, p := range ev.held {
+		c.uffd.Wake(userfaultfd.Range{Start: p, Len: userfaultfd.PageSize})
+	}
+	ev.held, ev.batch = nil, nil
+	clear(ev.removed)
+	return c.nextBatch(ev)
+}

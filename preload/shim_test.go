@@ -1,0 +1,385 @@
+package preload
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"rmem/pager/proto"
+	"rmem/userfaultfd"
+)
+
+var (
+	buildDir  string
+	buildOnce sync.Once
+	buildErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildDir != "" {
+		os.RemoveAll(buildDir)
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// CFlags are the shim's compiler flags (the Makefile uses the same).
+var CFlags = []string{"-O2", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror"}
+
+// build compiles the shim and the test programs once per test binary.
+func build(t *testing.T) string {
+	t.Helper()
+	if _, err := exec.LookPath("gcc"); err != nil {
+		t.Skip("gcc is not installed: cannot build the shim")
+	}
+	buildOnce.Do(func() {
+		buildDir, buildErr = os.MkdirTemp("", "rmem-preload-")
+		if buildErr != nil {
+			return
+		}
+		args := append(append([]string{}, CFlags...), "-o", filepath.Join(buildDir, "librmem.so"), "src/rmem.c", "-ldl")
+		if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("gcc librmem.so: %v\n%s", err, out)
+			return
+		}
+		progs, _ := filepath.Glob("testdata/*.c")
+		for _, p := range progs {
+			bin := filepath.Join(buildDir, strings.TrimSuffix(filepath.Base(p), ".c"))
+			out, err := exec.Command("gcc", "-O2", "-Wall", "-Wextra", "-Werror", "-pthread", "-o", bin, p).CombinedOutput()
+			if err != nil {
+				buildErr = fmt.Errorf("gcc %s: %v\n%s", p, err, out)
+				return
+			}
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return buildDir
+}
+
+// needUFFD skips unless this process can do what the shim does: create a
+// userfaultfd with EVENT_FORK (root or CAP_SYS_PTRACE) and WP.
+func needUFFD(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the shim's userfaultfd uses EVENT_FORK (CAP_SYS_PTRACE)")
+	}
+	feat, _, err := userfaultfd.Probe()
+	if err != nil {
+		t.Skipf("userfaultfd not available: %v", err)
+	}
+	want := userfaultfd.FeatureEventFork | userfaultfd.FeatureEventRemove | userfaultfd.FeatureEventUnmap |
+		userfaultfd.FeaturePagefaultFlagWP | userfaultfd.FeatureThreadID
+	if !feat.Has(want) {
+		t.Skipf("kernel lacks userfaultfd features %v", want&^feat)
+	}
+}
+
+// proc is a program running under the shim.
+type proc struct {
+	t      *testing.T
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	lines  chan string
+	stderr bytes.Buffer
+	waited chan error
+}
+
+func start(t *testing.T, sock string, argv []string, env ...string) *proc {
+	t.Helper()
+	dir := build(t)
+	if !filepath.IsAbs(argv[0]) && !strings.Contains(argv[0], "/") {
+		if _, err := os.Stat(filepath.Join(dir, argv[0])); err == nil {
+			argv[0] = filepath.Join(dir, argv[0])
+		}
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = append(os.Environ(), "LD_PRELOAD="+filepath.Join(dir, "librmem.so"), proto.EnvSocket+"="+sock)
+	cmd.Env = append(cmd.Env, env...)
+	p := &proc{t: t, cmd: cmd, lines: make(chan string, 16), waited: make(chan error, 1)}
+	cmd.Stderr = &p.stderr
+	var err error
+	if p.stdin, err = cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer close(p.lines)
+		s := bufio.NewScanner(out)
+		for s.Scan() {
+			p.lines <- s.Text()
+		}
+	}()
+	go func() {
+		<-done
+		p.waited <- cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		p.stdin.Close()
+		cmd.Process.Kill()
+		<-done
+	})
+	return p
+}
+
+func (p *proc) pid() int32 { return int32(p.cmd.Process.Pid) }
+
+// expect waits for the next stdout line and checks its prefix.
+func (p *proc) expect(prefix string) string {
+	p.t.Helper()
+	select {
+	case l, ok := <-p.lines:
+		if !ok {
+			p.t.Fatalf("program ended before %q; stderr:\n%s", prefix, p.stderr.String())
+		}
+		if !strings.HasPrefix(l, prefix) {
+			p.t.Fatalf("program said %q, want %q; stderr:\n%s", l, prefix, p.stderr.String())
+		}
+		return l
+	case <-time.After(60 * time.Second):
+		p.t.Fatalf("no %q from the program after 60s; stderr:\n%s", prefix, p.stderr.String())
+	}
+	return ""
+}
+
+func (p *proc) send(b string) {
+	p.t.Helper()
+	if _, err := io.WriteString(p.stdin, b); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+// wait waits for the program to exit and fails on a nonzero status.
+func (p *proc) wait() {
+	p.t.Helper()
+	for range p.lines {
+	}
+	select {
+	case err := <-p.waited:
+		if err != nil {
+			p.t.Fatalf("program: %v; stderr:\n%s", err, p.stderr.String())
+		}
+	case <-time.After(60 * time.Second):
+		p.t.Fatalf("program did not exit; stderr:\n%s", p.stderr.String())
+	}
+}
+
+// evict asks the agent to evict all resident pages of pid and requires
+// at least min of them.
+func evict(t *testing.T, a *testAgent, pid int32, min int) int {
+	t.Helper()
+	n, err := a.Evict(pid)
+	if err != nil {
+		t.Fatalf("evict pid %d: %v", pid, err)
+	}
+	if n < min {
+		t.Fatalf("evicted %d pages of pid %d, want at least %d", n, pid, min)
+	}
+	return n
+}
+
+func TestAllocationsEvictedAndRestored(t *testing.T) {
+	needUFFD(t)
+	a := newTestAgent(t)
+	p := start(t, a.path, []string{"alloc"})
+	p.expect("ready")
+	// 8+8+4+4+2+2+2 MiB of the malloc family, 6+3+2 of realloc, 1+8 of mmap.
+	n := evict(t, a, p.pid(), 40*256)
+	p.send("g")
+	p.expect("ok")
+	p.wait()
+	s := a.Stats(p.pid())
+	t.Logf("evicted %d pages; stats %+v", n, s)
+	if s.Restores < n {
+		t.Errorf("%d pages restored from the agent, want all %d evicted", s.Restores, n)
+	}
+	if s.Regions[proto.KindHeap] < 10 || s.Regions[proto.KindMmap] < 2 {
+		t.Errorf("regions by kind %v: want >= 10 heap and >= 2 mmap", s.Regions)
+	}
+	if s.Deletes < 10 {
+		t.Errorf("%d REGION_DELs, want >= 10", s.Deletes)
+	}
+	if strings.Contains(p.stderr.String(), "rmem:") {
+		t.Errorf("shim complained: %s", p.stderr.String())
+	}
+}
+
+func TestAllocatorChunks(t *testing.T) {
+	needUFFD(t)
+	a := newTestAgent(t)
+	p := start(t, a.path, []string{"chunks"})
+	p.expect("ready")
+	evict(t, a, p.pid(), 3*1024+512)
+	p.send("g")
+	p.expect("ok")
+	p.wait()
+	s := a.Stats(p.pid())
+	if s.Regions[proto.KindMmap] != 4 || s.RemoveEvts == 0 {
+		t.Errorf("stats %+v: want 4 mmap regions and a REMOVE event", s)
+	}
+}
+
+func TestForkPrivateMemory(t *testing.T) {
+	needUFFD(t)
+	a := newTestAgent(t)
+	p := start(t, a.path, []string{"fork"})
+	p.expect("ready")
+	evict(t, a, p.pid(), 4096)
+	p.send("g")
+	pids := map[byte]int32{}
+	for range 2 {
+		l := p.expect("")
+		if len(l) < 3 || (l[0] != 'P' && l[0] != 'C') {
+			t.Fatalf("program said %q, want P/C <pid>", l)
+		}
+		pid, err := strconv.Atoi(l[2:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		pids[l[0]] = int32(pid)
+	}
+	// Both wrote their own value over the same addresses: evict both.
+	evict(t, a, pids['P'], 4096)
+	evict(t, a, pids['C'], 4096)
+	p.send("gg")
+	got := []string{p.expect(""), p.expect("")}
+	p.wait()
+	if !(got[0] == "child ok" && got[1] == "parent ok") && !(got[1] == "child ok" && got[0] == "parent ok") {
+		t.Fatalf("program said %q", got)
+	}
+	ps, cs := a.Stats(pids['P']), a.Stats(pids['C'])
+	if ps.ForkEvents != 1 || !cs.ForkChild || cs.Restores < 4096 || ps.Restores < 2*4096 {
+		t.Errorf("parent %+v child %+v", ps, cs)
+	}
+}
+
+func TestThreadsWithConcurrentEviction(t *testing.T) {
+	needUFFD(t)
+	a := newTestAgent(t)
+	p := start(t, a.path, []string{"threads"})
+	p.expect("ready")
+	total := 0
+	for i := 0; i < 200 && (i < 5 || total == 0); i++ {
+		total += evict(t, a, p.pid(), 0)
+		time.Sleep(20 * time.Millisecond)
+	}
+	p.send("g")
+	p.expect("ok")
+	p.wait()
+	s := a.Stats(p.pid())
+	t.Logf("evicted %d pages while threads ran; stats %+v", total, s)
+	if total == 0 {
+		t.Errorf("nothing was evicted while the threads ran")
+	}
+}
+
+func TestNoAgentFallsBack(t *testing.T) {
+	build(t)
+	sock := filepath.Join(t.TempDir(), "nobody.sock")
+	p := start(t, sock, []string{"alloc"})
+	p.expect("ready")
+	p.send("g")
+	p.expect("ok")
+	p.wait()
+	want := "rmem: no agent at " + sock + " ("
+	lines := strings.Split(strings.TrimSpace(p.stderr.String()), "\n")
+	if len(lines) != 1 || !strings.HasPrefix(lines[0], want) || !strings.HasSuffix(lines[0], "): using ordinary memory") {
+		t.Fatalf("stderr %q, want one line %q…", p.stderr.String(), want)
+	}
+}
+
+func TestRefusedHelloFallsBack(t *testing.T) {
+	needUFFD(t)
+	a := newTestAgent(t)
+	a.mu.Lock()
+	a.refuse = true
+	a.mu.Unlock()
+	p := start(t, a.path, []string{"threads"})
+	p.expect("ready")
+	time.Sleep(50 * time.Millisecond)
+	p.send("g")
+	p.expect("ok")
+	p.wait()
+	if got := strings.Count(p.stderr.String(), "\n"); got != 1 || !strings.Contains(p.stderr.String(), "agent refused: test agent refuses") {
+		t.Fatalf("stderr %q, want one line saying the agent refused", p.stderr.String())
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.hellos != 1 {
+		t.Fatalf("%d HELLOs, want 1 (the shim must not retry)", a.hellos)
+	}
+}
+
+func TestPython(t *testing.T) {
+	needUFFD(t)
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 not installed")
+	}
+	a := newTestAgent(t)
+	script := `
+import sys
+b = bytearray(64 << 20)
+for i in range(0, len(b), 4096):
+    b[i] = (i // 4096) % 251
+l = [bytes([i % 256]) * 3000 for i in range(2000)]
+print("ready", flush=True)
+sys.stdin.read(1)
+assert all(b[i] == (i // 4096) % 251 for i in range(0, len(b), 4096)), "bytearray changed"
+assert all(x == bytes([i % 256]) * 3000 for i, x in enumerate(l)), "list changed"
+b += bytearray(8 << 20)
+assert b[4096] == 1 and len(b) == 72 << 20
+print("ok", flush=True)
+`
+	p := start(t, a.path, []string{"python3", "-c", script})
+	p.expect("ready")
+	evict(t, a, p.pid(), 16384)
+	p.send("g")
+	p.expect("ok")
+	p.wait()
+	if s := a.Stats(p.pid()); s.Restores < 16384 {
+		t.Errorf("stats %+v: want the bytearray's pages restored", s)
+	}
+}
+
+func TestMinAllocFromEnv(t *testing.T) {
+	needUFFD(t)
+	a := newTestAgent(t)
+	// With a 64 MiB threshold, none of alloc's blocks is paged, but its
+	// mmap of 12 MiB neither: no region at all, and no HELLO either.
+	p := start(t, a.path, []string{"alloc"}, proto.EnvMinAlloc+"=64MiB")
+	p.expect("ready")
+	p.send("g")
+	p.expect("ok")
+	p.wait()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.hellos != 0 {
+		t.Fatalf("%d HELLOs with RMEM_MIN_ALLOC=64MiB, want 0", a.hellos)
+	}
+}

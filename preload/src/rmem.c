@@ -1,0 +1,1195 @@
+/* librmem.so: the LD_PRELOAD shim of rmem (see doc.go and docs/pager.md).
+ *
+ * Large allocations (>= min-alloc) made through malloc & co. or anonymous
+ * private mmap become their own page-aligned anonymous mappings,
+ * registered (MISSING|WP) with the process's single userfaultfd and
+ * announced to memagent with REGION_ADD; the agent serves their faults and
+ * evicts their cold pages through the helper thread below. Everything else
+ * goes to glibc (__libc_* and raw system calls).
+ *
+ * Locks, in this order: init_mu (connection state), req_mu (one request to
+ * the agent at a time; also keeps the region table stable for fork),
+ * table_mu (the region table), reply_mu (hand-over of replies from the
+ * helper thread). The helper takes only table_mu (during an EVICT batch)
+ * and reply_mu.
+ *
+ * Nothing here may allocate through the shim: shim code runs with the
+ * per-thread guard in_shim set, and every allocation made while it is set
+ * (by libc functions we call, dlsym, pthread_create) goes to glibc.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/userfaultfd.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "../proto.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define TLS __attribute__((tls_model("initial-exec"))) __thread
+
+/* Default threshold: 1 MiB. Measured on the development VM (2 vCPU, Linux
+ * 6.18) with preload's TestMinAllocCost / BenchmarkShimAlloc: glibc
+ * malloc+free of a 1 MiB block (its own mmap) costs ~10 us and touching it
+ * ~2.5 us per page (~640 us for 256 pages); a shim region costs one mmap,
+ * one UFFDIO_REGISTER and one REGION_ADD round trip (~50-80 us), then an
+ * agent-served fault per page (~20 us). The per-region cost is under 15%
+ * of first touch from 1 MiB up, while below 256 KiB it dominates and such
+ * blocks are too small to be worth paging one by one (glibc keeps them in
+ * its arenas, and its own mmaps of 128 KiB+ blocks are not interposable).
+ * RMEM_MIN_ALLOC or the agent's --min-alloc (WELCOME) change it. */
+#define DEFAULT_MIN_ALLOC (1u << 20)
+
+/* Region table capacity: 16384 live regions of >= 1 MiB is 16 GiB and
+ * more; past it allocations fall back to glibc (said once). */
+#define MAX_REGIONS 16384
+
+#define UFFD_FEATURES                                                          \
+	(UFFD_FEATURE_EVENT_FORK | UFFD_FEATURE_EVENT_REMAP |                  \
+	 UFFD_FEATURE_EVENT_REMOVE | UFFD_FEATURE_EVENT_UNMAP |                \
+	 UFFD_FEATURE_PAGEFAULT_FLAG_WP | UFFD_FEATURE_THREAD_ID)
+
+#ifndef USERFAULTFD_IOC_NEW
+#define USERFAULTFD_IOC_NEW _IO(0xAA, 0x00)
+#endif
+
+extern void *__libc_malloc(size_t);
+extern void *__libc_calloc(size_t, size_t);
+extern void *__libc_realloc(void *, size_t);
+extern void __libc_free(void *);
+extern void *__libc_memalign(size_t, size_t);
+
+enum state { ST_UNINIT, ST_CONNECTED, ST_OFF };
+enum kind { KIND_HEAP = RMEM_KIND_HEAP, KIND_MMAP = RMEM_KIND_MMAP };
+
+struct region {
+	uintptr_t base; /* page aligned */
+	size_t len;     /* page multiple */
+	uintptr_t user; /* what malloc & co. returned (heap kind) */
+	uint64_t id;
+	int kind;
+};
+
+static TLS int in_shim;
+
+static int g_state = ST_UNINIT; /* atomic loads; changed under init_mu */
+static size_t g_page = 4096;
+static size_t g_min_alloc = DEFAULT_MIN_ALLOC;
+static int g_min_from_env;
+static char g_sock_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+
+static int g_uffd = -1; /* our own reference: a dead agent blocks, never zeros */
+static int g_sock = -1;
+static char *g_staging;
+static uint32_t g_slots;
+static uint64_t g_features;
+static uint64_t g_fork_serial; /* forks that raised a FORK event */
+static uint32_t g_seq;
+static uint64_t g_next_id = 1;
+static int g_lost_said, g_full_said;
+
+static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t req_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t table_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t reply_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t reply_cv = PTHREAD_COND_INITIALIZER;
+
+/* The one outstanding request (under reply_mu). */
+static struct {
+	uint32_t seq;
+	int done;
+	int err; /* 0: ACK, else ERROR's errno or EPIPE */
+	int dead; /* the connection is gone */
+} g_reply;
+
+static struct region g_regions[MAX_REGIONS]; /* sorted by base; table_mu */
+static int g_nregions;                        /* atomic loads */
+
+static size_t (*real_usable_size)(void *);
+static pid_t (*real_fork)(void);
+
+/* ---- small helpers that allocate nothing ---- */
+
+static void say(const char *first, ...)
+{
+	char buf[512];
+	size_t n = 0;
+	va_list ap;
+	va_start(ap, first);
+	for (const char *s = first; s; s = va_arg(ap, const char *))
+		for (; *s && n < sizeof buf - 1; s++)
+			buf[n++] = *s;
+	va_end(ap);
+	buf[n++] = '\n';
+	ssize_t w = write(2, buf, n);
+	(void)w;
+}
+
+static void *raw_mmap(void *a, size_t len, int prot, int flags, int fd, off_t off)
+{
+	return (void *)syscall(SYS_mmap, a, len, prot, flags, fd, off);
+}
+
+static int raw_munmap(void *a, size_t len) { return (int)syscall(SYS_munmap, a, len); }
+
+static size_t round_up(size_t n, size_t a) { return (n + a - 1) & ~(a - 1); }
+
+static int add_overflows(size_t a, size_t b) { return a + b < a; }
+
+static size_t parse_size(const char *s, int *ok)
+{
+	char *end;
+	errno = 0;
+	unsigned long long v = strtoull(s, &end, 10);
+	*ok = 0;
+	if (errno || end == s)
+		return 0;
+	unsigned long long mul = 1;
+	switch (*end) {
+	case 'k': case 'K': mul = 1ull << 10; end++; break;
+	case 'm': case 'M': mul = 1ull << 20; end++; break;
+	case 'g': case 'G': mul = 1ull << 30; end++; break;
+	}
+	if (mul > 1 && (*end == 'i' || *end == 'I'))
+		end++;
+	if (mul > 1 && (*end == 'b' || *end == 'B'))
+		end++;
+	if (*end || v > (~0ull) / mul)
+		return 0;
+	*ok = 1;
+	return (size_t)(v * mul);
+}
+
+/* Reads the environment; idempotent, called from the constructor and from
+ * the first large allocation (constructors of other libraries may run
+ * before ours). */
+static void init_config(void)
+{
+	static int done;
+	if (__atomic_load_n(&done, __ATOMIC_ACQUIRE))
+		return;
+	long ps = sysconf(_SC_PAGESIZE);
+	if (ps > 0)
+		g_page = (size_t)ps;
+	const char *s = getenv(RMEM_ENV_MIN_ALLOC);
+	if (s && *s) {
+		int ok;
+		size_t v = parse_size(s, &ok);
+		if (ok && v > 0) {
+			g_min_alloc = v;
+			g_min_from_env = 1;
+		} else {
+			say("rmem: ignoring " RMEM_ENV_MIN_ALLOC "=", s,
+			    " (want bytes, optionally with K, M, G, KiB, MiB or GiB)", NULL);
+		}
+	}
+	const char *p = getenv(RMEM_ENV_SOCKET);
+	if (!p || !*p)
+		p = RMEM_DEFAULT_SOCKET;
+	strncpy(g_sock_path, p, sizeof g_sock_path - 1);
+	if (!real_usable_size)
+		real_usable_size = (size_t(*)(void *))dlsym(RTLD_NEXT, "malloc_usable_size");
+	if (!real_fork)
+		real_fork = (pid_t(*)(void))dlsym(RTLD_NEXT, "fork");
+	__atomic_store_n(&done, 1, __ATOMIC_RELEASE);
+}
+
+__attribute__((constructor)) static void rmem_init(void)
+{
+	in_shim++;
+	init_config();
+	in_shim--;
+}
+
+/* ---- the region table (table_mu) ---- */
+
+/* Index of the last region with base <= a, or -1. */
+static int table_floor_locked(uintptr_t a)
+{
+	int lo = 0, hi = g_nregions; /* answer in [lo-1, hi) */
+	while (lo < hi) {
+		int mid = (lo + hi) / 2;
+		if (g_regions[mid].base <= a)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo - 1;
+}
+
+static int table_find_locked(uintptr_t a)
+{
+	int i = table_floor_locked(a);
+	if (i >= 0 && a - g_regions[i].base < g_regions[i].len)
+		return i;
+	return -1;
+}
+
+/* Whether [a, a+len) lies inside one region. */
+static int table_covers_locked(uintptr_t a, size_t len)
+{
+	int i = table_find_locked(a);
+	return i >= 0 && a + len - g_regions[i].base <= g_regions[i].len;
+}
+
+static int table_insert_locked(const struct region *r)
+{
+	if (g_nregions == MAX_REGIONS)
+		return -1;
+	int i = table_floor_locked(r->base) + 1;
+	memmove(&g_regions[i + 1], &g_regions[i], (size_t)(g_nregions - i) * sizeof *r);
+	g_regions[i] = *r;
+	__atomic_store_n(&g_nregions, g_nregions + 1, __ATOMIC_RELEASE);
+	return 0;
+}
+
+static void table_remove_locked(int i)
+{
+	memmove(&g_regions[i], &g_regions[i + 1], (size_t)(g_nregions - i - 1) * sizeof g_regions[0]);
+	__atomic_store_n(&g_nregions, g_nregions - 1, __ATOMIC_RELEASE);
+}
+
+/* The heap region whose malloc pointer is p, copied to *out. */
+static int lookup_heap(void *p, struct region *out)
+{
+	uintptr_t a = (uintptr_t)p;
+	if (!p || (a & (g_page - 1)) || !__atomic_load_n(&g_nregions, __ATOMIC_ACQUIRE))
+		return 0;
+	int found = 0;
+	pthread_mutex_lock(&table_mu);
+	int i = table_find_locked(a);
+	if (i >= 0 && g_regions[i].kind == KIND_HEAP && g_regions[i].user == a) {
+		*out = g_regions[i];
+		found = 1;
+	}
+	pthread_mutex_unlock(&table_mu);
+	return found;
+}
+
+/* ---- talking to the agent ---- */
+
+static void set_off(void) { __atomic_store_n(&g_state, ST_OFF, __ATOMIC_RELEASE); }
+
+static int send_packet(uint16_t type, uint32_t seq, const void *body, uint32_t len, int fd)
+{
+	struct rmem_hdr h = {RMEM_MAGIC, RMEM_VERSION, type, seq, len};
+	struct iovec iov[2] = {{&h, sizeof h}, {(void *)body, len}};
+	union {
+		char buf[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	struct msghdr m = {.msg_iov = iov, .msg_iovlen = len ? 2 : 1};
+	if (fd >= 0) {
+		memset(&u, 0, sizeof u);
+		m.msg_control = u.buf;
+		m.msg_controllen = sizeof u.buf;
+		struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(c), &fd, sizeof fd);
+	}
+	ssize_t n;
+	do
+		n = sendmsg(g_sock, &m, MSG_NOSIGNAL);
+	while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return -errno;
+	return n == (ssize_t)(sizeof h + len) ? 0 : -EPROTO;
+}
+
+/* Receives one packet into buf (RMEM_MAX_PACKET bytes) and checks its
+ * header; descriptors (at most RMEM_MAX_FDS) land in fds, *nfds says how
+ * many. Returns the body length or -errno. */
+static int recv_packet(int sock, void *buf, struct rmem_hdr *h, int *fds, int *nfds)
+{
+	union {
+		char buf[CMSG_SPACE(RMEM_MAX_FDS * sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	struct iovec iov = {buf, RMEM_MAX_PACKET};
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+			   .msg_controllen = sizeof u.buf};
+	ssize_t n;
+	do
+		n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC);
+	while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return -errno;
+	int got = 0;
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+			continue;
+		int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+		for (int i = 0; i < k; i++) {
+			int fd;
+			memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+			if (fds && got < RMEM_MAX_FDS)
+				fds[got++] = fd;
+			else
+				close(fd);
+		}
+	}
+	if (nfds)
+		*nfds = got;
+	else
+		while (got > 0)
+			close(fds[--got]);
+	if (n == 0)
+		return -ECONNRESET;
+	if ((m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || n < (ssize_t)sizeof *h)
+		return -EPROTO;
+	memcpy(h, buf, sizeof *h);
+	if (h->magic != RMEM_MAGIC || h->version != RMEM_VERSION || h->len != (size_t)n - sizeof *h)
+		return -EPROTO;
+	return (int)h->len;
+}
+
+/* The connection is gone: wake the requester, say so once. Memory the
+ * agent paged out stays out: its faults wait (we hold the uffd). */
+static void lost_agent(int err)
+{
+	pthread_mutex_lock(&reply_mu);
+	g_reply.dead = 1;
+	pthread_cond_broadcast(&reply_cv);
+	pthread_mutex_unlock(&reply_mu);
+	set_off();
+	if (!__atomic_exchange_n(&g_lost_said, 1, __ATOMIC_ACQ_REL))
+		say("rmem: lost the agent (", strerror(err),
+		    "): new allocations use ordinary memory; paged-out memory waits for an agent", NULL);
+}
+
+/* Sends a request and waits for its ACK or ERROR. Returns 0 or -errno.
+ * Preconditions: req_mu held, state connected. */
+static int request_locked(uint16_t type, const void *body, uint32_t len)
+{
+	uint32_t seq = ++g_seq;
+	pthread_mutex_lock(&reply_mu);
+	if (g_reply.dead) {
+		pthread_mutex_unlock(&reply_mu);
+		return -EPIPE;
+	}
+	g_reply.seq = seq;
+	g_reply.done = 0;
+	pthread_mutex_unlock(&reply_mu);
+	int err = send_packet(type, seq, body, len, -1);
+	pthread_mutex_lock(&reply_mu);
+	while (!err && !g_reply.done && !g_reply.dead)
+		pthread_cond_wait(&reply_cv, &reply_mu);
+	if (!err)
+		err = g_reply.done ? -g_reply.err : -EPIPE;
+	g_reply.seq = 0;
+	pthread_mutex_unlock(&reply_mu);
+	return err;
+}
+
+static void deliver_reply(uint32_t seq, int err)
+{
+	pthread_mutex_lock(&reply_mu);
+	if (g_reply.seq == seq && !g_reply.done) {
+		g_reply.err = err;
+		g_reply.done = 1;
+		pthread_cond_broadcast(&reply_cv);
+	}
+	pthread_mutex_unlock(&reply_mu);
+}
+
+/* Copies the victims into their staging slots and drops them. Runs on the
+ * helper thread, under table_mu so that no region goes away meanwhile
+ * (and an EVICT naming memory we do not have is refused, not followed). */
+static void evict(const struct rmem_evict *ev, struct rmem_evicted *out)
+{
+	uint32_t done = 0;
+	int err = 0;
+	pthread_mutex_lock(&table_mu);
+	for (; done < ev->n; done++) {
+		uintptr_t a = (uintptr_t)ev->pages[done].addr;
+		uint32_t s = ev->pages[done].slot;
+		if ((a & (g_page - 1)) || s >= g_slots) {
+			err = EINVAL;
+			break;
+		}
+		if (!table_covers_locked(a, g_page)) {
+			err = EFAULT;
+			break;
+		}
+		memcpy(g_staging + (size_t)s * g_page, (void *)a, g_page);
+	}
+	/* Drop the copied pages, one madvise per run of neighbours. */
+	uint32_t i = 0;
+	while (i < done) {
+		uintptr_t start = (uintptr_t)ev->pages[i].addr;
+		uint32_t j = i + 1;
+		while (j < done && (uintptr_t)ev->pages[j].addr == start + (j - i) * g_page)
+			j++;
+		if (madvise((void *)start, (j - i) * g_page, MADV_DONTNEED) != 0) {
+			err = errno;
+			done = i;
+			break;
+		}
+		i = j;
+	}
+	pthread_mutex_unlock(&table_mu);
+	out->batch = ev->batch;
+	out->done = done;
+	out->err = done < ev->n ? (uint32_t)err : 0;
+}
+
+/* The helper thread: the only reader of the agent socket. It must not
+ * allocate through the shim (in_shim stays set) and runs with every signal
+ * blocked so that the program's handlers never run on it. */
+static void *helper_main(void *arg)
+{
+	(void)arg;
+	in_shim = 1;
+	static union {
+		char buf[RMEM_MAX_PACKET];
+		uint64_t align;
+	} pkt;
+	int sock = g_sock;
+	for (;;) {
+		struct rmem_hdr h;
+		int n = recv_packet(sock, pkt.buf, &h, NULL, NULL);
+		if (n < 0) {
+			lost_agent(n == -EPROTO ? EPROTO : -n);
+			return NULL;
+		}
+		const char *body = pkt.buf + sizeof h;
+		switch (h.type) {
+		case RMEM_ACK:
+			if (n != sizeof(struct rmem_ack))
+				goto bad;
+			deliver_reply(((const struct rmem_ack *)body)->seq, 0);
+			break;
+		case RMEM_ERROR: {
+			if (n < 8)
+				goto bad;
+			struct rmem_error e;
+			memcpy(&e, body, 8);
+			deliver_reply(e.seq, e.err ? (int)e.err : EIO);
+			break;
+		}
+		case RMEM_EVICT: {
+			struct rmem_evict ev;
+			if (n < 16)
+				goto bad;
+			memcpy(&ev, body, 16);
+			if (ev.n == 0 || ev.n > RMEM_MAX_EVICT_BATCH || (size_t)n != 16 + ev.n * sizeof ev.pages[0])
+				goto bad;
+			memcpy(ev.pages, body + 16, ev.n * sizeof ev.pages[0]);
+			struct rmem_evicted out;
+			evict(&ev, &out);
+			int err = send_packet(RMEM_EVICTED, 0, &out, sizeof out, -1);
+			if (err) {
+				lost_agent(-err);
+				return NULL;
+			}
+			break;
+		}
+		default:
+			goto bad;
+		}
+		continue;
+	bad:
+		lost_agent(EPROTO);
+		shutdown(sock, SHUT_RDWR);
+		return NULL;
+	}
+}
+
+static int start_helper(void)
+{
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	pthread_attr_t attr;
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	pthread_attr_setstacksize(&attr, 256 << 10);
+	pthread_t t;
+	int err = pthread_create(&t, &attr, helper_main, NULL);
+	pthread_attr_destroy(&attr);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	return err;
+}
+
+static int open_uffd(uint64_t *features, const char **why)
+{
+	int fd = -1;
+	int dev = open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
+	if (dev >= 0) {
+		fd = ioctl(dev, USERFAULTFD_IOC_NEW, O_CLOEXEC | O_NONBLOCK);
+		close(dev);
+	}
+	if (fd < 0)
+		fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
+	if (fd < 0) {
+		*why = "cannot create a userfaultfd";
+		return -errno;
+	}
+	struct uffdio_api api = {.api = UFFD_API, .features = UFFD_FEATURES};
+	if (ioctl(fd, UFFDIO_API, &api) != 0) {
+		int e = errno;
+		close(fd);
+		*why = e == EPERM ? "userfaultfd EVENT_FORK needs CAP_SYS_PTRACE"
+				  : "userfaultfd lacks the features the shim needs";
+		return -e;
+	}
+	*features = UFFD_FEATURES;
+	return fd;
+}
+
+/* Connects, sends HELLO (with the uffd if top-level) and takes the
+ * WELCOME: maps the staging memfd; a forked child also gets its own uffd.
+ * Returns 0 or -errno with *why set. Preconditions: init_mu held (or the
+ * only thread, in a fork child). */
+static int handshake(int fork_child, const char **why)
+{
+	int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (s < 0) {
+		*why = "socket";
+		return -errno;
+	}
+	struct sockaddr_un a = {.sun_family = AF_UNIX};
+	memcpy(a.sun_path, g_sock_path, sizeof g_sock_path);
+	if (connect(s, (struct sockaddr *)&a, sizeof a) != 0) {
+		int e = errno;
+		close(s);
+		*why = NULL;
+		return -e;
+	}
+	/* An agent that accepts but never answers must not hang the program. */
+	struct timeval tv = {.tv_sec = 30};
+	setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	g_sock = s;
+	struct rmem_hello hello = {
+		.pid = getpid(),
+		.ppid = getppid(),
+		.fork_serial = fork_child ? g_fork_serial : 0,
+		.features = g_features,
+		.page_size = (uint32_t)g_page,
+		.flags = fork_child ? 0 : RMEM_HELLO_UFFD,
+	};
+	int err = send_packet(RMEM_HELLO, ++g_seq, &hello, sizeof hello, fork_child ? -1 : g_uffd);
+	*why = "HELLO";
+	static union {
+		char buf[RMEM_MAX_PACKET];
+		uint64_t align;
+	} pkt;
+	int fds[RMEM_MAX_FDS], nfds = 0;
+	struct rmem_hdr h;
+	int n = err ? err : recv_packet(s, pkt.buf, &h, fds, &nfds);
+	const char *body = pkt.buf + sizeof h;
+	if (n >= 0 && h.type == RMEM_ERROR && n >= 8) {
+		static char text[RMEM_MAX_ERROR_TEXT + 32];
+		struct rmem_error e;
+		memcpy(&e, body, (size_t)n);
+		size_t tl = (size_t)n - 8;
+		memcpy(text, "agent refused: ", 15);
+		memcpy(text + 15, e.text, tl);
+		text[15 + tl] = 0;
+		*why = text;
+		n = -(e.err ? (int)e.err : EPERM);
+	} else if (n >= 0 && (h.type != RMEM_WELCOME || n != sizeof(struct rmem_welcome))) {
+		*why = "unexpected reply to HELLO";
+		n = -EPROTO;
+	}
+	struct rmem_welcome w;
+	if (n >= 0) {
+		memcpy(&w, body, sizeof w);
+		int want = (w.flags & RMEM_WELCOME_UFFD) ? 2 : 1;
+		struct stat st;
+		if (w.staging_slots == 0 || w.staging_slots > RMEM_MAX_STAGING_SLOTS || nfds != want ||
+		    (fork_child && want != 2) || fstat(fds[0], &st) != 0 ||
+		    (uint64_t)st.st_size < (uint64_t)w.staging_slots * g_page) {
+			*why = "bad WELCOME (staging area or descriptors)";
+			n = -EPROTO;
+		}
+	}
+	if (n >= 0) {
+		size_t len = (size_t)w.staging_slots * g_page;
+		void *p = raw_mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+		if (p == MAP_FAILED) {
+			*why = "mapping the staging area";
+			n = -errno;
+		} else {
+			g_staging = p;
+			g_slots = w.staging_slots;
+		}
+	}
+	if (n < 0) {
+		for (int i = 0; i < nfds; i++)
+			close(fds[i]);
+		close(s);
+		g_sock = -1;
+		return n;
+	}
+	close(fds[0]);
+	if (fork_child)
+		g_uffd = fds[1];
+	else if (nfds == 2)
+		close(fds[1]);
+	if (!g_min_from_env && w.min_alloc > 0)
+		g_min_alloc = (size_t)w.min_alloc;
+	tv.tv_sec = 0;
+	setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	memset(&g_reply, 0, sizeof g_reply);
+	err = start_helper();
+	if (err) {
+		*why = "starting the helper thread";
+		raw_munmap(g_staging, (size_t)g_slots * g_page);
+		g_staging = NULL;
+		close(s);
+		g_sock = -1;
+		return -err;
+	}
+	return 0;
+}
+
+static void say_off(const char *why, int err)
+{
+	if (why)
+		say("rmem: ", why, " (", strerror(err), "): using ordinary memory", NULL);
+	else
+		say("rmem: no agent at ", g_sock_path, " (", strerror(err), "): using ordinary memory", NULL);
+}
+
+/* Whether large allocations can go to the agent, connecting on first use.
+ * Preconditions: in_shim set. */
+static int connected(void)
+{
+	int st = __atomic_load_n(&g_state, __ATOMIC_ACQUIRE);
+	if (st != ST_UNINIT)
+		return st == ST_CONNECTED;
+	init_config();
+	pthread_mutex_lock(&init_mu);
+	if (g_state == ST_UNINIT) {
+		const char *why = NULL;
+		int fd = open_uffd(&g_features, &why);
+		int err = fd < 0 ? fd : 0;
+		if (!err) {
+			g_uffd = fd;
+			err = handshake(0, &why);
+			if (err) {
+				close(g_uffd);
+				g_uffd = -1;
+			}
+		}
+		if (err) {
+			say_off(why, -err);
+			set_off();
+		} else {
+			__atomic_store_n(&g_state, ST_CONNECTED, __ATOMIC_RELEASE);
+		}
+	}
+	st = g_state;
+	pthread_mutex_unlock(&init_mu);
+	return st == ST_CONNECTED;
+}
+
+/* ---- regions ---- */
+
+/* Registers [p, p+len) and announces it; on success the region is in the
+ * table. Preconditions: req_mu held, connected. */
+static int add_region_locked(void *p, size_t len, uintptr_t user, int kind)
+{
+	struct uffdio_register reg = {
+		.range = {.start = (uintptr_t)p, .len = len},
+		.mode = UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_WP,
+	};
+	pthread_mutex_lock(&table_mu);
+	int full = g_nregions == MAX_REGIONS;
+	pthread_mutex_unlock(&table_mu);
+	if (full) {
+		if (!__atomic_exchange_n(&g_full_said, 1, __ATOMIC_ACQ_REL))
+			say("rmem: region table full: further large allocations use ordinary memory", NULL);
+		return -ENOSPC;
+	}
+	if (ioctl(g_uffd, UFFDIO_REGISTER, &reg) != 0)
+		return -errno;
+	struct region r = {(uintptr_t)p, len, user, g_next_id++, kind};
+	struct rmem_region_add m = {r.id, r.base, r.len, (uint32_t)kind, 0};
+	int err = request_locked(RMEM_REGION_ADD, &m, sizeof m);
+	if (err) {
+		ioctl(g_uffd, UFFDIO_UNREGISTER, &reg.range);
+		return err;
+	}
+	pthread_mutex_lock(&table_mu);
+	table_insert_locked(&r);
+	pthread_mutex_unlock(&table_mu);
+	return 0;
+}
+
+/* Takes [a, a+len) out of every region it overlaps: REGION_DEL for each
+ * piece, then the table update. The caller unmaps afterwards. Returns 0 or
+ * -ENOMEM if a split does not fit in the table (nothing is changed then).
+ * Preconditions: req_mu held; a and len page aligned. */
+static int punch_locked(uintptr_t a, size_t len)
+{
+	uintptr_t end = a + len;
+	for (;;) {
+		pthread_mutex_lock(&table_mu);
+		int i = table_floor_locked(a);
+		if (i < 0 || g_regions[i].base + g_regions[i].len <= a)
+			i++;
+		if (i >= g_nregions || g_regions[i].base >= end) {
+			pthread_mutex_unlock(&table_mu);
+			return 0;
+		}
+		struct region r = g_regions[i];
+		uintptr_t lo = r.base > a ? r.base : a;
+		uintptr_t hi = r.base + r.len < end ? r.base + r.len : end;
+		int split = lo > r.base && hi < r.base + r.len;
+		if (split && g_nregions == MAX_REGIONS) {
+			pthread_mutex_unlock(&table_mu);
+			return -ENOMEM;
+		}
+		pthread_mutex_unlock(&table_mu);
+
+		if (__atomic_load_n(&g_state, __ATOMIC_ACQUIRE) == ST_CONNECTED) {
+			struct rmem_region_del m = {r.id, lo, hi - lo};
+			int err = request_locked(RMEM_REGION_DEL, &m, sizeof m);
+			if (err && err != -EPIPE)
+				say("rmem: agent refused REGION_DEL (", strerror(-err), "): unmapping anyway", NULL);
+		}
+
+		pthread_mutex_lock(&table_mu);
+		i = table_find_locked(lo);
+		struct region *t = &g_regions[i];
+		if (lo == t->base && hi == t->base + t->len) {
+			table_remove_locked(i);
+		} else if (lo == t->base) {
+			t->len -= hi - lo;
+			t->base = hi;
+		} else if (hi == t->base + t->len) {
+			t->len = lo - t->base;
+		} else {
+			struct region tail = *t;
+			tail.base = hi;
+			tail.len = t->base + t->len - hi;
+			t->len = lo - t->base;
+			table_insert_locked(&tail);
+		}
+		pthread_mutex_unlock(&table_mu);
+	}
+}
+
+static int overlaps_regions(uintptr_t a, size_t len)
+{
+	if (!__atomic_load_n(&g_nregions, __ATOMIC_ACQUIRE))
+		return 0;
+	pthread_mutex_lock(&table_mu);
+	int i = table_floor_locked(a + len - 1);
+	int hit = i >= 0 && g_regions[i].base + g_regions[i].len > a;
+	pthread_mutex_unlock(&table_mu);
+	return hit;
+}
+
+/* A new heap region for size bytes at alignment align (a power of two);
+ * NULL if it must come from glibc instead. Preconditions: in_shim set. */
+static void *alloc_region(size_t size, size_t align)
+{
+	if (!connected())
+		return NULL;
+	size_t extra = align > g_page ? align - g_page : 0;
+	if (add_overflows(size, extra + g_page))
+		return NULL;
+	size_t len = round_up(size + extra, g_page);
+	void *p = raw_mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		return NULL;
+	uintptr_t user = round_up((uintptr_t)p, align > g_page ? align : g_page);
+	pthread_mutex_lock(&req_mu);
+	int err = __atomic_load_n(&g_state, __ATOMIC_ACQUIRE) == ST_CONNECTED
+			  ? add_region_locked(p, len, user, KIND_HEAP)
+			  : -EPIPE;
+	pthread_mutex_unlock(&req_mu);
+	if (err) {
+		raw_munmap(p, len);
+		return NULL;
+	}
+	return (void *)user;
+}
+
+static void free_region(const struct region *r)
+{
+	pthread_mutex_lock(&req_mu);
+	punch_locked(r->base, r->len); /* whole regions never need a split */
+	pthread_mutex_unlock(&req_mu);
+	raw_munmap((void *)r->base, r->len);
+}
+
+static size_t region_usable(const struct region *r, void *p)
+{
+	return r->len - ((uintptr_t)p - r->base);
+}
+
+static int large(size_t n) { return n >= g_min_alloc; }
+
+/* ---- the malloc family ---- */
+
+EXPORT void *malloc(size_t n)
+{
+	if (in_shim || !large(n))
+		return __libc_malloc(n);
+	in_shim++;
+	void *p = alloc_region(n, 0);
+	in_shim--;
+	return p ? p : __libc_malloc(n);
+}
+
+EXPORT void *calloc(size_t n, size_t size)
+{
+	size_t total;
+	if (__builtin_mul_overflow(n, size, &total) || in_shim || !large(total))
+		return __libc_calloc(n, size);
+	in_shim++;
+	void *p = alloc_region(total, 0); /* fresh anonymous memory is zero */
+	in_shim--;
+	return p ? p : __libc_calloc(n, size);
+}
+
+EXPORT void free(void *p)
+{
+	struct region r;
+	if (!p)
+		return;
+	if (!lookup_heap(p, &r)) {
+		__libc_free(p);
+		return;
+	}
+	in_shim++;
+	free_region(&r);
+	in_shim--;
+}
+
+/* Growing or moving a region copies it into a new one (the agent never
+ * sees a REMAP of shim memory, see docs/pager.md). */
+EXPORT void *realloc(void *p, size_t n)
+{
+	struct region r;
+	if (!p)
+		return malloc(n);
+	if (in_shim)
+		return __libc_realloc(p, n);
+	if (!lookup_heap(p, &r)) {
+		if (!large(n))
+			return __libc_realloc(p, n);
+		in_shim++;
+		void *q = alloc_region(n, 0);
+		in_shim--;
+		if (!q)
+			return __libc_realloc(p, n);
+		size_t old = real_usable_size ? real_usable_size(p) : 0;
+		memcpy(q, p, old < n ? old : n);
+		__libc_free(p);
+		return q;
+	}
+	if (n == 0) {
+		free(p);
+		return NULL;
+	}
+	size_t usable = region_usable(&r, p);
+	if (n <= usable && large(n))
+		return p;
+	void *q = malloc(n);
+	if (!q)
+		return NULL;
+	memcpy(q, p, usable < n ? usable : n);
+	free(p);
+	return q;
+}
+
+EXPORT void *reallocarray(void *p, size_t n, size_t size)
+{
+	size_t total;
+	if (__builtin_mul_overflow(n, size, &total)) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	return realloc(p, total);
+}
+
+static void *aligned(size_t align, size_t n)
+{
+	if (in_shim || !large(n))
+		return __libc_memalign(align, n);
+	in_shim++;
+	void *p = alloc_region(n, align);
+	in_shim--;
+	return p ? p : __libc_memalign(align, n);
+}
+
+static int pow2(size_t a) { return a && !(a & (a - 1)); }
+
+EXPORT int posix_memalign(void **out, size_t align, size_t n)
+{
+	if (!pow2(align) || align % sizeof(void *))
+		return EINVAL;
+	void *p = aligned(align, n);
+	if (!p)
+		return ENOMEM;
+	*out = p;
+	return 0;
+}
+
+EXPORT void *aligned_alloc(size_t align, size_t n)
+{
+	if (!pow2(align)) {
+		errno = EINVAL;
+		return NULL;
+	}
+	return aligned(align, n);
+}
+
+EXPORT void *memalign(size_t align, size_t n)
+{
+	if (align > ((size_t)1 << 63)) {
+		errno = EINVAL;
+		return NULL;
+	}
+	if (!pow2(align)) /* glibc rounds up; so do we */
+		align = align ? (size_t)1 << (64 - __builtin_clzl(align)) : 1;
+	return aligned(align, n);
+}
+
+EXPORT void *valloc(size_t n) { return aligned(g_page, n); }
+
+EXPORT void *pvalloc(size_t n)
+{
+	if (add_overflows(n, g_page)) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	return aligned(g_page, round_up(n ? n : 1, g_page));
+}
+
+EXPORT size_t malloc_usable_size(void *p)
+{
+	struct region r;
+	if (lookup_heap(p, &r))
+		return region_usable(&r, p);
+	if (!p)
+		return 0;
+	if (!real_usable_size) {
+		in_shim++;
+		init_config();
+		in_shim--;
+	}
+	return real_usable_size ? real_usable_size(p) : 0;
+}
+
+/* ---- mmap, munmap, mremap ---- */
+
+/* Which anonymous mmaps become regions: private read/write mappings the
+ * kernel places (no MAP_FIXED: the caller picked the address and often
+ * replaces part of its own reservation), not populated, locked, huge or
+ * stacks. Passed through untouched: MAP_SHARED (paging it privately would
+ * break the sharing), file mappings (the page cache pages them), and
+ * PROT_NONE reservations: an allocator reserves address space and
+ * mprotects pieces of it later, which would need mprotect interposed and
+ * per-piece registration; such memory stays ordinary. jemalloc and
+ * tcmalloc map read/write chunks directly, so their chunks are paged. */
+static int mmap_eligible(size_t len, int prot, int flags)
+{
+	const int refuse = MAP_FIXED | MAP_FIXED_NOREPLACE | MAP_POPULATE | MAP_HUGETLB |
+			   MAP_GROWSDOWN | MAP_STACK | MAP_LOCKED;
+	return (flags & MAP_ANONYMOUS) && (flags & MAP_TYPE) == MAP_PRIVATE && !(flags & refuse) &&
+	       prot == (PROT_READ | PROT_WRITE) && large(len);
+}
+
+EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+	if (in_shim)
+		return raw_mmap(addr, len, prot, flags, fd, off);
+	if ((flags & MAP_FIXED) && !((uintptr_t)addr & (g_page - 1)) && len &&
+	    !add_overflows((uintptr_t)addr, round_up(len, g_page)) &&
+	    overlaps_regions((uintptr_t)addr, round_up(len, g_page))) {
+		in_shim++;
+		pthread_mutex_lock(&req_mu);
+		int err = punch_locked((uintptr_t)addr, round_up(len, g_page));
+		pthread_mutex_unlock(&req_mu);
+		in_shim--;
+		if (err) {
+			errno = -err;
+			return MAP_FAILED;
+		}
+		return raw_mmap(addr, len, prot, flags, fd, off);
+	}
+	if (!mmap_eligible(len, prot, flags))
+		return raw_mmap(addr, len, prot, flags, fd, off);
+	in_shim++;
+	void *p = MAP_FAILED;
+	if (connected()) {
+		p = raw_mmap(addr, len, prot, flags, fd, off);
+		if (p != MAP_FAILED) {
+			int e = errno;
+			pthread_mutex_lock(&req_mu);
+			if (__atomic_load_n(&g_state, __ATOMIC_ACQUIRE) == ST_CONNECTED)
+				add_region_locked(p, round_up(len, g_page), 0, KIND_MMAP);
+			pthread_mutex_unlock(&req_mu);
+			errno = e; /* a refused region stays ordinary memory */
+		}
+	} else {
+		p = raw_mmap(addr, len, prot, flags, fd, off);
+	}
+	in_shim--;
+	return p;
+}
+
+EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+	__attribute__((alias("mmap")));
+
+EXPORT int munmap(void *addr, size_t len)
+{
+	uintptr_t a = (uintptr_t)addr;
+	if (in_shim || (a & (g_page - 1)) || !len || add_overflows(a, round_up(len, g_page)) ||
+	    !overlaps_regions(a, round_up(len, g_page)))
+		return raw_munmap(addr, len);
+	in_shim++;
+	pthread_mutex_lock(&req_mu);
+	int err = punch_locked(a, round_up(len, g_page));
+	pthread_mutex_unlock(&req_mu);
+	in_shim--;
+	if (err) {
+		errno = -err;
+		return -1;
+	}
+	return raw_munmap(addr, len);
+}
+
+/* mremap of a shim region: shrinking in place unmaps the tail; moving or
+ * growing (MREMAP_MAYMOVE) copies into a new mapping; growing in place
+ * fails with ENOMEM (as the kernel does when the neighbour is taken);
+ * MREMAP_DONTUNMAP is refused (EINVAL). Other mappings go to the kernel. */
+EXPORT void *mremap(void *old, size_t oldlen, size_t newlen, int flags, ...)
+{
+	void *want = NULL;
+	if (flags & MREMAP_FIXED) {
+		va_list ap;
+		va_start(ap, flags);
+		want = va_arg(ap, void *);
+		va_end(ap);
+	}
+	uintptr_t a = (uintptr_t)old;
+	size_t ol = round_up(oldlen, g_page), nl = round_up(newlen, g_page);
+	if (in_shim || (a & (g_page - 1)) || !oldlen || !newlen || add_overflows(a, ol) ||
+	    !overlaps_regions(a, ol))
+		return (void *)syscall(SYS_mremap, old, oldlen, newlen, flags, want);
+	if (flags & MREMAP_DONTUNMAP) {
+		errno = EINVAL;
+		return MAP_FAILED;
+	}
+	if (nl <= ol && !(flags & MREMAP_FIXED)) {
+		if (nl < ol && munmap((void *)(a + nl), ol - nl) != 0)
+			return MAP_FAILED;
+		return old;
+	}
+	if (!(flags & MREMAP_MAYMOVE)) {
+		errno = ENOMEM;
+		return MAP_FAILED;
+	}
+	void *q = (flags & MREMAP_FIXED)
+			  ? mmap(want, newlen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0)
+			  : mmap(NULL, newlen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (q == MAP_FAILED)
+		return MAP_FAILED;
+	memcpy(q, old, oldlen < newlen ? oldlen : newlen);
+	munmap(old, oldlen);
+	return q;
+}
+
+/* ---- fork ----
+ *
+ * fork() is wrapped rather than handled with pthread_atfork because the
+ * FORK-event serial must count only forks that happened: an atfork parent
+ * handler cannot tell a failed fork from a successful one, and a serial
+ * counted for a fork that raised no event would pair the next child with
+ * another child's uffd. The wrapper holds init_mu and req_mu across the
+ * fork (no request in flight, the table stable); the kernel raises the
+ * FORK event only when some vma is registered, i.e. when the table is not
+ * empty. */
+static void child_after_fork(int had_regions)
+{
+	pthread_mutex_init(&init_mu, NULL);
+	pthread_mutex_init(&req_mu, NULL);
+	pthread_mutex_init(&table_mu, NULL);
+	pthread_mutex_init(&reply_mu, NULL);
+	pthread_cond_init(&reply_cv, NULL);
+	memset(&g_reply, 0, sizeof g_reply);
+	if (g_state != ST_CONNECTED)
+		return;
+	/* The parent's: its socket, its uffd (registering through it would
+	 * register in the parent's address space) and its staging area. */
+	close(g_sock);
+	g_sock = -1;
+	close(g_uffd);
+	g_uffd = -1;
+	raw_munmap(g_staging, (size_t)g_slots * g_page);
+	g_staging = NULL;
+	if (!had_regions) {
+		g_state = ST_UNINIT; /* starts over as a top-level process */
+		g_fork_serial = 0;
+		return;
+	}
+	const char *why = NULL;
+	int err = handshake(1, &why);
+	g_fork_serial = 0; /* the child's own forks count from 0 */
+	if (err) {
+		say_off(why, -err);
+		g_state = ST_OFF;
+	}
+}
+
+EXPORT pid_t fork(void)
+{
+	in_shim++;
+	init_config();
+	in_shim--;
+	if (!real_fork) {
+		errno = ENOSYS;
+		return -1;
+	}
+	if (in_shim)
+		return real_fork();
+	pthread_mutex_lock(&init_mu);
+	pthread_mutex_lock(&req_mu);
+	int had_regions = g_state == ST_CONNECTED && __atomic_load_n(&g_nregions, __ATOMIC_ACQUIRE) > 0;
+	if (had_regions)
+		g_fork_serial++;
+	pid_t pid = real_fork();
+	if (pid == 0) {
+		int e = errno;
+		in_shim++;
+		child_after_fork(had_regions);
+		in_shim--;
+		errno = e;
+		return 0;
+	}
+	int e = errno;
+	if (pid < 0 && had_regions) {
+		g_fork_serial--; /* no child, and most failures come before the FORK event */
+		in_shim++;
+		say("rmem: fork failed (", strerror(e),
+		    "); if the kernel had raised its FORK event, later children are paired wrongly", NULL);
+		in_shim--;
+	}
+	pthread_mutex_unlock(&req_mu);
+	pthread_mutex_unlock(&init_mu);
+	errno = e;
+	return pid;
+}
