@@ -49,9 +49,11 @@ type IO struct {
 	ok   []uint8 // WRITE: replicas written
 	pend []int32
 	more []int32
-	// WRITE: one entry per posted request (op index, replica index).
-	wop  []int32
-	wrep []uint8
+	// WRITE: the op index of each posted request.
+	wop []int32
+	// Server of each posted request's replica, named at post time: the
+	// table may change (Migrate) before the completion is classified.
+	srv []string
 }
 
 // NewIO returns an IO over t. Connections are dialled on first use.
@@ -64,7 +66,7 @@ func (t *Table) NewIO() *IO {
 		next: make([]uint8, d), why: make([]uint8, d), via: make([]*peer, d),
 		rep: make([]uint8, d), ok: make([]uint8, d),
 		pend: make([]int32, 0, d), more: make([]int32, 0, d),
-		wop: make([]int32, d), wrep: make([]uint8, d),
+		wop: make([]int32, d), srv: make([]string, d),
 	}
 }
 
@@ -168,7 +170,7 @@ func (io *IO) readChunk(ctx context.Context, ops []pager.PageOp) error {
 					io.why[i] |= whyLost
 				case Healthy:
 					if p := io.peer(ctx, r); p != nil {
-						io.via[i], io.rep[i] = p, io.next[i]
+						io.via[i], io.rep[i], io.srv[i] = p, io.next[i], r.Server
 						io.wrs[i] = rdma.WorkRequest{ID: uint64(i), Op: rdma.OpRead, Key: r.Key, Offset: op.Off, Local: op.Buf}
 					} else {
 						io.why[i] |= whyUnavailable
@@ -215,7 +217,7 @@ func (io *IO) readChunk(ctx context.Context, ops []pager.PageOp) error {
 					io.t.reads.Add(1)
 					return
 				}
-				io.classify(op.Slab, io.rep[i], c.Status, p, &io.why[i])
+				io.classify(op.Slab, io.srv[i], c.Status, p, &io.why[i])
 				io.more = append(io.more, i)
 			}); err != nil {
 				io.endRound()
@@ -278,14 +280,14 @@ func (io *IO) collect(ctx context.Context, p *peer, f func(*rdma.Completion)) er
 }
 
 // classify records why a request failed and marks what it says.
-func (io *IO) classify(id pager.SlabID, rep uint8, st rdma.Status, p *peer, why *uint8) {
+func (io *IO) classify(id pager.SlabID, server string, st rdma.Status, p *peer, why *uint8) {
 	switch st {
 	case rdma.StatusRevokedKey, rdma.StatusUnknownKey:
-		// The server no longer has the slab under this key: the data is gone.
+		// The server no longer has the slab under this key: the data is
+		// gone (or the replica was just dropped by a migration: then
+		// markLost finds nothing to mark).
 		*why |= whyLost
-		if reps, ok := io.t.lookup(id); ok && int(rep) < len(reps) {
-			io.t.markLost(id, reps[rep].Server)
-		}
+		io.t.markLost(id, server)
 	case rdma.StatusTransport:
 		*why |= whyUnavailable
 		p.drop()
@@ -343,7 +345,7 @@ func (io *IO) writeChunk(ctx context.Context, ops []pager.PageOp) error {
 			}
 			p := io.peer(ctx, r)
 			io.wrs[nw] = rdma.WorkRequest{ID: uint64(nw), Op: rdma.OpWrite, Key: r.Key, Offset: op.Off, Local: op.Buf}
-			io.wop[nw], io.wrep[nw] = int32(i), uint8(ri)
+			io.wop[nw], io.srv[nw] = int32(i), r.Server
 			io.via[nw], io.rep[nw] = p, 0
 			if p == nil { // not dialled: this replica misses the WRITE
 				io.why[i] |= whyUnavailable
@@ -411,9 +413,7 @@ func (io *IO) writeChunk(ctx context.Context, ops []pager.PageOp) error {
 	// Replicas that missed a WRITE another replica took are stale.
 	for w := 0; w < nw; w++ {
 		if io.rep[w] == 1 && io.ok[io.wop[w]] > 0 {
-			if reps, ok := io.t.lookup(ops[io.wop[w]].Slab); ok && int(io.wrep[w]) < len(reps) {
-				io.t.markLost(ops[io.wop[w]].Slab, reps[io.wrep[w]].Server)
-			}
+			io.t.markLost(ops[io.wop[w]].Slab, io.srv[w])
 		}
 	}
 	return nil
