@@ -530,49 +530,92 @@ func (c *client) flushReads(since time.Time) {
 	}
 	ctx := c.a.ctx
 	c.io.Read(ctx, c.reads)
-	for k := range c.reads {
-		op := &c.reads[k]
-		ref := c.readAt[k]
-		r, idx := ref.r, ref.idx
-		p := r.pages[idx] &^ FlagFetch
-		r.pages[idx] = p
-		a := r.addr(idx)
-		switch {
-		case op.Err == nil:
-			c.st.remoteReads.Add(1)
-			// Installed write-protected: clean until a WP fault says
-			// otherwise.
-			_, err := c.uffd.Copy(a, op.Buf, userfaultfd.WriteProtected)
-			switch {
-			case err == nil:
-				// Prefetched pages are referenced too: the stream is
-				// about to use them, CLOCK must not take them first.
-				c.set(r, idx, p.With(Resident)|FlagRef)
-			case userfaultfd.IsExist(err):
-				c.uffd.Wake(pageRange(a))
-			case userfaultfd.IsGone(err):
-			default:
-				if !ref.prefetch {
-					c.hold(&c.retry, heldFault{ref.pageRef, 0, since})
-				}
-			}
-			if !ref.prefetch {
-				c.st.latency.Observe(time.Since(since))
-			}
-		case errors.Is(op.Err, ErrLost):
-			c.set(r, idx, p.With(Lost))
-			if err := c.poison(r, idx); err != nil && !ref.prefetch {
-				c.hold(&c.retry, heldFault{ref.pageRef, 0, since})
-			}
-		default:
-			if !ref.prefetch {
-				c.st.retries.Add(1)
-				c.hold(&c.retry, heldFault{ref.pageRef, 0, since})
-			}
+	for k := 0; k < len(c.reads); {
+		// A run of pages that arrived and are adjacent in the client is
+		// installed with one UFFDIO_COPY (their buffers are adjacent too):
+		// the ioctl costs ~5.5 µs for one page, ~1.5 µs a page for 64.
+		j := k + 1
+		for j < len(c.reads) && c.reads[k].Err == nil && c.reads[j].Err == nil &&
+			c.readAt[j].r == c.readAt[k].r && c.readAt[j].idx == c.readAt[j-1].idx+1 {
+			j++
+		}
+		if j-k > 1 && c.copyRun(k, j, since) {
+			k = j
+			continue
+		}
+		for ; k < j; k++ {
+			c.installRead(k, since)
 		}
 	}
 	c.reads = c.reads[:0]
 	c.readAt = c.readAt[:0]
+}
+
+// copyRun installs reads [k, j), adjacent pages of one region, with one
+// Copy. It reports false (nothing done) if the Copy failed: the caller
+// then installs them one by one.
+func (c *client) copyRun(k, j int, since time.Time) bool {
+	first := c.readAt[k]
+	_, err := c.uffd.Copy(first.r.addr(first.idx), c.bufs[k*pageSize:j*pageSize], userfaultfd.WriteProtected)
+	if err != nil {
+		return false
+	}
+	for m := k; m < j; m++ {
+		ref := c.readAt[m]
+		p := ref.r.pages[ref.idx] &^ FlagFetch
+		c.st.remoteReads.Add(1)
+		c.set(ref.r, ref.idx, p.With(Resident)|FlagRef)
+		if !ref.prefetch {
+			c.st.latency.Observe(time.Since(since))
+		}
+	}
+	return true
+}
+
+// installRead installs read k of the batch, or poisons or retries it.
+func (c *client) installRead(k int, since time.Time) {
+	op := &c.reads[k]
+	ref := c.readAt[k]
+	r, idx := ref.r, ref.idx
+	p := r.pages[idx] &^ FlagFetch
+	r.pages[idx] = p
+	a := r.addr(idx)
+	switch {
+	case op.Err == nil:
+		c.st.remoteReads.Add(1)
+		// Installed write-protected: clean until a WP fault says
+		// otherwise.
+		_, err := c.uffd.Copy(a, op.Buf, userfaultfd.WriteProtected)
+		switch {
+		case err == nil:
+			// Prefetched pages are referenced too: the stream is
+			// about to use them, CLOCK must not take them first.
+			c.set(r, idx, p.With(Resident)|FlagRef)
+		case userfaultfd.IsExist(err):
+			// Mapped already (part of a run whose Copy stopped
+			// early): it holds what we copied.
+			c.set(r, idx, p.With(Resident)|FlagRef)
+			c.uffd.Wake(pageRange(a))
+		case userfaultfd.IsGone(err):
+		default:
+			if !ref.prefetch {
+				c.hold(&c.retry, heldFault{ref.pageRef, 0, since})
+			}
+		}
+		if !ref.prefetch {
+			c.st.latency.Observe(time.Since(since))
+		}
+	case errors.Is(op.Err, ErrLost):
+		c.set(r, idx, p.With(Lost))
+		if err := c.poison(r, idx); err != nil && !ref.prefetch {
+			c.hold(&c.retry, heldFault{ref.pageRef, 0, since})
+		}
+	default:
+		if !ref.prefetch {
+			c.st.retries.Add(1)
+			c.hold(&c.retry, heldFault{ref.pageRef, 0, since})
+		}
+	}
 }
 
 // poison makes page idx raise SIGBUS: every replica of its data is gone.
