@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
@@ -354,4 +355,41 @@ func TestMount(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv.Wait()
+}
+
+func TestCollector(t *testing.T) {
+	fs, _ := newFS(t, 1<<20, pagertest.Options{})
+	if err := fs.WriteAt([][]byte{pattern(1, 3*BlockSize)}, 0); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(fs.Collector()); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			key := mf.GetName()
+			for _, l := range m.GetLabel() {
+				key += "{" + l.GetValue() + "}"
+			}
+			if c := m.GetCounter(); c != nil {
+				got[key] = c.GetValue()
+			} else {
+				got[key] = m.GetGauge().GetValue()
+			}
+		}
+	}
+	for k, v := range map[string]float64{
+		"rmem_swapfs_pool_bytes_total{write}": 3 * BlockSize, "rmem_swapfs_pool_bytes_total{read}": 0,
+		"rmem_swapfs_blocks_written": 3, "rmem_swapfs_slabs": 1, "rmem_swapfs_size_bytes": 1 << 20,
+	} {
+		if got[k] != v {
+			t.Errorf("%s = %v, want %v", k, got[k], v)
+		}
+	}
 }

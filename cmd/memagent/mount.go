@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -10,6 +12,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
@@ -81,6 +85,7 @@ device (active swap): it refuses, logs why and keeps serving. Use
 	f.String("size", "4GiB", "size of the swap file (a multiple of 4KiB)")
 	f.Int("workers", 4, "concurrent transfers to the pool")
 	f.Bool("mlock", true, "mlockall the daemon (it must not be swapped out itself)")
+	f.String("metrics-listen", "", "serve Prometheus /metrics on this address (e.g. 127.0.0.1:7480); off if empty")
 	swapPoolFlags(f)
 	return cmd
 }
@@ -142,6 +147,13 @@ func runMount(app *cli.App, dir string) error {
 		return err
 	}
 	defer fs.Close()
+	if addr := app.String("metrics-listen"); addr != "" {
+		stop, err := swapServeMetrics(addr, fs)
+		if err != nil {
+			return app.Invalid("metrics-listen", "%v", err)
+		}
+		defer stop()
+	}
 	srv, err := swapfs.Mount(dir, fs)
 	if err != nil {
 		return err
@@ -172,6 +184,23 @@ func runMount(app *cli.App, dir string) error {
 			}
 		}
 	}
+}
+
+// swapServeMetrics serves the file system's counters for Prometheus on
+// addr until stop is called.
+func swapServeMetrics(addr string, fs *swapfs.FS) (stop func(), err error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(fs.Collector())
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	go func() { hs.Serve(ln); close(done) }()
+	return func() { hs.Close(); <-done }, nil
 }
 
 // swapUnmountable returns an error saying why DIR must stay mounted: its
