@@ -246,13 +246,14 @@ type swapRun struct {
 	cmd   *exec.Cmd
 	stdin io.WriteCloser
 	lines chan string
-	out   *strings.Builder
-	mu    sync.Mutex
+	// out is a file, not a pipe: a mount daemon that run leaves to other
+	// runs keeps run's stderr open, and Wait must not wait for it.
+	out *os.File
 }
 
 func swapStartRun(t *testing.T, args ...string) *swapRun {
 	t.Helper()
-	r := &swapRun{cmd: exec.Command(swapMemagent(t), args...), lines: make(chan string, 16), out: &strings.Builder{}}
+	r := &swapRun{cmd: exec.Command(swapMemagent(t), args...), lines: make(chan string, 16)}
 	r.cmd.Env = append(os.Environ(), "MEMAGENT_LOG_FORMAT=console")
 	var err error
 	if r.stdin, err = r.cmd.StdinPipe(); err != nil {
@@ -262,7 +263,10 @@ func swapStartRun(t *testing.T, args ...string) *swapRun {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.cmd.Stderr = writerFunc(func(b []byte) (int, error) { r.mu.Lock(); defer r.mu.Unlock(); return r.out.Write(b) })
+	if r.out, err = os.CreateTemp(t.TempDir(), "run-stderr-"); err != nil {
+		t.Fatal(err)
+	}
+	r.cmd.Stderr = r.out
 	if err := r.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -290,11 +294,10 @@ func swapStartRun(t *testing.T, args ...string) *swapRun {
 	return r
 }
 
-type writerFunc func([]byte) (int, error)
-
-func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
-
-func (r *swapRun) output() string { r.mu.Lock(); defer r.mu.Unlock(); return r.out.String() }
+func (r *swapRun) output() string {
+	b, _ := os.ReadFile(r.out.Name())
+	return string(b)
+}
 
 // expect waits for a line of the workload starting with prefix.
 func (r *swapRun) expect(t *testing.T, prefix string) string {
@@ -641,4 +644,38 @@ func BenchmarkSwapModes(b *testing.B) {
 		table.WriteString(row)
 	}
 	fmt.Printf("workload time, 256 MiB (local: no limit; others: 64 MiB local), ratio to local:%s\n", table.String())
+}
+
+// TestSwapRunsShare: a second run uses the pool swap file the first one set
+// up; the first one ends and leaves it to the second, which tears it down.
+func TestSwapRunsShare(t *testing.T) {
+	swapNeeds(t)
+	p := swapStartPool(t, 1)
+	work := swapWorkload(t)
+	dir := t.TempDir()
+	swapCleanup(t, dir)
+	a := swapStartRun(t, append(append([]string{"run", "--local-mem", "64MiB", "--swap-size", "1GiB", "--swap-dir", dir},
+		p.args()...), "--", work, "128", "wait")...)
+	a.expect(t, "written")
+	b := swapStartRun(t, append(append([]string{"run", "--local-mem", "16MiB"}, p.args()...), "--", work, "64", "wait")...)
+	b.expect(t, "written")
+	if s := swapStats(t, dir); s.PoolWriteBytes < 100<<20 {
+		t.Errorf("both runs' overflow should be in the one swap file: %+v", s)
+	}
+	fmt.Fprintln(a.stdin, "go")
+	fmt.Fprintln(a.stdin, "go")
+	a.expect(t, "verified")
+	if code := a.wait(t); code != 0 {
+		t.Fatalf("first run exited %d", code)
+	}
+	if active, err := swaprun.ActivePoolSwaps(); err != nil || len(active) != 1 || active[0] != filepath.Join(dir, swapfs.SwapName) {
+		t.Fatalf("after the first run ended, active pool swaps %v (%v): want the one it set up, still in use", active, err)
+	}
+	fmt.Fprintln(b.stdin, "go")
+	fmt.Fprintln(b.stdin, "go")
+	b.expect(t, "verified")
+	if code := b.wait(t); code != 0 {
+		t.Fatalf("second run exited %d", code)
+	}
+	swapNoLeftovers(t, dir, b.cmd.Process.Pid)
 }

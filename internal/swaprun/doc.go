@@ -10,6 +10,16 @@
 // (internal/swapdev) or the cgroup code (internal/cgroup): it sequences
 // them around one command.
 //
+// # Runs share the swap
+//
+// The kernel's swap is global: a run that finds a pool swap file active
+// uses it, and a swap file set up by a run is torn down by the last run on
+// the host to end, not necessarily the one that set it up (tearing it down
+// under another run would swap that run's pages back in, past its cgroup
+// limit). The runs in progress and the swap files runs set up are kept in
+// RuntimeDir/swaprun.json under an flock of RuntimeDir/swaprun.lock; runs
+// whose process is gone are dropped when the file is read.
+//
 // # Processes
 //
 // CMD runs as a child whose exit status is returned (128+N when killed by

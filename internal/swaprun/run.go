@@ -9,11 +9,13 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"rmem/internal/cgroup"
 	"rmem/internal/swapdev"
@@ -32,12 +34,15 @@ type Options struct {
 	Memagent  string   // the memagent binary (default: this executable)
 	MountArgs []string // extra flags of `memagent mount` (pool address, token, --replicas)
 	SwapSize  uint64   // size of the swap file (default 4 GiB)
-	Dir       string   // mount point (default: a new directory under /run/rmem)
+	Dir       string   // mount point (default: a new directory under RuntimeDir)
 	Priority  int      // swapon priority (default 32767, ahead of other swap)
 	// Setup forces setting up a pool swap file even if one is active.
 	Setup bool
 
 	Group string // cgroup name (default rmem-run-PID)
+	// RuntimeDir holds the state shared by the runs on this host (default
+	// /run/rmem).
+	RuntimeDir string
 
 	Stdin          io.Reader
 	Stdout, Stderr io.Writer
@@ -72,6 +77,9 @@ func (o *Options) defaults() error {
 	}
 	if o.Priority == 0 {
 		o.Priority = 32767
+	}
+	if o.RuntimeDir == "" {
+		o.RuntimeDir = "/run/rmem"
 	}
 	if o.Group == "" {
 		o.Group = "rmem-run-" + strconv.Itoa(os.Getpid())
@@ -111,23 +119,15 @@ func Run(ctx context.Context, opts Options) (exitCode int, err error) {
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, forwarded...)
 	defer signal.Stop(sigs)
-	active, err := ActivePoolSwaps()
+	sw, err := joinSwap(ctx, &opts)
 	if err != nil {
 		return -1, err
 	}
-	if len(active) > 0 && !opts.Setup {
-		log.Info("using active pool swap", zap.Strings("files", active))
-	} else {
-		sw, err := startSwap(ctx, &opts)
-		if err != nil {
-			return -1, err
+	defer func() {
+		if e := leaveSwap(&opts, sw); e != nil && err == nil {
+			err = e
 		}
-		defer func() {
-			if e := sw.stop(); e != nil && err == nil {
-				err = e
-			}
-		}()
-	}
+	}()
 
 	g, err := cgroup.Create(opts.Group, opts.LocalMem)
 	if err != nil {
@@ -175,6 +175,89 @@ func exitStatus(cmd *exec.Cmd, err error) (int, error) {
 	return ws.ExitStatus(), nil
 }
 
+// joinSwap makes sure a pool swap file is active, setting one up if none
+// is (or if o.Setup), and counts this run among the runs using it. It
+// returns the swap file it set up, or nil.
+func joinSwap(ctx context.Context, o *Options) (*swap, error) {
+	sh, err := lockShared(o.RuntimeDir)
+	if err != nil {
+		return nil, err
+	}
+	active, err := ActivePoolSwaps()
+	if err != nil {
+		sh.unlock()
+		return nil, err
+	}
+	var sw *swap
+	if len(active) > 0 && !o.Setup {
+		o.Log.Info("using active pool swap", zap.Strings("files", active))
+	} else {
+		if sw, err = startSwap(ctx, o); err != nil {
+			sh.unlock()
+			return nil, err
+		}
+		sh.State.Swaps = append(sh.State.Swaps, OwnedSwap{Dir: sw.dir, PID: sw.daemon.Process.Pid, Made: sw.made != ""})
+	}
+	sh.State.Runs = append(sh.State.Runs, os.Getpid())
+	if err := sh.save(); err != nil {
+		if sw != nil {
+			sw.stop()
+		}
+		return nil, err
+	}
+	return sw, nil
+}
+
+// leaveSwap uncounts this run; the last run to leave tears down every pool
+// swap file that runs set up (sw is the one this run set up, or nil).
+func leaveSwap(o *Options, sw *swap) error {
+	sh, err := lockShared(o.RuntimeDir)
+	if err != nil {
+		return err
+	}
+	if i := slices.Index(sh.State.Runs, os.Getpid()); i >= 0 {
+		sh.State.Runs = slices.Delete(sh.State.Runs, i, i+1)
+	}
+	if len(sh.State.Runs) > 0 {
+		if len(sh.State.Swaps) > 0 {
+			o.Log.Info("leaving the pool swap to the runs in progress", zap.Ints("runs", sh.State.Runs))
+		}
+		return sh.save()
+	}
+	var errs []error
+	for _, s := range sh.State.Swaps {
+		if sw != nil && s.Dir == sw.dir {
+			errs = append(errs, sw.stop())
+			continue
+		}
+		errs = append(errs, teardown(s, o.Log))
+	}
+	sh.State.Swaps = nil
+	errs = append(errs, sh.save())
+	return errors.Join(errs...)
+}
+
+// teardown turns off a pool swap file set up by another run and unmounts
+// it, which ends its daemon.
+func teardown(s OwnedSwap, log *zap.Logger) error {
+	file := filepath.Join(s.Dir, swapfs.SwapName)
+	if err := swapdev.Off(context.Background(), file); err != nil && !errors.Is(err, swapdev.ErrNotSwap) {
+		return err
+	}
+	if ok, err := SwapMounted(s.Dir); err != nil {
+		return err
+	} else if ok {
+		if err := unix.Unmount(s.Dir, 0); err != nil {
+			return fmt.Errorf("swaprun: umount %s: %w", s.Dir, err)
+		}
+	}
+	log.Info("pool swap torn down", zap.String("dir", s.Dir), zap.Int("daemon", s.PID))
+	if s.Made {
+		os.Remove(s.Dir)
+	}
+	return nil
+}
+
 // swap is a pool swap file set up by Run: the mount daemon and its loop
 // device.
 type swap struct {
@@ -187,10 +270,7 @@ type swap struct {
 func startSwap(ctx context.Context, o *Options) (sw *swap, err error) {
 	sw = &swap{dir: o.Dir, log: o.Log, exited: make(chan error, 1)}
 	if sw.dir == "" {
-		if err := os.MkdirAll("/run/rmem", 0o755); err != nil {
-			return nil, fmt.Errorf("swaprun: %w", err)
-		}
-		if sw.dir, err = os.MkdirTemp("/run/rmem", "swap-"); err != nil {
+		if sw.dir, err = os.MkdirTemp(o.RuntimeDir, "swap-"); err != nil {
 			return nil, fmt.Errorf("swaprun: %w", err)
 		}
 		sw.made = sw.dir

@@ -3,6 +3,7 @@ package swaprun
 import (
 	"context"
 	"errors"
+	"os"
 	"slices"
 	"testing"
 
@@ -57,4 +58,58 @@ func TestValidate(t *testing.T) {
 			t.Errorf("Run(%+v) = %d, %v; want -1, ErrOptions", o, code, err)
 		}
 	}
+}
+
+func TestParseState(t *testing.T) {
+	st, err := ParseState([]byte(`{"swaps":[{"dir":"/run/rmem/swap-1","pid":42,"made":true}],"runs":[7]}`))
+	if err != nil || len(st.Swaps) != 1 || st.Swaps[0] != (OwnedSwap{Dir: "/run/rmem/swap-1", PID: 42, Made: true}) || !slices.Equal(st.Runs, []int{7}) {
+		t.Fatalf("ParseState = %+v, %v", st, err)
+	}
+	if st, err := ParseState(nil); err != nil || len(st.Swaps)+len(st.Runs) != 0 {
+		t.Fatalf("empty state: %+v, %v", st, err)
+	}
+	for _, bad := range []string{`{`, `{"swaps":[{"dir":"rel","pid":1}]}`, `{"swaps":[{"dir":"/x","pid":0}]}`} {
+		if _, err := ParseState([]byte(bad)); err == nil {
+			t.Errorf("ParseState(%s) accepted", bad)
+		}
+	}
+}
+
+// TestSharedState: the lock file and the state survive a round trip, and
+// runs whose process is gone are dropped.
+func TestSharedState(t *testing.T) {
+	dir := t.TempDir()
+	sh, err := lockShared(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh.State.Runs = append(sh.State.Runs, os.Getpid(), 1<<22+12345) // the second is no process
+	sh.State.Swaps = append(sh.State.Swaps, OwnedSwap{Dir: "/run/rmem/swap-x", PID: 9, Made: true})
+	if err := sh.save(); err != nil {
+		t.Fatal(err)
+	}
+	sh, err = lockShared(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sh.unlock()
+	if !slices.Equal(sh.State.Runs, []int{os.Getpid()}) || len(sh.State.Swaps) != 1 {
+		t.Fatalf("state read back: %+v", sh.State)
+	}
+}
+
+func FuzzParseState(f *testing.F) {
+	f.Add([]byte(`{"swaps":[{"dir":"/a","pid":1}],"runs":[1,2]}`))
+	f.Add([]byte(`null`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		st, err := ParseState(b)
+		if err != nil {
+			return
+		}
+		for _, s := range st.Swaps {
+			if s.PID <= 0 || s.Dir == "" || s.Dir[0] != '/' {
+				t.Fatalf("accepted bad entry %+v", s)
+			}
+		}
+	})
 }
