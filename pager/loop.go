@@ -78,6 +78,8 @@ type client struct {
 	held       []heldFault
 	retry      []heldFault
 	retrySpare []heldFault
+	early      []userfaultfd.Msg // messages read ahead by again
+	earlySpare []userfaultfd.Msg
 	victims    []Victim
 	zeros      []byte
 	forks      uint64
@@ -142,9 +144,10 @@ func (a *Agent) newClient(u *userfaultfd.UFFD, features userfaultfd.Feature) (*c
 		pfOut: make([]int64, a.opts.MaxPrefetch),
 		held:  make([]heldFault, 0, maxHeld), retry: make([]heldFault, 0, maxHeld),
 		retrySpare: make([]heldFault, 0, maxHeld),
-		victims:    make([]Victim, proto.MaxEvictBatch),
-		zeros:      make([]byte, pageSize),
-		stagingFD:  sfd, staging: staging,
+		early:      make([]userfaultfd.Msg, 0, maxMsgs), earlySpare: make([]userfaultfd.Msg, 0, maxMsgs),
+		victims:   make([]Victim, proto.MaxEvictBatch),
+		zeros:     make([]byte, pageSize),
+		stagingFD: sfd, staging: staging,
 		slotFree: make([]uint32, 0, slots), slotOwner: make([]pageRef, slots),
 		wb: make([]PageOp, 0, proto.MaxEvictBatch), wbRef: make([]int, 0, proto.MaxEvictBatch),
 		sendBuf: make([]byte, 0, proto.MaxPacket), recvBuf: make([]byte, proto.MaxPacket),
@@ -191,6 +194,9 @@ func (c *client) RoutineServe() {
 	for {
 		if c.control() {
 			return
+		}
+		if len(c.early) > 0 { // read ahead outside serveUFFD
+			c.serveUFFD()
 		}
 		c.pfds = c.pfds[:0]
 		c.pfds = append(c.pfds, unix.PollFd{Fd: int32(c.uffd.Fd()), Events: unix.POLLIN})
@@ -362,6 +368,12 @@ func pageRange(a userfaultfd.Addr) userfaultfd.Range {
 // serveUFFD reads and handles pending uffd messages in batches.
 func (c *client) serveUFFD() {
 	for {
+		if len(c.early) > 0 {
+			batch := c.early
+			c.early, c.earlySpare = c.earlySpare[:0], batch
+			c.handleMsgs(batch)
+			continue
+		}
 		n, err := c.uffd.ReadEvents(c.msgs)
 		if err != nil {
 			if !errors.Is(err, unix.EAGAIN) {
@@ -369,31 +381,53 @@ func (c *client) serveUFFD() {
 			}
 			return
 		}
-		now := time.Now()
-		for i := 0; i < n; i++ {
-			ev, err := c.msgs[i].Decode()
-			if err != nil {
-				c.log.Error("bad uffd message", zap.Error(err))
-				continue
-			}
-			switch ev.Kind {
-			case userfaultfd.EventPagefault:
-				if ev.Flags&userfaultfd.FaultWP == 0 {
-					c.st.faults.Add(1)
-				} else {
-					c.st.wpFaults.Add(1)
-				}
-				c.fault(ev.Addr.RoundDown(pageSize), ev.Flags, now)
-			default:
-				c.flushReads(now)
-				c.event(ev)
-			}
-		}
-		c.flushReads(now)
-		if n < len(c.msgs) {
+		c.handleMsgs(c.msgs[:n])
+		if n < len(c.msgs) && len(c.early) == 0 {
 			return
 		}
 	}
+}
+
+// handleMsgs handles a batch of uffd messages.
+func (c *client) handleMsgs(msgs []userfaultfd.Msg) {
+	now := time.Now()
+	for i := range msgs {
+		ev, err := msgs[i].Decode()
+		if err != nil {
+			c.log.Error("bad uffd message", zap.Error(err))
+			continue
+		}
+		switch ev.Kind {
+		case userfaultfd.EventPagefault:
+			if ev.Flags&userfaultfd.FaultWP == 0 {
+				c.st.faults.Add(1)
+			} else {
+				c.st.wpFaults.Add(1)
+			}
+			c.fault(ev.Addr.RoundDown(pageSize), ev.Flags, now)
+		default:
+			c.flushReads(now)
+			c.event(ev)
+		}
+	}
+	c.flushReads(now)
+}
+
+// again reports whether an ioctl refused with EAGAIN is worth retrying at
+// once. The kernel refuses while a REMOVE/UNMAP event of the client (its
+// helper's madvise, a munmap) is unread: reading the pending messages now
+// (handled later, in order, by serveUFFD) lifts that, so the page just
+// fetched is installed instead of being fetched again on a later retry.
+func (c *client) again(err error) bool {
+	if !userfaultfd.IsMMChanged(err) || len(c.early) == cap(c.early) {
+		return false
+	}
+	n, rerr := c.uffd.ReadEvents(c.early[len(c.early):cap(c.early)])
+	if rerr != nil || n == 0 {
+		return false
+	}
+	c.early = c.early[:len(c.early)+n]
+	return true
 }
 
 // fault handles one page fault at page address a.
@@ -415,7 +449,11 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 	if flags&userfaultfd.FaultWP != 0 {
 		if p.State() == Resident {
 			c.set(r, idx, p|FlagDirty|FlagRef)
-			if err := c.uffd.Unprotect(pageRange(a), 0); err != nil && !userfaultfd.IsGone(err) {
+			err := c.uffd.Unprotect(pageRange(a), 0)
+			if c.again(err) {
+				err = c.uffd.Unprotect(pageRange(a), 0)
+			}
+			if err != nil && !userfaultfd.IsGone(err) {
 				if userfaultfd.IsMMChanged(err) {
 					c.hold(&c.retry, heldFault{pageRef{r, idx}, flags, since})
 					return
@@ -479,6 +517,9 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 // after reading events; IsGone: nothing to do).
 func (c *client) zeroFill(a userfaultfd.Addr, since time.Time) error {
 	_, err := c.uffd.ZeroPage(pageRange(a), 0)
+	if c.again(err) {
+		_, err = c.uffd.ZeroPage(pageRange(a), 0)
+	}
 	switch {
 	case err == nil:
 	case userfaultfd.IsExist(err):
@@ -586,6 +627,9 @@ func (c *client) installRead(k int, since time.Time) {
 		// Installed write-protected: clean until a WP fault says
 		// otherwise.
 		_, err := c.uffd.Copy(a, op.Buf, userfaultfd.WriteProtected)
+		if c.again(err) {
+			_, err = c.uffd.Copy(a, op.Buf, userfaultfd.WriteProtected)
+		}
 		switch {
 		case err == nil:
 			// Prefetched pages are referenced too: the stream is
@@ -623,11 +667,12 @@ func (c *client) installRead(k int, since time.Time) {
 func (c *client) poison(r *region, idx int) error {
 	a := r.addr(idx)
 	if c.features.Has(userfaultfd.FeaturePoison) {
+		c.st.lost.Add(1) // before the ioctl wakes the thread into its SIGBUS
 		_, err := c.uffd.Poison(pageRange(a), 0)
 		if userfaultfd.IsMMChanged(err) {
+			c.st.lost.Add(^uint64(0))
 			return err
 		}
-		c.st.lost.Add(1)
 		c.log.Error("PAGE LOST: every replica of an evicted page is gone; the client gets SIGBUS",
 			zap.Int("pid", int(c.pidAtm.Load())), zap.Stringer("addr", a), zap.Uint64("region", r.id))
 		if err == nil || userfaultfd.IsExist(err) || userfaultfd.IsGone(err) {
