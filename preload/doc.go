@@ -20,6 +20,16 @@
 // nor a way to page shared, file-backed, MAP_FIXED, MAP_POPULATE, locked
 // or PROT_NONE mappings: those pass through untouched (rmem.c says why).
 //
+// Other allocators: one linked statically into the program, or preloaded
+// in front of the shim (jemalloc), keeps its malloc and gets its chunks
+// from mmap, which the shim pages (their munmap trims and MADV_DONTNEED
+// work). tcmalloc ships its own mmap wrapper: in front of the shim its
+// chunks never reach the shim (nothing is paged, the program works);
+// behind it the shim's malloc wins. When another malloc is in front, the
+// helper thread is created by the shim's constructor (creating a thread
+// allocates, which would deadlock inside that allocator's mmap), and mmaps
+// made before the constructor ran stay ordinary memory.
+//
 // # Deadlocks
 //
 // A shimmed process depends on its agent: once pages are evicted, touching

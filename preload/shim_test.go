@@ -383,3 +383,59 @@ func TestMinAllocFromEnv(t *testing.T) {
 		t.Fatalf("%d HELLOs with RMEM_MIN_ALLOC=64MiB, want 0", a.hellos)
 	}
 }
+
+// TestOtherAllocators runs programs with jemalloc or tcmalloc preloaded
+// beside the shim. jemalloc in front (as if linked statically): its malloc
+// wins, its chunks come from mmap, which the shim pages. tcmalloc brings
+// its own mmap wrapper: in front, its chunks never reach the shim (the
+// program works, nothing is paged); behind, the shim's malloc wins.
+func TestOtherAllocators(t *testing.T) {
+	needUFFD(t)
+	const libdir = "/usr/lib/x86_64-linux-gnu"
+	cases := []struct {
+		name, lib string
+		front     bool
+		kind      proto.Kind // 0: nothing paged
+	}{
+		{"jemalloc in front", "libjemalloc.so.2", true, proto.KindMmap},
+		{"jemalloc behind", "libjemalloc.so.2", false, proto.KindHeap},
+		{"tcmalloc in front", "libtcmalloc_minimal.so.4", true, 0},
+		{"tcmalloc behind", "libtcmalloc_minimal.so.4", false, proto.KindHeap},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			lib := filepath.Join(libdir, c.lib)
+			if _, err := os.Stat(lib); err != nil {
+				t.Skipf("%s is not installed (Debian: libjemalloc2, libtcmalloc-minimal4)", lib)
+			}
+			a := newTestAgent(t)
+			shim := filepath.Join(build(t), "librmem.so")
+			preload := shim + ":" + lib
+			if c.front {
+				preload = lib + ":" + shim
+			}
+			p := start(t, a.path, []string{"blocks"}, "LD_PRELOAD="+preload)
+			p.expect("ready")
+			n := 0
+			if c.kind != 0 {
+				n = evict(t, a, p.pid(), 24*640/2)
+			}
+			p.send("g")
+			p.expect("ok")
+			p.wait()
+			if c.kind == 0 {
+				a.mu.Lock()
+				defer a.mu.Unlock()
+				if a.hellos != 0 {
+					t.Errorf("%d HELLOs, want none", a.hellos)
+				}
+				return
+			}
+			s := a.Stats(p.pid())
+			t.Logf("evicted %d pages; stats %+v", n, s)
+			if s.Regions[c.kind] == 0 || len(s.Regions) != 1 || s.Restores < n {
+				t.Errorf("stats %+v: want %v regions only, all evicted pages restored", s, c.kind)
+			}
+		})
+	}
+}

@@ -23,6 +23,7 @@
 #include <fcntl.h>
 #include <linux/userfaultfd.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -119,6 +120,16 @@ static struct {
 static struct region g_regions[MAX_REGIONS]; /* sorted by base; table_mu */
 static int g_nregions;                        /* atomic loads */
 
+/* The helper thread. Creating a thread allocates (glibc callocs its TLS
+ * vector through the malloc in front): safe from our own malloc, not from
+ * inside another allocator's mmap call (jemalloc holds its locks there, and
+ * deadlocks). So when another malloc is in front of ours the helper is
+ * created by the constructor, and waits on g_conn_sem for a connection. */
+static sem_t g_conn_sem;
+static int g_helper_exists;
+static int g_foreign_malloc;
+static int g_ctor_done; /* mmaps before our constructor stay ordinary */
+
 static size_t (*real_usable_size)(void *);
 static pid_t (*real_fork)(void);
 
@@ -208,10 +219,28 @@ static void init_config(void)
 	__atomic_store_n(&done, 1, __ATOMIC_RELEASE);
 }
 
+static int start_helper(void);
+
+/* Whether the malloc the program uses is another library's (a preloaded
+ * jemalloc in front of us, or one linked statically into the program). */
+static int foreign_malloc(void)
+{
+	Dl_info mine, theirs;
+	void *m = dlsym(RTLD_DEFAULT, "malloc");
+	if (!m || !dladdr((void *)foreign_malloc, &mine) || !dladdr(m, &theirs))
+		return 1; /* unsure: take the careful path */
+	return mine.dli_fbase != theirs.dli_fbase;
+}
+
 __attribute__((constructor)) static void rmem_init(void)
 {
 	in_shim++;
 	init_config();
+	sem_init(&g_conn_sem, 0, 0);
+	g_foreign_malloc = foreign_malloc();
+	if (g_foreign_malloc && start_helper() != 0)
+		say("rmem: cannot start the helper thread: using ordinary memory", NULL);
+	__atomic_store_n(&g_ctor_done, 1, __ATOMIC_RELEASE);
 	in_shim--;
 }
 
@@ -452,21 +481,18 @@ static void evict(const struct rmem_evict *ev, struct rmem_evicted *out)
 /* The helper thread: the only reader of the agent socket. It must not
  * allocate through the shim (in_shim stays set) and runs with every signal
  * blocked so that the program's handlers never run on it. */
-static void *helper_main(void *arg)
+static void serve(int sock)
 {
-	(void)arg;
-	in_shim = 1;
 	static union {
 		char buf[RMEM_MAX_PACKET];
 		uint64_t align;
 	} pkt;
-	int sock = g_sock;
 	for (;;) {
 		struct rmem_hdr h;
 		int n = recv_packet(sock, pkt.buf, &h, NULL, NULL);
 		if (n < 0) {
 			lost_agent(n == -EPROTO ? EPROTO : -n);
-			return NULL;
+			return;
 		}
 		const char *body = pkt.buf + sizeof h;
 		switch (h.type) {
@@ -496,7 +522,7 @@ static void *helper_main(void *arg)
 			int err = send_packet(RMEM_EVICTED, 0, &out, sizeof out, -1);
 			if (err) {
 				lost_agent(-err);
-				return NULL;
+				return;
 			}
 			break;
 		}
@@ -507,8 +533,20 @@ static void *helper_main(void *arg)
 	bad:
 		lost_agent(EPROTO);
 		shutdown(sock, SHUT_RDWR);
-		return NULL;
+		return;
 	}
+}
+
+static void *helper_main(void *arg)
+{
+	(void)arg;
+	in_shim = 1;
+	for (;;) {
+		while (sem_wait(&g_conn_sem) != 0)
+			;
+		serve(g_sock);
+	}
+	return NULL;
 }
 
 static int start_helper(void)
@@ -524,6 +562,8 @@ static int start_helper(void)
 	int err = pthread_create(&t, &attr, helper_main, NULL);
 	pthread_attr_destroy(&attr);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (!err)
+		g_helper_exists = 1;
 	return err;
 }
 
@@ -648,7 +688,7 @@ static int handshake(int fork_child, const char **why)
 	tv.tv_sec = 0;
 	setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 	memset(&g_reply, 0, sizeof g_reply);
-	err = start_helper();
+	err = g_helper_exists ? 0 : start_helper();
 	if (err) {
 		*why = "starting the helper thread";
 		raw_munmap(g_staging, (size_t)g_slots * g_page);
@@ -657,6 +697,7 @@ static int handshake(int fork_child, const char **why)
 		g_sock = -1;
 		return -err;
 	}
+	sem_post(&g_conn_sem); /* the helper serves the new connection */
 	return 0;
 }
 
@@ -675,6 +716,8 @@ static int connected(void)
 	int st = __atomic_load_n(&g_state, __ATOMIC_ACQUIRE);
 	if (st != ST_UNINIT)
 		return st == ST_CONNECTED;
+	if (g_foreign_malloc && !g_helper_exists)
+		return 0; /* creating the helper here could deadlock (see g_conn_sem) */
 	init_config();
 	pthread_mutex_lock(&init_mu);
 	if (g_state == ST_UNINIT) {
@@ -1030,7 +1073,7 @@ EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off
 		}
 		return raw_mmap(addr, len, prot, flags, fd, off);
 	}
-	if (!mmap_eligible(len, prot, flags))
+	if (!mmap_eligible(len, prot, flags) || !__atomic_load_n(&g_ctor_done, __ATOMIC_ACQUIRE))
 		return raw_mmap(addr, len, prot, flags, fd, off);
 	in_shim++;
 	void *p = MAP_FAILED;
@@ -1131,6 +1174,13 @@ static void child_after_fork(int had_regions)
 	pthread_mutex_init(&reply_mu, NULL);
 	pthread_cond_init(&reply_cv, NULL);
 	memset(&g_reply, 0, sizeof g_reply);
+	sem_init(&g_conn_sem, 0, 0);
+	g_helper_exists = 0; /* threads do not survive fork */
+	if (g_foreign_malloc && start_helper() != 0) {
+		say("rmem: cannot start the helper thread in a child: using ordinary memory", NULL);
+		g_state = ST_OFF;
+		return;
+	}
 	if (g_state != ST_CONNECTED)
 		return;
 	/* The parent's: its socket, its uffd (registering through it would
