@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"rmem/internal/cgroup"
 	"rmem/internal/cli"
 	"rmem/internal/swapdev"
 	"rmem/pager/poolstore"
@@ -113,6 +114,9 @@ func runMount(app *cli.App, dir string) error {
 	}
 	if dir, err = filepath.Abs(dir); err != nil {
 		return err
+	}
+	if cg, err := cgroup.Self(); err == nil && strings.HasPrefix(filepath.Base(cg), "rmem-run-") {
+		return fmt.Errorf("memagent mount is inside the memory cgroup %s of a swap-mode run: it must run outside it (reclaim of its own memory would wait on its own swap writes)", cg)
 	}
 	if lock {
 		// First: every page of the daemon, now and later, stays resident,

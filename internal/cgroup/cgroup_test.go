@@ -95,3 +95,48 @@ func TestRemoveKillsLeftovers(t *testing.T) {
 		t.Fatalf("second Remove: %v", err)
 	}
 }
+
+func TestParseMemoryCgroup(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"9:name=systemd:/\n4:memory:/a/b\n0::/\n", "/a/b"},
+		{"5:cpu,memory:/x\n", "/x"},
+		{"0::/user.slice/u.scope\n", "/user.slice/u.scope"},
+	} {
+		if got, err := ParseMemoryCgroup([]byte(c.in)); err != nil || got != c.want {
+			t.Errorf("ParseMemoryCgroup(%q) = %q, %v; want %q", c.in, got, err, c.want)
+		}
+	}
+	for _, bad := range []string{"", "garbage", "1:cpu:/\n", "4:memory:rel\n"} {
+		if _, err := ParseMemoryCgroup([]byte(bad)); err == nil {
+			t.Errorf("ParseMemoryCgroup(%q) accepted", bad)
+		}
+	}
+}
+
+func FuzzParseMemoryCgroup(f *testing.F) {
+	f.Add([]byte("4:memory:/a\n0::/\n"))
+	f.Add([]byte("0::/x:y\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		p, err := ParseMemoryCgroup(b)
+		if err == nil && !strings.HasPrefix(p, "/") {
+			t.Fatalf("path %q from %q", p, b)
+		}
+	})
+}
+
+// TestSelfInGroup: a process started with Command sees the group as its
+// memory cgroup.
+func TestSelfInGroup(t *testing.T) {
+	g := newGroup(t, 32<<20)
+	out, err := g.Command("cat", "/proc/self/cgroup").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := ParseMemoryCgroup(out)
+	if err != nil || !strings.HasSuffix(g.Path, p) {
+		t.Fatalf("memory cgroup of the command %q (%v), want the end of %s", p, err, g.Path)
+	}
+	if self, err := Self(); err != nil || strings.HasSuffix(g.Path, self) && self != "/" {
+		t.Fatalf("this test is in %q (%v)", self, err)
+	}
+}
