@@ -161,6 +161,8 @@ static size_t round_up(size_t n, size_t a) { return (n + a - 1) & ~(a - 1); }
 
 static int add_overflows(size_t a, size_t b) { return a + b < a; }
 
+static int large(size_t n) { return n >= g_min_alloc; }
+
 static size_t parse_size(const char *s, int *ok)
 {
 	char *end;
@@ -846,7 +848,7 @@ static int overlaps_regions(uintptr_t a, size_t len)
  * NULL if it must come from glibc instead. Preconditions: in_shim set. */
 static void *alloc_region(size_t size, size_t align)
 {
-	if (!connected())
+	if (!connected() || !large(size)) /* the agent's min-alloc may be larger */
 		return NULL;
 	size_t extra = align > g_page ? align - g_page : 0;
 	if (add_overflows(size, extra + g_page))
@@ -880,8 +882,6 @@ static size_t region_usable(const struct region *r, void *p)
 {
 	return r->len - ((uintptr_t)p - r->base);
 }
-
-static int large(size_t n) { return n >= g_min_alloc; }
 
 /* ---- the malloc family ---- */
 
@@ -1077,7 +1077,7 @@ EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off
 		return raw_mmap(addr, len, prot, flags, fd, off);
 	in_shim++;
 	void *p = MAP_FAILED;
-	if (connected()) {
+	if (connected() && large(len)) {
 		p = raw_mmap(addr, len, prot, flags, fd, off);
 		if (p != MAP_FAILED) {
 			int e = errno;
