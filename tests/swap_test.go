@@ -413,6 +413,17 @@ func TestSwapRun(t *testing.T) {
 		}
 		swapNoLeftovers(t, dir, r.cmd.Process.Pid)
 	}
+
+	// The FUSE daemon refuses to serve from inside a run's memory cgroup.
+	dir, inner := t.TempDir(), t.TempDir()
+	swapCleanup(t, dir)
+	swapCleanup(t, inner)
+	args := append([]string{"run", "--local-mem", "64MiB", "--swap-size", "64MiB", "--swap-dir", dir}, p.args()...)
+	r := swapStartRun(t, append(append(args, "--", swapMemagent(t), "mount", inner, "--size", "64MiB"), p.args()...)...)
+	if code := r.wait(t); code != 1 || !strings.Contains(r.output(), "must run outside it") {
+		t.Errorf("memagent mount inside a run's cgroup: exit %d, output:\n%s", code, r.output())
+	}
+	swapNoLeftovers(t, dir, r.cmd.Process.Pid)
 }
 
 // TestSwapKillPrimary: with --replicas 2, kill -9 the memory server holding
