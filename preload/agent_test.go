@@ -22,7 +22,7 @@ import (
 // in-memory map of page contents, and evicts pages on request through the
 // shim's helper thread. The memory it serves lives in other processes.
 type testAgent struct {
-	t    *testing.T
+	t    testing.TB
 	path string
 	ln   *net.UnixListener
 	wg   sync.WaitGroup
@@ -110,7 +110,7 @@ type evictResult struct {
 
 const testSlots = 64
 
-func newTestAgent(t *testing.T) *testAgent {
+func newTestAgent(t testing.TB) *testAgent {
 	t.Helper()
 	a := &testAgent{
 		t:       t,

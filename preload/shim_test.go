@@ -44,7 +44,7 @@ func TestMain(m *testing.M) {
 var CFlags = []string{"-O2", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror"}
 
 // build compiles the shim and the test programs once per test binary.
-func build(t *testing.T) string {
+func build(t testing.TB) string {
 	t.Helper()
 	if _, err := exec.LookPath("gcc"); err != nil {
 		t.Skip("gcc is not installed: cannot build the shim")
@@ -77,7 +77,7 @@ func build(t *testing.T) string {
 
 // needUFFD skips unless this process can do what the shim does: create a
 // userfaultfd with EVENT_FORK (root or CAP_SYS_PTRACE) and WP.
-func needUFFD(t *testing.T) {
+func needUFFD(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: the shim's userfaultfd uses EVENT_FORK (CAP_SYS_PTRACE)")
@@ -95,7 +95,7 @@ func needUFFD(t *testing.T) {
 
 // proc is a program running under the shim.
 type proc struct {
-	t      *testing.T
+	t      testing.TB
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
 	lines  chan string
@@ -103,7 +103,7 @@ type proc struct {
 	waited chan error
 }
 
-func start(t *testing.T, sock string, argv []string, env ...string) *proc {
+func start(t testing.TB, sock string, argv []string, env ...string) *proc {
 	t.Helper()
 	dir := build(t)
 	if !filepath.IsAbs(argv[0]) && !strings.Contains(argv[0], "/") {

@@ -43,16 +43,24 @@
 #define EXPORT __attribute__((visibility("default")))
 #define TLS __attribute__((tls_model("initial-exec"))) __thread
 
-/* Default threshold: 1 MiB. Measured on the development VM (2 vCPU, Linux
- * 6.18) with preload's TestMinAllocCost / BenchmarkShimAlloc: glibc
- * malloc+free of a 1 MiB block (its own mmap) costs ~10 us and touching it
- * ~2.5 us per page (~640 us for 256 pages); a shim region costs one mmap,
- * one UFFDIO_REGISTER and one REGION_ADD round trip (~50-80 us), then an
- * agent-served fault per page (~20 us). The per-region cost is under 15%
- * of first touch from 1 MiB up, while below 256 KiB it dominates and such
- * blocks are too small to be worth paging one by one (glibc keeps them in
- * its arenas, and its own mmaps of 128 KiB+ blocks are not interposable).
- * RMEM_MIN_ALLOC or the agent's --min-alloc (WELCOME) change it. */
+/* Default threshold: 1 MiB, by measurement (BenchmarkShimAlloc in
+ * preload/bench_test.go, 2-vCPU VM, Linux 6.18, against the test agent):
+ *
+ *   malloc+free          256 KiB    1 MiB     4 MiB     16 MiB
+ *   glibc, untouched      0.1 us    0.1 us    0.1 us    0.1 us  (reuses its heap)
+ *   shim, untouched        (glibc)  154 us    174 us    255 us  (mmap, register,
+ *                                                               REGION_ADD/DEL round trips)
+ *   glibc, every page     0.8 us    5.4 us    21 us     87 us   (pages already resident)
+ *   shim, every page       (glibc)  15 ms     66 ms     268 ms  (~60 us per agent-served
+ *                                                               fault with the test agent)
+ *
+ * A region costs ~150-250 us once, about what 3-8 agent-served faults
+ * cost: from 1 MiB (256 pages) up that is at most ~1-4% of faulting the
+ * block in, and the number of regions stays small (the agent tracks each).
+ * Below that, blocks are many, short-lived and cheap to keep local, and
+ * glibc recycles them without any fault; paging them would multiply the
+ * per-allocation cost by ~1000 for little memory. RMEM_MIN_ALLOC or the
+ * agent's --min-alloc (WELCOME) change it. */
 #define DEFAULT_MIN_ALLOC (1u << 20)
 
 /* Region table capacity: 16384 live regions of >= 1 MiB is 16 GiB and

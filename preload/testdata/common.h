@@ -8,21 +8,21 @@
 
 #define MiB (1024 * 1024)
 
-static void die(const char *what)
+static inline void die(const char *what)
 {
 	fprintf(stderr, "FAIL: %s\n", what);
 	fflush(stderr);
 	exit(1);
 }
 
-static void fill(void *p, size_t n, uint64_t seed)
+static inline void fill(void *p, size_t n, uint64_t seed)
 {
 	uint64_t *w = p;
 	for (size_t i = 0; i < n / 8; i++)
 		w[i] = seed * 0x9e3779b97f4a7c15ull + i;
 }
 
-static int check(const void *p, size_t n, uint64_t seed)
+static inline int check(const void *p, size_t n, uint64_t seed)
 {
 	const uint64_t *w = p;
 	for (size_t i = 0; i < n / 8; i++)
@@ -34,14 +34,14 @@ static int check(const void *p, size_t n, uint64_t seed)
 	return 1;
 }
 
-static void say(const char *line)
+static inline void say(const char *line)
 {
 	ssize_t n = write(1, line, strlen(line));
 	(void)n;
 }
 
 /* Waits for one byte from the test on stdin. */
-static void wait_go(void)
+static inline void wait_go(void)
 {
 	char c;
 	if (read(0, &c, 1) != 1)
