@@ -82,6 +82,7 @@ type agentClient struct {
 	stage  []byte
 	done   chan struct{}
 	cmds   chan evictCmd
+	raw    chan rawCmd
 
 	// Owned by the serve goroutine.
 	regions  []region
@@ -101,6 +102,44 @@ type agentClient struct {
 
 type evictCmd struct {
 	reply chan evictResult
+}
+
+// rawCmd sends pkt as it is; an EVICTED that answers it (batch
+// rawBatch) goes to reply.
+type rawCmd struct {
+	pkt   []byte
+	reply chan *proto.Evicted
+}
+
+const rawBatch = 1 << 40
+
+// Inject sends pkt to pid's shim. If wantReply, it waits for the EVICTED
+// answering an EVICT of batch rawBatch.
+func (a *testAgent) Inject(pid int32, pkt []byte, wantReply bool) (*proto.Evicted, error) {
+	c, err := a.client(pid)
+	if err != nil {
+		return nil, err
+	}
+	cmd := rawCmd{pkt: pkt}
+	if wantReply {
+		cmd.reply = make(chan *proto.Evicted, 1)
+	}
+	select {
+	case c.raw <- cmd:
+	case <-c.done:
+		return nil, errors.New("client gone")
+	}
+	if !wantReply {
+		return nil, nil
+	}
+	select {
+	case m := <-cmd.reply:
+		return m, nil
+	case <-c.done:
+		return nil, errors.New("client gone before EVICTED")
+	case <-time.After(20 * time.Second):
+		return nil, errors.New("no EVICTED")
+	}
 }
 
 type evictResult struct {
@@ -243,7 +282,7 @@ func (a *testAgent) routineClient(conn *net.UnixConn) {
 	}
 	c := &agentClient{
 		a: a, pid: h.PID, ppid: h.PPID, conn: conn, memfd: -1,
-		done: make(chan struct{}), cmds: make(chan evictCmd),
+		done: make(chan struct{}), cmds: make(chan evictCmd), raw: make(chan rawCmd),
 		saved: map[userfaultfd.Addr][]byte{}, resident: map[userfaultfd.Addr]bool{},
 		expectRemove: map[userfaultfd.Addr]bool{},
 		sbuf:         make([]byte, 0, proto.MaxPacket),
@@ -430,6 +469,7 @@ func (c *agentClient) serve() {
 
 	var ev *eviction
 	var retry []userfaultfd.Event
+	var rawReply chan *proto.Evicted
 	for {
 		var tick <-chan time.Time
 		if len(retry) > 0 {
@@ -454,12 +494,24 @@ func (c *agentClient) serve() {
 				}
 				return
 			}
+			if m, ok := sm.m.(*proto.Evicted); ok && m.Batch == rawBatch && rawReply != nil {
+				rawReply <- m
+				rawReply = nil
+				continue
+			}
 			ev = c.handleMsg(sm, ev)
 		case evs := <-events:
 			for _, e := range evs {
 				if c.handleEvent(e, ev) {
 					retry = append(retry, e)
 				}
+			}
+		case r := <-c.raw:
+			if _, err := c.conn.Write(r.pkt); err != nil {
+				c.a.t.Errorf("agent: inject: %v", err)
+			}
+			if r.reply != nil {
+				rawReply = r.reply
 			}
 		case cmd := <-c.cmds:
 			if ev != nil {

@@ -99,8 +99,27 @@ type proc struct {
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
 	lines  chan string
-	stderr bytes.Buffer
+	stderr lockedBuffer
 	waited chan error
+}
+
+// lockedBuffer is a bytes.Buffer that the test may read while exec's
+// copying goroutine writes it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 func start(t testing.TB, sock string, argv []string, env ...string) *proc {
@@ -437,5 +456,62 @@ func TestOtherAllocators(t *testing.T) {
 				t.Errorf("stats %+v: want %v regions only, all evicted pages restored", s, c.kind)
 			}
 		})
+	}
+}
+
+// TestBadCommandsFromAgent: an EVICT naming memory the shim does not have
+// (or a slot beyond the staging area) is refused page by page and the
+// connection goes on; a malformed packet drops the connection, the shim
+// says so once, and new allocations use ordinary memory.
+func TestBadCommandsFromAgent(t *testing.T) {
+	needUFFD(t)
+	a := newTestAgent(t)
+	p := start(t, a.path, []string{"hostile"})
+	l := p.expect("ready ")
+	region, err := strconv.ParseUint(strings.TrimPrefix(l, "ready 0x"), 16, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evictPkt := func(addr uint64, slot uint32) []byte {
+		m := proto.Evict{Batch: rawBatch, N: 1}
+		m.Pages[0] = proto.EvictPage{Addr: userfaultfd.Addr(addr), Slot: slot}
+		return m.Encode(nil, 1)
+	}
+	for _, c := range []struct {
+		name  string
+		addr  uint64
+		slot  uint32
+		errno string
+	}{
+		{"unmapped address", 0x10000, 0, "bad address"},
+		{"beyond the region", region + 2<<20, 0, "bad address"},
+		{"unaligned", region + 8, 0, "invalid argument"},
+		{"slot beyond staging", region, testSlots, "invalid argument"},
+	} {
+		m, err := a.Inject(p.pid(), evictPkt(c.addr, c.slot), true)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if m.Done != 0 || m.Errno == 0 || m.Errno.Error() != c.errno {
+			t.Errorf("%s: EVICTED %+v, want 0 done and %q", c.name, m, c.errno)
+		}
+	}
+	// Still connected: a good eviction works.
+	evict(t, a, p.pid(), 512)
+
+	bad := (&proto.Ack{Seq: 1}).Encode(nil, 1)
+	bad[0] = 'X'
+	if _, err := a.Inject(p.pid(), bad, false); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(p.stderr.String(), "rmem: lost the agent") && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	p.send("g")
+	p.expect("ok")
+	p.wait()
+	if n := strings.Count(p.stderr.String(), "rmem:"); n != 1 || !strings.Contains(p.stderr.String(), "lost the agent (Protocol error)") {
+		t.Fatalf("stderr %q, want one line about the lost agent", p.stderr.String())
 	}
 }
