@@ -515,3 +515,31 @@ func TestBadCommandsFromAgent(t *testing.T) {
 		t.Fatalf("stderr %q, want one line about the lost agent", p.stderr.String())
 	}
 }
+
+// TestDeadAgentBlocksNotZeros: pages evicted to an agent that then dies
+// are never read as zeros (DESIGN.md pitfall 5): the shim holds its own
+// reference to the uffd, so the program waits in the fault instead.
+func TestDeadAgentBlocksNotZeros(t *testing.T) {
+	needUFFD(t)
+	a := newTestAgent(t)
+	p := start(t, a.path, []string{"blocks"})
+	p.expect("ready")
+	evict(t, a, p.pid(), 24*640)
+	a.Close()
+	p.send("g")
+	select {
+	case l, ok := <-p.lines:
+		t.Fatalf("program went on after its agent died: said %q (open %v); stderr:\n%s", l, ok, p.stderr.String())
+	case <-time.After(time.Second):
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.pid()))
+	if err != nil {
+		t.Fatalf("program exited: %v; stderr:\n%s", err, p.stderr.String())
+	}
+	if f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:])); len(f) == 0 || (f[0] != "S" && f[0] != "D") {
+		t.Errorf("program state %q, want S or D (waiting in the fault)", f)
+	}
+	if !strings.Contains(p.stderr.String(), "rmem: lost the agent") || strings.Contains(p.stderr.String(), "FAIL") {
+		t.Errorf("stderr %q: want the lost-agent line and no failure", p.stderr.String())
+	}
+}
