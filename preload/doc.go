@@ -52,6 +52,11 @@
 // the agent), it is not moved by the kernel. A fork that fails after the
 // kernel raised its FORK event (a pids-cgroup limit) is not counted, and
 // the serials of later children are then off by one (the shim warns on
-// stderr when a fork fails in a process holding regions). Programs that call the fork system call directly (not fork(3)) bypass
-// the serial.
+// stderr when a fork fails in a process holding regions). A child made
+// past fork(3) (glibc's daemon() and _Fork(), a raw clone) never says
+// HELLO: it notices that it is not the process that connected and uses
+// ordinary memory for new allocations, but the regions it inherited stay
+// registered with the uffd of its FORK event, which only the agent holds:
+// the agent must keep serving unclaimed FORK uffds (faults and events;
+// munmap waits for its UNMAP event to be read) until that process exits.
 package preload

@@ -543,3 +543,22 @@ func TestDeadAgentBlocksNotZeros(t *testing.T) {
 		t.Errorf("stderr %q: want the lost-agent line and no failure", p.stderr.String())
 	}
 }
+
+// TestForkBehindTheShimsBack: daemon() forks inside glibc, so the shim's
+// fork() never runs; the child notices it is not the process that
+// connected and uses ordinary memory (never its parent's uffd).
+func TestForkBehindTheShimsBack(t *testing.T) {
+	needUFFD(t)
+	a := newTestAgent(t)
+	p := start(t, a.path, []string{"stray"})
+	p.expect("ready")
+	p.send("g")
+	p.expect("child ok")
+	p.wait()
+	if !strings.Contains(p.stderr.String(), "rmem: this process was forked without fork(3)") {
+		t.Fatalf("stderr %q, want the line about the fork", p.stderr.String())
+	}
+	if s := a.Stats(p.pid()); s.Regions[proto.KindHeap] != 1 {
+		t.Errorf("parent's regions %v, want 1 (the child's 4 MiB is ordinary memory)", s.Regions)
+	}
+}

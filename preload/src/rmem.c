@@ -101,6 +101,7 @@ static size_t g_min_alloc = DEFAULT_MIN_ALLOC;
 static int g_min_from_env;
 static char g_sock_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 
+static pid_t g_pid;      /* the process that made the connection */
 static int g_uffd = -1; /* our own reference: a dead agent blocks, never zeros */
 static int g_sock = -1;
 static char *g_staging;
@@ -322,6 +323,27 @@ static int lookup_heap(void *p, struct region *out)
 /* ---- talking to the agent ---- */
 
 static void set_off(void) { __atomic_store_n(&g_state, ST_OFF, __ATOMIC_RELEASE); }
+
+/* Whether this process may talk to the agent. A child made by something
+ * other than fork(3) (glibc's daemon() and _Fork(), a raw clone) inherited
+ * its parent's connection and uffd: using them would register memory in
+ * the parent's address space and speak for the parent, so such a child
+ * drops them and uses ordinary memory from then on. */
+static int is_connected(void)
+{
+	if (__atomic_load_n(&g_state, __ATOMIC_ACQUIRE) != ST_CONNECTED)
+		return 0;
+	if (getpid() == g_pid)
+		return 1;
+	int connected = ST_CONNECTED; /* no lock: callers may hold req_mu */
+	if (__atomic_compare_exchange_n(&g_state, &connected, ST_OFF, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+		close(g_sock);
+		close(g_uffd);
+		g_sock = g_uffd = -1;
+		say("rmem: this process was forked without fork(3): it uses ordinary memory from now on", NULL);
+	}
+	return 0;
+}
 
 static int send_packet(uint16_t type, uint32_t seq, const void *body, uint32_t len, int fd)
 {
@@ -707,6 +729,7 @@ static int handshake(int fork_child, const char **why)
 		g_sock = -1;
 		return -err;
 	}
+	g_pid = getpid();
 	sem_post(&g_conn_sem); /* the helper serves the new connection */
 	return 0;
 }
@@ -725,7 +748,7 @@ static int connected(void)
 {
 	int st = __atomic_load_n(&g_state, __ATOMIC_ACQUIRE);
 	if (st != ST_UNINIT)
-		return st == ST_CONNECTED;
+		return is_connected();
 	if (g_foreign_malloc && !g_helper_exists)
 		return 0; /* creating the helper here could deadlock (see g_conn_sem) */
 	init_config();
@@ -813,7 +836,7 @@ static int punch_locked(uintptr_t a, size_t len)
 		}
 		pthread_mutex_unlock(&table_mu);
 
-		if (__atomic_load_n(&g_state, __ATOMIC_ACQUIRE) == ST_CONNECTED) {
+		if (is_connected()) {
 			struct rmem_region_del m = {r.id, lo, hi - lo};
 			int err = request_locked(RMEM_REGION_DEL, &m, sizeof m);
 			if (err && err != -EPIPE)
@@ -867,8 +890,7 @@ static void *alloc_region(size_t size, size_t align)
 		return NULL;
 	uintptr_t user = round_up((uintptr_t)p, align > g_page ? align : g_page);
 	pthread_mutex_lock(&req_mu);
-	int err = __atomic_load_n(&g_state, __ATOMIC_ACQUIRE) == ST_CONNECTED
-			  ? add_region_locked(p, len, user, KIND_HEAP)
+	int err = is_connected() ? add_region_locked(p, len, user, KIND_HEAP)
 			  : -EPIPE;
 	pthread_mutex_unlock(&req_mu);
 	if (err) {
@@ -1090,7 +1112,7 @@ EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off
 		if (p != MAP_FAILED) {
 			int e = errno;
 			pthread_mutex_lock(&req_mu);
-			if (__atomic_load_n(&g_state, __ATOMIC_ACQUIRE) == ST_CONNECTED)
+			if (is_connected())
 				add_region_locked(p, round_up(len, g_page), 0, KIND_MMAP);
 			pthread_mutex_unlock(&req_mu);
 			errno = e; /* a refused region stays ordinary memory */
