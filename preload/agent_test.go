@@ -27,13 +27,14 @@ type testAgent struct {
 	ln   *net.UnixListener
 	wg   sync.WaitGroup
 
-	mu      sync.Mutex
-	cond    *sync.Cond
-	clients map[int32]*agentClient
-	forks   map[forkKey]*forkedChild // FORK events not yet claimed by a HELLO
-	closed  bool
-	hellos  int
-	refuse  bool // answer HELLO with ERROR
+	mu       sync.Mutex
+	cond     *sync.Cond
+	clients  map[int32]*agentClient
+	forks    map[forkKey]*forkedChild // FORK events not yet claimed by a HELLO
+	closed   bool
+	hellos   int
+	refuse   bool   // answer HELLO with ERROR
+	badHello []byte // answer HELLO with these bytes (no descriptors)
 }
 
 type forkKey struct {
@@ -291,8 +292,15 @@ func (a *testAgent) routineClient(conn *net.UnixConn) {
 	defer close(c.done)
 	a.mu.Lock()
 	a.hellos++
-	refuse := a.refuse
+	refuse, bad := a.refuse, a.badHello
 	a.mu.Unlock()
+	if bad != nil {
+		closeFDs(fds[:nfds])
+		conn.Write(bad)
+		// Wait for the shim to hang up.
+		conn.Read(make([]byte, proto.MaxPacket))
+		return
+	}
 	if refuse {
 		closeFDs(fds[:nfds])
 		proto.Send(conn, c.sbuf, 0, &proto.Error{Seq: hdr.Seq, Errno: unix.EPERM, Text: "test agent refuses"})

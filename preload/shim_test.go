@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -561,4 +562,49 @@ func TestForkBehindTheShimsBack(t *testing.T) {
 	if s := a.Stats(p.pid()); s.Regions[proto.KindHeap] != 1 {
 		t.Errorf("parent's regions %v, want 1 (the child's 4 MiB is ordinary memory)", s.Regions)
 	}
+}
+
+// TestBadWelcome: a reply to HELLO that is not a good WELCOME (wrong type,
+// an ERROR longer than allowed, a WELCOME without its staging memfd, bad
+// magic) makes the shim use ordinary memory, saying so once.
+func TestBadWelcome(t *testing.T) {
+	needUFFD(t)
+	longErr := append(appendHeaderForTest(proto.TypeError, 8+300), make([]byte, 8+300)...)
+	longErr[proto.HeaderSize+4] = 1
+	welcome := (&proto.Welcome{ClientID: 1, StagingSlots: 4}).Encode(nil, 1)
+	badMagic := slices.Clone(welcome)
+	badMagic[0] = 'X'
+	for _, c := range []struct {
+		name string
+		pkt  []byte
+		want string
+	}{
+		{"ack", (&proto.Ack{Seq: 1}).Encode(nil, 1), "unexpected reply to HELLO"},
+		{"long error", longErr, "malformed ERROR"},
+		{"welcome without memfd", welcome, "bad WELCOME"},
+		{"bad magic", badMagic, "no usable reply to HELLO"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			a := newTestAgent(t)
+			a.mu.Lock()
+			a.badHello = c.pkt
+			a.mu.Unlock()
+			p := start(t, a.path, []string{"hostile"})
+			p.expect("ready")
+			p.send("g")
+			p.expect("ok")
+			p.wait()
+			if n := strings.Count(p.stderr.String(), "\n"); n != 1 || !strings.Contains(p.stderr.String(), c.want) ||
+				!strings.HasSuffix(p.stderr.String(), "using ordinary memory\n") {
+				t.Fatalf("stderr %q, want one line with %q", p.stderr.String(), c.want)
+			}
+		})
+	}
+}
+
+func appendHeaderForTest(t proto.Type, bodyLen int) []byte {
+	h := (&proto.Ack{}).Encode(nil, 1)[:proto.HeaderSize]
+	h[6] = byte(t)
+	h[12], h[13] = byte(bodyLen), byte(bodyLen>>8)
+	return h
 }

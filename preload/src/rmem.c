@@ -657,7 +657,7 @@ static int handshake(int fork_child, const char **why)
 		.flags = fork_child ? 0 : RMEM_HELLO_UFFD,
 	};
 	int err = send_packet(RMEM_HELLO, ++g_seq, &hello, sizeof hello, fork_child ? -1 : g_uffd);
-	*why = "HELLO";
+	*why = "no usable reply to HELLO";
 	static union {
 		char buf[RMEM_MAX_PACKET];
 		uint64_t align;
@@ -666,7 +666,10 @@ static int handshake(int fork_child, const char **why)
 	struct rmem_hdr h;
 	int n = err ? err : recv_packet(s, pkt.buf, &h, fds, &nfds);
 	const char *body = pkt.buf + sizeof h;
-	if (n >= 0 && h.type == RMEM_ERROR && n >= 8) {
+	if (n >= 0 && h.type == RMEM_ERROR && (n < 8 || n > (int)sizeof(struct rmem_error))) {
+		*why = "malformed ERROR in reply to HELLO";
+		n = -EPROTO;
+	} else if (n >= 0 && h.type == RMEM_ERROR) {
 		static char text[RMEM_MAX_ERROR_TEXT + 32];
 		struct rmem_error e;
 		memcpy(&e, body, (size_t)n);
