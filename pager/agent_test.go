@@ -16,9 +16,11 @@ import (
 	"runtime"
 	"runtime/debug"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 	"go.uber.org/zap/zaptest"
 
@@ -178,8 +180,15 @@ func skipUnlessUFFD(t *testing.T) {
 
 func startAgent(t *testing.T, store pager.Store, localMem uint64) *pager.Agent {
 	t.Helper()
+	a, _ := startAgentReg(t, store, localMem)
+	return a
+}
+
+func startAgentReg(t *testing.T, store pager.Store, localMem uint64) (*pager.Agent, *prometheus.Registry) {
+	t.Helper()
 	sock := filepath.Join(t.TempDir(), "agent.sock")
-	a, err := pager.New(pager.Options{Socket: sock, Store: store, LocalMem: localMem, Log: zaptest.NewLogger(t)})
+	reg := prometheus.NewRegistry()
+	a, err := pager.New(pager.Options{Socket: sock, Store: store, LocalMem: localMem, Log: zaptest.NewLogger(t), Registry: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,15 +200,19 @@ func startAgent(t *testing.T, store pager.Store, localMem uint64) *pager.Agent {
 			t.Errorf("Run: %v", err)
 		}
 	})
-	return a
+	return a, reg
 }
 
 // child is a running child process.
 type child struct {
 	cmd   *exec.Cmd
 	stdin io.WriteCloser
-	out   *bufio.Reader
+	lines chan string
 }
+
+// childTimeout bounds every wait for a child: a hung child fails its test
+// (with the agent's stats) instead of hanging the suite.
+const childTimeout = 60 * time.Second
 
 func startChild(t *testing.T, a *pager.Agent, spec childSpec) *child {
 	t.Helper()
@@ -207,17 +220,28 @@ func startChild(t *testing.T, a *pager.Agent, spec childSpec) *child {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"="+string(js), sockEnv+"="+a.Addr())
 	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.WaitDelay = 5 * time.Second
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	c := &child{cmd: cmd, stdin: stdin, out: bufio.NewReader(stdout)}
+	c := &child{cmd: cmd, stdin: stdin, lines: make(chan string, 16)}
+	go func() {
+		defer close(c.lines)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			c.lines <- sc.Text()
+		}
+	}()
 	t.Cleanup(func() {
 		c.stdin.Close()
 		if c.cmd.ProcessState == nil {
-			c.cmd.Process.Kill()
+			syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL) // and anything it forked
 			c.cmd.Wait()
+		}
+		for range c.lines {
 		}
 	})
 	return c
@@ -225,11 +249,16 @@ func startChild(t *testing.T, a *pager.Agent, spec childSpec) *child {
 
 func (c *child) line(t *testing.T) string {
 	t.Helper()
-	s, err := c.out.ReadString('\n')
-	if err != nil {
-		t.Fatalf("child output: %v (%q)", err, s)
+	select {
+	case s, ok := <-c.lines:
+		if !ok {
+			t.Fatalf("child output ended")
+		}
+		return strings.TrimSpace(s)
+	case <-time.After(childTimeout):
+		t.Fatalf("child silent for %v", childTimeout)
 	}
-	return strings.TrimSpace(s)
+	return ""
 }
 
 func (c *child) result(t *testing.T) childResult {
@@ -244,6 +273,11 @@ func (c *child) result(t *testing.T) childResult {
 func (c *child) wait(t *testing.T) error {
 	t.Helper()
 	c.stdin.Close()
+	kill := time.AfterFunc(childTimeout, func() {
+		t.Errorf("child did not exit within %v: killed", childTimeout)
+		syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
+	})
+	defer kill.Stop()
 	return c.cmd.Wait()
 }
 
@@ -264,7 +298,7 @@ func TestOverBudget(t *testing.T) {
 		t.Run(order, func(t *testing.T) {
 			const budget = 1 << 20
 			store := pagertest.New(t, pagertest.Options{Servers: 2, Replicas: 1, SlabSize: 1 << 20, SlabsPerServer: 16})
-			a := startAgent(t, store, budget)
+			a, reg := startAgentReg(t, store, budget)
 			var m0, m1 runtime.MemStats
 			runtime.ReadMemStats(&m0)
 			c := startChild(t, a, childSpec{Bytes: 4 * budget, Passes: 2, Order: order, Hold: true})
@@ -288,6 +322,28 @@ func TestOverBudget(t *testing.T) {
 			t.Logf("allocations per fault (whole process): %.3f", perFault)
 			if st.Evictions == 0 || st.RemoteReads == 0 || st.WriteBacks == 0 {
 				t.Fatalf("no paging: %+v", st)
+			}
+			// The same figures as Prometheus metrics.
+			mfs, err := reg.Gather()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]float64{}
+			for _, mf := range mfs {
+				for _, m := range mf.GetMetric() {
+					switch {
+					case m.GetCounter() != nil:
+						got[mf.GetName()] = m.GetCounter().GetValue()
+					case m.GetGauge() != nil:
+						got[mf.GetName()] = m.GetGauge().GetValue()
+					case m.GetHistogram() != nil:
+						got[mf.GetName()] = float64(m.GetHistogram().GetSampleCount())
+					}
+				}
+			}
+			if got["rmem_agent_evictions_total"] < float64(st.Evictions) || got["rmem_agent_fault_seconds"] == 0 ||
+				got["rmem_agent_clients"] != 1 || got["rmem_agent_write_backs_total"] < float64(st.WriteBacks) {
+				t.Fatalf("metrics disagree with stats %+v: %v", st, got)
 			}
 			if err := c.wait(t); err != nil {
 				t.Fatal(err)

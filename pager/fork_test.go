@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -62,6 +63,8 @@ func TestForkPrivate(t *testing.T) {
 	cmd.Env = append(os.Environ(), "LD_PRELOAD="+lib, proto.EnvSocket+"="+a.Addr())
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // the child it forks is killed with it
+	cmd.WaitDelay = 5 * time.Second
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
 	if err := cmd.Start(); err != nil {
@@ -69,7 +72,7 @@ func TestForkPrivate(t *testing.T) {
 	}
 	defer func() {
 		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 			cmd.Wait()
 		}
 	}()
