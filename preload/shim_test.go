@@ -608,3 +608,25 @@ func appendHeaderForTest(t proto.Type, bodyLen int) []byte {
 	h[12], h[13] = byte(bodyLen), byte(bodyLen>>8)
 	return h
 }
+
+// TestAtforkHandlersAllocate: atfork handlers of other libraries run
+// inside the shim's fork() (which holds its locks): their big allocations
+// and frees must neither deadlock nor break the child's pairing.
+func TestAtforkHandlersAllocate(t *testing.T) {
+	needUFFD(t)
+	a := newTestAgent(t)
+	p := start(t, a.path, []string{"atfork"})
+	p.expect("ok")
+	p.wait()
+	if s := a.Stats(p.pid()); s.ForkEvents != 1 {
+		t.Errorf("parent stats %+v: want one FORK event", s)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.hellos != 2 || len(a.forks) != 0 {
+		t.Errorf("%d HELLOs and %d unclaimed forks, want 2 and 0", a.hellos, len(a.forks))
+	}
+	if p.stderr.String() != "" {
+		t.Errorf("stderr %q", p.stderr.String())
+	}
+}

@@ -94,6 +94,7 @@ struct region {
 };
 
 static TLS int in_shim;
+static TLS int in_fork; /* inside real fork: atfork handlers of other libraries run */
 
 static int g_state = ST_UNINIT; /* atomic loads; changed under init_mu */
 static size_t g_page = 4096;
@@ -331,8 +332,8 @@ static void set_off(void) { __atomic_store_n(&g_state, ST_OFF, __ATOMIC_RELEASE)
  * drops them and uses ordinary memory from then on. */
 static int is_connected(void)
 {
-	if (__atomic_load_n(&g_state, __ATOMIC_ACQUIRE) != ST_CONNECTED)
-		return 0;
+	if (__atomic_load_n(&g_state, __ATOMIC_ACQUIRE) != ST_CONNECTED || in_fork)
+		return 0; /* in fork: the child's connection is not made yet */
 	if (getpid() == g_pid)
 		return 1;
 	int connected = ST_CONNECTED; /* no lock: callers may hold req_mu */
@@ -343,6 +344,54 @@ static int is_connected(void)
 		say("rmem: this process was forked without fork(3): it uses ordinary memory from now on", NULL);
 	}
 	return 0;
+}
+
+/* req_mu, unless this thread is inside our fork() wrapper, which holds it
+ * already (another library's atfork handler may free a region). */
+static void req_lock(void)
+{
+	if (!in_fork)
+		pthread_mutex_lock(&req_mu);
+}
+
+static void req_unlock(void)
+{
+	if (!in_fork)
+		pthread_mutex_unlock(&req_mu);
+}
+
+/* While this thread is inside our fork() (other libraries' atfork
+ * handlers run there), the region set is frozen, so that the FORK event
+ * and the fork serial agree with what the child inherits: big allocations
+ * go to glibc and unmapping regions waits here until fork returns (in the
+ * parent, and in the child, which inherits both the region and the entry). */
+#define MAX_DEFERRED 32
+static struct {
+	uintptr_t a;
+	size_t len;
+} g_deferred[MAX_DEFERRED];
+static int g_ndeferred;
+
+static int defer_unmap(uintptr_t a, size_t len)
+{
+	if (g_ndeferred == MAX_DEFERRED)
+		return 0;
+	g_deferred[g_ndeferred].a = a;
+	g_deferred[g_ndeferred].len = len;
+	g_ndeferred++;
+	return 1;
+}
+
+static int punch_locked(uintptr_t a, size_t len);
+
+/* Preconditions: req_mu held, not in fork. */
+static void run_deferred_locked(void)
+{
+	for (int i = 0; i < g_ndeferred; i++) {
+		punch_locked(g_deferred[i].a, g_deferred[i].len);
+		raw_munmap((void *)g_deferred[i].a, g_deferred[i].len);
+	}
+	g_ndeferred = 0;
 }
 
 static int send_packet(uint16_t type, uint32_t seq, const void *body, uint32_t len, int fd)
@@ -749,6 +798,8 @@ static void say_off(const char *why, int err)
  * Preconditions: in_shim set. */
 static int connected(void)
 {
+	if (in_fork)
+		return 0; /* our fork() holds init_mu */
 	int st = __atomic_load_n(&g_state, __ATOMIC_ACQUIRE);
 	if (st != ST_UNINIT)
 		return is_connected();
@@ -892,10 +943,10 @@ static void *alloc_region(size_t size, size_t align)
 	if (p == MAP_FAILED)
 		return NULL;
 	uintptr_t user = round_up((uintptr_t)p, align > g_page ? align : g_page);
-	pthread_mutex_lock(&req_mu);
+	req_lock();
 	int err = is_connected() ? add_region_locked(p, len, user, KIND_HEAP)
 			  : -EPIPE;
-	pthread_mutex_unlock(&req_mu);
+	req_unlock();
 	if (err) {
 		raw_munmap(p, len);
 		return NULL;
@@ -905,9 +956,11 @@ static void *alloc_region(size_t size, size_t align)
 
 static void free_region(const struct region *r)
 {
-	pthread_mutex_lock(&req_mu);
+	if (in_fork && defer_unmap(r->base, r->len))
+		return;
+	req_lock();
 	punch_locked(r->base, r->len); /* whole regions never need a split */
-	pthread_mutex_unlock(&req_mu);
+	req_unlock();
 	raw_munmap((void *)r->base, r->len);
 }
 
@@ -1096,9 +1149,9 @@ EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off
 	    !add_overflows((uintptr_t)addr, round_up(len, g_page)) &&
 	    overlaps_regions((uintptr_t)addr, round_up(len, g_page))) {
 		in_shim++;
-		pthread_mutex_lock(&req_mu);
+		req_lock();
 		int err = punch_locked((uintptr_t)addr, round_up(len, g_page));
-		pthread_mutex_unlock(&req_mu);
+		req_unlock();
 		in_shim--;
 		if (err) {
 			errno = -err;
@@ -1114,10 +1167,10 @@ EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off
 		p = raw_mmap(addr, len, prot, flags, fd, off);
 		if (p != MAP_FAILED) {
 			int e = errno;
-			pthread_mutex_lock(&req_mu);
+			req_lock();
 			if (is_connected())
 				add_region_locked(p, round_up(len, g_page), 0, KIND_MMAP);
-			pthread_mutex_unlock(&req_mu);
+			req_unlock();
 			errno = e; /* a refused region stays ordinary memory */
 		}
 	} else {
@@ -1136,10 +1189,12 @@ EXPORT int munmap(void *addr, size_t len)
 	if (in_shim || (a & (g_page - 1)) || !len || add_overflows(a, round_up(len, g_page)) ||
 	    !overlaps_regions(a, round_up(len, g_page)))
 		return raw_munmap(addr, len);
+	if (in_fork && defer_unmap(a, round_up(len, g_page)))
+		return 0;
 	in_shim++;
-	pthread_mutex_lock(&req_mu);
+	req_lock();
 	int err = punch_locked(a, round_up(len, g_page));
-	pthread_mutex_unlock(&req_mu);
+	req_unlock();
 	in_shim--;
 	if (err) {
 		errno = -err;
@@ -1254,16 +1309,24 @@ EXPORT pid_t fork(void)
 	int had_regions = g_state == ST_CONNECTED && __atomic_load_n(&g_nregions, __ATOMIC_ACQUIRE) > 0;
 	if (had_regions)
 		g_fork_serial++;
+	in_fork = 1;
 	pid_t pid = real_fork();
+	in_fork = 0;
 	if (pid == 0) {
 		int e = errno;
 		in_shim++;
 		child_after_fork(had_regions);
+		pthread_mutex_lock(&req_mu);
+		run_deferred_locked();
+		pthread_mutex_unlock(&req_mu);
 		in_shim--;
 		errno = e;
 		return 0;
 	}
 	int e = errno;
+	in_shim++;
+	run_deferred_locked();
+	in_shim--;
 	if (pid < 0 && had_regions) {
 		g_fork_serial--; /* no child, and most failures come before the FORK event */
 		in_shim++;
