@@ -46,6 +46,11 @@
 // it; its MADV_DONTNEED raises a REMOVE event and blocks until the agent
 // reads it, so the agent must keep reading the uffd while an EVICT is out.
 //
+// fork() is wrapped: it holds the shim's locks across the real fork, so
+// the region set is frozen while other libraries' atfork handlers run
+// (their big allocations go to glibc, their unmaps of regions wait until
+// fork returns) and the FORK event, the fork serial and the child agree.
+//
 // # Known limits
 //
 // Growing a region with realloc or mremap copies it (page faults served by
