@@ -19,13 +19,13 @@ build: shim
 
 # The LD_PRELOAD shim, installed beside the binaries (memagent run finds it
 # there). Same flags as preload's tests use.
-CC          ?= gcc
+SHIM_CC     ?= gcc
 SHIM_CFLAGS := -O2 -fPIC -shared -pthread -fvisibility=hidden -Wall -Wextra -Werror
 shim: $(BIN)/librmem.so
 
 $(BIN)/librmem.so: preload/src/rmem.c preload/proto.h
 	@mkdir -p $(BIN)
-	$(CC) $(SHIM_CFLAGS) -o $@ preload/src/rmem.c -ldl
+	$(SHIM_CC) $(SHIM_CFLAGS) -o $@ preload/src/rmem.c -ldl
 
 # The main job, end to end on this host.
 demo: build
