@@ -34,6 +34,19 @@
 //     own at once; its pooled pages are copied to slabs of its own, and it
 //     is paired with the child's HELLO by (parent pid, fork serial).
 //
+// # Limits
+//
+//   - Fork copies the parent's pooled pages to new slabs of the child's at
+//     once (docs/pager.md's design shares them copy-on-write instead).
+//   - If a client's socket closes while an EVICT is in flight and the
+//     process lives on, the batch's pages stay busy: faults on them wait
+//     until the process exits.
+//   - A forked child that never sends its HELLO is served until the agent
+//     closes (no pidfd to see it exit).
+//   - mremap of part of a region is not followed (its pages are dropped).
+//   - Remote I/O has no per-op deadline: a server that accepts requests and
+//     never answers stalls the loops using it until Close.
+//
 // # Deadlocks
 //
 // The agent never touches a client's registered memory: it reads and
