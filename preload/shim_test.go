@@ -374,6 +374,13 @@ assert all(b[i] == (i // 4096) % 251 for i in range(0, len(b), 4096)), "bytearra
 assert all(x == bytes([i % 256]) * 3000 for i, x in enumerate(l)), "list changed"
 b += bytearray(8 << 20)
 assert b[4096] == 1 and len(b) == 72 << 20
+import os, subprocess
+pid = os.fork()
+if pid == 0:
+    ok = b[8192] == 2 and len(bytearray(4 << 20)) == 4 << 20
+    os._exit(0 if ok else 1)
+assert os.waitpid(pid, 0)[1] == 0, "child failed"
+assert subprocess.run(["true"]).returncode == 0
 print("ok", flush=True)
 `
 	p := start(t, a.path, []string{"python3", "-c", script})
