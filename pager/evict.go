@@ -125,6 +125,13 @@ func (c *client) evicted(m *proto.Evicted) {
 		c.log.Warn("EVICTED for a batch not in flight", zap.Uint64("batch", m.Batch))
 		return
 	}
+	// The batch's REMOVE events (the client's madvise) were read before it
+	// sent EVICTED, but may wait in c.early (read ahead by again): handle
+	// them while the pages are still busy, so they do not drop the
+	// contents just saved.
+	if len(c.early) > 0 {
+		c.serveUFFD()
+	}
 	c.evictBusy = false
 	done := min(int(m.Done), c.evict.N)
 	if m.Errno != 0 {
