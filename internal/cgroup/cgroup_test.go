@@ -140,3 +140,50 @@ func TestSelfInGroup(t *testing.T) {
 		t.Fatalf("this test is in %q (%v)", self, err)
 	}
 }
+
+// TestOOMKillOff: with the OOM killer off, a process over the limit with
+// no swap to go to waits under OOM instead of dying; turning the killer
+// back on kills it.
+func TestOOMKillOff(t *testing.T) {
+	g := newGroup(t, 8<<20)
+	if g.Version != V1 {
+		t.Skip("memory.oom_control is cgroup v1")
+	}
+	if b, err := os.ReadFile("/proc/swaps"); err != nil || strings.Count(string(b), "\n") > 1 {
+		t.Skip("swap is active: the process would swap instead of waiting under OOM")
+	}
+	if err := g.SetOOMKill(false); err != nil {
+		t.Fatal(err)
+	}
+	cmd := g.Command("dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1") // a 64 MiB buffer
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		under, err := g.UnderOOM()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if under {
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("dd ended (%v) instead of waiting under OOM", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("not under OOM after 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := g.SetOOMKill(true); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err == nil || cmd.ProcessState.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("dd ended with %v, want killed by the OOM killer", err)
+	}
+}

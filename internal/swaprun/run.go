@@ -40,6 +40,10 @@ type Options struct {
 	Setup bool
 
 	Group string // cgroup name (default rmem-run-PID)
+	// OOMGrace is how long CMD may wait at its limit for swap to make room
+	// before the OOM killer may act (cgroup v1; default 20s, negative:
+	// the kernel's default, killing at once).
+	OOMGrace time.Duration
 	// RuntimeDir holds the state shared by the runs on this host (default
 	// /run/rmem).
 	RuntimeDir string
@@ -77,6 +81,9 @@ func (o *Options) defaults() error {
 	}
 	if o.Priority == 0 {
 		o.Priority = 32767
+	}
+	if o.OOMGrace == 0 {
+		o.OOMGrace = 20 * time.Second
 	}
 	if o.RuntimeDir == "" {
 		o.RuntimeDir = "/run/rmem"
@@ -139,6 +146,19 @@ func Run(ctx context.Context, opts Options) (exitCode int, err error) {
 			err = e
 		}
 	}()
+
+	// v1 reclaim does not wait for swap writeback and OOM-kills what a
+	// slow swap device would serve a moment later: wait instead, within
+	// OOMGrace.
+	if opts.OOMGrace > 0 && g.Version == cgroup.V1 {
+		if err := g.SetOOMKill(false); err != nil {
+			return -1, err
+		}
+		wctx, stop := context.WithCancel(ctx)
+		watched := make(chan struct{})
+		go func() { RoutineWatchOOM(wctx, g, opts.OOMGrace, log); close(watched) }()
+		defer func() { stop(); <-watched }()
+	}
 
 	cmd := g.Command(opts.Command[0], opts.Command[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = opts.Stdin, opts.Stdout, opts.Stderr

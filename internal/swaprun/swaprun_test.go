@@ -3,11 +3,18 @@ package swaprun
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"slices"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
+	"go.uber.org/zap"
+
+	"rmem/internal/cgroup"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -112,4 +119,40 @@ func FuzzParseState(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestWatchOOM: a command waiting at its limit with nowhere to swap is
+// killed once the grace time has passed.
+func TestWatchOOM(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("cgroups need root")
+	}
+	if b, err := os.ReadFile("/proc/swaps"); err != nil || strings.Count(string(b), "\n") > 1 {
+		t.Skip("swap is active: the command would swap instead of waiting under OOM")
+	}
+	g, err := cgroup.Create(fmt.Sprintf("rmem-swaprun-test-%d", os.Getpid()), 8<<20)
+	if err != nil {
+		t.Skip(err)
+	}
+	t.Cleanup(func() { g.Remove(5 * time.Second) })
+	if g.Version != cgroup.V1 {
+		t.Skip("the OOM switch is cgroup v1")
+	}
+	if err := g.SetOOMKill(false); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	watched := make(chan struct{})
+	go func() { RoutineWatchOOM(ctx, g, 300*time.Millisecond, zap.NewNop()); close(watched) }()
+	start := time.Now()
+	cmd := g.Command("dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1")
+	err = cmd.Run()
+	if err == nil || cmd.ProcessState.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("dd ended with %v, want killed by the OOM killer", err)
+	}
+	if waited := time.Since(start); waited < 300*time.Millisecond {
+		t.Errorf("killed after %v, before the grace time", waited)
+	}
+	<-watched
 }

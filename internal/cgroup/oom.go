@@ -1,0 +1,48 @@
+package cgroup
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// ErrNotSupported: the operation does not exist in the group's hierarchy.
+var ErrNotSupported = errors.New("cgroup: not supported by this cgroup version")
+
+// SetOOMKill turns the kernel's OOM killer on or off for the group (v1
+// memory.oom_control). With it off, a process that cannot be charged
+// waits until memory is uncharged — for example when its pages finish
+// being written to swap — instead of being killed: v1 reclaim does not
+// throttle on swap writeback and kills processes that a slow swap device
+// would have served a moment later. v2 has no such switch
+// (ErrNotSupported): memory.high throttles there.
+func (g *Group) SetOOMKill(enabled bool) error {
+	if g.Version != V1 {
+		return ErrNotSupported
+	}
+	v := "1"
+	if enabled {
+		v = "0"
+	}
+	return write(filepath.Join(g.Path, "memory.oom_control"), v)
+}
+
+// UnderOOM reports whether processes of the group are waiting because it
+// is out of memory with the OOM killer off (v1).
+func (g *Group) UnderOOM() (bool, error) {
+	if g.Version != V1 {
+		return false, ErrNotSupported
+	}
+	b, err := os.ReadFile(filepath.Join(g.Path, "memory.oom_control"))
+	if err != nil {
+		return false, fmt.Errorf("cgroup: %w", err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(l, " "); ok && k == "under_oom" {
+			return strings.TrimSpace(v) == "1", nil
+		}
+	}
+	return false, fmt.Errorf("cgroup: %s/memory.oom_control has no under_oom", g.Path)
+}
