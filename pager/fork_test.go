@@ -26,6 +26,9 @@ func buildShim(t *testing.T, prog string) (lib, bin string) {
 	}
 	src := filepath.Join("..", "preload", "src", "rmem.c")
 	psrc := filepath.Join("..", "preload", "testdata", prog+".c")
+	if _, err := os.Stat(filepath.Join("testdata", prog+".c")); err == nil {
+		psrc = filepath.Join("testdata", prog+".c") // ours, with the shim's common.h
+	}
 	for _, p := range []string{src, psrc} {
 		if _, err := os.Stat(p); err != nil {
 			t.Skipf("shim sources not here: %v", err)
@@ -39,7 +42,8 @@ func buildShim(t *testing.T, prog string) (lib, bin string) {
 		// build); the pager's fork handling needs a working one.
 		t.Skipf("the shim in ../preload does not build: %v\n%s", err, out)
 	}
-	if out, err := exec.Command("gcc", "-O2", "-pthread", "-o", bin, psrc).CombinedOutput(); err != nil {
+	if out, err := exec.Command("gcc", "-O2", "-pthread", "-I", filepath.Join("..", "preload", "testdata"),
+		"-o", bin, psrc).CombinedOutput(); err != nil {
 		t.Fatalf("gcc %s: %v\n%s", prog, err, out)
 	}
 	return lib, bin
@@ -128,6 +132,77 @@ func TestForkPrivate(t *testing.T) {
 	if !oks["child ok"] || !oks["parent ok"] {
 		t.Fatalf("got %v; stderr:\n%s", oks, stderr.String())
 	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("%v; stderr:\n%s", err, stderr.String())
+	}
+	waitNoClients(t, a)
+	if _, held := store.Allocated(); held != 0 {
+		t.Fatalf("%d slabs held after both processes exited", held)
+	}
+}
+
+// A child forked past fork(3) never says HELLO: the agent serves it through
+// its FORK uffd alone (its evicted pages, copied to slabs of its own), and
+// drops it when it exits although it has no pidfd for it.
+func TestForkWithoutHello(t *testing.T) {
+	skipUnlessUFFD(t)
+	avail, _, _ := userfaultfd.Probe()
+	if !avail.Has(userfaultfd.FeatureEventFork | userfaultfd.FeatureThreadID) {
+		t.Skip("kernel lacks EVENT_FORK or THREAD_ID")
+	}
+	lib, bin := buildShim(t, "nohello")
+	const budget = 2 << 20
+	store := pagertest.New(t, pagertest.Options{Servers: 2, Replicas: 1, SlabSize: 1 << 20, SlabsPerServer: 32})
+	a := startAgent(t, store, budget)
+	cmd := exec.Command(bin)
+	cmd.Env = append(os.Environ(), "LD_PRELOAD="+lib, proto.EnvSocket+"="+a.Addr())
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.WaitDelay = 5 * time.Second
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if cmd.ProcessState == nil {
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			cmd.Wait()
+		}
+	}()
+	sc := bufio.NewScanner(stdout)
+	expect := func(want string) {
+		t.Helper()
+		got := make(chan string, 1)
+		go func() {
+			if sc.Scan() {
+				got <- sc.Text()
+			}
+			close(got)
+		}()
+		select {
+		case l := <-got:
+			if l != want {
+				t.Fatalf("want %q, got %q; stderr:\n%s", want, l, stderr.String())
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("timed out waiting for %q; stderr:\n%s", want, stderr.String())
+		}
+	}
+	expect("ready")
+	waitStats(t, a, func(st pager.ClientStats) bool { return st.Evictions > 0 && st.RemoteBytes > 4<<20 })
+	io.WriteString(stdin, "g")
+	expect("child ok")
+	// The child's loop sees it gone (no HELLO, no pidfd: the probe).
+	for i := 0; len(a.Stats()) != 1; i++ {
+		if i > 500 {
+			t.Fatalf("the child without HELLO is still served after it exited: %+v", a.Stats())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	io.WriteString(stdin, "g")
+	expect("parent ok")
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("%v; stderr:\n%s", err, stderr.String())
 	}

@@ -26,6 +26,7 @@ const (
 	maxHeld     = 4096 // faults waiting for an eviction or a retry
 	retryPeriod = 5 * time.Millisecond
 	maxThrottle = 50 * time.Millisecond
+	probePeriod = time.Second
 )
 
 type pageRef struct {
@@ -103,6 +104,7 @@ type client struct {
 	oob       []byte
 	seq       uint32
 	pfBase    PrefetchStats // of removed regions
+	probed    time.Time     // last liveness probe (gone)
 }
 
 // newClient prepares a client for uffd (owned from now on); the loop
@@ -208,6 +210,9 @@ func (c *client) RoutineServe() {
 			c.pfds = append(c.pfds, unix.PollFd{Fd: int32(c.pidfd), Events: unix.POLLIN})
 		}
 		timeout := -1
+		if c.pidfd < 0 && len(c.regs.list) > 0 {
+			timeout = int(probePeriod / time.Millisecond) // see gone
+		}
 		if len(c.retry) > 0 || c.staged > 0 {
 			timeout = int(retryPeriod / time.Millisecond)
 		}
@@ -242,7 +247,30 @@ func (c *client) RoutineServe() {
 		c.retryHeld()
 		c.retryWriteBack()
 		c.maybeEvict()
+		if c.pidfd < 0 && c.gone() {
+			c.log.Info("client without HELLO exited")
+			return
+		}
 	}
+}
+
+// gone reports whether the served process has exited, for a client with
+// no pidfd (a child forked past fork(3) never says HELLO, DESIGN of
+// docs/pager.md): write-protecting a page of its address space fails
+// with ESRCH once the mm is gone. It is harmless otherwise: a clean
+// resident page is protected already, a dirty one takes one more WP
+// fault, a page not mapped is not touched.
+func (c *client) gone() bool {
+	if len(c.regs.list) == 0 {
+		return false
+	}
+	now := time.Now()
+	if now.Sub(c.probed) < probePeriod {
+		return false
+	}
+	c.probed = now
+	err := c.uffd.WriteProtect(pageRange(c.regs.list[0].start))
+	return errors.Is(err, unix.ESRCH)
 }
 
 // throttle reports whether a fault that adds a resident page should wait
