@@ -32,7 +32,9 @@
 //   - Prefetcher: Leap-style majority-trend detection per region.
 //   - Fork (fork.go): the child's uffd from EVENT_FORK gets a loop of its
 //     own at once; its pooled pages are copied to slabs of its own, and it
-//     is paired with the child's HELLO by (parent pid, fork serial).
+//     is paired with the child's HELLO by (parent pid, fork serial). A
+//     child that never says HELLO (forked past fork(3)) is served all the
+//     same and dropped when a probe finds its address space gone.
 //
 // # Limits
 //
@@ -41,8 +43,6 @@
 //   - If a client's socket closes while an EVICT is in flight and the
 //     process lives on, the batch's pages stay busy: faults on them wait
 //     until the process exits.
-//   - A forked child that never sends its HELLO is served until the agent
-//     closes (no pidfd to see it exit).
 //   - mremap of part of a region is not followed (its pages are dropped).
 //   - Remote I/O has no per-op deadline: a server that accepts requests and
 //     never answers stalls the loops using it until Close.
