@@ -96,6 +96,7 @@ type Agent struct {
 	cond     *sync.Cond
 	clients  map[uint64]*client
 	forked   map[forkKey]*client // forked children waiting for their HELLO
+	exited   []ClientStats       // final stats of the last maxExited clients
 	closed   bool
 	nclients atomic.Int64
 }
@@ -390,12 +391,21 @@ func (a *Agent) takeForkChild(ppid int, serial uint64, deadline time.Time) *clie
 	}
 }
 
-// dropClient forgets c (its loop has ended).
+// maxExited bounds how many exited clients' final stats Exited keeps.
+const maxExited = 64
+
+// dropClient forgets c (its loop has ended), keeping its final stats.
 func (a *Agent) dropClient(c *client) {
+	final := a.statsOf(c)
+	final.Exited = true
 	a.mu.Lock()
 	if a.clients[c.id] == c {
 		delete(a.clients, c.id)
 		a.nclients.Add(-1)
+		if len(a.exited) == maxExited {
+			a.exited = append(a.exited[:0], a.exited[1:]...)
+		}
+		a.exited = append(a.exited, final)
 	}
 	for k, fc := range a.forked {
 		if fc == c {
@@ -423,15 +433,26 @@ func (a *Agent) Stats() []ClientStats {
 		cs = append(cs, c)
 	}
 	a.mu.Unlock()
-	budget := uint64(a.budgetPages()) * pageSize
 	out := make([]ClientStats, 0, len(cs))
 	for _, c := range cs {
-		s := c.st.snapshot(pageSize)
-		s.ID, s.PID, s.BudgetBytes = c.id, int(c.pidAtm.Load()), budget
-		out = append(out, s)
+		out = append(out, a.statsOf(c))
 	}
 	slices.SortFunc(out, func(x, y ClientStats) int { return int(x.ID) - int(y.ID) })
 	return out
+}
+
+// Exited returns the final stats of the most recently exited clients
+// (at most 64), oldest first.
+func (a *Agent) Exited() []ClientStats {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.exited)
+}
+
+func (a *Agent) statsOf(c *client) ClientStats {
+	s := c.st.snapshot(pageSize)
+	s.ID, s.PID, s.BudgetBytes = c.id, int(c.pidAtm.Load()), uint64(a.budgetPages())*pageSize
+	return s
 }
 
 // teardownUnstarted releases a client whose loop never ran.

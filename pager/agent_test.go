@@ -352,6 +352,11 @@ func TestOverBudget(t *testing.T) {
 			if _, held := store.Allocated(); held != 0 {
 				t.Fatalf("%d slabs still held after the client exited", held)
 			}
+			// Its final figures outlive it, for `memagent run --stats`.
+			ex := a.Exited()
+			if len(ex) != 1 || !ex[0].Exited || ex[0].ID != st.ID || ex[0].Evictions < st.Evictions || ex[0].RemoteReads < st.RemoteReads {
+				t.Fatalf("exited stats %+v, last live %+v", ex, st)
+			}
 		})
 	}
 }

@@ -108,6 +108,8 @@ type ClientStats struct {
 	PrefetchIssued uint64 `json:"prefetch_issued"`
 	PrefetchHits   uint64 `json:"prefetch_hits"`
 	PrefetchWasted uint64 `json:"prefetch_wasted"`
+	// Exited marks the final stats of a client whose process has gone.
+	Exited bool `json:"exited,omitempty"`
 }
 
 // PrefetchHitRate returns hits / (hits + wasted), or 0.
