@@ -747,23 +747,28 @@ func (c *agentClient) startEviction(cmd evictCmd) *eviction {
 
 func (c *agentClient) nextBatch(ev *eviction) *eviction {
 	for len(ev.pending) > 0 {
-		n := min(len(ev.pending), proto.MaxEvictBatch)
-		ev.batch, ev.pending = ev.pending[:n], ev.pending[n:]
 		var m proto.Evict
-		ok := true
-		for i, p := range ev.batch {
-			if err := c.uffd.WriteProtect(userfaultfd.Range{Start: p, Len: userfaultfd.PageSize}); err != nil {
-				c.a.t.Errorf("agent: write-protect %v: %v", p, err)
-				ok = false
-				break
+		ev.batch = ev.batch[:0]
+		for len(ev.pending) > 0 && m.N < proto.MaxEvictBatch {
+			p := ev.pending[0]
+			ev.pending = ev.pending[1:]
+			err := c.uffd.WriteProtect(userfaultfd.Range{Start: p, Len: userfaultfd.PageSize})
+			if userfaultfd.IsMMChanged(err) || userfaultfd.IsGone(err) {
+				continue // the address space is changing (an unmap in flight): skip the page
 			}
-			m.Pages[i] = proto.EvictPage{Addr: p, Slot: uint32(i)}
+			if err != nil {
+				c.a.t.Errorf("agent: write-protect %v: %v", p, err)
+				continue
+			}
+			m.Pages[m.N] = proto.EvictPage{Addr: p, Slot: uint32(m.N)}
+			ev.batch = append(ev.batch, p)
+			m.N++
 		}
-		if !ok {
-			break
+		if m.N == 0 {
+			continue
 		}
 		ev.id++
-		m.Batch, m.N = ev.id, n
+		m.Batch = ev.id
 		c.seq++
 		if err := proto.Send(c.conn, c.sbuf, c.seq, &m); err != nil {
 			ev.cmd.reply <- evictResult{ev.total, err}

@@ -696,6 +696,16 @@ static int handshake(int fork_child, const char **why)
 	/* An agent that accepts but never answers must not hang the program. */
 	struct timeval tv = {.tv_sec = 30};
 	setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	if (!fork_child) {
+		/* After connecting, so that "no agent" is what a process without
+		 * an agent hears, whatever its userfaultfd rights. */
+		int fd = open_uffd(&g_features, why);
+		if (fd < 0) {
+			close(s);
+			return fd;
+		}
+		g_uffd = fd;
+	}
 	g_sock = s;
 	struct rmem_hello hello = {
 		.pid = getpid(),
@@ -760,6 +770,10 @@ static int handshake(int fork_child, const char **why)
 			close(fds[i]);
 		close(s);
 		g_sock = -1;
+		if (!fork_child) {
+			close(g_uffd);
+			g_uffd = -1;
+		}
 		return n;
 	}
 	close(fds[0]);
@@ -779,6 +793,8 @@ static int handshake(int fork_child, const char **why)
 		g_staging = NULL;
 		close(s);
 		g_sock = -1;
+		close(g_uffd); /* ours, or the child's own from WELCOME */
+		g_uffd = -1;
 		return -err;
 	}
 	g_pid = getpid();
@@ -809,16 +825,7 @@ static int connected(void)
 	pthread_mutex_lock(&init_mu);
 	if (g_state == ST_UNINIT) {
 		const char *why = NULL;
-		int fd = open_uffd(&g_features, &why);
-		int err = fd < 0 ? fd : 0;
-		if (!err) {
-			g_uffd = fd;
-			err = handshake(0, &why);
-			if (err) {
-				close(g_uffd);
-				g_uffd = -1;
-			}
-		}
+		int err = handshake(0, &why); /* opens the uffd once connected */
 		if (err) {
 			say_off(why, -err);
 			set_off();
