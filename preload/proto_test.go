@@ -1,0 +1,53 @@
+package preload
+
+import (
+	"encoding/binary"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"rmem/pager/proto"
+	"rmem/userfaultfd"
+)
+
+// TestCLayoutMatchesGo decodes packets built from preload/proto.h's
+// structs with pager/proto: the two sides of the protocol agree.
+func TestCLayoutMatchesGo(t *testing.T) {
+	out, err := exec.Command(filepath.Join(build(t), "protodump")).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := &proto.Evict{Batch: 9, N: 2}
+	ev.Pages[0] = proto.EvictPage{Addr: 0x1000}
+	ev.Pages[1] = proto.EvictPage{Addr: 0x3000, Slot: 5}
+	want := []proto.Message{
+		&proto.Hello{PID: 1234, PPID: 1, Features: 0x1cb, PageSize: 4096, Flags: proto.HelloUFFD},
+		&proto.RegionAdd{ID: 7, Range: userfaultfd.Range{Start: 0x7f0000000000, Len: 1 << 20}, Kind: proto.KindMmap},
+		&proto.RegionDel{ID: 7, Range: userfaultfd.Range{Start: 0x7f0000001000, Len: 8192}},
+		&proto.Evicted{Batch: 1 << 40, Done: 3, Errno: unix.EFAULT},
+		ev,
+		&proto.Welcome{ClientID: 3, MinAlloc: 1 << 20, StagingSlots: 64, Flags: proto.WelcomeUFFD},
+		&proto.Error{Seq: 2, Errno: unix.ENOMEM, Text: "no memory"},
+	}
+	for i, w := range want {
+		if len(out) < 4 {
+			t.Fatalf("packet %d missing", i)
+		}
+		n := binary.LittleEndian.Uint32(out)
+		pkt := out[4 : 4+n]
+		out = out[4+n:]
+		h, m, err := proto.Decode(pkt)
+		if err != nil {
+			t.Fatalf("packet %d (%v): %v", i, w.Type(), err)
+		}
+		if h.Seq != uint32(i+1) || !reflect.DeepEqual(m, w) {
+			t.Errorf("packet %d: seq %d %+v, want %+v", i, h.Seq, m, w)
+		}
+	}
+	if len(out) != 0 {
+		t.Errorf("%d bytes left over", len(out))
+	}
+}

@@ -1,0 +1,39 @@
+/* Writes one packet of each shim-sent type, built from proto.h's structs,
+ * each preceded by its length (u32): the Go test decodes them with
+ * pager/proto, so the C and Go layouts cannot drift apart. */
+#include "../proto.h"
+#include <stdio.h>
+#include <string.h>
+
+static void emit(uint16_t type, uint32_t seq, const void *body, uint32_t len)
+{
+	struct rmem_hdr h = {RMEM_MAGIC, RMEM_VERSION, type, seq, len};
+	uint32_t total = (uint32_t)sizeof h + len;
+	fwrite(&total, 4, 1, stdout);
+	fwrite(&h, sizeof h, 1, stdout);
+	fwrite(body, len, 1, stdout);
+}
+
+int main(void)
+{
+	struct rmem_hello hello = {.pid = 1234, .ppid = 1, .fork_serial = 0, .features = 0x1cb,
+				   .page_size = 4096, .flags = RMEM_HELLO_UFFD};
+	emit(RMEM_HELLO, 1, &hello, sizeof hello);
+	struct rmem_region_add add = {.id = 7, .start = 0x7f0000000000ull, .len = 1 << 20, .kind = RMEM_KIND_MMAP};
+	emit(RMEM_REGION_ADD, 2, &add, sizeof add);
+	struct rmem_region_del del = {.id = 7, .start = 0x7f0000001000ull, .len = 8192};
+	emit(RMEM_REGION_DEL, 3, &del, sizeof del);
+	struct rmem_evicted ev = {.batch = 1ull << 40, .done = 3, .err = 14};
+	emit(RMEM_EVICTED, 4, &ev, sizeof ev);
+	struct rmem_evict e = {.batch = 9, .n = 2};
+	e.pages[0].addr = 0x1000;
+	e.pages[1].addr = 0x3000;
+	e.pages[1].slot = 5;
+	emit(RMEM_EVICT, 5, &e, 16 + 2 * sizeof e.pages[0]);
+	struct rmem_welcome w = {.client_id = 3, .min_alloc = 1 << 20, .staging_slots = 64, .flags = RMEM_WELCOME_UFFD};
+	emit(RMEM_WELCOME, 6, &w, sizeof w);
+	struct rmem_error er = {.seq = 2, .err = 12};
+	memcpy(er.text, "no memory", 9);
+	emit(RMEM_ERROR, 7, &er, 8 + 9);
+	return 0;
+}
