@@ -62,6 +62,13 @@ func swapRunOptions(app *cli.App, command []string) (swaprun.Options, error) {
 	if err != nil {
 		return swaprun.Options{}, err
 	}
+	grace, err := app.Duration("oom-grace")
+	if err != nil {
+		return swaprun.Options{}, err
+	}
+	if grace == 0 {
+		grace = -1 // the kernel's default: kill at once
+	}
 	mountArgs := swapPoolArgs(app)
 	for _, k := range []string{"log-level", "log-format"} {
 		if app.IsSet(k) {
@@ -70,7 +77,7 @@ func swapRunOptions(app *cli.App, command []string) (swaprun.Options, error) {
 	}
 	return swaprun.Options{
 		Command: command, LocalMem: uint64(local), SwapSize: uint64(size),
-		Dir: app.String("swap-dir"), MountArgs: mountArgs,
+		Dir: app.String("swap-dir"), MountArgs: mountArgs, OOMGrace: grace,
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Log: app.Log().Named("swaprun"),
 	}, nil
 }
@@ -80,6 +87,7 @@ func swapRunFlags(cmd *cobra.Command) {
 	f := cmd.Flags()
 	f.String("swap-size", "4GiB", "swap mode: size of the pool swap file set up when none is active")
 	f.String("swap-dir", "", "swap mode: where to mount that swap file (default: a new directory under /run/rmem)")
+	f.String("oom-grace", "20s", "swap mode, cgroup v1: how long CMD may wait at its limit for swap before the OOM killer may act (0: at once)")
 	if f.Lookup("coordinator") == nil {
 		swapPoolFlags(f)
 	}
