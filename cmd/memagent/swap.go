@@ -93,30 +93,42 @@ func swapRunFlags(cmd *cobra.Command) {
 	}
 }
 
-// newRunCmd is `memagent run`. Only swap mode is implemented here; the
-// userfaultfd mode plugs in at the mode switch.
+// newRunCmd is `memagent run`: userfaultfd mode (runUffd, the default) or
+// swap mode (swaprun).
 func newRunCmd(app *cli.App) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "run --local-mem SIZE [--mode swap] -- CMD [ARG...]",
+		Use:   "run [--local-mem SIZE] [--min-alloc SIZE] [--replicas R] [--mode uffd|swap] -- CMD [ARG...]",
 		Short: "Run a program with its memory beyond --local-mem paged to the pool",
 		Long: `run runs CMD with at most --local-mem of its memory resident; the rest goes
-to pool memory. In swap mode CMD runs in a memory cgroup limited to
---local-mem and the kernel swaps its overflow to a pool swap file; if no
-pool swap file is active, run mounts one (a separate 'memagent mount'
-process) and turns it on for the duration. The exit status and signals of
-CMD pass through. Needs root.`,
+to pool memory. The exit status and signals of CMD pass through, and its
+standard streams are its own. Needs root.
+
+In uffd mode (the default) CMD runs with the LD_PRELOAD shim (librmem.so):
+its allocations of --min-alloc or more are served by the agent through
+userfaultfd, which fetches and evicts their pages. The agent listening on
+--socket serves it; when none is running, run starts one for the duration.
+--stats prints CMD's paging figures on stderr when it exits.
+
+In swap mode CMD runs in a memory cgroup limited to --local-mem and the
+kernel swaps its overflow to a pool swap file; if no pool swap file is
+active, run mounts one (a separate 'memagent mount' process) and turns it on
+for the duration.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			mode, err := app.OneOf("mode", "swap")
+			mode, err := app.OneOf("mode", "uffd", "swap")
 			if err != nil {
 				return err
 			}
-			_ = mode
-			opts, err := swapRunOptions(app, args)
-			if err != nil {
-				return err
+			var code int
+			if mode == "uffd" {
+				code, err = runUffd(cmd.Context(), app, args)
+			} else {
+				var opts swaprun.Options
+				if opts, err = swapRunOptions(app, args); err != nil {
+					return err
+				}
+				code, err = swaprun.Run(cmd.Context(), opts)
 			}
-			code, err := swaprun.Run(cmd.Context(), opts)
 			if err != nil {
 				return err
 			}
@@ -124,9 +136,12 @@ CMD pass through. Needs root.`,
 			return nil
 		},
 	}
-	cmd.Flags().SetInterspersed(false) // flags after CMD are its own
-	cmd.Flags().String("mode", "swap", "how pages leave: swap (memory cgroup + pool swap file)")
-	cmd.Flags().String("local-mem", "512MiB", "memory CMD may keep resident")
+	f := cmd.Flags()
+	f.SetInterspersed(false) // flags after CMD are its own
+	f.String("mode", "uffd", "how pages leave: uffd (shim + userfaultfd, the default) or swap (memory cgroup + pool swap file)")
+	f.String("local-mem", "512MiB", "memory CMD may keep resident")
+	uffdRunFlags(f)
+	poolFlags(f)
 	swapRunFlags(cmd)
 	return cmd
 }

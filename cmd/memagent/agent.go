@@ -1,0 +1,305 @@
+package main
+
+import (
+	"context"
+
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"go.uber.org/zap"
+
+	"rmem/internal/agentd"
+	"rmem/internal/childproc"
+	"rmem/internal/cli"
+	"rmem/pager"
+	"rmem/pager/proto"
+)
+
+// agentFlags are the flags of an agent daemon, for serve and for the agent
+// that run starts when none is running.
+func agentFlags(f *pflag.FlagSet) {
+	f.String("socket", proto.DefaultSocket, "Unix socket the programs' shim connects to")
+	f.String("min-alloc", "1MiB", "allocations from this size are paged to the pool; smaller ones stay in libc")
+	f.String("network", "tcp", "rdma provider to reach memory servers: tcp, shm (same host) or verbs")
+	f.String("lease-ttl", "30s", "TTL of the agent's lease on its slabs (renewed every third of it)")
+}
+
+// agentOptions reads the flags of agentFlags and the pool flags.
+func agentOptions(app *cli.App, localMem cli.Size) (agentd.Options, error) {
+	var o agentd.Options
+	minAlloc, err := app.Size("min-alloc")
+	if err != nil {
+		return o, err
+	}
+	if minAlloc < 4096 {
+		return o, app.Invalid("min-alloc", "must be at least 4KiB")
+	}
+	network, err := app.OneOf("network", "tcp", "shm", "verbs")
+	if err != nil {
+		return o, err
+	}
+	ttl, err := app.Duration("lease-ttl")
+	if err != nil {
+		return o, err
+	}
+	if ttl < time.Second {
+		return o, app.Invalid("lease-ttl", "must be at least 1s")
+	}
+	replicas, err := app.Int("replicas", 0, 8)
+	if err != nil {
+		return o, err
+	}
+	if localMem < 64<<10 {
+		return o, app.Invalid("local-mem", "must be at least 64KiB")
+	}
+	pc, err := swapPoolClient(app)
+	if err != nil {
+		return o, err
+	}
+	return agentd.Options{
+		Pool: pc, Socket: app.String("socket"), LocalMem: uint64(localMem), MinAlloc: uint64(minAlloc),
+		Replicas: replicas, Network: network, LeaseTTL: ttl, Log: app.Log(), Lock: true,
+	}, nil
+}
+
+func newServeCmd(app *cli.App) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the paging agent of this node",
+		Long: `serve runs the agent that pages programs' memory to the pool: programs started
+with the shim (memagent run, or LD_PRELOAD=librmem.so) hand it their large
+allocations, and it keeps each of them under --local-mem resident, the rest
+in pool slabs it leases from the coordinator. 'memagent stats' shows what it
+does. Needs root.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			localMem, err := app.Size("local-mem")
+			if err != nil {
+				return err
+			}
+			nodeMem, err := app.Size("node-mem")
+			if err != nil {
+				return err
+			}
+			if nodeMem != 0 && nodeMem < localMem {
+				return app.Invalid("node-mem", "must be 0 (no node-wide limit) or at least --local-mem (%v)", localMem)
+			}
+			opts, err := agentOptions(app, localMem)
+			if err != nil {
+				return err
+			}
+			opts.NodeMem, opts.AdminSocket = uint64(nodeMem), app.String("admin-socket")
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			d, err := agentd.Start(ctx, opts)
+			if err != nil {
+				return err
+			}
+			select {
+			case <-ctx.Done():
+				app.Log().Info("stopping")
+			case err := <-d.Done():
+				app.Log().Error("agent stopped", zap.Error(err))
+			}
+			return d.Close()
+		},
+	}
+	f := cmd.Flags()
+	agentFlags(f)
+	poolFlags(f)
+	f.String("local-mem", "512MiB", "resident memory each program may keep")
+	f.String("node-mem", "0", "resident memory all programs together may keep (0: no node-wide limit)")
+	f.String("admin-socket", agentd.DefaultAdminSocket, "Unix socket serving 'memagent stats' and /metrics (root only)")
+	return cmd
+}
+
+// poolFlags are the flags naming the pool, with --replicas defaulting to
+// automatic.
+func poolFlags(f *pflag.FlagSet) {
+	swapPoolFlags(f)
+	r := f.Lookup("replicas")
+	r.Usage = "replicas of each slab, on distinct memory servers (0: 2 when the pool has two servers or more, else 1)"
+	r.DefValue = "0"
+	r.Value.Set("0")
+}
+
+func newStatsCmd(app *cli.App) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "stats",
+		Short: "Show what the agent does for each program: resident and remote memory, faults, latency, evictions, prefetch",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			asJSON, err := app.Bool("json")
+			if err != nil {
+				return err
+			}
+			all, err := app.Bool("all")
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
+			defer cancel()
+			st, err := agentd.FetchStats(ctx, app.String("admin-socket"))
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return cli.PrintJSON(app.Stdout(), st)
+			}
+			rows := st.Clients
+			if all {
+				rows = append(append([]pager.ClientStats{}, st.Exited...), rows...)
+			}
+			return pager.WriteTable(app.Stdout(), rows)
+		},
+	}
+	cmd.Flags().String("admin-socket", agentd.DefaultAdminSocket, "the agent's admin socket")
+	cmd.Flags().Bool("json", false, "print JSON (live clients and recently exited ones)")
+	cmd.Flags().Bool("all", false, "also list programs that have exited")
+	return cmd
+}
+
+// uffdRunFlags are run's flags for the userfaultfd mode.
+func uffdRunFlags(f *pflag.FlagSet) {
+	agentFlags(f)
+	f.String("shim", "", "the LD_PRELOAD shim (default: librmem.so beside the memagent binary)")
+	f.Bool("stats", false, "print the program's paging stats on stderr when it exits")
+}
+
+// shimPath finds the shim: --shim, or librmem.so beside this binary.
+func shimPath(app *cli.App) (string, error) {
+	p := app.String("shim")
+	if p == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return "", err
+		}
+		p = filepath.Join(filepath.Dir(exe), "librmem.so")
+	}
+	if _, err := os.Stat(p); err != nil {
+		return "", app.Invalid("shim", "no shim at %s (build it with 'make', which installs bin/librmem.so beside the binaries): %v", p, err)
+	}
+	return filepath.Abs(p)
+}
+
+// agentListening reports whether an agent accepts connections at path.
+func agentListening(path string) bool {
+	c, err := net.DialTimeout("unixpacket", path, time.Second)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
+
+// runUffd is `memagent run` in userfaultfd mode: CMD runs with the shim,
+// served by the agent at --socket, or by one started for the duration.
+func runUffd(ctx context.Context, app *cli.App, args []string) (int, error) {
+	shim, err := shimPath(app)
+	if err != nil {
+		return -1, err
+	}
+	localMem, err := app.Size("local-mem")
+	if err != nil {
+		return -1, err
+	}
+	opts, err := agentOptions(app, localMem)
+	if err != nil {
+		return -1, err
+	}
+	showStats, err := app.Bool("stats")
+	if err != nil {
+		return -1, err
+	}
+	log := app.Log()
+	catcher := childproc.Catch()
+	defer catcher.Stop()
+
+	var d *agentd.Daemon
+	socket := opts.Socket
+	if agentListening(socket) {
+		log.Info("using the agent already running; its budget applies", zap.String("socket", socket))
+		if app.IsSet("local-mem") {
+			fmt.Fprintf(os.Stderr, "memagent: an agent is already running at %s: its --local-mem applies, not this one\n", socket)
+		}
+	} else {
+		// A private socket, so that this agent never takes over another's.
+		socket = filepath.Join(filepath.Dir(socket), "memagent-run-"+strconv.Itoa(os.Getpid())+".sock")
+		opts.Socket = socket
+		if d, err = agentd.Start(ctx, opts); err != nil {
+			return -1, err
+		}
+		defer d.Close()
+	}
+
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = append(withPreload(os.Environ(), shim),
+		proto.EnvSocket+"="+socket, proto.EnvMinAlloc+"="+strconv.FormatUint(opts.MinAlloc, 10))
+	code, err := catcher.Run(ctx, cmd)
+	if err != nil {
+		return code, err
+	}
+	if showStats {
+		printRunStats(ctx, app, d, cmd.Process.Pid)
+	}
+	return code, nil
+}
+
+// withPreload returns env with shim first in LD_PRELOAD.
+func withPreload(env []string, shim string) []string {
+	out := make([]string, 0, len(env)+1)
+	pre := shim
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "LD_PRELOAD="); ok {
+			if v != "" {
+				pre += ":" + v
+			}
+			continue
+		}
+		out = append(out, kv)
+	}
+	return append(out, "LD_PRELOAD="+pre)
+}
+
+// printRunStats prints the final stats of the program (and of the children
+// it forked) on stderr, waiting briefly for the agent to see it exit.
+func printRunStats(ctx context.Context, app *cli.App, d *agentd.Daemon, pid int) {
+	var rows []pager.ClientStats
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		var exited []pager.ClientStats
+		if d != nil {
+			exited = d.Agent.Exited()
+		} else if st, err := agentd.FetchStats(ctx, agentd.DefaultAdminSocket); err == nil {
+			exited = st.Exited
+		}
+		rows = rows[:0]
+		for _, s := range exited {
+			if d != nil || s.PID == pid {
+				rows = append(rows, s)
+			}
+		}
+		if len(rows) > 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if len(rows) == 0 {
+		fmt.Fprintln(os.Stderr, "memagent: no paging stats: the program made no allocation of --min-alloc or more")
+		return
+	}
+	if err := pager.WriteTable(os.Stderr, rows); err != nil {
+		app.Log().Warn("stats", zap.Error(err))
+	}
+}

@@ -1,0 +1,223 @@
+// Package agentd assembles the memagent daemon: a lease on the pool
+// (pager/poolstore), the paging engine (pager.Agent) on its client socket,
+// and an admin endpoint (HTTP on a root-only Unix socket) serving the
+// per-process stats of `memagent stats` and the Prometheus metrics. Both
+// `memagent serve` and `memagent run` (which starts an agent for the
+// duration when none is running) use it.
+//
+// It holds no paging logic (package pager) and no pool logic (package
+// pool); it only wires them and owns their lifetimes.
+package agentd
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"rmem/pager"
+	"rmem/pager/poolstore"
+)
+
+// DefaultAdminSocket is where memagent serves its stats by default.
+const DefaultAdminSocket = "/run/rmem/memagent-admin.sock"
+
+// Options configure a daemon.
+type Options struct {
+	Pool        poolstore.Pool // the coordinator's client; required
+	Socket      string         // client socket (default proto.DefaultSocket)
+	AdminSocket string         // admin socket ("" for none)
+	LocalMem    uint64         // per-process budget; required
+	NodeMem     uint64         // node-wide budget (0: none)
+	MinAlloc    uint64         // the shim's threshold (0: its default)
+	Replicas    int            // 0: 2 when the pool has two servers up or more, else 1
+	Network     string         // rdma provider to reach memory servers (default "tcp")
+	LeaseTTL    time.Duration  // default 30s
+	Log         *zap.Logger
+	// Lock, when set, mlockall's the daemon (DESIGN.md pitfall 4: the agent
+	// must not page itself); a failure is logged, not fatal.
+	Lock bool
+}
+
+// Daemon is a running agent.
+type Daemon struct {
+	Agent    *pager.Agent
+	Store    *poolstore.Store
+	Replicas int
+	Registry *prometheus.Registry
+
+	log   *zap.Logger
+	admin *http.Server
+	adml  net.Listener
+	done  chan error
+}
+
+// Start takes a lease, opens the agent's socket and starts serving.
+func Start(ctx context.Context, opts Options) (*Daemon, error) {
+	log := opts.Log
+	if log == nil {
+		log = zap.NewNop()
+	}
+	if opts.Pool == nil {
+		return nil, errors.New("agentd: no pool client")
+	}
+	if opts.Lock {
+		if err := unix.Mlockall(unix.MCL_CURRENT | unix.MCL_FUTURE); err != nil {
+			log.Warn("mlockall failed: the agent's own memory may be swapped out", zap.Error(err))
+		}
+	}
+	replicas, err := chooseReplicas(ctx, opts.Pool, opts.Replicas, log)
+	if err != nil {
+		return nil, err
+	}
+	host, _ := os.Hostname()
+	store, err := poolstore.Open(ctx, poolstore.Options{
+		Pool: opts.Pool, Agent: "memagent@" + host, Node: host, PID: os.Getpid(),
+		TTL: opts.LeaseTTL, Replicas: replicas, Network: opts.Network, Log: log.Named("store"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if opts.Socket != "" {
+		if err := os.MkdirAll(filepath.Dir(opts.Socket), 0o755); err != nil {
+			store.Close(context.Background())
+			return nil, fmt.Errorf("agentd: socket directory: %w", err)
+		}
+	}
+	agent, err := pager.New(pager.Options{
+		Socket: opts.Socket, Store: store, LocalMem: opts.LocalMem, NodeMem: opts.NodeMem,
+		MinAlloc: opts.MinAlloc, Log: log.Named("pager"), Registry: reg,
+	})
+	if err != nil {
+		store.Close(context.Background())
+		return nil, err
+	}
+	d := &Daemon{Agent: agent, Store: store, Replicas: replicas, Registry: reg, log: log, done: make(chan error, 1)}
+	if opts.AdminSocket != "" {
+		if err := d.serveAdmin(opts.AdminSocket); err != nil {
+			d.Close()
+			return nil, err
+		}
+	}
+	go func() { d.done <- agent.Run(context.Background()) }()
+	log.Info("agent ready", zap.String("socket", agent.Addr()), zap.String("admin", opts.AdminSocket),
+		zap.Uint64("local_mem", opts.LocalMem), zap.Uint64("node_mem", opts.NodeMem), zap.Int("replicas", replicas))
+	return d, nil
+}
+
+// chooseReplicas resolves 0 to 2 where the pool has two or more servers up,
+// else 1 with a warning.
+func chooseReplicas(ctx context.Context, p poolstore.Pool, want int, log *zap.Logger) (int, error) {
+	if want != 0 {
+		return want, nil
+	}
+	st, err := p.Status(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("agentd: pool status: %w", err)
+	}
+	if st.ServersUp >= 2 {
+		return 2, nil
+	}
+	log.Warn("the pool has fewer than two memory servers up: one replica per slab, so a memory server failure loses pages (set --replicas to choose)",
+		zap.Int("servers_up", st.ServersUp))
+	return 1, nil
+}
+
+// StatsResponse is the body of GET /v1/stats on the admin socket.
+type StatsResponse struct {
+	Clients  []pager.ClientStats `json:"clients"`
+	Exited   []pager.ClientStats `json:"exited"`
+	Replicas int                 `json:"replicas"`
+	Slabs    int                 `json:"slabs"`
+}
+
+// Stats returns what GET /v1/stats serves.
+func (d *Daemon) Stats() StatsResponse {
+	return StatsResponse{Clients: d.Agent.Stats(), Exited: d.Agent.Exited(), Replicas: d.Replicas, Slabs: d.Store.Stats().Slabs}
+}
+
+func (d *Daemon) serveAdmin(path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("agentd: admin socket directory: %w", err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("agentd: admin socket: %w", err)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return fmt.Errorf("agentd: admin socket: %w", err)
+	}
+	// Stats name processes and their memory use: root only.
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return fmt.Errorf("agentd: admin socket: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/stats", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(d.Stats())
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(d.Registry, promhttp.HandlerOpts{}))
+	d.admin, d.adml = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, ln
+	go d.admin.Serve(ln)
+	return nil
+}
+
+// Done is sent the agent's end (nil after Close).
+func (d *Daemon) Done() <-chan error { return d.done }
+
+// Close stops the admin endpoint and the agent and ends the lease. Safe to
+// call once.
+func (d *Daemon) Close() error {
+	if d.admin != nil {
+		d.admin.Close()
+	}
+	err := d.Agent.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if e := d.Store.Close(ctx); e != nil && err == nil {
+		err = e
+	}
+	return err
+}
+
+// FetchStats asks the agent behind the admin socket at path for its stats.
+func FetchStats(ctx context.Context, path string) (StatsResponse, error) {
+	hc := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		},
+	}}
+	defer hc.CloseIdleConnections()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://memagent/v1/stats", nil)
+	if err != nil {
+		return StatsResponse{}, err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return StatsResponse{}, fmt.Errorf("no memagent answering at %s (is 'memagent serve' running?): %w", path, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return StatsResponse{}, fmt.Errorf("memagent at %s: %s", path, resp.Status)
+	}
+	var out StatsResponse
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return StatsResponse{}, fmt.Errorf("memagent at %s: %w", path, err)
+	}
+	return out, nil
+}
