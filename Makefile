@@ -5,7 +5,7 @@ GO       ?= go
 BIN      ?= bin
 PKGS     := ./...
 # Packages whose tests touch the kernel (userfaultfd, mounts, processes).
-KERNEL_PKGS := ./userfaultfd/... ./internal/uffddemo/...
+KERNEL_PKGS := ./userfaultfd/... ./internal/uffddemo/... ./pager/... ./preload/... ./client/...
 # A count, not a duration: time-based -fuzztime can end a run with a spurious
 # "context deadline exceeded" on a loaded machine.
 FUZZTIME ?= 50000x
@@ -27,9 +27,10 @@ $(BIN)/librmem.so: preload/src/rmem.c preload/proto.h
 	@mkdir -p $(BIN)
 	$(SHIM_CC) $(SHIM_CFLAGS) -o $@ preload/src/rmem.c -ldl
 
-# The main job, end to end on this host.
+# The main job, end to end on this host: memd + memagent run on a program
+# using 4x its local-memory budget (scripts/demo.sh).
 demo: build
-	$(BIN)/memagent uffd-demo
+	BIN=$(BIN) ./scripts/demo.sh
 
 # The whole test suite: formatting, vet, every test with the race detector
 # (kernel tests included, never cached), the kernel tests again with
