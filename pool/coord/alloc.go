@@ -29,6 +29,7 @@ func (c *Coordinator) candidatesLocked() ([]pool.Candidate, []*srv) {
 // grantJob asks one server instance for keys; keys land in the replicas.
 type grantJob struct {
 	s        *srv
+	id       pool.ServerID // s.rec.ID when reserved: grant reads it without c.mu
 	conn     SlabServer
 	instance string
 	indexes  []pool.SlabIndex
@@ -54,7 +55,7 @@ func (c *Coordinator) reserveLocked(slabs []*pool.Slab, replicas int, avoid [][]
 			sl.Replicas = append(sl.Replicas, pool.Replica{Server: s.rec.ID, Index: idx, Instance: s.rec.Instance})
 			j := byServer[s]
 			if j == nil {
-				j = &grantJob{s: s, instance: s.rec.Instance}
+				j = &grantJob{s: s, id: s.rec.ID, instance: s.rec.Instance}
 				byServer[s] = j
 				jobs = append(jobs, j)
 			}
@@ -107,7 +108,7 @@ func (c *Coordinator) grant(ctx context.Context, jobs []*grantJob) error {
 				err = fmt.Errorf("server returned %d keys for %d slabs", len(keys), len(j.indexes))
 			}
 			if err != nil {
-				j.err = fmt.Errorf("server %s: %w", j.s.rec.ID, err)
+				j.err = fmt.Errorf("server %s: %w", j.id, err)
 				return
 			}
 			for i, r := range j.replicas {
