@@ -131,6 +131,7 @@ func swapNeeds(t testing.TB) {
 	if _, _, err := cgroup.Detect(); err != nil {
 		t.Skip(err)
 	}
+	swapTestLock(t)
 }
 
 // swapWorkload compiles the workload into the test's temp dir.
@@ -406,7 +407,7 @@ func TestSwapRun(t *testing.T) {
 	}{{"exit 3", 3}, {"kill -USR1 $$", 128 + int(syscall.SIGUSR1)}, {"true", 0}} {
 		dir := t.TempDir()
 		swapCleanup(t, dir)
-		args := append([]string{"run", "--local-mem", "16MiB", "--swap-size", "64MiB", "--swap-dir", dir}, p.args()...)
+		args := append([]string{"run", "--mode", "swap", "--local-mem", "16MiB", "--swap-size", "64MiB", "--swap-dir", dir}, p.args()...)
 		r := swapStartRun(t, append(args, "--", "sh", "-c", c.script)...)
 		if code := r.wait(t); code != c.code {
 			t.Errorf("run -- sh -c %q exited %d, want %d", c.script, code, c.code)
@@ -418,7 +419,7 @@ func TestSwapRun(t *testing.T) {
 	dir, inner := t.TempDir(), t.TempDir()
 	swapCleanup(t, dir)
 	swapCleanup(t, inner)
-	args := append([]string{"run", "--local-mem", "64MiB", "--swap-size", "64MiB", "--swap-dir", dir}, p.args()...)
+	args := append([]string{"run", "--mode", "swap", "--local-mem", "64MiB", "--swap-size", "64MiB", "--swap-dir", dir}, p.args()...)
 	r := swapStartRun(t, append(append(args, "--", swapMemagent(t), "mount", inner, "--size", "64MiB"), p.args()...)...)
 	if code := r.wait(t); code != 1 || !strings.Contains(r.output(), "must run outside it") {
 		t.Errorf("memagent mount inside a run's cgroup: exit %d, output:\n%s", code, r.output())
@@ -785,10 +786,10 @@ func TestSwapRunsShare(t *testing.T) {
 	work := swapWorkload(t)
 	dir := t.TempDir()
 	swapCleanup(t, dir)
-	a := swapStartRun(t, append(append([]string{"run", "--local-mem", "64MiB", "--swap-size", "1GiB", "--swap-dir", dir},
+	a := swapStartRun(t, append(append([]string{"run", "--mode", "swap", "--local-mem", "64MiB", "--swap-size", "1GiB", "--swap-dir", dir},
 		p.args()...), "--", work, "128", "wait")...)
 	a.expect(t, "written")
-	b := swapStartRun(t, append(append([]string{"run", "--local-mem", "16MiB"}, p.args()...), "--", work, "64", "wait")...)
+	b := swapStartRun(t, append(append([]string{"run", "--mode", "swap", "--local-mem", "16MiB"}, p.args()...), "--", work, "64", "wait")...)
 	b.expect(t, "written")
 	if s := swapStats(t, dir); s.PoolWriteBytes < 100<<20 {
 		t.Errorf("both runs' overflow should be in the one swap file: %+v", s)
@@ -809,4 +810,24 @@ func TestSwapRunsShare(t *testing.T) {
 		t.Fatalf("second run exited %d", code)
 	}
 	swapNoLeftovers(t, dir, b.cmd.Process.Pid)
+}
+
+// swapTestLock serializes the tests that use or need the absence of the host's
+// swap, across test processes (go test runs packages in parallel, and two
+// go test runs may overlap): the kernel's swap is global. Its cleanup is
+// registered first, so it runs after the test's other cleanups.
+func swapTestLock(tb testing.TB) {
+	tb.Helper()
+	if err := os.MkdirAll("/run/rmem", 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	f, err := os.OpenFile("/run/rmem/swap-tests.lock", os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		f.Close()
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() })
 }
