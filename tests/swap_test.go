@@ -204,7 +204,11 @@ func swapCleanup(t *testing.T, dir string) {
 		}
 		if ok, _ := swaprun.SwapMounted(dir); ok {
 			t.Errorf("cleanup: %s was still mounted", dir)
-			unix.Unmount(dir, unix.MNT_DETACH)
+			// Not lazily: a loop device still on it would hold a detached
+			// mount nobody can reach any more.
+			if err := unix.Unmount(dir, 0); err != nil {
+				t.Errorf("cleanup: umount %s: %v", dir, err)
+			}
 		}
 	})
 }

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestCreateBadName(t *testing.T) {
@@ -145,6 +147,9 @@ func TestSelfInGroup(t *testing.T) {
 // no swap to go to waits under OOM instead of dying; turning the killer
 // back on kills it.
 func TestOOMKillOff(t *testing.T) {
+	if os.Geteuid() == 0 {
+		lockSwapTests(t)
+	}
 	g := newGroup(t, 8<<20)
 	if g.Version != V1 {
 		t.Skip("memory.oom_control is cgroup v1")
@@ -186,4 +191,24 @@ func TestOOMKillOff(t *testing.T) {
 	if err := <-done; err == nil || cmd.ProcessState.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
 		t.Fatalf("dd ended with %v, want killed by the OOM killer", err)
 	}
+}
+
+// lockSwapTests serializes the tests that use or need the absence of the host's
+// swap, across test processes (go test runs packages in parallel, and two
+// go test runs may overlap): the kernel's swap is global. Its cleanup is
+// registered first, so it runs after the test's other cleanups.
+func lockSwapTests(tb testing.TB) {
+	tb.Helper()
+	if err := os.MkdirAll("/run/rmem", 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	f, err := os.OpenFile("/run/rmem/swap-tests.lock", os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		f.Close()
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() })
 }

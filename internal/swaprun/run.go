@@ -244,15 +244,23 @@ func leaveSwap(o *Options, sw *swap) error {
 		}
 		return sh.save()
 	}
+	// A swap file that fails to come down stays listed: the next run to
+	// leave tries again.
 	var errs []error
+	var left []OwnedSwap
 	for _, s := range sh.State.Swaps {
+		var err error
 		if sw != nil && s.Dir == sw.dir {
-			errs = append(errs, sw.stop())
-			continue
+			err = sw.stop()
+		} else {
+			err = teardown(s, o.Log)
 		}
-		errs = append(errs, teardown(s, o.Log))
+		if err != nil {
+			errs = append(errs, err)
+			left = append(left, s)
+		}
 	}
-	sh.State.Swaps = nil
+	sh.State.Swaps = left
 	errs = append(errs, sh.save())
 	return errors.Join(errs...)
 }
