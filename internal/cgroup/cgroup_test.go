@@ -160,7 +160,7 @@ func TestOOMKillOff(t *testing.T) {
 	if err := g.SetOOMKill(false); err != nil {
 		t.Fatal(err)
 	}
-	cmd := g.Command("dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1") // a 64 MiB buffer
+	cmd := hogCommand(g) // a 64 MiB buffer
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +177,7 @@ func TestOOMKillOff(t *testing.T) {
 		}
 		select {
 		case err := <-done:
-			t.Fatalf("dd ended (%v) instead of waiting under OOM", err)
+			t.Fatalf("the hog ended (%v) instead of waiting under OOM", err)
 		default:
 		}
 		if time.Now().After(deadline) {
@@ -189,7 +189,7 @@ func TestOOMKillOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := <-done; err == nil || cmd.ProcessState.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
-		t.Fatalf("dd ended with %v, want killed by the OOM killer", err)
+		t.Fatalf("the hog ended with %v, want killed by the OOM killer", err)
 	}
 }
 
@@ -211,4 +211,31 @@ func lockSwapTests(tb testing.TB) {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() })
+}
+
+// hogEnv makes the test binary a child that writes every page of 64 MiB
+// from user space (a read(2) into the buffer would just come back short at
+// the limit).
+const hogEnv = "RMEM_TEST_HOG"
+
+func runHogIfChild() {
+	if os.Getenv(hogEnv) == "" {
+		return
+	}
+	b := make([]byte, 64<<20)
+	for i := 0; i < len(b); i += 4096 {
+		b[i] = 1
+	}
+	os.Exit(0)
+}
+
+func hogCommand(g *Group) *exec.Cmd {
+	cmd := g.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), hogEnv+"=1")
+	return cmd
+}
+
+func TestMain(m *testing.M) {
+	runHogIfChild()
+	os.Exit(m.Run())
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"syscall"
@@ -18,7 +19,10 @@ import (
 	"rmem/internal/cgroup"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	runHogIfChild()
+	goleak.VerifyTestMain(m)
+}
 
 func TestParseMountinfo(t *testing.T) {
 	in := "22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw\n" +
@@ -148,10 +152,10 @@ func TestWatchOOM(t *testing.T) {
 	watched := make(chan struct{})
 	go func() { RoutineWatchOOM(ctx, g, 300*time.Millisecond, zap.NewNop()); close(watched) }()
 	start := time.Now()
-	cmd := g.Command("dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1")
+	cmd := hogCommand(g)
 	err = cmd.Run()
 	if err == nil || cmd.ProcessState.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
-		t.Fatalf("dd ended with %v, want killed by the OOM killer", err)
+		t.Fatalf("the hog ended with %v, want killed by the OOM killer", err)
 	}
 	if waited := time.Since(start); waited < 300*time.Millisecond {
 		t.Errorf("killed after %v, before the grace time", waited)
@@ -177,4 +181,26 @@ func lockSwapTests(tb testing.TB) {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() })
+}
+
+// hogEnv makes the test binary a child that writes every page of 64 MiB
+// from user space (a read(2) into the buffer would just come back short at
+// the limit).
+const hogEnv = "RMEM_TEST_HOG"
+
+func runHogIfChild() {
+	if os.Getenv(hogEnv) == "" {
+		return
+	}
+	b := make([]byte, 64<<20)
+	for i := 0; i < len(b); i += 4096 {
+		b[i] = 1
+	}
+	os.Exit(0)
+}
+
+func hogCommand(g *cgroup.Group) *exec.Cmd {
+	cmd := g.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), hogEnv+"=1")
+	return cmd
 }
