@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -18,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"rmem/internal/cgroup"
+	"rmem/internal/childproc"
 	"rmem/internal/swapdev"
 	"rmem/swapfs"
 )
@@ -103,9 +103,6 @@ func (o *Options) defaults() error {
 	return nil
 }
 
-// forwarded are the signals passed on to CMD.
-var forwarded = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2}
-
 // Run runs opts.Command in a memory cgroup limited to opts.LocalMem, with a
 // pool swap file active, and returns its exit code. err is set when Run
 // could not run it (setup) or could not tear down; the exit code is then
@@ -123,9 +120,8 @@ func Run(ctx context.Context, opts Options) (exitCode int, err error) {
 	// setup is passed to CMD as soon as it starts (it then ends at once and
 	// everything is torn down), instead of killing this process and
 	// leaving the swap file behind.
-	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, forwarded...)
-	defer signal.Stop(sigs)
+	catcher := childproc.Catch()
+	defer catcher.Stop()
 	sw, err := joinSwap(ctx, &opts)
 	if err != nil {
 		return -1, err
@@ -162,37 +158,11 @@ func Run(ctx context.Context, opts Options) (exitCode int, err error) {
 
 	cmd := g.Command(opts.Command[0], opts.Command[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = opts.Stdin, opts.Stdout, opts.Stderr
-	if err := cmd.Start(); err != nil {
-		return -1, fmt.Errorf("swaprun: start %s: %w", opts.Command[0], err)
+	code, err := catcher.Run(ctx, cmd)
+	if err != nil {
+		return code, fmt.Errorf("swaprun: %w", err)
 	}
-	waited := make(chan error, 1)
-	go func() { waited <- cmd.Wait() }()
-	for {
-		select {
-		case s := <-sigs:
-			cmd.Process.Signal(s)
-			continue
-		case <-ctx.Done():
-			cmd.Process.Kill()
-			<-waited
-			return -1, ctx.Err()
-		case err := <-waited:
-			return exitStatus(cmd, err)
-		}
-	}
-}
-
-// exitStatus turns the end of cmd into a shell-style exit code.
-func exitStatus(cmd *exec.Cmd, err error) (int, error) {
-	var ee *exec.ExitError
-	if err != nil && !errors.As(err, &ee) {
-		return -1, fmt.Errorf("swaprun: wait: %w", err)
-	}
-	ws := cmd.ProcessState.Sys().(syscall.WaitStatus)
-	if ws.Signaled() {
-		return 128 + int(ws.Signal()), nil
-	}
-	return ws.ExitStatus(), nil
+	return code, nil
 }
 
 // joinSwap makes sure a pool swap file is active, setting one up if none
