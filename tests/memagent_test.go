@@ -474,6 +474,17 @@ func TestMemagentRunPrivateAgent(t *testing.T) {
 		t.Logf("private agent, C program: %v\n%s", r.elapsed, r.stderr)
 	})
 
+	// The child exits first: --stats must still wait for the program's
+	// own row, and print both.
+	t.Run("fork", func(t *testing.T) {
+		r := maExec(t, nil, memagent, append(base, "--", filepath.Join(bins, "fork"), strconv.Itoa(maHeapMiB))...)
+		maCheckExit(t, r, "child ok\nparent ok\n")
+		if rows := maTableRows(t, r.stderr); len(rows) != 2 {
+			t.Fatalf("--stats printed %d rows, want the parent's and the child's:\n%s", len(rows), r.stderr)
+		}
+		t.Logf("private agent, fork: %v\n%s", r.elapsed, r.stderr)
+	})
+
 	t.Run("exit status", func(t *testing.T) {
 		r := maExec(t, nil, memagent, append(base, "--", "sh", "-c", "printf out; exit 3")...)
 		if r.code != 3 || r.stdout != "out" {

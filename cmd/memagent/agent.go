@@ -284,13 +284,19 @@ func printRunStats(ctx context.Context, app *cli.App, d *agentd.Daemon, pid int)
 		} else if st, err := agentd.FetchStats(ctx, agentd.DefaultAdminSocket); err == nil {
 			exited = st.Exited
 		}
+		// Wait for the program's own row: children it forked (their rows
+		// are printed too with a private agent) often exit before it.
 		rows = rows[:0]
+		own := false
 		for _, s := range exited {
+			if s.PID == pid {
+				own = true
+			}
 			if d != nil || s.PID == pid {
 				rows = append(rows, s)
 			}
 		}
-		if len(rows) > 0 || time.Now().After(deadline) {
+		if own || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
