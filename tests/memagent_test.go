@@ -386,6 +386,17 @@ func TestMemagentRun(t *testing.T) {
 		maCheckPaged(t, maOneClient(t, rows))
 	})
 
+	// --stats with an agent already running reads its admin socket.
+	t.Run("stats", func(t *testing.T) {
+		r := maExec(t, nil, memagent, "run", "--socket", a.socket, "--admin-socket", a.admin, "--stats", "--log-level", "warn",
+			"--", filepath.Join(bins, "pattern"), strconv.Itoa(maHeapMiB))
+		maCheckExit(t, r, fmt.Sprintf("written %d pages\nchecksum %016x\n", maPages, maSum(maPages*512, 0)))
+		rows := maTableRows(t, r.stderr)
+		if len(rows) != 1 || rows[0].evictions == 0 || rows[0].writeBacks == 0 || rows[0].lost != 0 {
+			t.Errorf("--stats: %+v: want one row with evictions and write-backs, none lost\n%s", rows, r.stderr)
+		}
+	})
+
 	t.Run("python3", func(t *testing.T) {
 		py, err := exec.LookPath("python3")
 		if err != nil {

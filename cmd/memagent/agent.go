@@ -174,6 +174,7 @@ func uffdRunFlags(f *pflag.FlagSet) {
 	agentFlags(f)
 	f.String("shim", "", "the LD_PRELOAD shim (default: librmem.so beside the memagent binary)")
 	f.Bool("stats", false, "print the program's paging stats on stderr when it exits")
+	f.String("admin-socket", agentd.DefaultAdminSocket, "admin socket of the agent already running at --socket, where --stats reads")
 }
 
 // shimPath finds the shim: --shim, or librmem.so beside this binary.
@@ -281,7 +282,7 @@ func printRunStats(ctx context.Context, app *cli.App, d *agentd.Daemon, pid int)
 		var exited []pager.ClientStats
 		if d != nil {
 			exited = d.Agent.Exited()
-		} else if st, err := agentd.FetchStats(ctx, agentd.DefaultAdminSocket); err == nil {
+		} else if st, err := agentd.FetchStats(ctx, app.String("admin-socket")); err == nil {
 			exited = st.Exited
 		}
 		// Wait for the program's own row: children it forked (their rows
