@@ -456,6 +456,33 @@ func TestMemagentRun(t *testing.T) {
 			}
 		}
 	})
+
+	// SIGTERM to memagent reaches CMD, and CMD's death by it is memagent's
+	// exit status.
+	t.Run("SIGTERM forwarded", func(t *testing.T) {
+		cmd := exec.Command(memagent, "run", "--socket", a.socket, "--log-level", "warn", "--", "sh", "-c", "echo ready; exec sleep 60")
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
+		line, err := bufio.NewReader(out).ReadString('\n')
+		if err != nil || line != "ready\n" {
+			t.Fatalf("first line %q: %v", line, err)
+		}
+		start := time.Now()
+		cmd.Process.Signal(syscall.SIGTERM)
+		timer := time.AfterFunc(maRunLimit, func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
+		defer timer.Stop()
+		cmd.Wait()
+		if code := cmd.ProcessState.ExitCode(); code != 128+int(syscall.SIGTERM) || time.Since(start) >= maRunLimit {
+			t.Errorf("memagent run after SIGTERM: exit %d after %v, want %d", code, time.Since(start), 128+int(syscall.SIGTERM))
+		}
+	})
 }
 
 // TestMemagentRunPrivateAgent: with no agent listening, `memagent run`
