@@ -515,7 +515,7 @@ func TestMemagentRunPrivateAgent(t *testing.T) {
 	// The child exits first: --stats must still wait for the program's
 	// own row, and print both.
 	t.Run("fork", func(t *testing.T) {
-		r := maExec(t, nil, memagent, append(base, "--", filepath.Join(bins, "fork"), strconv.Itoa(maHeapMiB))...)
+		r := maExec(t, nil, memagent, append(base, "--", filepath.Join(bins, "fork"), strconv.Itoa(maHeapMiB/2))...)
 		maCheckExit(t, r, "child ok\nparent ok\n")
 		if rows := maTableRows(t, r.stderr); len(rows) != 2 {
 			t.Fatalf("--stats printed %d rows, want the parent's and the child's:\n%s", len(rows), r.stderr)
@@ -524,7 +524,7 @@ func TestMemagentRunPrivateAgent(t *testing.T) {
 	})
 
 	t.Run("exit status", func(t *testing.T) {
-		r := maExec(t, nil, memagent, append(base, "--", "sh", "-c", "printf out; exit 3")...)
+		r := maExec(t, nil, memagent, append(base[:len(base):len(base)], "--stats=false", "--", "sh", "-c", "printf out; exit 3")...)
 		if r.code != 3 || r.stdout != "out" {
 			t.Errorf("exit %d, stdout %q; want 3, %q\nstderr: %s", r.code, r.stdout, "out", r.stderr)
 		}
