@@ -607,7 +607,7 @@ func TestMemagentReplicaKill(t *testing.T) {
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	gate := filepath.Join(dir, "go")
 	args := append([]string{"run", "--socket", filepath.Join(dir, "agent.sock"), "--local-mem", maLocalMem,
-		"--replicas", "2", "--stats", "--log-level", "warn"}, p.args()...)
+		"--replicas", "2", "--lease-ttl", "3s", "--stats", "--log-level", "warn"}, p.args()...)
 	args = append(args, "--", filepath.Join(bins, "pattern"), strconv.Itoa(maHeapMiB), gate)
 
 	cmd := exec.Command(memagent, args...)
@@ -649,24 +649,14 @@ func TestMemagentReplicaKill(t *testing.T) {
 
 	// The memory server with the most primary replicas (the first of each
 	// slab, where the agent reads first) of the program's slabs.
-	out, errOut, err := memdtest.Run(p.memd, nil, "slabs", "--json", "--coordinator", p.url, "--token", memdToken)
+	slabs, err := maSlabs(p)
 	if err != nil {
-		t.Fatalf("memd slabs: %v: %s", err, errOut)
-	}
-	var slabs []struct {
-		ID       uint64 `json:"id"`
-		Replicas []struct {
-			Server string `json:"server"`
-			State  string `json:"state"`
-		} `json:"replicas"`
-	}
-	if err := json.Unmarshal([]byte(out), &slabs); err != nil {
-		t.Fatalf("memd slabs --json: %v: %s", err, out)
+		t.Fatal(err)
 	}
 	primaries := map[string]int{}
 	for _, s := range slabs {
 		if len(s.Replicas) != 2 {
-			t.Fatalf("slab %d has %d replicas, want 2: %s", s.ID, len(s.Replicas), out)
+			t.Fatalf("slab %d has %d replicas, want 2: %+v", s.ID, len(s.Replicas), slabs)
 		}
 		primaries[s.Replicas[0].Server]++
 	}
@@ -678,10 +668,30 @@ func TestMemagentReplicaKill(t *testing.T) {
 		}
 	}
 	if victim == "" {
-		t.Fatalf("no slabs: %s", out)
+		t.Fatal("the program has no slabs")
 	}
 	t.Logf("%d slabs; primaries per server %v; kill -9 %s", len(slabs), primaries, victim)
 	p.servers[victim].Kill()
+	// The agent restores redundancy from the surviving replicas.
+	took := memdtest.Eventually(t, 30*time.Second, "two healthy replicas of every slab again", func() error {
+		slabs, err := maSlabs(p)
+		if err != nil {
+			return err
+		}
+		for _, s := range slabs {
+			ok := 0
+			for _, r := range s.Replicas {
+				if r.Server != victim && r.State == "ok" {
+					ok++
+				}
+			}
+			if ok < 2 {
+				return fmt.Errorf("slab %d: %+v", s.ID, s.Replicas)
+			}
+		}
+		return nil
+	})
+	t.Logf("redundancy restored %v after kill -9 of %s (heartbeat timeout 1s, lease TTL 3s)", took, victim)
 	if err := os.WriteFile(gate, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -705,4 +715,26 @@ func TestMemagentReplicaKill(t *testing.T) {
 		t.Errorf("the race detector found a data race in memagent:\n%s", stderr.String())
 	}
 	t.Logf("stats after kill -9 of %s:\n%s", victim, stderr.String())
+}
+
+// maSlab is a slab in `memd slabs --json`.
+type maSlab struct {
+	ID       uint64 `json:"id"`
+	Replicas []struct {
+		Server string `json:"server"`
+		State  string `json:"state"`
+	} `json:"replicas"`
+}
+
+// maSlabs lists the pool's slabs with `memd slabs --json`.
+func maSlabs(p *maPool) ([]maSlab, error) {
+	out, errOut, err := memdtest.Run(p.memd, nil, "slabs", "--json", "--coordinator", p.url, "--token", memdToken)
+	if err != nil {
+		return nil, fmt.Errorf("memd slabs: %v: %s", err, errOut)
+	}
+	var slabs []maSlab
+	if err := json.Unmarshal([]byte(out), &slabs); err != nil {
+		return nil, fmt.Errorf("memd slabs --json: %v: %s", err, out)
+	}
+	return slabs, nil
 }
