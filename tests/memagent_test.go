@@ -532,14 +532,16 @@ func TestMemagentRunPrivateAgent(t *testing.T) {
 
 	t.Run("no memd", func(t *testing.T) {
 		nowhere := "http://" + memdtest.FreeAddr(t)
-		r := maExec(t, nil, memagent, "run", "--socket", filepath.Join(dir, "agent.sock"), "--coordinator", nowhere,
-			"--token", memdToken, "--log-level", "error", "--", "sh", "-c", "echo ran")
-		if r.code == 0 || r.stdout != "" || !strings.Contains(r.stderr, strings.TrimPrefix(nowhere, "http://")) ||
-			!strings.Contains(r.stderr, "connection refused") || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
-			t.Errorf("memagent run with no memd: exit %d, stdout %q, stderr %q: want a failure, one line naming the coordinator and the cause, and CMD not run",
-				r.code, r.stdout, r.stderr)
+		for _, replicas := range []string{"0", "2"} {
+			r := maExec(t, nil, memagent, "run", "--socket", filepath.Join(dir, "agent.sock"), "--coordinator", nowhere,
+				"--token", memdToken, "--replicas", replicas, "--log-level", "error", "--", "sh", "-c", "echo ran")
+			if r.code == 0 || r.stdout != "" || !strings.HasPrefix(r.stderr, "memagent: agentd: no coordinator reachable (is memd running? see --coordinator)") ||
+				!strings.Contains(r.stderr, nowhere) || !strings.Contains(r.stderr, "connection refused") || strings.Count(r.stderr, "\n") != 1 {
+				t.Errorf("memagent run --replicas %s with no memd: exit %d, stdout %q, stderr %q: want a failure, one line saying no coordinator is reachable, naming it and the cause, and CMD not run",
+					replicas, r.code, r.stdout, r.stderr)
+			}
+			t.Logf("with no memd: %s", r.stderr)
 		}
-		t.Logf("with no memd: %s", r.stderr)
 	})
 }
 

@@ -30,6 +30,9 @@ import (
 	"rmem/pager/poolstore"
 )
 
+// ErrNoCoordinator: the pool's coordinator did not answer.
+var ErrNoCoordinator = errors.New("agentd: no coordinator reachable")
+
 // DefaultAdminSocket is where memagent serves its stats by default.
 const DefaultAdminSocket = "/run/rmem/memagent-admin.sock"
 
@@ -77,10 +80,13 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 			log.Warn("mlockall failed: the agent's own memory may be swapped out", zap.Error(err))
 		}
 	}
-	replicas, err := chooseReplicas(ctx, opts.Pool, opts.Replicas, log)
+	// One status call first, so that a pool out of reach is said plainly
+	// whatever the flags.
+	st, err := opts.Pool.Status(ctx)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w (is memd running? see --coordinator): %w", ErrNoCoordinator, err)
 	}
+	replicas := chooseReplicas(st.ServersUp, opts.Replicas, log)
 	host, _ := os.Hostname()
 	store, err := poolstore.Open(ctx, poolstore.Options{
 		Pool: opts.Pool, Agent: "memagent@" + host, Node: host, PID: os.Getpid(),
@@ -120,20 +126,16 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 
 // chooseReplicas resolves 0 to 2 where the pool has two or more servers up,
 // else 1 with a warning.
-func chooseReplicas(ctx context.Context, p poolstore.Pool, want int, log *zap.Logger) (int, error) {
+func chooseReplicas(serversUp, want int, log *zap.Logger) int {
 	if want != 0 {
-		return want, nil
+		return want
 	}
-	st, err := p.Status(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("agentd: pool status: %w", err)
-	}
-	if st.ServersUp >= 2 {
-		return 2, nil
+	if serversUp >= 2 {
+		return 2
 	}
 	log.Warn("the pool has fewer than two memory servers up: one replica per slab, so a memory server failure loses pages (set --replicas to choose)",
-		zap.Int("servers_up", st.ServersUp))
-	return 1, nil
+		zap.Int("servers_up", serversUp))
+	return 1
 }
 
 // StatsResponse is the body of GET /v1/stats on the admin socket.
