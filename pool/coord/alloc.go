@@ -174,7 +174,21 @@ func (c *Coordinator) Allocate(ctx context.Context, id pool.LeaseID, req pool.Al
 	if err := req.Validate(); err != nil {
 		return nil, err
 	}
-	views, err := c.allocate(ctx, id, req)
+	views, failed, err := c.allocate(ctx, id, req, nil)
+	if len(failed) > 0 {
+		// A server that failed to grant (dead but not yet past the
+		// heartbeat timeout, or unreachable from here) gets no part of a
+		// second try (nor, where labelled, its failure domain); if that
+		// cannot be placed, the grant failure is the error worth reporting.
+		c.log.Info("retrying an allocation without the servers that failed to grant", zap.Any("servers", failed), zap.Error(err))
+		avoid := make([][]pool.ServerID, req.Slabs)
+		for i := range avoid {
+			avoid[i] = failed
+		}
+		if v, _, rerr := c.allocate(ctx, id, req, avoid); rerr == nil {
+			views, err = v, nil
+		}
+	}
 	if err != nil {
 		c.m.allocFailures.Add(1)
 		return nil, err
@@ -183,25 +197,33 @@ func (c *Coordinator) Allocate(ctx context.Context, id pool.LeaseID, req pool.Al
 	return views, nil
 }
 
-func (c *Coordinator) allocate(ctx context.Context, id pool.LeaseID, req pool.AllocateRequest) ([]pool.SlabView, error) {
+// allocate is one attempt of Allocate, placing no replica on the servers
+// of avoid (per slab). It also returns the servers whose grant failed.
+func (c *Coordinator) allocate(ctx context.Context, id pool.LeaseID, req pool.AllocateRequest, avoid [][]pool.ServerID) ([]pool.SlabView, []pool.ServerID, error) {
 	now := c.clock.Now()
 	c.mu.Lock()
 	if _, err := c.liveLeaseLocked(id, now); err != nil {
 		c.mu.Unlock()
-		return nil, err
+		return nil, nil, err
 	}
 	slabs := make([]*pool.Slab, req.Slabs)
 	for i := range slabs {
 		slabs[i] = &pool.Slab{ID: c.nextSlab, Lease: id, Size: c.opts.SlabSize, Created: now, Replicas: make([]pool.Replica, 0, req.Replicas)}
 		c.nextSlab++
 	}
-	jobs, err := c.reserveLocked(slabs, req.Replicas, nil)
+	jobs, err := c.reserveLocked(slabs, req.Replicas, avoid)
 	c.mu.Unlock()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 
 	err = c.grant(ctx, jobs)
+	var failed []pool.ServerID
+	for _, j := range jobs {
+		if j.err != nil {
+			failed = append(failed, j.id)
+		}
+	}
 
 	c.mu.Lock()
 	var l *lease
@@ -225,7 +247,7 @@ func (c *Coordinator) allocate(ctx context.Context, id pool.LeaseID, req pool.Al
 		frees := c.abortLocked(jobs)
 		c.mu.Unlock()
 		c.runFrees(ctx, frees)
-		return nil, err
+		return nil, failed, err
 	}
 	views := make([]pool.SlabView, len(slabs))
 	for i, sl := range slabs {
@@ -235,7 +257,7 @@ func (c *Coordinator) allocate(ctx context.Context, id pool.LeaseID, req pool.Al
 	}
 	c.mu.Unlock()
 	c.log.Debug("allocated", zap.String("lease", string(id)), zap.Int("slabs", req.Slabs), zap.Int("replicas", req.Replicas))
-	return views, nil
+	return views, nil, nil
 }
 
 // Replace places one new replica of slab sid, to take over from the replica

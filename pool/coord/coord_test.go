@@ -170,6 +170,34 @@ func TestAllOrNothing(t *testing.T) {
 	}
 }
 
+// A server that fails its grants (killed, not yet past the heartbeat
+// timeout) does not fail allocations the other servers can take.
+func TestAllocateAvoidsServerThatFailsGrants(t *testing.T) {
+	e := newEnv(t, store.NewMem())
+	for i := range 3 {
+		e.addServer(fmt.Sprintf("s%d", i), 8, "")
+	}
+	l := e.lease("a", time.Minute)
+	e.ss.Get("s1").Fail(errors.New("connection refused"))
+	for range 6 {
+		views, err := e.c.Allocate(context.Background(), l, pool.AllocateRequest{Slabs: 1, Replicas: 2})
+		if err != nil {
+			t.Fatalf("allocation with two healthy servers: %v", err)
+		}
+		for _, r := range views[0].Replicas {
+			if r.Server == "s1" {
+				t.Fatalf("replica placed on the server that fails its grants: %+v", views[0])
+			}
+		}
+	}
+	if n := len(e.ss.Get("s1").Keys()); n != 0 {
+		t.Fatalf("%d keys on the failing server", n)
+	}
+	if sv, _ := e.c.Server("s1"); sv.FreeSlabs != 8 {
+		t.Fatalf("failing server has %d free slabs of 8: a failed attempt leaked a reservation", sv.FreeSlabs)
+	}
+}
+
 func TestFailureDomains(t *testing.T) {
 	e := newEnv(t, store.NewMem())
 	for i := range 6 {
