@@ -460,7 +460,15 @@ func TestOtherAllocators(t *testing.T) {
 			}
 			s := a.Stats(p.pid())
 			t.Logf("evicted %d pages; stats %+v", n, s)
-			if s.Regions[c.kind] == 0 || len(s.Regions) != 1 || s.Restores < n {
+			// The program reads back every page of its blocks (and checks
+			// them). An allocator in front also has chunk pages outside the
+			// blocks that it may purge (REMOVE) instead of reading again, so
+			// there only the blocks' pages must come back.
+			want := n
+			if c.front {
+				want = min(n, 24*640)
+			}
+			if s.Regions[c.kind] == 0 || len(s.Regions) != 1 || s.Restores < want {
 				t.Errorf("stats %+v: want %v regions only, all evicted pages restored", s, c.kind)
 			}
 		})
