@@ -74,7 +74,7 @@ func ParseSwaps(b []byte) ([]Swap, error) {
 		if len(f) != 5 {
 			return nil, fmt.Errorf("swapdev: %s: bad line %q", procSwaps, l)
 		}
-		s := Swap{Device: unescape(f[0]), Type: f[1]}
+		s := Swap{Device: UnescapePath(f[0]), Type: f[1]}
 		var err error
 		if s.Size, err = strconv.ParseUint(f[2], 10, 64); err == nil {
 			if s.Used, err = strconv.ParseUint(f[3], 10, 64); err == nil {
@@ -89,8 +89,9 @@ func ParseSwaps(b []byte) ([]Swap, error) {
 	return out, nil
 }
 
-// unescape undoes the kernel's octal escapes (\040 for a space) in paths.
-func unescape(s string) string {
+// UnescapePath undoes the octal escapes (\040 for a space) the kernel
+// writes in paths of /proc/swaps and /proc/*/mountinfo.
+func UnescapePath(s string) string {
 	if !strings.Contains(s, `\`) {
 		return s
 	}

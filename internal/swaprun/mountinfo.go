@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"rmem/internal/swapdev"
@@ -29,28 +28,9 @@ func ParseMountinfo(b []byte) ([]Mount, error) {
 		if !ok || len(f) < 6 || len(g) < 1 {
 			return nil, fmt.Errorf("swaprun: mountinfo: bad line %q", l)
 		}
-		out = append(out, Mount{Point: unescape(f[4]), FSType: g[0]})
+		out = append(out, Mount{Point: swapdev.UnescapePath(f[4]), FSType: g[0]})
 	}
 	return out, nil
-}
-
-// unescape undoes the kernel's octal escapes (\040 for a space).
-func unescape(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 func mounts() ([]Mount, error) {
