@@ -24,6 +24,7 @@ import (
 	"rmem/internal/cgroup"
 	"rmem/internal/swapdev"
 	"rmem/internal/swaprun"
+	"rmem/internal/swaptest"
 	"rmem/pool"
 	"rmem/pool/client"
 	"rmem/swapfs"
@@ -131,7 +132,7 @@ func swapNeeds(t testing.TB) {
 	if _, _, err := cgroup.Detect(); err != nil {
 		t.Skip(err)
 	}
-	swapTestLock(t)
+	swaptest.Lock(t)
 }
 
 // swapWorkload compiles the workload into the test's temp dir.
@@ -814,24 +815,4 @@ func TestSwapRunsShare(t *testing.T) {
 		t.Fatalf("second run exited %d", code)
 	}
 	swapNoLeftovers(t, dir, b.cmd.Process.Pid)
-}
-
-// swapTestLock serializes the tests that use or need the absence of the host's
-// swap, across test processes (go test runs packages in parallel, and two
-// go test runs may overlap): the kernel's swap is global. Its cleanup is
-// registered first, so it runs after the test's other cleanups.
-func swapTestLock(tb testing.TB) {
-	tb.Helper()
-	if err := os.MkdirAll("/run/rmem", 0o755); err != nil {
-		tb.Fatal(err)
-	}
-	f, err := os.OpenFile("/run/rmem/swap-tests.lock", os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
-		f.Close()
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() })
 }

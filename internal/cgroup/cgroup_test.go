@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"rmem/internal/swaptest"
 )
 
 func TestCreateBadName(t *testing.T) {
@@ -148,7 +148,7 @@ func TestSelfInGroup(t *testing.T) {
 // back on kills it.
 func TestOOMKillOff(t *testing.T) {
 	if os.Geteuid() == 0 {
-		lockSwapTests(t)
+		swaptest.Lock(t)
 	}
 	g := newGroup(t, 8<<20)
 	if g.Version != V1 {
@@ -191,26 +191,6 @@ func TestOOMKillOff(t *testing.T) {
 	if err := <-done; err == nil || cmd.ProcessState.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
 		t.Fatalf("the hog ended with %v, want killed by the OOM killer", err)
 	}
-}
-
-// lockSwapTests serializes the tests that use or need the absence of the host's
-// swap, across test processes (go test runs packages in parallel, and two
-// go test runs may overlap): the kernel's swap is global. Its cleanup is
-// registered first, so it runs after the test's other cleanups.
-func lockSwapTests(tb testing.TB) {
-	tb.Helper()
-	if err := os.MkdirAll("/run/rmem", 0o755); err != nil {
-		tb.Fatal(err)
-	}
-	f, err := os.OpenFile("/run/rmem/swap-tests.lock", os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
-		f.Close()
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() })
 }
 
 // hogEnv makes the test binary a child that writes every page of 64 MiB

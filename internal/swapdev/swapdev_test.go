@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"golang.org/x/sys/unix"
+	"rmem/internal/swaptest"
 )
 
 func TestParseSwaps(t *testing.T) {
@@ -83,7 +83,7 @@ func TestCommandError(t *testing.T) {
 // turns it off again, leaving no loop device.
 func TestOnOff(t *testing.T) {
 	needRoot(t)
-	lockSwapTests(t)
+	swaptest.Lock(t)
 	file := filepath.Join(t.TempDir(), "swapfile")
 	if err := os.WriteFile(file, make([]byte, 16<<20), 0o600); err != nil {
 		t.Fatal(err)
@@ -117,24 +117,4 @@ func TestOnOff(t *testing.T) {
 	if loops, err := LoopsOf(file); err != nil || len(loops) != 0 {
 		t.Fatalf("loop devices left after Off: %+v, %v", loops, err)
 	}
-}
-
-// lockSwapTests serializes the tests that use or need the absence of the host's
-// swap, across test processes (go test runs packages in parallel, and two
-// go test runs may overlap): the kernel's swap is global. Its cleanup is
-// registered first, so it runs after the test's other cleanups.
-func lockSwapTests(tb testing.TB) {
-	tb.Helper()
-	if err := os.MkdirAll("/run/rmem", 0o755); err != nil {
-		tb.Fatal(err)
-	}
-	f, err := os.OpenFile("/run/rmem/swap-tests.lock", os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
-		f.Close()
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() })
 }

@@ -14,9 +14,9 @@ import (
 
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
-	"golang.org/x/sys/unix"
 
 	"rmem/internal/cgroup"
+	"rmem/internal/swaptest"
 )
 
 func TestMain(m *testing.M) {
@@ -132,7 +132,7 @@ func TestWatchOOM(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("cgroups need root")
 	}
-	lockSwapTests(t)
+	swaptest.Lock(t)
 	if b, err := os.ReadFile("/proc/swaps"); err != nil || strings.Count(string(b), "\n") > 1 {
 		t.Skip("swap is active: the command would swap instead of waiting under OOM")
 	}
@@ -161,26 +161,6 @@ func TestWatchOOM(t *testing.T) {
 		t.Errorf("killed after %v, before the grace time", waited)
 	}
 	<-watched
-}
-
-// lockSwapTests serializes the tests that use or need the absence of the host's
-// swap, across test processes (go test runs packages in parallel, and two
-// go test runs may overlap): the kernel's swap is global. Its cleanup is
-// registered first, so it runs after the test's other cleanups.
-func lockSwapTests(tb testing.TB) {
-	tb.Helper()
-	if err := os.MkdirAll("/run/rmem", 0o755); err != nil {
-		tb.Fatal(err)
-	}
-	f, err := os.OpenFile("/run/rmem/swap-tests.lock", os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
-		f.Close()
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() })
 }
 
 // hogEnv makes the test binary a child that writes every page of 64 MiB
