@@ -123,16 +123,6 @@ does. Needs root.`,
 	return cmd
 }
 
-// poolFlags are the flags naming the pool, with --replicas defaulting to
-// automatic.
-func poolFlags(f *pflag.FlagSet) {
-	swapPoolFlags(f)
-	r := f.Lookup("replicas")
-	r.Usage = "replicas of each slab, on distinct memory servers (0: 2 when the pool has two servers or more, else 1)"
-	r.DefValue = "0"
-	r.Value.Set("0")
-}
-
 func newStatsCmd(app *cli.App) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "stats",

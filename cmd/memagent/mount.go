@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"rmem/internal/agentd"
 	"rmem/internal/cgroup"
 	"rmem/internal/cli"
 	"rmem/internal/swapdev"
@@ -28,12 +29,12 @@ import (
 	"rmem/swapfs"
 )
 
-// swapPoolFlags declares the flags that reach the pool.
-func swapPoolFlags(f *pflag.FlagSet) {
+// poolFlags declares the flags that reach the pool.
+func poolFlags(f *pflag.FlagSet) {
 	f.String("coordinator", client.DefaultURL, "coordinator URL")
 	f.String("token", "", "bearer token of the control API; default: read from --token-file")
 	f.String("token-file", "/run/rmem/token", "file holding the token")
-	f.Int("replicas", 1, "replicas of each slab, on distinct memory servers (1 to 8)")
+	f.Int("replicas", 0, "replicas of each slab, on distinct memory servers (0: 2 when the pool has two servers or more, else 1)")
 }
 
 // swapPoolArgs returns the pool flags as given, to pass them on to a
@@ -87,7 +88,7 @@ device (active swap): it refuses, logs why and keeps serving. Use
 	f.Int("workers", 4, "concurrent transfers to the pool")
 	f.Bool("mlock", true, "mlockall the daemon (it must not be swapped out itself)")
 	f.String("metrics-listen", "", "serve Prometheus /metrics on this address (e.g. 127.0.0.1:7480); off if empty")
-	swapPoolFlags(f)
+	poolFlags(f)
 	return cmd
 }
 
@@ -104,7 +105,7 @@ func runMount(app *cli.App, dir string) error {
 	if err != nil {
 		return err
 	}
-	replicas, err := app.Int("replicas", 1, 8)
+	replicas, err := app.Int("replicas", 0, 8)
 	if err != nil {
 		return err
 	}
@@ -132,6 +133,13 @@ func runMount(app *cli.App, dir string) error {
 	defer pc.CloseIdleConnections()
 	host, _ := os.Hostname()
 	ctx := context.Background()
+	if replicas == 0 {
+		st, err := pc.Status(ctx)
+		if err != nil {
+			return fmt.Errorf("%w (is memd running? see --coordinator): %w", agentd.ErrNoCoordinator, err)
+		}
+		replicas = agentd.ChooseReplicas(st.ServersUp, 0, log)
+	}
 	store, err := poolstore.Open(ctx, poolstore.Options{
 		Pool: pc, Agent: "memagent-swap@" + host, Node: host, PID: os.Getpid(),
 		Replicas: replicas, Log: log.Named("poolstore"),

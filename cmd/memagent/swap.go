@@ -89,7 +89,7 @@ func swapRunFlags(cmd *cobra.Command) {
 	f.String("swap-dir", "", "swap mode: where to mount that swap file (default: a new directory under /run/rmem)")
 	f.String("oom-grace", "20s", "swap mode, cgroup v1: how long CMD may wait at its limit for swap before the OOM killer may act (0: at once)")
 	if f.Lookup("coordinator") == nil {
-		swapPoolFlags(f)
+		poolFlags(f)
 	}
 }
 

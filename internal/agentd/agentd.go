@@ -86,7 +86,7 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w (is memd running? see --coordinator): %w", ErrNoCoordinator, err)
 	}
-	replicas := chooseReplicas(st.ServersUp, opts.Replicas, log)
+	replicas := ChooseReplicas(st.ServersUp, opts.Replicas, log)
 	host, _ := os.Hostname()
 	store, err := poolstore.Open(ctx, poolstore.Options{
 		Pool: opts.Pool, Agent: "memagent@" + host, Node: host, PID: os.Getpid(),
@@ -124,9 +124,9 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 	return d, nil
 }
 
-// chooseReplicas resolves 0 to 2 where the pool has two or more servers up,
-// else 1 with a warning.
-func chooseReplicas(serversUp, want int, log *zap.Logger) int {
+// ChooseReplicas resolves a --replicas of 0: 2 where the pool has two or
+// more servers up, else 1 with a warning.
+func ChooseReplicas(serversUp, want int, log *zap.Logger) int {
 	if want != 0 {
 		return want
 	}
