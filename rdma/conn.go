@@ -54,6 +54,11 @@ type DialOptions struct {
 	// TLS, when set, wraps the connection in TLS (providers that cross
 	// hosts: tcp). Providers that cannot use it ignore it.
 	TLS *tls.Config
+	// ThreadWait makes Wait block the calling OS thread in the kernel
+	// rather than park the goroutine in Go's scheduler: for callers locked
+	// to their thread (the pager's fault loops), where a park costs two
+	// thread hand-offs. Providers without a blocking wait ignore it.
+	ThreadWait bool
 }
 
 // Validate checks the options, naming the bad field.

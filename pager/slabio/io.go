@@ -35,6 +35,7 @@ var SpinPoll time.Duration
 // preallocated work requests, for one goroutine.
 type IO struct {
 	t     *Table
+	dial  rdma.DialOptions
 	depth int
 	peers map[connKey]*peer
 
@@ -56,11 +57,15 @@ type IO struct {
 	srv []string
 }
 
-// NewIO returns an IO over t. Connections are dialled on first use.
+// NewIO returns an IO over t. Connections are dialled on first use, with
+// ThreadWait: an IO belongs to one goroutine, typically a fault loop
+// locked to its OS thread.
 func (t *Table) NewIO() *IO {
 	d := t.dial.QueueDepth()
+	dial := t.dial
+	dial.ThreadWait = true
 	return &IO{
-		t: t, depth: d, peers: map[connKey]*peer{},
+		t: t, dial: dial, depth: d, peers: map[connKey]*peer{},
 		active: make([]*peer, 0, 16),
 		wrs:    make([]rdma.WorkRequest, 2*d), cqes: make([]rdma.Completion, d),
 		next: make([]uint8, d), why: make([]uint8, d), via: make([]*peer, d),
@@ -90,7 +95,7 @@ func (io *IO) peer(ctx context.Context, r *Replica) *peer {
 		io.peers[k] = p
 	}
 	if p.c == nil && !p.dialErr {
-		c, err := rdma.Dial(ctx, r.Network, r.Addr, io.t.dial)
+		c, err := rdma.Dial(ctx, r.Network, r.Addr, io.dial)
 		if err != nil {
 			p.dialErr = true
 			return nil

@@ -47,7 +47,9 @@ func Dial(ctx context.Context, addr string, opts rdma.DialOptions) (rdma.Conn, e
 		nc.Close()
 		return nil, fmt.Errorf("rdma/tcp: dial %s: %w", addr, err)
 	}
-	return newConn(nc, opts.QueueDepth()), nil
+	c := newConn(nc, opts.QueueDepth())
+	c.rd.SetThreadWait(opts.ThreadWait)
+	return c, nil
 }
 
 // newConn wraps a connection whose handshake is done.
@@ -308,13 +310,24 @@ func (c *conn) readUntilProgress(ctx context.Context) error {
 func (c *conn) Close() error {
 	c.closeOnce.Do(func() {
 		c.q.Close()
-		c.nc.Close()
+		c.closeNC()
 	})
 	return nil
 }
 
 func (c *conn) fail(err error) {
 	c.q.Fail(err)
+	c.closeNC()
+}
+
+// closeNC closes the socket. A reader waiting in poll(2) (thread wait)
+// holds a reference that net.Conn.Close waits for: shutting the read side
+// down first wakes it at once.
+func (c *conn) closeNC() {
+	if tc, ok := c.nc.(*net.TCPConn); ok {
+		tc.CloseRead()
+	}
+	c.rd.Interrupt()
 	c.nc.Close()
 }
 

@@ -57,6 +57,15 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+// TestConformanceThreadWait: the same suite with Wait blocking the thread
+// in poll(2) (the pager's fault loops dial this way): deadlines,
+// cancellation and Close of a waiting connection must still end the wait.
+func TestConformanceThreadWait(t *testing.T) {
+	rdmatest.RunConformance(t, func(t *testing.T) *rdmatest.Env {
+		return newEnv(t, rdma.ListenOptions{}, rdma.DialOptions{ThreadWait: true})
+	})
+}
+
 func TestMaxConns(t *testing.T) {
 	e := newEnv(t, rdma.ListenOptions{MaxConns: 1}, rdma.DialOptions{})
 	ctx := context.Background()
@@ -119,8 +128,17 @@ func TestWaitWithDeadlineDoesNotAllocate(t *testing.T) {
 }
 
 // TestWaitReturnsOnContext: a server that accepts and then never answers
-// must not hang Wait, with a deadline or with a cancel-only ctx.
+// must not hang Wait, with a deadline, with a cancel-only ctx, or when
+// another goroutine closes the connection; in both wait modes.
 func TestWaitReturnsOnContext(t *testing.T) {
+	for _, tw := range []bool{false, true} {
+		t.Run(map[bool]string{false: "netpoller", true: "ThreadWait"}[tw], func(t *testing.T) {
+			testWaitReturnsOnContext(t, tw)
+		})
+	}
+}
+
+func testWaitReturnsOnContext(t *testing.T, threadWait bool) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -140,7 +158,7 @@ func TestWaitReturnsOnContext(t *testing.T) {
 		s.Write(b[:])
 		io.Copy(io.Discard, s) // read requests, answer nothing
 	})
-	c, err := Dial(context.Background(), ln.Addr().String(), rdma.DialOptions{})
+	c, err := Dial(context.Background(), ln.Addr().String(), rdma.DialOptions{ThreadWait: threadWait})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,8 +177,23 @@ func TestWaitReturnsOnContext(t *testing.T) {
 	if _, err := c.Wait(ctx2, cq); !errors.Is(err, context.Canceled) {
 		t.Fatalf("wait with a cancelled ctx: %v", err)
 	}
-	// The request is still outstanding; closing completes nothing but ends it.
+	// The request is still outstanding: a Close from another goroutine
+	// ends a Wait blocked without a deadline.
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Wait(context.Background(), cq)
+		done <- err
+	}()
+	time.Sleep(30 * time.Millisecond)
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("wait after close: no error")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not end a blocked Wait")
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -32,7 +33,26 @@ type Reader struct {
 
 	deadline      time.Time // read deadline the caller wants
 	deadlineDirty bool      // the conn's deadline may differ from deadline
+
+	// threadWait: a blocking Readv waits in poll(2) on the calling thread
+	// instead of parking the goroutine in Go's netpoller. stop is
+	// Interrupt's flag for that wait.
+	threadWait bool
+	stop       atomic.Bool
 }
+
+// threadPollSlice bounds one poll(2) of a thread wait, so that Interrupt
+// (which cannot wake a poll) is noticed within it.
+const threadPollSlice = 10 * time.Millisecond
+
+// SetThreadWait makes blocking reads wait in poll(2) on the calling OS
+// thread rather than in Go's netpoller. For a goroutine locked to its
+// thread (runtime.LockOSThread) a netpoller wait costs two thread
+// hand-offs through the scheduler (the locked M gives its P away and
+// sleeps; whoever finds the goroutine ready must wake that M), several
+// times a loopback round trip on a small VM; a poll(2) wakes the thread
+// directly. Call it before the first Readv.
+func (r *Reader) SetThreadWait(on bool) { r.threadWait = on }
 
 // SetDeadline sets the read deadline for blocking reads (zero: none). It
 // only touches the connection when the value changes.
@@ -41,6 +61,7 @@ func (r *Reader) SetDeadline(t time.Time) error {
 		return nil
 	}
 	r.deadline, r.deadlineDirty = t, false
+	r.stop.Store(false)
 	return r.nc.SetReadDeadline(t)
 }
 
@@ -48,6 +69,7 @@ func (r *Reader) SetDeadline(t time.Time) error {
 // called from another goroutine. The next SetDeadline restores the
 // deadline.
 func (r *Reader) Interrupt() {
+	r.stop.Store(true)
 	r.nc.SetReadDeadline(time.Unix(1, 0))
 }
 
@@ -81,6 +103,13 @@ func (r *Reader) readvFD(fd uintptr) bool {
 		case unix.EINTR:
 			continue
 		case unix.EAGAIN:
+			if r.wait && r.threadWait {
+				if perr := r.pollIn(int(fd)); perr != nil {
+					r.n, r.err = 0, perr
+					return true
+				}
+				continue
+			}
 			if r.wait {
 				return false // let the poller wait for readability
 			}
@@ -89,6 +118,33 @@ func (r *Reader) readvFD(fd uintptr) bool {
 		}
 		r.n, r.err = n, err
 		return true
+	}
+}
+
+// pollIn waits on this thread until fd is readable, the deadline passes
+// or Interrupt is called (both: os.ErrDeadlineExceeded).
+func (r *Reader) pollIn(fd int) error {
+	for {
+		if r.stop.Load() {
+			return os.ErrDeadlineExceeded
+		}
+		slice := threadPollSlice
+		if !r.deadline.IsZero() {
+			left := time.Until(r.deadline)
+			if left <= 0 {
+				return os.ErrDeadlineExceeded
+			}
+			slice = min(slice, left)
+		}
+		pfd := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(pfd[:], int((slice+time.Millisecond-1)/time.Millisecond))
+		switch {
+		case err == unix.EINTR:
+		case err != nil:
+			return err
+		case n > 0:
+			return nil // readable, or an error/hang-up readv will report
+		}
 	}
 }
 
