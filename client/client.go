@@ -63,8 +63,10 @@ func Connect(path string) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("client: %w", err)
 	}
+	// No FeatureEventRemove: each REMOVE event would block our eviction's
+	// MADV_DONTNEED until the agent read it (see preload's UFFD_FEATURES).
 	want := userfaultfd.FeaturePagefaultFlagWP | userfaultfd.FeatureEventRemap |
-		userfaultfd.FeatureEventRemove | userfaultfd.FeatureEventUnmap
+		userfaultfd.FeatureEventUnmap
 	if !avail.Has(want) {
 		return nil, fmt.Errorf("client: kernel lacks userfaultfd features %v: %w", want&^avail, userfaultfd.ErrFeature)
 	}
@@ -232,7 +234,23 @@ func (c *Client) routineHelper() {
 	oob := make([]byte, proto.OOBSize)
 	var fds [proto.MaxFDs]int
 	var ev proto.Evict
+	rc, rcErr := c.conn.SyscallConn()
+	wait := func(fd uintptr) bool {
+		pfd := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		for {
+			if _, err := unix.Poll(pfd[:], -1); err != unix.EINTR {
+				return true
+			}
+		}
+	}
 	for {
+		// Wait in poll(2) on this locked thread: a wait in Go's netpoller
+		// makes a locked thread give its P away and be woken through the
+		// scheduler, two thread switches per EVICT. Close shuts the
+		// socket down first, which ends the poll.
+		if rcErr == nil {
+			rc.Read(wait)
+		}
 		pkt, nfds, err := proto.Recv(c.conn, buf, oob, fds[:])
 		for _, fd := range fds[:nfds] {
 			unix.Close(fd)
@@ -271,20 +289,25 @@ func (c *Client) routineHelper() {
 	}
 }
 
-// evict copies each victim to its staging slot and drops it. The agent
-// has write-protected the pages, so they cannot change meanwhile.
+// evict copies each victim to its staging slot (unless it has none: the
+// pool holds it, or nothing is mapped there) and drops it. The agent has
+// write-protected the pages, so they cannot change meanwhile.
 //
-// Each run of adjacent victims is dropped with one madvise: every madvise
-// of a registered range makes the agent's ioctls fail with EAGAIN until
-// its REMOVE event is read, so fewer calls mean fewer retries there.
+// Each run of adjacent victims is dropped with one madvise.
 func (c *Client) evict(ev *proto.Evict) (uint32, unix.Errno) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	pages := ev.Pages[:ev.N]
 	for i, p := range pages {
 		page := c.page(uintptr(p.Addr))
-		if page == nil || int(p.Slot+1)*pageSize > len(c.staging) {
+		if page == nil {
 			return c.drop(pages[:i]), unix.EFAULT
+		}
+		if p.Slot == proto.NoSlot {
+			continue
+		}
+		if (int(p.Slot)+1)*pageSize > len(c.staging) {
+			return c.drop(pages[:i]), unix.EINVAL
 		}
 		copy(c.staging[int(p.Slot)*pageSize:], page)
 	}
@@ -383,6 +406,7 @@ func (c *Client) Close() error {
 	c.mu.Lock()
 	c.closed = true
 	c.mu.Unlock()
+	c.conn.CloseRead() // wakes the helper's poll
 	c.conn.Close()
 	<-c.done
 	unix.Munmap(c.staging)

@@ -34,7 +34,11 @@
 // plain thread). With GOMAXPROCS=1 faults past the budget are slow: the
 // helper runs only when the scheduler preempts the faulting goroutine.
 //
-// Do not fork without exec: the child is not paged.
+// Do not fork without exec: the child is not paged. Do not give pages of
+// a mapping back with madvise(MADV_DONTNEED): the agent is not told (the
+// shim tells it with REGION_ZAP; this package asks the kernel for no
+// REMOVE events), so evicted pages would come back with their old
+// contents. Unmap instead.
 //
 // # Concurrency
 //

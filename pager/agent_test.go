@@ -172,7 +172,7 @@ func skipUnlessUFFD(t *testing.T) {
 	if err != nil {
 		t.Skipf("no userfaultfd: %v", err)
 	}
-	want := userfaultfd.FeaturePagefaultFlagWP | userfaultfd.FeatureEventRemove | userfaultfd.FeatureEventUnmap
+	want := userfaultfd.FeaturePagefaultFlagWP | userfaultfd.FeatureEventUnmap
 	if !avail.Has(want) {
 		t.Skipf("kernel lacks userfaultfd features %v", want&^avail)
 	}

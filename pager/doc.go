@@ -51,7 +51,8 @@
 //
 // The agent never touches a client's registered memory: it reads and
 // writes pages only through UFFDIO_COPY, its own buffers and the staging
-// memfd. Non-cooperative events (REMOVE, UNMAP, FORK) block the client
+// memfd. Non-cooperative events (UNMAP, FORK; REMOVE for a client that
+// asks for it, which the shim and the Go client do not) block the client
 // until the loop reads them, so a loop never waits for the client while it
 // has unread uffd messages: it only blocks in remote I/O (bounded by the
 // Store's connections) and in sending a small packet. One EVICT is in

@@ -177,6 +177,12 @@ func (c *client) message(h proto.Header, body []byte) error {
 			return err
 		}
 		return c.reply(h.Seq, c.delRegion(&m))
+	case proto.TypeRegionZap:
+		var m proto.RegionZap
+		if err := m.Decode(body); err != nil {
+			return err
+		}
+		return c.reply(h.Seq, c.zapRegion(&m))
 	case proto.TypeEvicted:
 		var m proto.Evicted
 		if err := m.Decode(body); err != nil {
@@ -243,6 +249,27 @@ func (c *client) delRegion(m *proto.RegionDel) error {
 		return errWithErrno(unix.EINVAL, "range is not page aligned inside the region")
 	}
 	c.dropRange(m.Range, true)
+	return nil
+}
+
+// zapRegion forgets the pages of a range the program is dropping
+// (MADV_DONTNEED): they read as zeros from now on. A page being evicted
+// becomes Absent too, still busy: evicted sees that and keeps it Absent.
+func (c *client) zapRegion(m *proto.RegionZap) error {
+	r := c.regs.byID(m.ID)
+	if r == nil {
+		return errWithErrno(unix.ENOENT, "no such region")
+	}
+	end, ok := m.Range.End()
+	if !ok || m.Range.Start < r.start || end > r.end() || !m.Range.PageAligned(pageSize) {
+		return errWithErrno(unix.EINVAL, "range is not page aligned inside the region")
+	}
+	from := int(uint64(m.Range.Start-r.start) / pageSize)
+	for idx := from; idx < from+int(m.Range.Len/pageSize); idx++ {
+		if r.pages[idx].State() != Absent {
+			c.dropPage(r, idx)
+		}
+	}
 	return nil
 }
 

@@ -2,6 +2,7 @@ package pager
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -10,10 +11,20 @@ import (
 	"rmem/userfaultfd"
 )
 
+// Eviction batch bounds.
+const (
+	// maxVictims is the most pages one eviction batch takes off the
+	// budget.
+	maxVictims = 128
+)
+
 // maybeEvict starts an eviction batch when resident pages are past the
 // high watermark: CLOCK picks victims, they are write-protected (a write
-// from now on faults to us and waits), given staging slots, and named in an
-// EVICT to the client's helper thread. One batch is in flight at a time.
+// from now on faults to us and waits) and named in an EVICT to the
+// client's helper thread, dirty ones with a staging slot to copy them to,
+// clean ones (the pool has them) without. One batch is in flight at a
+// time. Victims are sorted so that adjacent ones share a WRITEPROTECT
+// here and a MADV_DONTNEED in the helper.
 func (c *client) maybeEvict() {
 	c.updatePrefetchStats()
 	if c.conn == nil || c.evictBusy || len(c.slotFree) == 0 {
@@ -24,12 +35,18 @@ func (c *client) maybeEvict() {
 	if need <= 0 {
 		return
 	}
-	need = min(need, proto.MaxEvictBatch, len(c.slotFree))
+	need = min(need, maxVictims, len(c.slotFree))
 	n := c.clock.Victims(c.regs.tables, c.victims[:need])
 	if n == 0 {
 		return
 	}
 	victims := c.victims[:n]
+	slices.SortFunc(victims, func(a, b Victim) int {
+		if a.Table != b.Table {
+			return a.Table - b.Table
+		}
+		return a.Page - b.Page
+	})
 	if err := c.ensureSlabs(victims); err != nil {
 		c.log.Error("no remote memory for eviction; staying over budget", zap.Error(err))
 		for _, v := range victims {
@@ -39,12 +56,12 @@ func (c *client) maybeEvict() {
 	}
 	k := 0
 	for i := 0; i < len(victims); {
-		// One WRITEPROTECT per run of adjacent victims.
+		r := c.regs.list[victims[i].Table]
 		j := i + 1
 		for j < len(victims) && victims[j].Table == victims[i].Table && victims[j].Page == victims[j-1].Page+1 {
 			j++
 		}
-		r := c.regs.list[victims[i].Table]
+		// One WRITEPROTECT per run of adjacent victims.
 		run := userfaultfd.Range{Start: r.addr(victims[i].Page), Len: uint64(j-i) * pageSize}
 		if err := c.uffd.WriteProtect(run); err != nil {
 			if !userfaultfd.IsMMChanged(err) {
@@ -57,9 +74,12 @@ func (c *client) maybeEvict() {
 			continue
 		}
 		for _, v := range victims[i:j] {
-			slot := c.slotFree[len(c.slotFree)-1]
-			c.slotFree = c.slotFree[:len(c.slotFree)-1]
-			c.slotOwner[slot] = pageRef{r, v.Page}
+			slot := proto.NoSlot
+			if r.pages[v.Page].Has(FlagDirty) {
+				slot = c.slotFree[len(c.slotFree)-1]
+				c.slotFree = c.slotFree[:len(c.slotFree)-1]
+				c.slotOwner[slot] = pageRef{r, v.Page}
+			}
 			c.evict.Pages[k] = proto.EvictPage{Addr: r.addr(v.Page), Slot: slot}
 			c.evictRefs[k] = pageRef{r, v.Page}
 			k++
@@ -77,7 +97,9 @@ func (c *client) maybeEvict() {
 		for i := 0; i < k; i++ {
 			ref := c.evictRefs[i]
 			ref.r.pages[ref.idx] &^= FlagBusy
-			c.freeSlot(int(c.evict.Pages[i].Slot))
+			if s := c.evict.Pages[i].Slot; s != proto.NoSlot {
+				c.freeSlot(int(s))
+			}
 		}
 		c.dropConn()
 		return
@@ -125,7 +147,8 @@ func (c *client) evicted(m *proto.Evicted) {
 		c.log.Warn("EVICTED for a batch not in flight", zap.Uint64("batch", m.Batch))
 		return
 	}
-	// The batch's REMOVE events (the client's madvise) were read before it
+	// A client that asked for REMOVE events (the shim and the Go client
+	// do not): the batch's REMOVE events (its madvise) were read before it
 	// sent EVICTED, but may wait in c.early (read ahead by again): handle
 	// them while the pages are still busy, so they do not drop the
 	// contents just saved.
@@ -142,20 +165,26 @@ func (c *client) evicted(m *proto.Evicted) {
 	for i := 0; i < c.evict.N; i++ {
 		ref := c.evictRefs[i]
 		slot := int(c.evict.Pages[i].Slot)
+		hasSlot := c.evict.Pages[i].Slot != proto.NoSlot
 		r, idx := ref.r, ref.idx
 		if r.gone {
-			c.freeSlot(slot)
+			if hasSlot {
+				c.freeSlot(slot)
+			}
 			continue
 		}
 		p := r.pages[idx] &^ FlagBusy
-		if i >= done {
-			// Not evicted: still mapped (and write-protected).
+		if i >= done || p.State() != Resident {
+			// Not evicted (still mapped, and write-protected), or
+			// dropped by the program meanwhile (REGION_ZAP): Absent.
 			r.pages[idx] = p
-			c.freeSlot(slot)
+			if hasSlot {
+				c.freeSlot(slot)
+			}
 			continue
 		}
 		c.st.evictions.Add(1)
-		if p.Has(FlagDirty) {
+		if p.Has(FlagDirty) && hasSlot {
 			c.set(r, idx, (p &^ (FlagDirty | FlagRef | FlagPrefetched)).With(Staged))
 			c.staged++
 			c.wb = append(c.wb, PageOp{Slab: r.slabs[idx/spp], Off: uint64(idx%spp) * pageSize,
@@ -181,6 +210,9 @@ func (c *client) evicted(m *proto.Evicted) {
 	c.resolveHeld()
 	for i := 0; i < done; i++ {
 		ref := c.evictRefs[i]
+		if c.evict.Pages[i].Slot == proto.NoSlot {
+			continue
+		}
 		slot := int(c.evict.Pages[i].Slot)
 		if c.slotOwner[slot] == ref && !ref.r.gone && ref.r.pages[ref.idx].State() == Remote {
 			c.freeSlot(slot)

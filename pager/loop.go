@@ -147,11 +147,11 @@ func (a *Agent) newClient(u *userfaultfd.UFFD, features userfaultfd.Feature) (*c
 		held:  make([]heldFault, 0, maxHeld), retry: make([]heldFault, 0, maxHeld),
 		retrySpare: make([]heldFault, 0, maxHeld),
 		early:      make([]userfaultfd.Msg, 0, maxMsgs), earlySpare: make([]userfaultfd.Msg, 0, maxMsgs),
-		victims:   make([]Victim, proto.MaxEvictBatch),
+		victims:   make([]Victim, maxVictims),
 		zeros:     make([]byte, pageSize),
 		stagingFD: sfd, staging: staging,
 		slotFree: make([]uint32, 0, slots), slotOwner: make([]pageRef, slots),
-		wb: make([]PageOp, 0, proto.MaxEvictBatch), wbRef: make([]int, 0, proto.MaxEvictBatch),
+		wb: make([]PageOp, 0, maxVictims), wbRef: make([]int, 0, maxVictims),
 		sendBuf: make([]byte, 0, proto.MaxPacket), recvBuf: make([]byte, proto.MaxPacket),
 		oob: make([]byte, proto.OOBSize),
 	}
@@ -281,7 +281,7 @@ func (c *client) throttle(since time.Time) bool {
 	if c.conn == nil || !c.evictBusy && len(c.slotFree) == 0 {
 		return false
 	}
-	over := int(c.st.resident.Load())+len(c.reads) >= c.a.budgetPages()+proto.MaxEvictBatch
+	over := int(c.st.resident.Load())+len(c.reads) >= c.a.budgetPages()+maxVictims
 	return over && time.Since(since) < maxThrottle
 }
 
@@ -492,9 +492,15 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 			c.st.latency.Observe(time.Since(since))
 			return
 		}
-		// A write to a page that is not mapped any more: it faults again
-		// as MISSING.
-		c.uffd.Wake(pageRange(a))
+		// A write to a page we do not hold mapped: most often it is
+		// not mapped any more (evicted since the fault was raised) and
+		// faults again as MISSING once woken. Unprotecting instead of
+		// only waking also lets a write through to a page that is mapped
+		// after all (a REGION_ZAP whose madvise then failed) instead of
+		// faulting forever; it is a no-op on an unmapped page.
+		if err := c.uffd.Unprotect(pageRange(a), 0); err != nil {
+			c.uffd.Wake(pageRange(a))
+		}
 		return
 	}
 	if st := p.State(); (st == Absent || st == Remote || st == Staged) && c.throttle(since) {
@@ -511,7 +517,23 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 			c.hold(&c.retry, heldFault{pageRef{r, idx}, flags, since})
 		}
 	case Resident:
-		c.uffd.Wake(pageRange(a)) // a repeated fault
+		// A repeated fault (EEXIST: woken), or the page was dropped
+		// behind our back (a raw madvise(MADV_DONTNEED) system call, see
+		// docs/pager.md): it reads as zeros now.
+		_, err := c.uffd.ZeroPage(pageRange(a), 0)
+		if c.again(err) {
+			_, err = c.uffd.ZeroPage(pageRange(a), 0)
+		}
+		switch {
+		case err == nil:
+			c.st.zeroFills.Add(1)
+			c.set(r, idx, p|FlagDirty|FlagRef)
+			c.st.latency.Observe(time.Since(since))
+		case userfaultfd.IsExist(err):
+			c.uffd.Wake(pageRange(a))
+		case userfaultfd.IsMMChanged(err):
+			c.hold(&c.retry, heldFault{pageRef{r, idx}, flags, since})
+		}
 	case Remote:
 		if p.Has(FlagFetch) {
 			return // already in this batch

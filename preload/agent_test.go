@@ -66,6 +66,7 @@ type agentStats struct {
 	Evicted     int
 	HeldFaults  int // faults on pages while their eviction was in flight
 	RemoveEvts  int
+	Zaps        int // REGION_ZAPs
 	UnmapEvts   int
 	ForkEvents  int
 	ForkChild   bool
@@ -601,6 +602,14 @@ func (c *agentClient) handleMsg(sm sockMsg, ev *eviction) *eviction {
 		c.stats.Deletes++
 		c.smu.Unlock()
 		c.reply(sm.h.Seq, nil)
+	case *proto.RegionZap:
+		// The program drops these pages (madvise after our ACK): they
+		// read as zeros from now on.
+		c.forget(m.Range)
+		c.smu.Lock()
+		c.stats.Zaps++
+		c.smu.Unlock()
+		c.reply(sm.h.Seq, nil)
 	case *proto.Evicted:
 		return c.finishBatch(m, ev)
 	default:
@@ -749,7 +758,7 @@ func (c *agentClient) nextBatch(ev *eviction) *eviction {
 	for len(ev.pending) > 0 {
 		var m proto.Evict
 		ev.batch = ev.batch[:0]
-		for len(ev.pending) > 0 && m.N < proto.MaxEvictBatch {
+		for len(ev.pending) > 0 && m.N < testSlots {
 			p := ev.pending[0]
 			ev.pending = ev.pending[1:]
 			err := c.uffd.WriteProtect(userfaultfd.Range{Start: p, Len: userfaultfd.PageSize})

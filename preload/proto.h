@@ -1,4 +1,4 @@
-/* The shim <-> memagent wire protocol, version 1: the C mirror of the Go
+/* The shim <-> memagent wire protocol, version 2: the C mirror of the Go
  * package rmem/pager/proto (which is the reference, with the rules in
  * docs/pager.md). One SOCK_SEQPACKET packet per message: a 16-byte
  * little-endian header, then a fixed-layout body; descriptors ride as
@@ -10,8 +10,9 @@
 #include <stdint.h>
 
 #define RMEM_MAGIC 0x4d454d52u /* "RMEM" */
-#define RMEM_VERSION 1
-#define RMEM_MAX_EVICT_BATCH 64
+#define RMEM_VERSION 2
+#define RMEM_MAX_EVICT_BATCH 256
+#define RMEM_NO_SLOT 0xffffffffu /* EVICT entry: drop without copying */
 #define RMEM_MAX_ERROR_TEXT 200
 #define RMEM_MAX_STAGING_SLOTS (1u << 16)
 #define RMEM_MAX_PACKET (16 + 16 + RMEM_MAX_EVICT_BATCH * 16)
@@ -30,6 +31,7 @@ enum rmem_type {
 	RMEM_ERROR = 6,
 	RMEM_EVICT = 7,   /* agent -> shim helper thread */
 	RMEM_EVICTED = 8, /* shim -> agent */
+	RMEM_REGION_ZAP = 9, /* shim -> agent, body struct rmem_region_del; reply ACK or ERROR */
 };
 
 struct rmem_hdr {
@@ -87,7 +89,7 @@ struct rmem_error {
 
 struct rmem_evict_page {
 	uint64_t addr;
-	uint32_t slot;
+	uint32_t slot; /* staging slot, or RMEM_NO_SLOT: drop only */
 	uint32_t reserved;
 };
 
@@ -111,7 +113,7 @@ _Static_assert(sizeof(struct rmem_region_add) == 32, "REGION_ADD layout");
 _Static_assert(sizeof(struct rmem_region_del) == 24, "REGION_DEL layout");
 _Static_assert(sizeof(struct rmem_ack) == 8, "ACK layout");
 _Static_assert(sizeof(struct rmem_evict_page) == 16, "EVICT entry layout");
-_Static_assert(sizeof(struct rmem_evict) == 16 + 64 * 16, "EVICT layout");
+_Static_assert(sizeof(struct rmem_evict) == 16 + RMEM_MAX_EVICT_BATCH * 16, "EVICT layout");
 _Static_assert(sizeof(struct rmem_evicted) == 16, "EVICTED layout");
 _Static_assert(16 + sizeof(struct rmem_evict) == RMEM_MAX_PACKET, "max packet");
 

@@ -23,6 +23,8 @@ func TestCLayoutMatchesGo(t *testing.T) {
 	ev := &proto.Evict{Batch: 9, N: 2}
 	ev.Pages[0] = proto.EvictPage{Addr: 0x1000}
 	ev.Pages[1] = proto.EvictPage{Addr: 0x3000, Slot: 5}
+	ev2 := &proto.Evict{Batch: 10, N: 1}
+	ev2.Pages[0] = proto.EvictPage{Addr: 0x5000, Slot: proto.NoSlot}
 	want := []proto.Message{
 		&proto.Hello{PID: 1234, PPID: 1, Features: 0x1cb, PageSize: 4096, Flags: proto.HelloUFFD},
 		&proto.RegionAdd{ID: 7, Range: userfaultfd.Range{Start: 0x7f0000000000, Len: 1 << 20}, Kind: proto.KindMmap},
@@ -31,6 +33,8 @@ func TestCLayoutMatchesGo(t *testing.T) {
 		ev,
 		&proto.Welcome{ClientID: 3, MinAlloc: 1 << 20, StagingSlots: 64, Flags: proto.WelcomeUFFD},
 		&proto.Error{Seq: 2, Errno: unix.ENOMEM, Text: "no memory"},
+		&proto.RegionZap{ID: 7, Range: userfaultfd.Range{Start: 0x7f0000002000, Len: 4096}},
+		ev2,
 	}
 	for i, w := range want {
 		if len(out) < 4 {

@@ -260,8 +260,8 @@ func TestAllocatorChunks(t *testing.T) {
 	p.expect("ok")
 	p.wait()
 	s := a.Stats(p.pid())
-	if s.Regions[proto.KindMmap] != 4 || s.RemoveEvts == 0 {
-		t.Errorf("stats %+v: want 4 mmap regions and a REMOVE event", s)
+	if s.Regions[proto.KindMmap] != 4 || s.Zaps < 2 || s.RemoveEvts != 0 {
+		t.Errorf("stats %+v: want 4 mmap regions, REGION_ZAPs for both madvise calls and no REMOVE event", s)
 	}
 }
 
@@ -503,6 +503,8 @@ func TestBadCommandsFromAgent(t *testing.T) {
 		{"beyond the region", region + 2<<20, 0, "bad address"},
 		{"unaligned", region + 8, 0, "invalid argument"},
 		{"slot beyond staging", region, testSlots, "invalid argument"},
+		{"drop-only entry, unmapped address", 0x10000, proto.NoSlot, "bad address"},
+		{"drop-only entry, unaligned", region + 8, proto.NoSlot, "invalid argument"},
 	} {
 		m, err := a.Inject(p.pid(), evictPkt(c.addr, c.slot), true)
 		if err != nil {

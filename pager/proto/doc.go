@@ -24,8 +24,9 @@
 //
 // # Compatibility
 //
-// Version 1. Changes are additive: a new message type, or a new flag bit
-// that old peers may ignore. A change of any existing layout bumps
+// Version 2 (version 1 had no NoSlot EVICT entries and at most 64 of
+// them). Changes are additive: a new message type, or a new flag bit that
+// old peers may ignore. A change of any existing layout or meaning bumps
 // Version.
 //
 // # Concurrency

@@ -228,6 +228,43 @@ func (m *RegionDel) Decode(body []byte) error {
 	return nil
 }
 
+// RegionZap says that Range, part or all of region ID, is being dropped by
+// the program (MADV_DONTNEED, MADV_FREE; the shim calls madvise after the
+// ACK): its pages read as zeros from now on, so the agent forgets what it
+// holds for them. The shim asks the kernel for
+// no REMOVE events (each blocks the madvising thread until the agent reads
+// it, which made every eviction run a thread round trip): this message is
+// how the agent learns of the program's own drops. Same layout as
+// REGION_DEL.
+type RegionZap struct {
+	ID    uint64
+	Range userfaultfd.Range
+}
+
+func (*RegionZap) Type() Type { return TypeRegionZap }
+
+func (m *RegionZap) Encode(b []byte, seq uint32) []byte {
+	b = appendHeader(b, TypeRegionZap, seq, regionDelSize)
+	b = le.AppendUint64(b, m.ID)
+	b = le.AppendUint64(b, uint64(m.Range.Start))
+	return le.AppendUint64(b, m.Range.Len)
+}
+
+func (m *RegionZap) Decode(body []byte) error {
+	if err := checkLen(TypeRegionZap, body, regionDelSize); err != nil {
+		return err
+	}
+	r := RegionZap{
+		ID:    le.Uint64(body),
+		Range: userfaultfd.Range{Start: userfaultfd.Addr(le.Uint64(body[8:])), Len: le.Uint64(body[16:])},
+	}
+	if err := checkRange(TypeRegionZap, r.Range); err != nil {
+		return err
+	}
+	*m = r
+	return nil
+}
+
 func checkRange(t Type, r userfaultfd.Range) error {
 	if r.Len == 0 || !r.WellFormed() {
 		return fmt.Errorf("%w: %v range %v", ErrMalformed, t, r)
@@ -302,15 +339,20 @@ func (m *Error) Decode(body []byte) error {
 	return nil
 }
 
-// EvictPage names one victim: the page at Addr goes to staging slot Slot.
+// EvictPage names one victim: the page at Addr goes to staging slot Slot,
+// or, with Slot NoSlot, is dropped without a copy.
 type EvictPage struct {
 	Addr userfaultfd.Addr
 	Slot uint32
 }
 
 // Evict asks the shim's helper thread to copy each page into its staging
-// slot and then drop it (MADV_DONTNEED). The agent has write-protected
-// the pages first.
+// slot (unless NoSlot) and then drop it (MADV_DONTNEED, one call per run
+// of adjacent entries). The agent has write-protected the pages first.
+// NoSlot entries let the agent drop clean pages (the pool has them) and
+// join runs across pages that are not mapped (dropping them is a no-op),
+// so that a batch costs few MADV_DONTNEED calls: each one raises a uffd
+// REMOVE event that blocks the helper until the agent has read it.
 type Evict struct {
 	Batch uint64
 	N     int // pages used in Pages, 1..MaxEvictBatch
@@ -398,6 +440,7 @@ var (
 	_ Message = (*Welcome)(nil)
 	_ Message = (*RegionAdd)(nil)
 	_ Message = (*RegionDel)(nil)
+	_ Message = (*RegionZap)(nil)
 	_ Message = (*Ack)(nil)
 	_ Message = (*Error)(nil)
 	_ Message = (*Evict)(nil)

@@ -12,11 +12,14 @@ const (
 	// Magic is "RMEM" read as a little-endian u32.
 	Magic uint32 = 'R' | 'M'<<8 | 'E'<<16 | 'M'<<24
 	// Version is the protocol version this package speaks.
-	Version uint16 = 1
+	Version uint16 = 2
 	// HeaderSize is the size of the header that starts every packet.
 	HeaderSize = 16
 	// MaxEvictBatch is the most pages one EVICT names.
-	MaxEvictBatch = 64
+	MaxEvictBatch = 256
+	// NoSlot as an EVICT entry's slot: drop the page without copying it
+	// (the pool holds its contents, or nothing is mapped there).
+	NoSlot = ^uint32(0)
 	// MaxErrorText is the longest text an ERROR carries, in bytes.
 	MaxErrorText = 200
 	// MaxBody is the largest body of any message (a full EVICT).
@@ -82,10 +85,11 @@ const (
 	TypeError     Type = 6 // reply: request failed (errno, text)
 	TypeEvict     Type = 7 // agent → shim helper thread: copy pages to staging slots, drop them
 	TypeEvicted   Type = 8 // shim → agent, reply to EVICT
-	typeMax            = TypeEvicted
+	TypeRegionZap Type = 9 // shim → agent, part of a region is being dropped (MADV_DONTNEED): it reads as zeros; reply ACK or ERROR
+	typeMax            = TypeRegionZap
 )
 
-var typeNames = [...]string{"", "HELLO", "WELCOME", "REGION_ADD", "REGION_DEL", "ACK", "ERROR", "EVICT", "EVICTED"}
+var typeNames = [...]string{"", "HELLO", "WELCOME", "REGION_ADD", "REGION_DEL", "ACK", "ERROR", "EVICT", "EVICTED", "REGION_ZAP"}
 
 func (t Type) String() string {
 	if t >= 1 && t <= typeMax {
@@ -166,6 +170,8 @@ func New(t Type) Message {
 		return new(Evict)
 	case TypeEvicted:
 		return new(Evicted)
+	case TypeRegionZap:
+		return new(RegionZap)
 	}
 	return nil
 }

@@ -29,6 +29,7 @@ func sampleMessages() []Message {
 		&RegionAdd{ID: 5, Range: userfaultfd.Range{Start: 0x7f1234560000, Len: 1 << 30}, Kind: KindHeap},
 		&RegionAdd{ID: 6, Range: userfaultfd.Range{Start: 0x1000, Len: 4096}, Kind: KindMmap},
 		&RegionDel{ID: 5, Range: userfaultfd.Range{Start: 0x7f1234560000, Len: 1 << 30}},
+		&RegionZap{ID: 5, Range: userfaultfd.Range{Start: 0x7f1234561000, Len: 3 << 12}},
 		&Ack{Seq: 77},
 		&Error{Seq: 78, Errno: unix.ENOMEM, Text: "over budget"},
 		&Error{Seq: 79, Errno: unix.EINVAL},
@@ -71,7 +72,12 @@ func TestEncodeDoesNotAllocate(t *testing.T) {
 			t.Errorf("%v.Encode allocates %v times", m.Type(), a)
 		}
 	}
-	pkt := sampleMessages()[10].Encode(buf[:0], 1)
+	var pkt []byte
+	for _, m := range sampleMessages() {
+		if e, ok := m.(*Evict); ok && e.N > 1 {
+			pkt = m.Encode(buf[:0], 1)
+		}
+	}
 	var ev Evict
 	if a := testing.AllocsPerRun(100, func() {
 		_, body, _ := Parse(pkt)
@@ -84,12 +90,12 @@ func TestEncodeDoesNotAllocate(t *testing.T) {
 func TestWireLayout(t *testing.T) {
 	// The first bytes of every packet, as preload/proto.h writes them.
 	pkt := (&Ack{Seq: 0x01020304}).Encode(nil, 0x0a0b0c0d)
-	want := []byte{'R', 'M', 'E', 'M', 1, 0, 5, 0, 0x0d, 0x0c, 0x0b, 0x0a, 8, 0, 0, 0, 4, 3, 2, 1, 0, 0, 0, 0}
+	want := []byte{'R', 'M', 'E', 'M', 2, 0, 5, 0, 0x0d, 0x0c, 0x0b, 0x0a, 8, 0, 0, 0, 4, 3, 2, 1, 0, 0, 0, 0}
 	if !bytes.Equal(pkt, want) {
 		t.Fatalf("ACK packet\n got %x\nwant %x", pkt, want)
 	}
 	sizes := map[Type]int{TypeHello: helloSize, TypeWelcome: welcomeSize, TypeRegionAdd: regionAddSize,
-		TypeRegionDel: regionDelSize, TypeAck: ackSize, TypeEvicted: evictedSize}
+		TypeRegionDel: regionDelSize, TypeAck: ackSize, TypeEvicted: evictedSize, TypeRegionZap: regionDelSize}
 	for _, m := range sampleMessages() {
 		if want, ok := sizes[m.Type()]; ok {
 			if got := len(m.Encode(nil, 0)) - HeaderSize; got != want {
@@ -131,7 +137,7 @@ func TestBadInput(t *testing.T) {
 		{"empty", nil, ErrMalformed, "shorter than"},
 		{"short header", good[:10], ErrMalformed, "shorter than"},
 		{"wrong magic", patch(0, 'X'), ErrMalformed, "magic"},
-		{"wrong version", patch(4, 2), ErrVersion, "version 2"},
+		{"wrong version", patch(4, 1), ErrVersion, "version 1"},
 		{"type zero", patch(6, 0), ErrType, "type(0)"},
 		{"unknown type", patch(6, 99), ErrType, "type(99)"},
 		{"oversize len", patch(12, 0xff, 0xff, 0xff, 0x7f), ErrMalformed, "exceeds"},
@@ -147,11 +153,11 @@ func TestBadInput(t *testing.T) {
 		{"welcome no slots", (&Welcome{}).Encode(nil, 0), ErrMalformed, "staging slots"},
 		{"region kind", (&RegionAdd{ID: 1, Range: userfaultfd.Range{Start: 0, Len: 1}, Kind: 3}).Encode(nil, 0), ErrMalformed, "kind(3)"},
 		{"evict none", evict(0), ErrMalformed, "0 pages"},
-		{"evict too many", evict(65), ErrMalformed, "65 pages"},
+		{"evict too many", evict(MaxEvictBatch + 1), ErrMalformed, "257 pages"},
 		{"evict count beyond body", evict(2), ErrMalformed, "want 48"},
 		{"error errno 0", errPkt(0, "x"), ErrMalformed, "errno 0"},
 		{"error text too long", errPkt(unix.EIO, strings.Repeat("x", MaxErrorText+1)), ErrMalformed, "want 8..208"},
-		{"evicted done", (&Evicted{Done: 65}).Encode(nil, 0), ErrMalformed, "65 pages done"},
+		{"evicted done", (&Evicted{Done: MaxEvictBatch + 1}).Encode(nil, 0), ErrMalformed, "257 pages done"},
 		{"ack reserved", append(appendHeader(nil, TypeAck, 0, 8), 1, 0, 0, 0, 1, 0, 0, 0), ErrMalformed, "must be 0"},
 	}
 	for _, c := range cases {

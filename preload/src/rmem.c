@@ -67,10 +67,15 @@
  * more; past it allocations fall back to glibc (said once). */
 #define MAX_REGIONS 16384
 
+/* No UFFD_FEATURE_EVENT_REMOVE: a REMOVE event blocks the thread that
+ * called madvise until the agent reads it, which made every run of an
+ * eviction batch (the helper's MADV_DONTNEED) a round trip between two
+ * threads, and made the agent's ioctls fail with EAGAIN meanwhile. The
+ * program's own drops reach the agent as REGION_ZAP (see madvise below). */
 #define UFFD_FEATURES                                                          \
 	(UFFD_FEATURE_EVENT_FORK | UFFD_FEATURE_EVENT_REMAP |                  \
-	 UFFD_FEATURE_EVENT_REMOVE | UFFD_FEATURE_EVENT_UNMAP |                \
-	 UFFD_FEATURE_PAGEFAULT_FLAG_WP | UFFD_FEATURE_THREAD_ID)
+	 UFFD_FEATURE_EVENT_UNMAP | UFFD_FEATURE_PAGEFAULT_FLAG_WP |           \
+	 UFFD_FEATURE_THREAD_ID)
 
 #ifndef USERFAULTFD_IOC_NEW
 #define USERFAULTFD_IOC_NEW _IO(0xAA, 0x00)
@@ -166,6 +171,7 @@ static void *raw_mmap(void *a, size_t len, int prot, int flags, int fd, off_t of
 }
 
 static int raw_munmap(void *a, size_t len) { return (int)syscall(SYS_munmap, a, len); }
+static int raw_madvise(void *a, size_t len, int advice) { return (int)syscall(SYS_madvise, a, len, advice); }
 
 static size_t round_up(size_t n, size_t a) { return (n + a - 1) & ~(a - 1); }
 
@@ -529,7 +535,7 @@ static void evict(const struct rmem_evict *ev, struct rmem_evicted *out)
 	for (; done < ev->n; done++) {
 		uintptr_t a = (uintptr_t)ev->pages[done].addr;
 		uint32_t s = ev->pages[done].slot;
-		if ((a & (g_page - 1)) || s >= g_slots) {
+		if ((a & (g_page - 1)) || (s >= g_slots && s != RMEM_NO_SLOT)) {
 			err = EINVAL;
 			break;
 		}
@@ -537,16 +543,19 @@ static void evict(const struct rmem_evict *ev, struct rmem_evicted *out)
 			err = EFAULT;
 			break;
 		}
-		memcpy(g_staging + (size_t)s * g_page, (void *)a, g_page);
+		if (s != RMEM_NO_SLOT)
+			memcpy(g_staging + (size_t)s * g_page, (void *)a, g_page);
 	}
-	/* Drop the copied pages, one madvise per run of neighbours. */
+	/* Drop the pages, one madvise per run of neighbours: each raises a
+	 * REMOVE event that blocks us until the agent reads it, so the agent
+	 * names runs (RMEM_NO_SLOT entries fill the gaps). */
 	uint32_t i = 0;
 	while (i < done) {
 		uintptr_t start = (uintptr_t)ev->pages[i].addr;
 		uint32_t j = i + 1;
 		while (j < done && (uintptr_t)ev->pages[j].addr == start + (j - i) * g_page)
 			j++;
-		if (madvise((void *)start, (j - i) * g_page, MADV_DONTNEED) != 0) {
+		if (raw_madvise((void *)start, (j - i) * g_page, MADV_DONTNEED) != 0) {
 			err = errno;
 			done = i;
 			break;
@@ -925,6 +934,33 @@ static int punch_locked(uintptr_t a, size_t len)
 	}
 }
 
+/* Tells the agent that [a, a+len) is being dropped (it reads as zeros from
+ * now on): REGION_ZAP for each piece of a region it overlaps.
+ * Preconditions: req_mu held; a and len page aligned. */
+static void zap_locked(uintptr_t a, size_t len)
+{
+	uintptr_t end = a + len, at = a;
+	while (at < end && is_connected()) {
+		pthread_mutex_lock(&table_mu);
+		int i = table_floor_locked(at);
+		if (i < 0 || g_regions[i].base + g_regions[i].len <= at)
+			i++;
+		if (i >= g_nregions || g_regions[i].base >= end) {
+			pthread_mutex_unlock(&table_mu);
+			return;
+		}
+		struct region r = g_regions[i];
+		pthread_mutex_unlock(&table_mu);
+		uintptr_t lo = r.base > at ? r.base : at;
+		uintptr_t hi = r.base + r.len < end ? r.base + r.len : end;
+		struct rmem_region_del m = {r.id, lo, hi - lo};
+		int err = request_locked(RMEM_REGION_ZAP, &m, sizeof m);
+		if (err && err != -EPIPE)
+			say("rmem: agent refused REGION_ZAP (", strerror(-err), ")", NULL);
+		at = hi;
+	}
+}
+
 static int overlaps_regions(uintptr_t a, size_t len)
 {
 	if (!__atomic_load_n(&g_nregions, __ATOMIC_ACQUIRE))
@@ -1208,6 +1244,42 @@ EXPORT int munmap(void *addr, size_t len)
 		return -1;
 	}
 	return raw_munmap(addr, len);
+}
+
+static int drops_pages(int advice)
+{
+	switch (advice) {
+	case MADV_DONTNEED:
+	case MADV_FREE:
+	case MADV_REMOVE:
+#ifdef MADV_DONTNEED_LOCKED
+	case MADV_DONTNEED_LOCKED:
+#endif
+		return 1;
+	}
+	return 0;
+}
+
+/* madvise that drops pages of a shim region (allocators give memory back
+ * this way) is preceded by REGION_ZAP, so that the agent forgets its
+ * copies of those pages: they read as zeros from now on. The agent hears
+ * first, so that an evicted page never comes back with old contents after
+ * madvise returned, and an eviction in flight (whose EVICT the helper
+ * finishes before it reads our ACK) never copies a page the kernel just
+ * dropped. A raw madvise system call bypasses this: evicted pages it names
+ * would come back with their old contents (docs/pager.md). */
+EXPORT int madvise(void *addr, size_t len, int advice)
+{
+	uintptr_t a = (uintptr_t)addr;
+	if (in_shim || !drops_pages(advice) || (a & (g_page - 1)) || !len ||
+	    add_overflows(a, round_up(len, g_page)) || !overlaps_regions(a, round_up(len, g_page)))
+		return raw_madvise(addr, len, advice);
+	in_shim++;
+	req_lock();
+	zap_locked(a, round_up(len, g_page));
+	req_unlock();
+	in_shim--;
+	return raw_madvise(addr, len, advice);
 }
 
 /* mremap of a shim region: shrinking in place unmaps the tail; moving or

@@ -35,5 +35,11 @@ int main(void)
 	struct rmem_error er = {.seq = 2, .err = 12};
 	memcpy(er.text, "no memory", 9);
 	emit(RMEM_ERROR, 7, &er, 8 + 9);
+	struct rmem_region_del zap = {.id = 7, .start = 0x7f0000002000ull, .len = 4096};
+	emit(RMEM_REGION_ZAP, 8, &zap, sizeof zap);
+	struct rmem_evict e2 = {.batch = 10, .n = 1};
+	e2.pages[0].addr = 0x5000;
+	e2.pages[0].slot = RMEM_NO_SLOT;
+	emit(RMEM_EVICT, 9, &e2, 16 + sizeof e2.pages[0]);
 	return 0;
 }
