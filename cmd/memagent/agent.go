@@ -23,6 +23,7 @@ import (
 	"rmem/internal/cli"
 	"rmem/pager"
 	"rmem/pager/proto"
+	"rmem/rdma/verbs"
 )
 
 // agentFlags are the flags of an agent daemon, for serve and for the agent
@@ -47,6 +48,9 @@ func agentOptions(app *cli.App, localMem cli.Size) (agentd.Options, error) {
 	network, err := app.OneOf("network", "tcp", "shm", "verbs")
 	if err != nil {
 		return o, err
+	}
+	if network == "verbs" && !verbs.Built {
+		return o, app.Invalid("network", "%v", verbs.ErrNotBuilt)
 	}
 	ttl, err := app.Duration("lease-ttl")
 	if err != nil {

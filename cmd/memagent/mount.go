@@ -25,7 +25,6 @@ import (
 	"rmem/internal/swapdev"
 	"rmem/pager/poolstore"
 	"rmem/pool/client"
-	_ "rmem/rdma/tcp" // the "tcp" provider
 	"rmem/swapfs"
 )
 
