@@ -11,8 +11,10 @@
 #
 # Usage: tests/rdma-vm/run.sh [go test flags for the guest, e.g. -test.run Conformance]
 # The guest runs the tests three times: plain, with GOMAXPROCS=1, and built
-# with -race (RMEM_VM_RACE=0 skips that one). RMEM_VM_VERBOSE=1 prints the
-# guest's log even on success.
+# with -race (RMEM_VM_RACE=0 skips that one), then the end-to-end check
+# e2e.sh: memd serving over verbs, memagent paging a program through it
+# (RMEM_VM_E2E=0 skips it). RMEM_VM_VERBOSE=1 prints the guest's log even
+# on success.
 # Exit status: the guest tests' status; 77 when this machine cannot run the
 # guest at all (no QEMU and no way to install it), 1 on a harness failure.
 set -euo pipefail
@@ -81,6 +83,20 @@ bins=("$R/tests/verbs.test" "$(command -v rdma)")
 if [ "${RMEM_VM_RACE:-1}" = 1 ]; then
 	CGO_ENABLED=1 go test -c -race -tags verbs -o "$R/tests/verbs-race.test" ./rdma/verbs
 	bins+=("$R/tests/verbs-race.test")
+fi
+# The end-to-end check (tests/rdma-vm/e2e.sh): memd and memagent built with
+# the verbs provider, the shim beside memagent (where run finds it), and
+# the demo program, as scripts/demo.sh builds them.
+if [ "${RMEM_VM_E2E:-1}" = 1 ]; then
+	log "building memd, memagent (-tags verbs), librmem.so, pagedemo"
+	mkdir -p "$R/opt/rmem"
+	CGO_ENABLED=1 go build -tags verbs -o "$R/opt/rmem/" ./cmd/memd ./cmd/memagent
+	gcc -O2 -fPIC -shared -pthread -fvisibility=hidden -Wall -Wextra -Werror \
+		-o "$R/opt/rmem/librmem.so" preload/src/rmem.c -ldl
+	gcc -O2 -Wall -o "$R/opt/rmem/pagedemo" examples/pagedemo.c
+	cp "$ROOT/tests/rdma-vm/e2e.sh" "$R/tests/e2e.sh"
+	chmod +x "$R/tests/e2e.sh"
+	bins+=("$R"/opt/rmem/*)
 fi
 
 # Modules, in load order, decompressed if needed.
@@ -152,6 +168,8 @@ if [ -z "$rc" ] || [ "$rc" != 0 ] || [ -n "${RMEM_VM_VERBOSE:-}" ]; then
 	tr -d '\r' <"$WORK/serial.log" >&2
 	echo "----- end of guest serial log -----" >&2
 fi
+# The end-to-end check's one-line summary, for the CI log.
+tr -d '\r' <"$WORK/serial.log" | grep '^rdma-vm e2e: PASS' >&2 || true
 if [ -z "$rc" ]; then
 	log "FAIL: no exit marker from the guest (qemu status $qrc; 124 = timeout after ${TIMEOUT}s)"
 	exit 1
