@@ -55,6 +55,8 @@ type IO struct {
 	// Server of each posted request's replica, named at post time: the
 	// table may change (Migrate) before the completion is classified.
 	srv []string
+	// Buffers registered with every connection that can (RegisterLocal).
+	locals [][]byte
 }
 
 // NewIO returns an IO over t. Connections are dialled on first use, with
@@ -101,6 +103,9 @@ func (io *IO) peer(ctx context.Context, r *Replica) *peer {
 			return nil
 		}
 		p.c = c
+		for _, mem := range io.locals {
+			io.register(p, mem)
+		}
 	}
 	if p.c == nil {
 		return nil

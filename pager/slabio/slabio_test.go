@@ -285,3 +285,55 @@ func TestNoAllocs(t *testing.T) {
 		t.Errorf("Read: %v allocs per call", n)
 	}
 }
+
+// TestRegisterLocal: RegisterLocal's own rules, and that providers without
+// registered memory (mem, tcp) ignore it: ops on the buffers move as
+// before and no connection counts a registration. The verbs side runs in
+// the rdma test guest (rdma/verbs TestSlabioRegisterLocal).
+func TestRegisterLocal(t *testing.T) {
+	for _, network := range []string{"mem", "tcp"} {
+		t.Run(network, func(t *testing.T) {
+			s, pio, ids := setup(t, pagertest.Options{Servers: 2, Replicas: 2, SlabSize: 16 * page, Network: network}, 1)
+			io := pio.(*slabio.IO)
+			buf := make([]byte, 16*page)
+			if err := io.RegisterLocal(buf[:8*page]); err != nil {
+				t.Fatal(err)
+			}
+			if err := io.RegisterLocal(buf[4*page : 12*page]); !errors.Is(err, slabio.ErrLocalOverlap) {
+				t.Fatalf("overlapping range: %v, want ErrLocalOverlap", err)
+			}
+			if err := io.RegisterLocal(nil); !errors.Is(err, slabio.ErrLocalEmpty) {
+				t.Fatalf("empty range: %v, want ErrLocalEmpty", err)
+			}
+			// Registered before and after the first dial.
+			writeAll(t, io, ids, 16, 1)
+			if err := io.RegisterLocal(buf[8*page:]); err != nil {
+				t.Fatal(err)
+			}
+			ops := make([]pager.PageOp, 16)
+			for p := range ops {
+				ops[p] = pager.PageOp{Slab: ids[0], Off: uint64(p * page), Buf: buf[p*page : (p+1)*page]}
+			}
+			if err := io.Read(context.Background(), ops); err != nil {
+				t.Fatal(err)
+			}
+			for _, op := range ops {
+				if op.Err != nil {
+					t.Fatal(op.Err)
+				}
+				check(t, op.Buf, op.Slab, op.Off, 1)
+			}
+			if st := s.Table().Stats(); st.LocalRegistered != 0 || st.LocalRefused != 0 {
+				t.Fatalf("%s connections counted registrations: %+v", network, st)
+			}
+			for i := 0; i < slabio.MaxLocal-2; i++ {
+				if err := io.RegisterLocal(make([]byte, page)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := io.RegisterLocal(make([]byte, page)); !errors.Is(err, slabio.ErrTooManyLocal) {
+				t.Fatalf("range %d: %v, want ErrTooManyLocal", slabio.MaxLocal+1, err)
+			}
+		})
+	}
+}

@@ -55,6 +55,10 @@ type Stats struct {
 	Lost      uint64 // ops that ended with pager.ErrLost
 	Stale     uint64 // replicas marked Lost after a partly failed WRITE
 	Copied    uint64 // bytes copied by Migrate
+	// IO.RegisterLocal buffers registered with a connection (verbs: moved
+	// without a bounce copy) and registrations the connection refused.
+	LocalRegistered uint64
+	LocalRefused    uint64
 }
 
 // Table is the set of slabs an agent holds, with their replicas.
@@ -68,6 +72,7 @@ type Table struct {
 	slabs map[pager.SlabID][]Replica // copy-on-write values
 
 	reads, writes, failovers, lost, stale, copied atomic.Uint64
+	localRegistered, localRefused                 atomic.Uint64
 }
 
 // NewTable returns an empty table of slabs of slabSize bytes. dial are the
@@ -180,6 +185,7 @@ func (t *Table) Stats() Stats {
 	return Stats{
 		Reads: t.reads.Load(), Writes: t.writes.Load(), Failovers: t.failovers.Load(),
 		Lost: t.lost.Load(), Stale: t.stale.Load(), Copied: t.copied.Load(),
+		LocalRegistered: t.localRegistered.Load(), LocalRefused: t.localRefused.Load(),
 	}
 }
 
