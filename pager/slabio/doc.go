@@ -23,6 +23,14 @@
 //     writes in between also go to the Filling replica, so the copy never
 //     overwrites newer data.
 //
+// # Registered buffers
+//
+// IO.RegisterLocal names long-lived buffers the caller's ops use (the
+// pager's read buffers and staging slots); connections whose provider can
+// move data directly from registered memory (verbs) register them when
+// dialled, so pages skip the provider's bounce copy. Other providers ignore
+// them. A refused registration only costs that copy.
+//
 // # Concurrency
 //
 // Table methods are safe for concurrent use. A slab's replica slice is
