@@ -159,7 +159,21 @@ func (a *Agent) newClient(u *userfaultfd.UFFD, features userfaultfd.Feature) (*c
 		c.slotFree = append(c.slotFree, uint32(s))
 	}
 	c.log = a.log.With(zap.Uint64("client", c.id))
+	if lr, ok := io.(localRegistrar); ok {
+		for _, mem := range [][]byte{c.bufs, c.staging} {
+			if err := lr.RegisterLocal(mem); err != nil {
+				c.log.Warn("registering page buffers for zero-copy transfers failed; pages go through the transport's bounce buffer", zap.Error(err))
+			}
+		}
+	}
 	return c, nil
+}
+
+// localRegistrar is a PageIO whose transport moves pages straight from
+// registered buffers (verbs): the loop registers its read buffers and
+// staging slots, which live until teardown closes the IO.
+type localRegistrar interface {
+	RegisterLocal(mem []byte) error
 }
 
 // attach hands the client its connection and pid (from the agent's
