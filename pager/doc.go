@@ -44,8 +44,10 @@
 //     process lives on, the batch's pages stay busy: faults on them wait
 //     until the process exits.
 //   - mremap of part of a region is not followed (its pages are dropped).
-//   - Remote I/O has no per-op deadline: a server that accepts requests and
-//     never answers stalls the loops using it until Close.
+//   - A server that accepts requests and never answers holds up the loops
+//     using it for the op deadline (pager/slabio: 2 s per round of posts),
+//     then is skipped for 5 s; with one replica its pages wait until it
+//     answers again.
 //
 // # Deadlocks
 //

@@ -597,7 +597,15 @@ func maTableRows(t *testing.T, text string) []maRow {
 // TestMemagentReplicaKill: with --replicas 2, kill -9 of the memory server
 // holding primary replicas of the program's slabs while it runs: it
 // finishes with the right checksum, reading from the surviving replicas.
-func TestMemagentReplicaKill(t *testing.T) {
+func TestMemagentReplicaKill(t *testing.T) { maReplicaFailure(t, false) }
+
+// TestMemagentReplicaStop: the same with SIGSTOP while the program reads
+// its heap back: the server's connections stay open and it answers
+// nothing, so the agent's READs to it wait out the op deadline and move
+// to the surviving replicas.
+func TestMemagentReplicaStop(t *testing.T) { maReplicaFailure(t, true) }
+
+func maReplicaFailure(t *testing.T, stop bool) {
 	maNeeds(t)
 	bins := maBuild(t)
 	memagent := filepath.Join(bins, "memagent")
@@ -672,8 +680,19 @@ func TestMemagentReplicaKill(t *testing.T) {
 	if victim == "" {
 		t.Fatal("the program has no slabs")
 	}
-	t.Logf("%d slabs; primaries per server %v; kill -9 %s", len(slabs), primaries, victim)
-	p.servers[victim].Kill()
+	how := "kill -9"
+	if stop {
+		how = "kill -STOP"
+		// Stop it once the program reads its heap back.
+		if err := os.WriteFile(gate, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond)
+		p.servers[victim].Signal(syscall.SIGSTOP)
+	} else {
+		p.servers[victim].Kill()
+	}
+	t.Logf("%d slabs; primaries per server %v; %s %s", len(slabs), primaries, how, victim)
 	// The agent restores redundancy from the surviving replicas (unless
 	// m1, the coordinator, held every primary and is the one killed).
 	if victim != "m1" {
@@ -695,7 +714,7 @@ func TestMemagentReplicaKill(t *testing.T) {
 			}
 			return nil
 		})
-		t.Logf("redundancy restored %v after kill -9 of %s (heartbeat timeout 1s, lease TTL 3s)", took, victim)
+		t.Logf("redundancy restored %v after %s of %s (heartbeat timeout 1s, lease TTL 3s)", took, how, victim)
 	}
 	if err := os.WriteFile(gate, nil, 0o644); err != nil {
 		t.Fatal(err)
@@ -707,19 +726,19 @@ func TestMemagentReplicaKill(t *testing.T) {
 		}
 		want := fmt.Sprintf("written %d pages\nchecksum %016x\n", maPages, maSum(maPages*512, 0))
 		if err := waitErr; err != nil || stdout.String() != want {
-			t.Fatalf("after kill -9 of %s: %v, stdout %q, want %q\nstderr:\n%s", victim, err, stdout.String(), want, stderr.String())
+			t.Fatalf("after %s of %s: %v, stdout %q, want %q\nstderr:\n%s", how, victim, err, stdout.String(), want, stderr.String())
 		}
 	case <-time.After(maRunLimit):
-		t.Fatalf("the program did not finish within %v after kill -9 of %s:\n%s", maRunLimit, victim, stderr.String())
+		t.Fatalf("the program did not finish within %v after %s of %s:\n%s", maRunLimit, how, victim, stderr.String())
 	}
 	rows := maTableRows(t, stderr.String())
 	if len(rows) != 1 || rows[0].lost != 0 || rows[0].evictions == 0 {
-		t.Errorf("--stats after kill -9 of %s: %+v: want one row, evictions, none lost\n%s", victim, rows, stderr.String())
+		t.Errorf("--stats after %s of %s: %+v: want one row, evictions, none lost\n%s", how, victim, rows, stderr.String())
 	}
 	if strings.Contains(stderr.String(), "DATA RACE") {
 		t.Errorf("the race detector found a data race in memagent:\n%s", stderr.String())
 	}
-	t.Logf("stats after kill -9 of %s:\n%s", victim, stderr.String())
+	t.Logf("stats after %s of %s:\n%s", how, victim, stderr.String())
 }
 
 // maSlab is a slab in `memd slabs --json`.

@@ -17,7 +17,57 @@ type peer struct {
 	n       int  // requests posted in this round
 	active  bool // in IO.active this round
 	dialErr bool // dial failed this call: do not retry until the next call
+	// downUntil: the server missed an op deadline; until then it is
+	// skipped (its replicas are tried last, as unavailable).
+	downUntil time.Time
 }
+
+// Op deadlines. A memory server that accepts requests and never answers
+// (stopped, or cut off without a reset) would otherwise stall the fault
+// loop that waits for it forever.
+const (
+	// DefaultOpTimeout bounds one call's wait for a server (a batch of
+	// READs or WRITEs, and the dial before it): past it the server's
+	// ops fail over to the next replica.
+	DefaultOpTimeout = 2 * time.Second
+	// peerDownFor is how long a server that missed a deadline is
+	// skipped before it is tried again.
+	peerDownFor = 5 * time.Second
+)
+
+// opCtx is a caller's ctx with the op deadline, kept in the IO so that a
+// call allocates nothing (context.WithTimeout would, per call).
+type opCtx struct {
+	context.Context
+	dl time.Time
+}
+
+func (c *opCtx) Deadline() (time.Time, bool) {
+	if d, ok := c.Context.Deadline(); ok && d.Before(c.dl) {
+		return d, true
+	}
+	return c.dl, true
+}
+
+func (c *opCtx) Err() error {
+	if err := c.Context.Err(); err != nil {
+		return err
+	}
+	if !time.Now().Before(c.dl) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+// begin returns ctx with the op deadline from now (for one round of
+// posts and waits).
+func (io *IO) begin(ctx context.Context) context.Context {
+	io.octx = opCtx{ctx, time.Now().Add(io.opTimeout)}
+	return &io.octx
+}
+
+// SetOpTimeout changes the op deadline (DefaultOpTimeout) of later calls.
+func (io *IO) SetOpTimeout(d time.Duration) { io.opTimeout = d }
 
 // Why an op is still failing, to choose between ErrLost and ErrUnavailable.
 const (
@@ -57,6 +107,11 @@ type IO struct {
 	srv []string
 	// Buffers registered with every connection that can (RegisterLocal).
 	locals [][]byte
+	// fin: the posted request (READ: op index; WRITE: request index)
+	// completed this round.
+	fin       []bool
+	octx      opCtx
+	opTimeout time.Duration
 }
 
 // NewIO returns an IO over t. Connections are dialled on first use, with
@@ -74,6 +129,7 @@ func (t *Table) NewIO() *IO {
 		rep: make([]uint8, d), ok: make([]uint8, d),
 		pend: make([]int32, 0, d), more: make([]int32, 0, d),
 		wop: make([]int32, d), srv: make([]string, d),
+		fin: make([]bool, 2*d), opTimeout: DefaultOpTimeout,
 	}
 }
 
@@ -96,6 +152,9 @@ func (io *IO) peer(ctx context.Context, r *Replica) *peer {
 		p = &peer{}
 		io.peers[k] = p
 	}
+	if p.c == nil && !p.dialErr && time.Now().Before(p.downUntil) {
+		return nil
+	}
 	if p.c == nil && !p.dialErr {
 		c, err := rdma.Dial(ctx, r.Network, r.Addr, io.dial)
 		if err != nil {
@@ -115,6 +174,13 @@ func (io *IO) peer(ctx context.Context, r *Replica) *peer {
 		io.active = append(io.active, p)
 	}
 	return p
+}
+
+// stall drops the connection of a server that missed a deadline and skips
+// it for peerDownFor.
+func (p *peer) stall() {
+	p.drop()
+	p.downUntil = time.Now().Add(peerDownFor)
 }
 
 // drop closes a failed connection; the next call redials.
@@ -163,7 +229,9 @@ func (io *IO) readChunk(ctx context.Context, ops []pager.PageOp) error {
 		io.next[i], io.why[i] = 0, 0
 		io.pend = append(io.pend, int32(i))
 	}
+	parent := ctx
 	for round := 0; len(io.pend) > 0; round++ {
+		ctx := io.begin(parent) // each round waits at most the op deadline
 		// Choose a replica per pending op.
 		for _, i := range io.pend {
 			op := &ops[i]
@@ -207,6 +275,9 @@ func (io *IO) readChunk(ctx context.Context, ops []pager.PageOp) error {
 					k++
 				}
 			}
+			for j := 0; j < k; j++ {
+				io.fin[io.cqes[j].ID] = false
+			}
 			if err := io.postGather(p, k); err != nil {
 				for j := 0; j < k; j++ {
 					i := int32(io.cqes[j].ID)
@@ -220,8 +291,9 @@ func (io *IO) readChunk(ctx context.Context, ops []pager.PageOp) error {
 			p.n = k
 		}
 		for _, p := range io.active {
-			if err := io.collect(ctx, p, func(c *rdma.Completion) {
+			err := io.collect(ctx, p, func(c *rdma.Completion) {
 				i := int32(c.ID)
+				io.fin[i] = true
 				op := &ops[i]
 				if c.Status == rdma.StatusOK {
 					io.t.reads.Add(1)
@@ -229,9 +301,24 @@ func (io *IO) readChunk(ctx context.Context, ops []pager.PageOp) error {
 				}
 				io.classify(op.Slab, io.srv[i], c.Status, p, &io.why[i])
 				io.more = append(io.more, i)
-			}); err != nil {
+			})
+			if err == nil {
+				continue
+			}
+			if io.octx.Context.Err() != nil {
 				io.endRound()
-				return err
+				return err // the caller's ctx ended
+			}
+			// The server missed the deadline: its unfinished READs
+			// move to the next replica.
+			io.t.stalls.Add(1)
+			p.stall()
+			for _, i := range io.pend {
+				if io.via[i] == p && !io.fin[i] {
+					io.fin[i] = true
+					io.why[i] |= whyUnavailable
+					io.more = append(io.more, i)
+				}
 			}
 		}
 		io.endRound()
@@ -337,6 +424,7 @@ func (io *IO) Write(ctx context.Context, ops []pager.PageOp) error {
 }
 
 func (io *IO) writeChunk(ctx context.Context, ops []pager.PageOp) error {
+	ctx = io.begin(ctx)
 	// One WR per (op, live replica), posted per connection.
 	nw := 0
 	for i := range ops {
@@ -384,11 +472,17 @@ func (io *IO) writeChunk(ctx context.Context, ops []pager.PageOp) error {
 			p.drop()
 			continue
 		}
+		for w := 0; w < nw; w++ {
+			if io.via[w] == p {
+				io.fin[w] = false
+			}
+		}
 		p.n = len(buf)
 	}
 	for _, p := range io.active {
 		err := io.collect(ctx, p, func(c *rdma.Completion) {
 			w := int(c.ID)
+			io.fin[w] = true
 			if c.Status != rdma.StatusOK {
 				failed(w)
 				if c.Status == rdma.StatusTransport {
@@ -398,9 +492,22 @@ func (io *IO) writeChunk(ctx context.Context, ops []pager.PageOp) error {
 			}
 			io.ok[io.wop[w]]++
 		})
-		if err != nil {
+		if err == nil {
+			continue
+		}
+		if io.octx.Context.Err() != nil {
 			io.endRound()
-			return err
+			return err // the caller's ctx ended
+		}
+		// The server missed the deadline: its replicas miss these
+		// WRITEs (marked stale below if another replica took them).
+		io.t.stalls.Add(1)
+		p.stall()
+		for w := 0; w < nw; w++ {
+			if io.via[w] == p && !io.fin[w] {
+				io.fin[w] = true
+				failed(w)
+			}
 		}
 	}
 	io.endRound()

@@ -4,8 +4,11 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -335,5 +338,120 @@ func TestRegisterLocal(t *testing.T) {
 				t.Fatalf("range %d: %v, want ErrTooManyLocal", slabio.MaxLocal+1, err)
 			}
 		})
+	}
+}
+
+// freezer is a TCP proxy to a memory server that can stop forwarding while
+// keeping its connections open: a server that accepts requests and never
+// answers (stopped, or cut off without a reset).
+type freezer struct {
+	ln     net.Listener
+	frozen atomic.Bool
+	closed atomic.Bool
+	mu     sync.Mutex
+	conns  []net.Conn
+	wg     sync.WaitGroup
+}
+
+func newFreezer(t *testing.T, backend string) *freezer {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &freezer{ln: ln}
+	f.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			b, err := net.Dial("tcp", backend)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			f.mu.Lock()
+			f.conns = append(f.conns, c, b)
+			f.mu.Unlock()
+			f.wg.Go(func() { f.pipe(b, c) })
+			f.wg.Go(func() { f.pipe(c, b) })
+		}
+	})
+	t.Cleanup(func() {
+		f.closed.Store(true)
+		ln.Close()
+		f.mu.Lock()
+		for _, c := range f.conns {
+			c.Close()
+		}
+		f.mu.Unlock()
+		f.wg.Wait()
+	})
+	return f
+}
+
+func (f *freezer) pipe(dst, src net.Conn) {
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := src.Read(buf)
+		for n > 0 && f.frozen.Load() && !f.closed.Load() {
+			time.Sleep(time.Millisecond)
+		}
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			dst.Close()
+			return
+		}
+	}
+}
+
+// TestSilentServerFailsOver: a server that stops answering (its connection
+// stays open) fails the ops waiting for it after the op deadline: READs
+// move to the other replica, WRITEs skip it (its replicas become stale),
+// and nothing waits forever.
+func TestSilentServerFailsOver(t *testing.T) {
+	s, pio, ids := setup(t, pagertest.Options{Servers: 2, Replicas: 2, SlabSize: 16 * page, Network: "tcp"}, 2)
+	io := pio.(*slabio.IO)
+	io.SetOpTimeout(300 * time.Millisecond)
+	writeAll(t, io, ids, 16, 1)
+	// Route every replica on server-0 through a proxy.
+	var f *freezer
+	for _, id := range ids {
+		reps, _ := s.Table().Replicas(id)
+		reps = append([]slabio.Replica(nil), reps...)
+		for i := range reps {
+			if reps[i].Server == "server-0" {
+				if f == nil {
+					f = newFreezer(t, reps[i].Addr)
+				}
+				reps[i].Addr = f.ln.Addr().String()
+			}
+		}
+		s.Table().Put(id, reps)
+	}
+	allNil(t, readAll(t, io, ids, 16, 1))
+	f.frozen.Store(true)
+	start := time.Now()
+	allNil(t, readAll(t, io, ids, 16, 1))
+	if st := s.Table().Stats(); st.Stalls == 0 || st.Failovers == 0 {
+		t.Fatalf("stats %+v: want a stall and failovers", st)
+	}
+	// Skipped now: the next WRITE does not wait for it again.
+	writeAll(t, io, ids, 16, 2)
+	allNil(t, readAll(t, io, ids, 16, 2))
+	if took := time.Since(start); took > 20*time.Second {
+		t.Fatalf("reads and writes around a silent server took %v", took)
+	}
+	for _, id := range ids {
+		reps, _ := s.Table().Replicas(id)
+		for _, r := range reps {
+			if r.Server == "server-0" && r.State != slabio.Lost {
+				t.Fatalf("slab %d: replica on the silent server is %v after missing a WRITE, want lost", id, r.State)
+			}
+		}
 	}
 }

@@ -55,6 +55,7 @@ type Stats struct {
 	Lost      uint64 // ops that ended with pager.ErrLost
 	Stale     uint64 // replicas marked Lost after a partly failed WRITE
 	Copied    uint64 // bytes copied by Migrate
+	Stalls    uint64 // servers that missed an op deadline (skipped for a while)
 	// IO.RegisterLocal buffers registered with a connection (verbs: moved
 	// without a bounce copy) and registrations the connection refused.
 	LocalRegistered uint64
@@ -71,8 +72,8 @@ type Table struct {
 	mu    sync.RWMutex
 	slabs map[pager.SlabID][]Replica // copy-on-write values
 
-	reads, writes, failovers, lost, stale, copied atomic.Uint64
-	localRegistered, localRefused                 atomic.Uint64
+	reads, writes, failovers, lost, stale, copied, stalls atomic.Uint64
+	localRegistered, localRefused                         atomic.Uint64
 }
 
 // NewTable returns an empty table of slabs of slabSize bytes. dial are the
@@ -184,7 +185,7 @@ func (t *Table) markLost(id pager.SlabID, server string) {
 func (t *Table) Stats() Stats {
 	return Stats{
 		Reads: t.reads.Load(), Writes: t.writes.Load(), Failovers: t.failovers.Load(),
-		Lost: t.lost.Load(), Stale: t.stale.Load(), Copied: t.copied.Load(),
+		Lost: t.lost.Load(), Stale: t.stale.Load(), Copied: t.copied.Load(), Stalls: t.stalls.Load(),
 		LocalRegistered: t.localRegistered.Load(), LocalRefused: t.localRefused.Load(),
 	}
 }
