@@ -234,23 +234,7 @@ func (c *Client) routineHelper() {
 	oob := make([]byte, proto.OOBSize)
 	var fds [proto.MaxFDs]int
 	var ev proto.Evict
-	rc, rcErr := c.conn.SyscallConn()
-	wait := func(fd uintptr) bool {
-		pfd := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		for {
-			if _, err := unix.Poll(pfd[:], -1); err != unix.EINTR {
-				return true
-			}
-		}
-	}
 	for {
-		// Wait in poll(2) on this locked thread: a wait in Go's netpoller
-		// makes a locked thread give its P away and be woken through the
-		// scheduler, two thread switches per EVICT. Close shuts the
-		// socket down first, which ends the poll.
-		if rcErr == nil {
-			rc.Read(wait)
-		}
 		pkt, nfds, err := proto.Recv(c.conn, buf, oob, fds[:])
 		for _, fd := range fds[:nfds] {
 			unix.Close(fd)
@@ -406,7 +390,6 @@ func (c *Client) Close() error {
 	c.mu.Lock()
 	c.closed = true
 	c.mu.Unlock()
-	c.conn.CloseRead() // wakes the helper's poll
 	c.conn.Close()
 	<-c.done
 	unix.Munmap(c.staging)

@@ -62,6 +62,9 @@ func (r *Reader) SetDeadline(t time.Time) error {
 	}
 	r.deadline, r.deadlineDirty = t, false
 	r.stop.Store(false)
+	if r.threadWait && r.rc != nil {
+		return nil // pollIn applies it; the netpoller never waits
+	}
 	return r.nc.SetReadDeadline(t)
 }
 
