@@ -62,8 +62,8 @@ func (o *Options) Validate() error {
 	switch {
 	case o.Store == nil:
 		return fmt.Errorf("%w: Store is required", ErrOptions)
-	case o.LocalMem < 16*pageSize:
-		return fmt.Errorf("%w: LocalMem %d: want at least %d bytes", ErrOptions, o.LocalMem, 16*pageSize)
+	case o.LocalMem < minLocalMem:
+		return fmt.Errorf("%w: LocalMem %d: want at least %d bytes", ErrOptions, o.LocalMem, minLocalMem)
 	case o.NodeMem != 0 && o.NodeMem < 16*pageSize:
 		return fmt.Errorf("%w: NodeMem %d: want 0 or at least %d bytes", ErrOptions, o.NodeMem, 16*pageSize)
 	case o.StagingSlots != 0 && (o.StagingSlots < proto.MaxEvictBatch || o.StagingSlots > proto.MaxStagingSlots):
@@ -280,6 +280,9 @@ func (a *Agent) handshake(conn *net.UnixConn) {
 	case hello.PageSize != pageSize:
 		refuse(h, unix.EINVAL, fmt.Sprintf("page size %d is not supported", hello.PageSize))
 		return
+	case hello.LocalMem != 0 && hello.LocalMem < minLocalMem:
+		refuse(h, unix.EINVAL, fmt.Sprintf("local memory budget %d bytes is below %d", hello.LocalMem, minLocalMem))
+		return
 	}
 	welcome := proto.Welcome{MinAlloc: a.opts.MinAlloc, StagingSlots: uint32(a.opts.StagingSlots)}
 	var c *client
@@ -304,6 +307,7 @@ func (a *Agent) handshake(conn *net.UnixConn) {
 			refuse(h, unix.ENOMEM, err.Error())
 			return
 		}
+		c.localMem.Store(hello.LocalMem)
 		welcome.ClientID = c.id
 		if err := proto.Send(conn, buf, 1, &welcome, c.stagingFD); err != nil {
 			a.log.Warn("sending WELCOME failed", zap.Error(err))
@@ -319,6 +323,9 @@ func (a *Agent) handshake(conn *net.UnixConn) {
 		if c == nil {
 			refuse(h, unix.ENOENT, fmt.Sprintf("no fork %d of pid %d known", hello.ForkSerial, hello.PPID))
 			return
+		}
+		if hello.LocalMem != 0 {
+			c.localMem.Store(hello.LocalMem)
 		}
 		welcome.ClientID = c.id
 		welcome.Flags = proto.WelcomeUFFD
@@ -415,10 +422,17 @@ func (a *Agent) dropClient(c *client) {
 	a.mu.Unlock()
 }
 
-// budgetPages returns each client's budget of resident pages: LocalMem,
-// or an even share of NodeMem if smaller.
-func (a *Agent) budgetPages() int {
+// minLocalMem is the smallest budget a client may have (16 pages).
+const minLocalMem = 16 * pageSize
+
+// budgetPages returns the budget of resident pages of a client that asked
+// for local bytes in its HELLO (0: LocalMem), or an even share of NodeMem
+// if smaller.
+func (a *Agent) budgetPages(local uint64) int {
 	b := a.opts.LocalMem
+	if local != 0 {
+		b = local
+	}
 	if a.opts.NodeMem > 0 {
 		b = min(b, a.opts.NodeMem/uint64(max(a.nclients.Load(), 1)))
 	}
@@ -451,7 +465,7 @@ func (a *Agent) Exited() []ClientStats {
 
 func (a *Agent) statsOf(c *client) ClientStats {
 	s := c.st.snapshot(pageSize)
-	s.ID, s.PID, s.BudgetBytes = c.id, int(c.pidAtm.Load()), uint64(a.budgetPages())*pageSize
+	s.ID, s.PID, s.BudgetBytes = c.id, int(c.pidAtm.Load()), uint64(a.budgetPages(c.localMem.Load()))*pageSize
 	return s
 }
 

@@ -18,8 +18,20 @@ func TestBudgetSplit(t *testing.T) {
 	} {
 		a := &Agent{opts: Options{LocalMem: tc.local, NodeMem: tc.node}}
 		a.nclients.Store(tc.clients)
-		if got := a.budgetPages(); got != tc.want {
+		if got := a.budgetPages(0); got != tc.want {
 			t.Errorf("local %d node %d clients %d: %d pages, want %d", tc.local, tc.node, tc.clients, got, tc.want)
+		}
+	}
+	// A client's own budget (HELLO) replaces LocalMem, bigger or
+	// smaller, and still takes no more than its share of NodeMem.
+	a := &Agent{opts: Options{LocalMem: 1 << 20, NodeMem: 8 << 20}}
+	a.nclients.Store(2)
+	for _, tc := range []struct {
+		local uint64
+		want  int
+	}{{0, 256}, {512 << 10, 128}, {2 << 20, 512}, {16 << 20, 1024}} {
+		if got := a.budgetPages(tc.local); got != tc.want {
+			t.Errorf("client budget %d: %d pages, want %d", tc.local, got, tc.want)
 		}
 	}
 }

@@ -30,7 +30,7 @@ func (c *client) maybeEvict() {
 	if c.conn == nil || c.evictBusy || len(c.slotFree) == 0 {
 		return
 	}
-	w := WatermarksFor(c.a.budgetPages())
+	w := WatermarksFor(c.a.budgetPages(c.localMem.Load()))
 	need := w.ToEvict(int(c.st.resident.Load()), 0)
 	if need <= 0 {
 		return

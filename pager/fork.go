@@ -33,6 +33,7 @@ func (c *client) fork(fd int) {
 		c.log.Error("cannot serve forked child", zap.Error(err))
 		return
 	}
+	child.localMem.Store(c.localMem.Load()) // its HELLO may say otherwise
 	// EVICTED replies sent before fork(2) are queued already: finish
 	// those evictions so the copy below sees settled pages.
 	c.drainSocket()

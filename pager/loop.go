@@ -60,9 +60,10 @@ type client struct {
 	pending *net.UnixConn // a connection handed over by the agent (forked child)
 	stop    bool
 
-	wakefd int
-	done   chan struct{}
-	pidAtm atomic.Int64
+	wakefd   int
+	done     chan struct{}
+	pidAtm   atomic.Int64
+	localMem atomic.Uint64 // the budget its HELLO asked for (0: the agent's)
 
 	// Loop state.
 	conn       *net.UnixConn
@@ -295,7 +296,7 @@ func (c *client) throttle(since time.Time) bool {
 	if c.conn == nil || !c.evictBusy && len(c.slotFree) == 0 {
 		return false
 	}
-	over := int(c.st.resident.Load())+len(c.reads) >= c.a.budgetPages()+maxVictims
+	over := int(c.st.resident.Load())+len(c.reads) >= c.a.budgetPages(c.localMem.Load())+maxVictims
 	return over && time.Since(since) < maxThrottle
 }
 

@@ -45,8 +45,8 @@ func (col collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	a.mu.Unlock()
 	ch <- prometheus.MustNewConstMetric(descClients, prometheus.GaugeValue, float64(len(cs)))
-	budget := float64(a.budgetPages() * pageSize)
 	for _, c := range cs {
+		budget := float64(a.budgetPages(c.localMem.Load()) * pageSize)
 		s := c.st.snapshot(pageSize)
 		lv := []string{strconv.FormatUint(c.id, 10), strconv.FormatInt(c.pidAtm.Load(), 10)}
 		gauge := func(d *prometheus.Desc, v float64) {

@@ -74,6 +74,7 @@ func TestHandshakeRefusals(t *testing.T) {
 	}{
 		{"wrong pid", proto.Hello{PID: int32(os.Getpid() + 1), PageSize: 4096, Flags: proto.HelloUFFD}, []int{p[0]}, unix.EPERM},
 		{"page size", proto.Hello{PID: int32(os.Getpid()), PageSize: 65536, Flags: proto.HelloUFFD}, []int{p[0]}, unix.EINVAL},
+		{"tiny budget", proto.Hello{PID: int32(os.Getpid()), PageSize: 4096, Flags: proto.HelloUFFD, LocalMem: 4096}, []int{p[0]}, unix.EINVAL},
 		{"no uffd", proto.Hello{PID: int32(os.Getpid()), PageSize: 4096}, nil, unix.EPROTO},
 		{"not a uffd", proto.Hello{PID: int32(os.Getpid()), PageSize: 4096, Flags: proto.HelloUFFD}, []int{p[0]}, unix.EBADF},
 		{"unknown fork", proto.Hello{PID: int32(os.Getpid()), PPID: 1, ForkSerial: 7, PageSize: 4096}, nil, unix.ENOENT},

@@ -21,6 +21,7 @@
 #define RMEM_DEFAULT_SOCKET "/run/rmem/memagent.sock"
 #define RMEM_ENV_SOCKET "RMEM_AGENT_SOCK"
 #define RMEM_ENV_MIN_ALLOC "RMEM_MIN_ALLOC"
+#define RMEM_ENV_LOCAL_MEM "RMEM_LOCAL_MEM"
 
 enum rmem_type {
 	RMEM_HELLO = 1,      /* shim -> agent; fd: the uffd (top-level only) */
@@ -50,6 +51,7 @@ struct rmem_hello {
 	uint64_t features;    /* UFFD_FEATURE_* enabled on the uffd */
 	uint32_t page_size;
 	uint32_t flags;
+	uint64_t local_mem; /* resident budget asked for (RMEM_LOCAL_MEM); 0: the agent's */
 };
 
 #define RMEM_WELCOME_UFFD 1u /* second fd: the forked child's own uffd */
@@ -107,7 +109,7 @@ struct rmem_evicted {
 };
 
 _Static_assert(sizeof(struct rmem_hdr) == 16, "header layout");
-_Static_assert(sizeof(struct rmem_hello) == 32, "HELLO layout");
+_Static_assert(sizeof(struct rmem_hello) == 40, "HELLO layout");
 _Static_assert(sizeof(struct rmem_welcome) == 24, "WELCOME layout");
 _Static_assert(sizeof(struct rmem_region_add) == 32, "REGION_ADD layout");
 _Static_assert(sizeof(struct rmem_region_del) == 24, "REGION_DEL layout");

@@ -397,6 +397,18 @@ func TestMemagentRun(t *testing.T) {
 		}
 	})
 
+	// --local-mem with an agent already running: CMD asks it for that
+	// budget in its HELLO (the agent's own is maLocalMem).
+	t.Run("own budget", func(t *testing.T) {
+		r := maExec(t, nil, memagent, "run", "--socket", a.socket, "--admin-socket", a.admin, "--stats", "--log-level", "warn",
+			"--local-mem", "8MiB", "--", filepath.Join(bins, "pattern"), strconv.Itoa(maHeapMiB))
+		maCheckExit(t, r, fmt.Sprintf("written %d pages\nchecksum %016x\n", maPages, maSum(maPages*512, 0)))
+		rows := maTableRows(t, r.stderr)
+		if len(rows) != 1 || rows[0].budget != "8.0MiB" || rows[0].evictions == 0 || rows[0].lost != 0 {
+			t.Errorf("--local-mem 8MiB: %+v: want one row with an 8.0MiB budget and evictions, none lost\n%s", rows, r.stderr)
+		}
+	})
+
 	t.Run("python3", func(t *testing.T) {
 		py, err := exec.LookPath("python3")
 		if err != nil {
@@ -561,6 +573,7 @@ func TestMemagentShimNoAgent(t *testing.T) {
 // maRow is a row of the --stats table.
 type maRow struct {
 	pid, faults, evictions, writeBacks, lost int
+	budget                                   string
 }
 
 // maTableRows parses the rows of pager.WriteTable in text.
@@ -586,7 +599,7 @@ func maTableRows(t *testing.T, text string) []maRow {
 			}
 			n[i] = v
 		}
-		rows = append(rows, maRow{pid: n[0], faults: n[4], evictions: n[7], writeBacks: n[8], lost: n[10]})
+		rows = append(rows, maRow{pid: n[0], faults: n[4], evictions: n[7], writeBacks: n[8], lost: n[10], budget: f[3]})
 	}
 	if !header {
 		t.Fatalf("no stats table in %q", text)

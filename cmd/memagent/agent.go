@@ -222,11 +222,12 @@ func runUffd(ctx context.Context, app *cli.App, args []string) (int, error) {
 
 	var d *agentd.Daemon
 	socket := opts.Socket
+	askBudget := false
 	if agentListening(socket) {
-		log.Info("using the agent already running; its budget applies", zap.String("socket", socket))
-		if app.IsSet("local-mem") {
-			fmt.Fprintf(os.Stderr, "memagent: an agent is already running at %s: its --local-mem applies, not this one\n", socket)
-		}
+		// CMD asks that agent for --local-mem (HELLO); without it, the
+		// agent's own --local-mem applies.
+		askBudget = app.IsSet("local-mem")
+		log.Info("using the agent already running", zap.String("socket", socket), zap.Bool("own-local-mem", askBudget))
 	} else {
 		// A private socket, so that this agent never takes over another's.
 		socket = filepath.Join(filepath.Dir(socket), "memagent-run-"+strconv.Itoa(os.Getpid())+".sock")
@@ -241,6 +242,9 @@ func runUffd(ctx context.Context, app *cli.App, args []string) (int, error) {
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.Env = append(withPreload(os.Environ(), shim),
 		proto.EnvSocket+"="+socket, proto.EnvMinAlloc+"="+strconv.FormatUint(opts.MinAlloc, 10))
+	if askBudget {
+		cmd.Env = append(cmd.Env, proto.EnvLocalMem+"="+strconv.FormatUint(uint64(localMem), 10))
+	}
 	code, err := catcher.Run(ctx, cmd)
 	if err != nil {
 		return code, err

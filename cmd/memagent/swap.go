@@ -106,8 +106,9 @@ standard streams are its own. Needs root.
 In uffd mode (the default) CMD runs with the LD_PRELOAD shim (librmem.so):
 its allocations of --min-alloc or more are served by the agent through
 userfaultfd, which fetches and evicts their pages. The agent listening on
---socket serves it; when none is running, run starts one for the duration.
---stats prints CMD's paging figures on stderr when it exits.
+--socket serves it, keeping CMD (and each process it forks) under --local-mem
+when given, else under that agent's own --local-mem; when none is running,
+run starts one for the duration. --stats prints CMD's paging figures on stderr when it exits.
 
 In swap mode CMD runs in a memory cgroup limited to --local-mem and the
 kernel swaps its overflow to a pool swap file; if no pool swap file is

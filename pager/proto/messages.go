@@ -11,7 +11,7 @@ import (
 
 // Body sizes.
 const (
-	helloSize     = 32
+	helloSize     = 40
 	welcomeSize   = 24
 	regionAddSize = 32
 	regionDelSize = 24
@@ -38,6 +38,10 @@ type Hello struct {
 	Features   userfaultfd.Feature // features the uffd's handshake enabled
 	PageSize   uint32              // the sender's base page size
 	Flags      HelloFlags
+	// LocalMem is the resident bytes the process asks to be kept under
+	// (memagent run --local-mem, passed in EnvLocalMem); 0: the agent's
+	// default.
+	LocalMem uint64
 }
 
 func (*Hello) Type() Type { return TypeHello }
@@ -49,7 +53,8 @@ func (m *Hello) Encode(b []byte, seq uint32) []byte {
 	b = le.AppendUint64(b, m.ForkSerial)
 	b = le.AppendUint64(b, uint64(m.Features))
 	b = le.AppendUint32(b, m.PageSize)
-	return le.AppendUint32(b, uint32(m.Flags))
+	b = le.AppendUint32(b, uint32(m.Flags))
+	return le.AppendUint64(b, m.LocalMem)
 }
 
 func (m *Hello) Decode(body []byte) error {
@@ -63,6 +68,7 @@ func (m *Hello) Decode(body []byte) error {
 		Features:   userfaultfd.Feature(le.Uint64(body[16:])),
 		PageSize:   le.Uint32(body[24:]),
 		Flags:      HelloFlags(le.Uint32(body[28:])),
+		LocalMem:   le.Uint64(body[32:]),
 	}
 	switch {
 	case h.PID <= 0:

@@ -42,6 +42,10 @@ const (
 	DefaultSocket = "/run/rmem/memagent.sock"
 	// EnvSocket overrides DefaultSocket for the shim and the Go client.
 	EnvSocket = "RMEM_AGENT_SOCK"
+	// EnvLocalMem is the resident-memory budget the shim asks for in
+	// HELLO (bytes, or with a K/M/G, KiB/MiB/GiB suffix); unset: the
+	// agent's default. memagent run sets it from --local-mem.
+	EnvLocalMem = "RMEM_LOCAL_MEM"
 	// EnvMinAlloc sets the shim's threshold (bytes, or with a K/M/G,
 	// KiB/MiB/GiB suffix); it wins over WELCOME's MinAlloc.
 	EnvMinAlloc = "RMEM_MIN_ALLOC"

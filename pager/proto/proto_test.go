@@ -23,6 +23,7 @@ func sampleMessages() []Message {
 	}
 	return []Message{
 		&Hello{PID: 42, PPID: 1, Features: userfaultfd.FeatureEventFork | userfaultfd.FeaturePagefaultFlagWP, PageSize: 4096, Flags: HelloUFFD},
+		&Hello{PID: 43, PPID: 42, ForkSerial: 2, PageSize: 4096, LocalMem: 512 << 20},
 		&Hello{PID: 43, PPID: 42, ForkSerial: 3, PageSize: 4096},
 		&Welcome{ClientID: 9, MinAlloc: 1 << 20, StagingSlots: 256},
 		&Welcome{ClientID: 10, StagingSlots: 1, Flags: WelcomeUFFD},

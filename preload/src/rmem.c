@@ -179,6 +179,8 @@ static int add_overflows(size_t a, size_t b) { return a + b < a; }
 
 static int large(size_t n) { return n >= g_min_alloc; }
 
+static uint64_t g_local_mem; /* RMEM_LOCAL_MEM; 0: the agent's budget */
+
 static size_t parse_size(const char *s, int *ok)
 {
 	char *end;
@@ -225,6 +227,16 @@ static void init_config(void)
 			say("rmem: ignoring " RMEM_ENV_MIN_ALLOC "=", s,
 			    " (want bytes, optionally with K, M, G, KiB, MiB or GiB)", NULL);
 		}
+	}
+	const char *lm = getenv(RMEM_ENV_LOCAL_MEM);
+	if (lm && *lm) {
+		int ok;
+		size_t v = parse_size(lm, &ok);
+		if (ok && v > 0)
+			g_local_mem = v;
+		else
+			say("rmem: ignoring " RMEM_ENV_LOCAL_MEM "=", lm,
+			    " (want bytes, optionally with K, M, G, KiB, MiB or GiB)", NULL);
 	}
 	const char *p = getenv(RMEM_ENV_SOCKET);
 	if (!p || !*p)
@@ -723,6 +735,7 @@ static int handshake(int fork_child, const char **why)
 		.features = g_features,
 		.page_size = (uint32_t)g_page,
 		.flags = fork_child ? 0 : RMEM_HELLO_UFFD,
+		.local_mem = g_local_mem,
 	};
 	int err = send_packet(RMEM_HELLO, ++g_seq, &hello, sizeof hello, fork_child ? -1 : g_uffd);
 	*why = "no usable reply to HELLO";
