@@ -46,7 +46,7 @@ type Options struct {
 	// StagingSlots is the pages of each client's staging area (default
 	// 256; at least proto.MaxEvictBatch).
 	StagingSlots int
-	// MaxPrefetch is the deepest prefetch in pages (default 32; negative
+	// MaxPrefetch is the deepest prefetch in pages (default 128; negative
 	// disables prefetching).
 	MaxPrefetch int
 	// HandshakeTimeout bounds a client's HELLO (default 5s).
@@ -125,7 +125,7 @@ func New(opts Options) (*Agent, error) {
 		opts.StagingSlots = 256
 	}
 	if opts.MaxPrefetch == 0 {
-		opts.MaxPrefetch = 32
+		opts.MaxPrefetch = 128
 	}
 	if opts.MaxPrefetch < 0 {
 		opts.MaxPrefetch = 0

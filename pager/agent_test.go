@@ -55,6 +55,7 @@ type childSpec struct {
 	ReadOnly bool   // lost test: write, report WRITTEN, wait, then read
 	Workload string // benchmarks: see benchChild
 	Accesses int
+	Repeat   int // benchmarks: run the workload this many times, report the fastest
 }
 
 type childResult struct {

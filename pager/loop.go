@@ -75,6 +75,8 @@ type client struct {
 	pfds       []unix.PollFd
 	reads      []PageOp
 	readAt     []readRef
+	merged     []PageOp // reads joined into runs (merge)
+	mergedAt   []int    // first read of each merged op
 	bufs       []byte
 	pfOut      []int64
 	held       []heldFault
@@ -143,6 +145,7 @@ func (a *Agent) newClient(u *userfaultfd.UFFD, features userfaultfd.Feature) (*c
 		msgs:  make([]userfaultfd.Msg, maxMsgs),
 		pfds:  make([]unix.PollFd, 0, 4),
 		reads: make([]PageOp, 0, maxBatch), readAt: make([]readRef, 0, maxBatch),
+		merged: make([]PageOp, 0, maxBatch), mergedAt: make([]int, 0, maxBatch),
 		bufs:  make([]byte, maxBatch*pageSize),
 		pfOut: make([]int64, a.opts.MaxPrefetch),
 		held:  make([]heldFault, 0, maxHeld), retry: make([]heldFault, 0, maxHeld),
@@ -634,8 +637,17 @@ func (c *client) flushReads(since time.Time) {
 	if len(c.reads) == 0 {
 		return
 	}
-	ctx := c.a.ctx
-	c.io.Read(ctx, c.reads)
+	c.merge()
+	c.io.Read(c.a.ctx, c.merged)
+	for m, op := range c.merged {
+		end := len(c.reads)
+		if m+1 < len(c.mergedAt) {
+			end = c.mergedAt[m+1]
+		}
+		for k := c.mergedAt[m]; k < end; k++ {
+			c.reads[k].Err = op.Err
+		}
+	}
 	for k := 0; k < len(c.reads); {
 		// A run of pages that arrived and are adjacent in the client is
 		// installed with one UFFDIO_COPY (their buffers are adjacent too):
@@ -655,6 +667,25 @@ func (c *client) flushReads(since time.Time) {
 	}
 	c.reads = c.reads[:0]
 	c.readAt = c.readAt[:0]
+}
+
+// merge joins the batch's reads into c.merged: a run of reads of adjacent
+// pages of one region in one slab (adjacent in the slab too, and their
+// buffers are adjacent) is one READ, so that a prefetched stream moves in
+// a few large transfers rather than many 4 KiB ones (measured on the
+// sequential benchmark: a 32-page batch took ~150 µs as 32 READs).
+func (c *client) merge() {
+	c.merged, c.mergedAt = c.merged[:0], c.mergedAt[:0]
+	for k := 0; k < len(c.reads); {
+		j := k + 1
+		for j < len(c.reads) && c.readAt[j].r == c.readAt[k].r && c.readAt[j].idx == c.readAt[j-1].idx+1 &&
+			c.reads[j].Slab == c.reads[k].Slab {
+			j++
+		}
+		c.merged = append(c.merged, PageOp{Slab: c.reads[k].Slab, Off: c.reads[k].Off, Buf: c.bufs[k*pageSize : j*pageSize]})
+		c.mergedAt = append(c.mergedAt, k)
+		k = j
+	}
 }
 
 // copyRun installs reads [k, j), adjacent pages of one region, with one
