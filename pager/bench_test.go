@@ -32,14 +32,20 @@ import (
 //
 //	go test -run '^$' -bench . -benchtime 1x ./pager/
 //
-// Measured 2026-11-30 on the 2-vCPU VM while other builds ran (load 2-5;
-// figures vary ±2× between runs): remote fault p50 18-20 µs against a
-// baseline of 10.5-13 µs (agent fault served from the in-memory provider
-// ~5.5-8 µs + tcp READ ~5 µs), ratio 1.4-1.9; p99 0.4 ms (ratio 0.8-2.3).
-// Slowdown at 50% / 25% local: seq 6.9× / 7.7×, random 2700× / 4200×
-// (the 100% run is a few ms of cache hits; each remote fault costs ~65 µs
-// of agent service time under eviction pressure), Zipfian θ=0.99 150× /
-// 320×, quicksort 3.0× / 1.4-4.8×.
+// Measured 2026-11-30 (second session) on the quiet 2-vCPU VM, back to back
+// (figures vary ±30% between runs): remote fault p50 20-24 µs against a
+// baseline of 12-12.7 µs (agent fault served from the in-memory provider
+// ~6.8 µs + tcp READ ~5.3 µs), ratio 1.5-2.0; p99 0.2-0.3 ms (ratio
+// 0.95-1.6). Slowdown against the fastest of 5 all-local runs, at 50% /
+// 25% local: seq 46× / 42× (4096 pages in ~27 ms: ~6.5 µs a page; the
+// local scan touches a page in 0.16 µs), random 3900× / 6000× (~66 µs a
+// fault: wake-ups of the app, agent and server threads, READ, COPY,
+// eviction), Zipfian θ=0.99 160× / 300× (36k / 62k faults in 200k
+// accesses: CLOCK sees no reads of resident pages), quicksort 3.8× / 7.4×.
+// Every remote page costs a few µs of copies on these CPUs (TCP send and
+// receive, UFFDIO_COPY) whatever the policy, so a workload that does
+// almost nothing per byte it touches is slowed by one to three orders of
+// magnitude; see the closing notes of issue 5.
 
 type benchResult struct {
 	Latencies []int64 // ns per timed access (latency workload)
