@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"slices"
@@ -249,6 +250,12 @@ func (a *Agent) handshake(conn *net.UnixConn) {
 	oob := make([]byte, proto.OOBSize)
 	var fds [proto.MaxFDs]int
 	pkt, nfds, err := proto.Recv(conn, buf, oob, fds[:])
+	if errors.Is(err, io.EOF) {
+		// Closed without a word: a liveness probe (memagent run checks
+		// for a running agent this way).
+		a.log.Debug("connection closed before HELLO", zap.Int32("pid", cred.Pid))
+		return
+	}
 	if err != nil {
 		a.log.Warn("no HELLO from client", zap.Int32("pid", cred.Pid), zap.Error(err))
 		return
