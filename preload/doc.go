@@ -43,8 +43,10 @@
 // socket; program threads make one request at a time (req_mu) and the
 // helper hands them their reply. The helper holds the region table lock
 // while it copies and drops victims, so a region cannot be unmapped under
-// it; its MADV_DONTNEED raises a REMOVE event and blocks until the agent
-// reads it, so the agent must keep reading the uffd while an EVICT is out.
+// it. The shim asks for no REMOVE events (each would block the helper's
+// MADV_DONTNEED until the agent read it); the program's own dropping
+// madvise calls reach the agent as REGION_ZAP before the kernel drops the
+// pages (docs/pager.md).
 //
 // fork() is wrapped: it holds the shim's locks across the real fork, so
 // the region set is frozen while other libraries' atfork handlers run

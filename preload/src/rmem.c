@@ -558,9 +558,8 @@ static void evict(const struct rmem_evict *ev, struct rmem_evicted *out)
 		if (s != RMEM_NO_SLOT)
 			memcpy(g_staging + (size_t)s * g_page, (void *)a, g_page);
 	}
-	/* Drop the pages, one madvise per run of neighbours: each raises a
-	 * REMOVE event that blocks us until the agent reads it, so the agent
-	 * names runs (RMEM_NO_SLOT entries fill the gaps). */
+	/* Drop the pages, one madvise per run of neighbours (the agent sorts
+	 * its victims). No REMOVE event: the shim does not ask for them. */
 	uint32_t i = 0;
 	while (i < done) {
 		uintptr_t start = (uintptr_t)ev->pages[i].addr;
