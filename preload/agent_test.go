@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -413,10 +414,20 @@ type sockMsg struct {
 
 // serve is the client's loop: one goroutine owns its state; two readers
 // feed it the socket's messages and the uffd's events.
+//
+// Order between the two: a uffd event the kernel considers read may be
+// followed by a message the client sends once it is (fork returns in the
+// parent when its FORK event is read; the parent then unmaps a region whose
+// REGION_DEL must come after the FORK copied the regions for the child).
+// readSeq counts the event batches the uffd reader has read, handled those
+// the loop has handled: before a socket message, the loop handles the
+// batches read so far.
 func (c *agentClient) serve() {
 	msgs := make(chan sockMsg)
 	events := make(chan []userfaultfd.Event)
 	quit := make(chan struct{})
+	var readSeq atomic.Uint64
+	handled := uint64(0)
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { // socket reader
@@ -448,6 +459,7 @@ func (c *agentClient) serve() {
 			if err != nil {
 				return
 			}
+			readSeq.Add(1)
 			evs := make([]userfaultfd.Event, 0, n)
 			for i := range n {
 				ev, err := raw[i].Decode()
@@ -503,6 +515,15 @@ func (c *agentClient) serve() {
 				}
 				return
 			}
+			for handled < readSeq.Load() {
+				evs := <-events
+				handled++
+				for _, e := range evs {
+					if c.handleEvent(e, ev) {
+						retry = append(retry, e)
+					}
+				}
+			}
 			if m, ok := sm.m.(*proto.Evicted); ok && m.Batch == rawBatch && rawReply != nil {
 				rawReply <- m
 				rawReply = nil
@@ -510,6 +531,7 @@ func (c *agentClient) serve() {
 			}
 			ev = c.handleMsg(sm, ev)
 		case evs := <-events:
+			handled++
 			for _, e := range evs {
 				if c.handleEvent(e, ev) {
 					retry = append(retry, e)
