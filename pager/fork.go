@@ -2,6 +2,7 @@ package pager
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"go.uber.org/zap"
@@ -122,6 +123,29 @@ func (c *client) copySlab(child *client, r, cr *region, s int) error {
 			}
 		}
 		c.io.Read(ctx, rd)
+		// No replica reachable right now is not lost: try again a few
+		// times before the child's copy of those pages is given up
+		// (poisoned: loud, never zeros).
+		for try := 0; try < 3 && ctx.Err() == nil; try++ {
+			retry := rd[:0:0]
+			for k := range rd {
+				if errors.Is(rd[k].Err, ErrUnavailable) {
+					retry = append(retry, rd[k])
+				}
+			}
+			if len(retry) == 0 {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+			c.io.Read(ctx, retry)
+			m := 0
+			for k := range rd {
+				if errors.Is(rd[k].Err, ErrUnavailable) {
+					rd[k].Err = retry[m].Err
+					m++
+				}
+			}
+		}
 		lost := map[int]bool{}
 		j := 0
 		for k := range ops {
