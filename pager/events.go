@@ -239,14 +239,24 @@ func (c *client) addRegion(m *proto.RegionAdd) error {
 	return nil
 }
 
-func (c *client) delRegion(m *proto.RegionDel) error {
-	r := c.regs.byID(m.ID)
+// regionPages returns region id and the pages [from, to) that rng covers
+// in it, or the error to answer a request naming them with.
+func (c *client) regionPages(id uint64, rng userfaultfd.Range) (r *region, from, to int, err error) {
+	r = c.regs.byID(id)
 	if r == nil {
-		return errWithErrno(unix.ENOENT, "no such region")
+		return nil, 0, 0, errWithErrno(unix.ENOENT, "no such region")
 	}
-	end, ok := m.Range.End()
-	if !ok || m.Range.Start < r.start || end > r.end() || !m.Range.PageAligned(pageSize) {
-		return errWithErrno(unix.EINVAL, "range is not page aligned inside the region")
+	end, ok := rng.End()
+	if !ok || rng.Start < r.start || end > r.end() || !rng.PageAligned(pageSize) {
+		return nil, 0, 0, errWithErrno(unix.EINVAL, "range is not page aligned inside the region")
+	}
+	from = int(uint64(rng.Start-r.start) / pageSize)
+	return r, from, from + int(rng.Len/pageSize), nil
+}
+
+func (c *client) delRegion(m *proto.RegionDel) error {
+	if _, _, _, err := c.regionPages(m.ID, m.Range); err != nil {
+		return err
 	}
 	c.dropRange(m.Range, true)
 	return nil
@@ -256,16 +266,11 @@ func (c *client) delRegion(m *proto.RegionDel) error {
 // (MADV_DONTNEED): they read as zeros from now on. A page being evicted
 // becomes Absent too, still busy: evicted sees that and keeps it Absent.
 func (c *client) zapRegion(m *proto.RegionZap) error {
-	r := c.regs.byID(m.ID)
-	if r == nil {
-		return errWithErrno(unix.ENOENT, "no such region")
+	r, from, to, err := c.regionPages(m.ID, m.Range)
+	if err != nil {
+		return err
 	}
-	end, ok := m.Range.End()
-	if !ok || m.Range.Start < r.start || end > r.end() || !m.Range.PageAligned(pageSize) {
-		return errWithErrno(unix.EINVAL, "range is not page aligned inside the region")
-	}
-	from := int(uint64(m.Range.Start-r.start) / pageSize)
-	for idx := from; idx < from+int(m.Range.Len/pageSize); idx++ {
+	for idx := from; idx < to; idx++ {
 		if r.pages[idx].State() != Absent {
 			c.dropPage(r, idx)
 		}

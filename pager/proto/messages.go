@@ -213,24 +213,32 @@ type RegionDel struct {
 func (*RegionDel) Type() Type { return TypeRegionDel }
 
 func (m *RegionDel) Encode(b []byte, seq uint32) []byte {
-	b = appendHeader(b, TypeRegionDel, seq, regionDelSize)
-	b = le.AppendUint64(b, m.ID)
-	b = le.AppendUint64(b, uint64(m.Range.Start))
-	return le.AppendUint64(b, m.Range.Len)
+	return appendRegionRange(b, TypeRegionDel, seq, m.ID, m.Range)
 }
 
 func (m *RegionDel) Decode(body []byte) error {
-	if err := checkLen(TypeRegionDel, body, regionDelSize); err != nil {
+	return decodeRegionRange(TypeRegionDel, body, &m.ID, &m.Range)
+}
+
+// appendRegionRange encodes the body REGION_DEL and REGION_ZAP share.
+func appendRegionRange(b []byte, t Type, seq uint32, id uint64, r userfaultfd.Range) []byte {
+	b = appendHeader(b, t, seq, regionDelSize)
+	b = le.AppendUint64(b, id)
+	b = le.AppendUint64(b, uint64(r.Start))
+	return le.AppendUint64(b, r.Len)
+}
+
+// decodeRegionRange decodes that body into id and r, which it leaves
+// alone on an error.
+func decodeRegionRange(t Type, body []byte, id *uint64, r *userfaultfd.Range) error {
+	if err := checkLen(t, body, regionDelSize); err != nil {
 		return err
 	}
-	r := RegionDel{
-		ID:    le.Uint64(body),
-		Range: userfaultfd.Range{Start: userfaultfd.Addr(le.Uint64(body[8:])), Len: le.Uint64(body[16:])},
-	}
-	if err := checkRange(TypeRegionDel, r.Range); err != nil {
+	rng := userfaultfd.Range{Start: userfaultfd.Addr(le.Uint64(body[8:])), Len: le.Uint64(body[16:])}
+	if err := checkRange(t, rng); err != nil {
 		return err
 	}
-	*m = r
+	*id, *r = le.Uint64(body), rng
 	return nil
 }
 
@@ -250,25 +258,11 @@ type RegionZap struct {
 func (*RegionZap) Type() Type { return TypeRegionZap }
 
 func (m *RegionZap) Encode(b []byte, seq uint32) []byte {
-	b = appendHeader(b, TypeRegionZap, seq, regionDelSize)
-	b = le.AppendUint64(b, m.ID)
-	b = le.AppendUint64(b, uint64(m.Range.Start))
-	return le.AppendUint64(b, m.Range.Len)
+	return appendRegionRange(b, TypeRegionZap, seq, m.ID, m.Range)
 }
 
 func (m *RegionZap) Decode(body []byte) error {
-	if err := checkLen(TypeRegionZap, body, regionDelSize); err != nil {
-		return err
-	}
-	r := RegionZap{
-		ID:    le.Uint64(body),
-		Range: userfaultfd.Range{Start: userfaultfd.Addr(le.Uint64(body[8:])), Len: le.Uint64(body[16:])},
-	}
-	if err := checkRange(TypeRegionZap, r.Range); err != nil {
-		return err
-	}
-	*m = r
-	return nil
+	return decodeRegionRange(TypeRegionZap, body, &m.ID, &m.Range)
 }
 
 func checkRange(t Type, r userfaultfd.Range) error {

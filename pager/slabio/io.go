@@ -61,7 +61,7 @@ func (c *opCtx) Err() error {
 
 // begin returns ctx with the op deadline from now (for one round of
 // posts and waits).
-func (io *IO) begin(ctx context.Context) context.Context {
+func (io *IO) begin(ctx context.Context) *opCtx {
 	io.octx = opCtx{ctx, time.Now().Add(io.opTimeout)}
 	return &io.octx
 }
@@ -302,17 +302,12 @@ func (io *IO) readChunk(ctx context.Context, ops []pager.PageOp) error {
 				io.classify(op.Slab, io.srv[i], c.Status, p, &io.why[i])
 				io.more = append(io.more, i)
 			})
-			if err == nil {
-				continue
-			}
-			if io.octx.Context.Err() != nil {
+			if err != nil {
 				io.endRound()
-				return err // the caller's ctx ended
+				return err
 			}
-			// The server missed the deadline: its unfinished READs
-			// move to the next replica.
-			io.t.stalls.Add(1)
-			p.stall()
+			// A stalled server's unfinished READs move to the next
+			// replica.
 			for _, i := range io.pend {
 				if io.via[i] == p && !io.fin[i] {
 					io.fin[i] = true
@@ -345,8 +340,10 @@ func (io *IO) scratch(k int) []rdma.WorkRequest {
 
 // collect waits for p's n completions and hands each to f. On a transport
 // failure the connection is dropped (its completions still arrive, with
-// StatusTransport).
-func (io *IO) collect(ctx context.Context, p *peer, f func(*rdma.Completion)) error {
+// StatusTransport). A server that misses the op deadline is stalled
+// (dropped and skipped for a while) and collect returns nil with requests
+// unfinished; an error means the caller's ctx ended.
+func (io *IO) collect(ctx *opCtx, p *peer, f func(*rdma.Completion)) error {
 	var spinUntil time.Time
 	for p.n > 0 {
 		cqes := io.cqes[:min(p.n, len(io.cqes))]
@@ -365,8 +362,15 @@ func (io *IO) collect(ctx context.Context, p *peer, f func(*rdma.Completion)) er
 			got, err = p.c.Wait(ctx, cqes)
 		}
 		if err != nil {
-			p.drop()
-			return err
+			if ctx.Context.Err() != nil {
+				p.drop()
+				return err // the caller's ctx ended
+			}
+			// The server missed the op deadline: the caller fails
+			// the requests it left unfinished (fin) over.
+			io.t.stalls.Add(1)
+			p.stall()
+			return nil
 		}
 		for j := 0; j < got; j++ {
 			f(&io.cqes[j])
@@ -423,8 +427,8 @@ func (io *IO) Write(ctx context.Context, ops []pager.PageOp) error {
 	return nil
 }
 
-func (io *IO) writeChunk(ctx context.Context, ops []pager.PageOp) error {
-	ctx = io.begin(ctx)
+func (io *IO) writeChunk(parent context.Context, ops []pager.PageOp) error {
+	ctx := io.begin(parent)
 	// One WR per (op, live replica), posted per connection.
 	nw := 0
 	for i := range ops {
@@ -492,17 +496,12 @@ func (io *IO) writeChunk(ctx context.Context, ops []pager.PageOp) error {
 			}
 			io.ok[io.wop[w]]++
 		})
-		if err == nil {
-			continue
-		}
-		if io.octx.Context.Err() != nil {
+		if err != nil {
 			io.endRound()
-			return err // the caller's ctx ended
+			return err
 		}
-		// The server missed the deadline: its replicas miss these
-		// WRITEs (marked stale below if another replica took them).
-		io.t.stalls.Add(1)
-		p.stall()
+		// A stalled server's replicas miss its unfinished WRITEs
+		// (marked stale below if another replica took them).
 		for w := 0; w < nw; w++ {
 			if io.via[w] == p && !io.fin[w] {
 				io.fin[w] = true
