@@ -11,13 +11,6 @@ import (
 	"rmem/userfaultfd"
 )
 
-// Eviction batch bounds.
-const (
-	// maxVictims is the most pages one eviction batch takes off the
-	// budget.
-	maxVictims = 128
-)
-
 // maybeEvict starts an eviction batch when resident pages are past the
 // high watermark: CLOCK picks victims, they are write-protected (a write
 // from now on faults to us and waits) and named in an EVICT to the
@@ -35,7 +28,7 @@ func (c *client) maybeEvict() {
 	if need <= 0 {
 		return
 	}
-	need = min(need, maxVictims, len(c.slotFree))
+	need = min(need, proto.MaxEvictBatch, len(c.slotFree))
 	n := c.clock.Victims(c.regs.tables, c.victims[:need])
 	if n == 0 {
 		return

@@ -151,11 +151,11 @@ func (a *Agent) newClient(u *userfaultfd.UFFD, features userfaultfd.Feature) (*c
 		held:  make([]heldFault, 0, maxHeld), retry: make([]heldFault, 0, maxHeld),
 		retrySpare: make([]heldFault, 0, maxHeld),
 		early:      make([]userfaultfd.Msg, 0, maxMsgs), earlySpare: make([]userfaultfd.Msg, 0, maxMsgs),
-		victims:   make([]Victim, maxVictims),
+		victims:   make([]Victim, proto.MaxEvictBatch),
 		zeros:     make([]byte, pageSize),
 		stagingFD: sfd, staging: staging,
 		slotFree: make([]uint32, 0, slots), slotOwner: make([]pageRef, slots),
-		wb: make([]PageOp, 0, maxVictims), wbRef: make([]int, 0, maxVictims),
+		wb: make([]PageOp, 0, proto.MaxEvictBatch), wbRef: make([]int, 0, proto.MaxEvictBatch),
 		sendBuf: make([]byte, 0, proto.MaxPacket), recvBuf: make([]byte, proto.MaxPacket),
 		oob: make([]byte, proto.OOBSize),
 	}
@@ -299,7 +299,7 @@ func (c *client) throttle(since time.Time) bool {
 	if c.conn == nil || !c.evictBusy && len(c.slotFree) == 0 {
 		return false
 	}
-	over := int(c.st.resident.Load())+len(c.reads) >= c.a.budgetPages(c.localMem.Load())+maxVictims
+	over := int(c.st.resident.Load())+len(c.reads) >= c.a.budgetPages(c.localMem.Load())+proto.MaxEvictBatch
 	return over && time.Since(since) < maxThrottle
 }
 

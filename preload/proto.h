@@ -11,7 +11,7 @@
 
 #define RMEM_MAGIC 0x4d454d52u /* "RMEM" */
 #define RMEM_VERSION 2
-#define RMEM_MAX_EVICT_BATCH 256
+#define RMEM_MAX_EVICT_BATCH 128
 #define RMEM_NO_SLOT 0xffffffffu /* EVICT entry: drop without copying */
 #define RMEM_MAX_ERROR_TEXT 200
 #define RMEM_MAX_STAGING_SLOTS (1u << 16)

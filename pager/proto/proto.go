@@ -15,8 +15,9 @@ const (
 	Version uint16 = 2
 	// HeaderSize is the size of the header that starts every packet.
 	HeaderSize = 16
-	// MaxEvictBatch is the most pages one EVICT names.
-	MaxEvictBatch = 256
+	// MaxEvictBatch is the most pages one EVICT names (and the most the
+	// agent evicts in one batch).
+	MaxEvictBatch = 128
 	// NoSlot as an EVICT entry's slot: drop the page without copying it
 	// (the pool holds its contents, or nothing is mapped there).
 	NoSlot = ^uint32(0)

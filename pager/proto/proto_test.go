@@ -154,11 +154,11 @@ func TestBadInput(t *testing.T) {
 		{"welcome no slots", (&Welcome{}).Encode(nil, 0), ErrMalformed, "staging slots"},
 		{"region kind", (&RegionAdd{ID: 1, Range: userfaultfd.Range{Start: 0, Len: 1}, Kind: 3}).Encode(nil, 0), ErrMalformed, "kind(3)"},
 		{"evict none", evict(0), ErrMalformed, "0 pages"},
-		{"evict too many", evict(MaxEvictBatch + 1), ErrMalformed, "257 pages"},
+		{"evict too many", evict(MaxEvictBatch + 1), ErrMalformed, "129 pages"},
 		{"evict count beyond body", evict(2), ErrMalformed, "want 48"},
 		{"error errno 0", errPkt(0, "x"), ErrMalformed, "errno 0"},
 		{"error text too long", errPkt(unix.EIO, strings.Repeat("x", MaxErrorText+1)), ErrMalformed, "want 8..208"},
-		{"evicted done", (&Evicted{Done: MaxEvictBatch + 1}).Encode(nil, 0), ErrMalformed, "257 pages done"},
+		{"evicted done", (&Evicted{Done: MaxEvictBatch + 1}).Encode(nil, 0), ErrMalformed, "129 pages done"},
 		{"ack reserved", append(appendHeader(nil, TypeAck, 0, 8), 1, 0, 0, 0, 1, 0, 0, 0), ErrMalformed, "must be 0"},
 	}
 	for _, c := range cases {
