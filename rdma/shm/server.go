@@ -3,7 +3,6 @@ package shm
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -15,6 +14,7 @@ import (
 
 	"rmem/rdma"
 	"rmem/rdma/internal/atomicmem"
+	"rmem/rdma/internal/connset"
 )
 
 // helloTimeout bounds the handshake of an accepted connection.
@@ -22,14 +22,9 @@ const helloTimeout = 10 * time.Second
 
 // Listener serves a Domain's memfd-backed regions to clients on this host.
 type Listener struct {
-	ln  *net.UnixListener
-	d   *rdma.Domain
-	max int
-
-	wg     sync.WaitGroup
-	mu     sync.Mutex
-	conns  map[*serverConn]struct{} // guarded by mu
-	closed bool                     // guarded by mu
+	ln    *net.UnixListener
+	d     *rdma.Domain
+	conns *connset.Set
 }
 
 // Listen serves d on the unix socket path (SOCK_SEQPACKET). A stale socket
@@ -47,9 +42,8 @@ func Listen(path string, d *rdma.Domain, opts rdma.ListenOptions) (*Listener, er
 	if err != nil {
 		return nil, fmt.Errorf("rdma/shm: listen %s: %w", path, err)
 	}
-	l := &Listener{ln: ln, d: d, max: opts.MaxConns, conns: map[*serverConn]struct{}{}}
-	l.wg.Add(1)
-	go l.routineAccept()
+	l := &Listener{ln: ln, d: d}
+	l.conns = connset.Serve(ln, opts.MaxConns, l.open)
 	return l, nil
 }
 
@@ -59,65 +53,18 @@ func (l *Listener) Addr() string { return l.ln.Addr().String() }
 // Close stops accepting, marks every connection closed in its control
 // memfd (clients' next ops fail with StatusTransport), closes them and
 // waits for all of the listener's goroutines. Safe to call twice.
-func (l *Listener) Close() error {
-	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
-		l.wg.Wait()
-		return nil
-	}
-	l.closed = true
-	err := l.ln.Close()
-	for c := range l.conns {
-		c.shutdown()
-	}
-	l.mu.Unlock()
-	l.wg.Wait()
-	return err
-}
+func (l *Listener) Close() error { return l.conns.Close() }
 
 // Conns returns the number of connections being served.
-func (l *Listener) Conns() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.conns)
+func (l *Listener) Conns() int { return l.conns.Len() }
+
+func (l *Listener) open(nc net.Conn) (connset.Conn, error) {
+	return newServerConn(nc.(*net.UnixConn), l.d)
 }
 
-func (l *Listener) routineAccept() {
-	defer l.wg.Done()
-	for {
-		nc, err := l.ln.AcceptUnix()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			time.Sleep(5 * time.Millisecond) // e.g. EMFILE: back off, keep serving
-			continue
-		}
-		l.mu.Lock()
-		if l.closed || (l.max > 0 && len(l.conns) >= l.max) {
-			l.mu.Unlock()
-			nc.Close()
-			continue
-		}
-		c, err := newServerConn(nc, l.d)
-		if err != nil {
-			l.mu.Unlock()
-			nc.Close()
-			continue
-		}
-		l.conns[c] = struct{}{}
-		l.wg.Add(1)
-		l.mu.Unlock()
-		go func() {
-			defer l.wg.Done()
-			c.routineServe()
-			l.mu.Lock()
-			delete(l.conns, c)
-			l.mu.Unlock()
-		}()
-	}
-}
+// Serve and Shutdown make a serverConn a connset.Conn.
+func (c *serverConn) Serve()    { c.routineServe() }
+func (c *serverConn) Shutdown() { c.shutdown() }
 
 // serverConn is one client. routineServe owns the socket reads; Fence
 // (from Domain.Revoke) and shutdown touch the control memory under mu.

@@ -2,15 +2,14 @@ package tcp
 
 import (
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"io"
 	"net"
-	"sync"
 	"time"
 
 	"rmem/rdma"
 	"rmem/rdma/internal/atomicmem"
+	"rmem/rdma/internal/connset"
 	"rmem/rdma/internal/iovec"
 )
 
@@ -29,14 +28,9 @@ const (
 
 // Listener serves a Domain over TCP.
 type Listener struct {
-	ln  net.Listener
-	d   *rdma.Domain
-	max int
-
-	wg     sync.WaitGroup
-	mu     sync.Mutex
-	conns  map[*serverConn]struct{} // guarded by mu
-	closed bool                     // guarded by mu
+	ln    net.Listener
+	d     *rdma.Domain
+	conns *connset.Set
 }
 
 // Listen serves d at addr ("host:port"; port 0 picks one).
@@ -51,9 +45,8 @@ func Listen(addr string, d *rdma.Domain, opts rdma.ListenOptions) (*Listener, er
 	if opts.TLS != nil {
 		ln = tls.NewListener(ln, opts.TLS)
 	}
-	l := &Listener{ln: ln, d: d, max: opts.MaxConns, conns: map[*serverConn]struct{}{}}
-	l.wg.Add(1)
-	go l.routineAccept()
+	l := &Listener{ln: ln, d: d}
+	l.conns = connset.Serve(ln, opts.MaxConns, l.open)
 	return l, nil
 }
 
@@ -62,70 +55,16 @@ func (l *Listener) Addr() string { return l.ln.Addr().String() }
 
 // Close stops accepting, closes every connection and waits for all of the
 // listener's goroutines. Safe to call twice.
-func (l *Listener) Close() error {
-	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
-		l.wg.Wait()
-		return nil
-	}
-	l.closed = true
-	err := l.ln.Close()
-	for c := range l.conns {
-		c.nc.Close()
-	}
-	l.mu.Unlock()
-	l.wg.Wait()
-	return err
-}
+func (l *Listener) Close() error { return l.conns.Close() }
 
 // Conns returns the number of connections being served.
-func (l *Listener) Conns() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.conns)
-}
+func (l *Listener) Conns() int { return l.conns.Len() }
 
-func (l *Listener) routineAccept() {
-	defer l.wg.Done()
-	for {
-		nc, err := l.ln.Accept()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			time.Sleep(5 * time.Millisecond) // e.g. EMFILE: back off, keep serving
-			l.mu.Lock()
-			closed := l.closed
-			l.mu.Unlock()
-			if closed {
-				return
-			}
-			continue
-		}
-		l.mu.Lock()
-		if l.closed || (l.max > 0 && len(l.conns) >= l.max) {
-			l.mu.Unlock()
-			nc.Close()
-			continue
-		}
-		c := newServerConn(nc, l.d)
-		l.conns[c] = struct{}{}
-		l.wg.Add(1)
-		l.mu.Unlock()
-		go func() {
-			defer l.wg.Done()
-			c.routineServe()
-			l.mu.Lock()
-			delete(l.conns, c)
-			l.mu.Unlock()
-		}()
-	}
-}
+func (l *Listener) open(nc net.Conn) (connset.Conn, error) { return newServerConn(nc, l.d), nil }
+
+// Serve and Shutdown make a serverConn a connset.Conn.
+func (c *serverConn) Serve()    { c.routineServe() }
+func (c *serverConn) Shutdown() { c.nc.Close() }
 
 // serverConn executes one client's requests in order. One goroutine
 // (routineServe) owns all of its fields.
