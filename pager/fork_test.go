@@ -49,6 +49,59 @@ func buildShim(t *testing.T, prog string) (lib, bin string) {
 	return lib, bin
 }
 
+// shimProg is a test program running under the shim, served by an agent.
+type shimProg struct {
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	stderr strings.Builder
+	lines  chan string
+}
+
+// startShimProg starts bin with the shim lib and agent a's socket, in a
+// process group of its own (the children it forks are killed with it).
+func startShimProg(t *testing.T, a *pager.Agent, lib, bin string) *shimProg {
+	t.Helper()
+	p := &shimProg{cmd: exec.Command(bin), lines: make(chan string, 8)}
+	p.cmd.Env = append(os.Environ(), "LD_PRELOAD="+lib, proto.EnvSocket+"="+a.Addr())
+	p.cmd.Stderr = &p.stderr
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	p.cmd.WaitDelay = 5 * time.Second
+	p.stdin, _ = p.cmd.StdinPipe()
+	stdout, _ := p.cmd.StdoutPipe()
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if p.cmd.ProcessState == nil {
+			syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+			p.cmd.Wait()
+		}
+	})
+	go func() {
+		defer close(p.lines)
+		s := bufio.NewScanner(stdout)
+		for s.Scan() {
+			p.lines <- s.Text()
+		}
+	}()
+	return p
+}
+
+// expect returns the program's next line, which must start with prefix.
+func (p *shimProg) expect(t *testing.T, prefix string) string {
+	t.Helper()
+	select {
+	case l, ok := <-p.lines:
+		if !ok || !strings.HasPrefix(l, prefix) {
+			t.Fatalf("want %q, got %q (closed: %v); stderr:\n%s", prefix, l, !ok, p.stderr.String())
+		}
+		return l
+	case <-time.After(30 * time.Second):
+		t.Fatalf("timed out waiting for %q; stderr:\n%s", prefix, p.stderr.String())
+	}
+	return ""
+}
+
 // Private-memory semantics across fork (DESIGN.md pitfall 2), end to end:
 // a C program under the shim fills 16 MiB (4 MiB budget: most of it is
 // evicted), forks, and parent and child each write their own value over
@@ -63,43 +116,11 @@ func TestForkPrivate(t *testing.T) {
 	const budget = 4 << 20
 	store := pagertest.New(t, pagertest.Options{Servers: 2, Replicas: 1, SlabSize: 1 << 20, SlabsPerServer: 48})
 	a := startAgent(t, store, budget)
-	cmd := exec.Command(bin)
-	cmd.Env = append(os.Environ(), "LD_PRELOAD="+lib, proto.EnvSocket+"="+a.Addr())
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // the child it forks is killed with it
-	cmd.WaitDelay = 5 * time.Second
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if cmd.ProcessState == nil {
-			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			cmd.Wait()
-		}
-	}()
-	lines := make(chan string, 8)
-	go func() {
-		defer close(lines)
-		s := bufio.NewScanner(stdout)
-		for s.Scan() {
-			lines <- s.Text()
-		}
-	}()
+	p := startShimProg(t, a, lib, bin)
+	stdin, stderr := p.stdin, &p.stderr
 	expect := func(prefix string) string {
 		t.Helper()
-		select {
-		case l, ok := <-lines:
-			if !ok || !strings.HasPrefix(l, prefix) {
-				t.Fatalf("want %q, got %q (closed: %v); stderr:\n%s", prefix, l, !ok, stderr.String())
-			}
-			return l
-		case <-time.After(30 * time.Second):
-			t.Fatalf("timed out waiting for %q; stderr:\n%s", prefix, stderr.String())
-		}
-		return ""
+		return p.expect(t, prefix)
 	}
 	expect("ready")
 	waitStats(t, a, func(st pager.ClientStats) bool { return st.Evictions > 0 })
@@ -132,7 +153,7 @@ func TestForkPrivate(t *testing.T) {
 	if !oks["child ok"] || !oks["parent ok"] {
 		t.Fatalf("got %v; stderr:\n%s", oks, stderr.String())
 	}
-	if err := cmd.Wait(); err != nil {
+	if err := p.cmd.Wait(); err != nil {
 		t.Fatalf("%v; stderr:\n%s", err, stderr.String())
 	}
 	waitNoClients(t, a)
@@ -154,40 +175,12 @@ func TestForkWithoutHello(t *testing.T) {
 	const budget = 2 << 20
 	store := pagertest.New(t, pagertest.Options{Servers: 2, Replicas: 1, SlabSize: 1 << 20, SlabsPerServer: 32})
 	a := startAgent(t, store, budget)
-	cmd := exec.Command(bin)
-	cmd.Env = append(os.Environ(), "LD_PRELOAD="+lib, proto.EnvSocket+"="+a.Addr())
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.WaitDelay = 5 * time.Second
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if cmd.ProcessState == nil {
-			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			cmd.Wait()
-		}
-	}()
-	sc := bufio.NewScanner(stdout)
+	p := startShimProg(t, a, lib, bin)
+	stdin, stderr := p.stdin, &p.stderr
 	expect := func(want string) {
 		t.Helper()
-		got := make(chan string, 1)
-		go func() {
-			if sc.Scan() {
-				got <- sc.Text()
-			}
-			close(got)
-		}()
-		select {
-		case l := <-got:
-			if l != want {
-				t.Fatalf("want %q, got %q; stderr:\n%s", want, l, stderr.String())
-			}
-		case <-time.After(30 * time.Second):
-			t.Fatalf("timed out waiting for %q; stderr:\n%s", want, stderr.String())
+		if l := p.expect(t, want); l != want {
+			t.Fatalf("want %q, got %q; stderr:\n%s", want, l, stderr.String())
 		}
 	}
 	expect("ready")
@@ -203,7 +196,7 @@ func TestForkWithoutHello(t *testing.T) {
 	}
 	io.WriteString(stdin, "g")
 	expect("parent ok")
-	if err := cmd.Wait(); err != nil {
+	if err := p.cmd.Wait(); err != nil {
 		t.Fatalf("%v; stderr:\n%s", err, stderr.String())
 	}
 	waitNoClients(t, a)
