@@ -71,6 +71,20 @@ func word(page, gen, w uint64) uint64 {
 	return x*0xBF58476D1CE4E5B9 + 1
 }
 
+// mapChild connects the child to the agent and maps n bytes through it.
+func mapChild(n int) (*client.Client, []byte, error) {
+	c, err := client.Connect(os.Getenv(sockEnv))
+	if err != nil {
+		return nil, nil, err
+	}
+	mem, err := c.Map(n)
+	if err != nil {
+		c.Close()
+		return nil, nil, err
+	}
+	return c, mem, nil
+}
+
 func childMain(specJSON string) error {
 	var spec childSpec
 	if err := json.Unmarshal([]byte(specJSON), &spec); err != nil {
@@ -79,15 +93,11 @@ func childMain(specJSON string) error {
 	if spec.Workload != "" {
 		return benchChild(spec)
 	}
-	c, err := client.Connect(os.Getenv(sockEnv))
+	c, mem, err := mapChild(spec.Bytes)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	mem, err := c.Map(spec.Bytes)
-	if err != nil {
-		return err
-	}
 	pages := spec.Bytes / 4096
 	gen := uint64(0)
 	for pass := 0; pass < max(spec.Passes, 1); pass++ {

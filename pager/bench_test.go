@@ -17,7 +17,6 @@ import (
 
 	"go.uber.org/zap"
 
-	"rmem/client"
 	"rmem/pager"
 	"rmem/pager/pagertest"
 	"rmem/rdma"
@@ -55,15 +54,11 @@ type benchResult struct {
 }
 
 func benchChild(spec childSpec) error {
-	c, err := client.Connect(os.Getenv(sockEnv))
+	c, mem, err := mapChild(spec.Bytes)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	mem, err := c.Map(spec.Bytes)
-	if err != nil {
-		return err
-	}
 	pages := spec.Bytes / 4096
 	rng := rand.New(rand.NewSource(42))
 	var res benchResult
