@@ -106,10 +106,7 @@ type IO struct {
 	// table may change (Migrate) before the completion is classified.
 	srv []string
 	// Buffers registered with every connection that can (RegisterLocal).
-	locals [][]byte
-	// fin: the posted request (READ: op index; WRITE: request index)
-	// completed this round.
-	fin       []bool
+	locals    [][]byte
 	octx      opCtx
 	opTimeout time.Duration
 }
@@ -129,7 +126,7 @@ func (t *Table) NewIO() *IO {
 		rep: make([]uint8, d), ok: make([]uint8, d),
 		pend: make([]int32, 0, d), more: make([]int32, 0, d),
 		wop: make([]int32, d), srv: make([]string, d),
-		fin: make([]bool, 2*d), opTimeout: DefaultOpTimeout,
+		opTimeout: DefaultOpTimeout,
 	}
 }
 
@@ -275,9 +272,6 @@ func (io *IO) readChunk(ctx context.Context, ops []pager.PageOp) error {
 					k++
 				}
 			}
-			for j := 0; j < k; j++ {
-				io.fin[io.cqes[j].ID] = false
-			}
 			if err := io.postGather(p, k); err != nil {
 				for j := 0; j < k; j++ {
 					i := int32(io.cqes[j].ID)
@@ -293,7 +287,6 @@ func (io *IO) readChunk(ctx context.Context, ops []pager.PageOp) error {
 		for _, p := range io.active {
 			err := io.collect(ctx, p, func(c *rdma.Completion) {
 				i := int32(c.ID)
-				io.fin[i] = true
 				op := &ops[i]
 				if c.Status == rdma.StatusOK {
 					io.t.reads.Add(1)
@@ -306,13 +299,14 @@ func (io *IO) readChunk(ctx context.Context, ops []pager.PageOp) error {
 				io.endRound()
 				return err
 			}
-			// A stalled server's unfinished READs move to the next
-			// replica.
-			for _, i := range io.pend {
-				if io.via[i] == p && !io.fin[i] {
-					io.fin[i] = true
+			// A stalled server left its last p.n READs (posted in pend
+			// order, completed in order) unfinished: they move to the
+			// next replica.
+			for j := len(io.pend) - 1; j >= 0 && p.n > 0; j-- {
+				if i := io.pend[j]; io.via[i] == p {
 					io.why[i] |= whyUnavailable
 					io.more = append(io.more, i)
+					p.n--
 				}
 			}
 		}
@@ -341,8 +335,9 @@ func (io *IO) scratch(k int) []rdma.WorkRequest {
 // collect waits for p's n completions and hands each to f. On a transport
 // failure the connection is dropped (its completions still arrive, with
 // StatusTransport). A server that misses the op deadline is stalled
-// (dropped and skipped for a while) and collect returns nil with requests
-// unfinished; an error means the caller's ctx ended.
+// (dropped and skipped for a while) and collect returns nil with p.n
+// requests unfinished: the last p.n posted, as completions come in order;
+// an error means the caller's ctx ended.
 func (io *IO) collect(ctx *opCtx, p *peer, f func(*rdma.Completion)) error {
 	var spinUntil time.Time
 	for p.n > 0 {
@@ -367,7 +362,7 @@ func (io *IO) collect(ctx *opCtx, p *peer, f func(*rdma.Completion)) error {
 				return err // the caller's ctx ended
 			}
 			// The server missed the op deadline: the caller fails
-			// the requests it left unfinished (fin) over.
+			// the requests it left unfinished over.
 			io.t.stalls.Add(1)
 			p.stall()
 			return nil
@@ -476,17 +471,11 @@ func (io *IO) writeChunk(parent context.Context, ops []pager.PageOp) error {
 			p.drop()
 			continue
 		}
-		for w := 0; w < nw; w++ {
-			if io.via[w] == p {
-				io.fin[w] = false
-			}
-		}
 		p.n = len(buf)
 	}
 	for _, p := range io.active {
 		err := io.collect(ctx, p, func(c *rdma.Completion) {
 			w := int(c.ID)
-			io.fin[w] = true
 			if c.Status != rdma.StatusOK {
 				failed(w)
 				if c.Status == rdma.StatusTransport {
@@ -500,12 +489,13 @@ func (io *IO) writeChunk(parent context.Context, ops []pager.PageOp) error {
 			io.endRound()
 			return err
 		}
-		// A stalled server's replicas miss its unfinished WRITEs
-		// (marked stale below if another replica took them).
-		for w := 0; w < nw; w++ {
-			if io.via[w] == p && !io.fin[w] {
-				io.fin[w] = true
+		// A stalled server's replicas miss its last p.n WRITEs (posted
+		// in order, completed in order); they are marked stale below if
+		// another replica took them.
+		for w := nw - 1; w >= 0 && p.n > 0; w-- {
+			if io.via[w] == p {
 				failed(w)
+				p.n--
 			}
 		}
 	}
