@@ -472,7 +472,7 @@ func (a *Agent) Exited() []ClientStats {
 
 func (a *Agent) statsOf(c *client) ClientStats {
 	s := c.st.snapshot(pageSize)
-	s.ID, s.PID, s.BudgetBytes = c.id, int(c.pidAtm.Load()), uint64(a.budgetPages(c.localMem.Load()))*pageSize
+	s.ID, s.PID, s.BudgetBytes = c.id, int(c.pidAtm.Load()), uint64(c.budgetPages())*pageSize
 	return s
 }
 

@@ -23,7 +23,7 @@ func (c *client) maybeEvict() {
 	if c.conn == nil || c.evictBusy || len(c.slotFree) == 0 {
 		return
 	}
-	w := WatermarksFor(c.a.budgetPages(c.localMem.Load()))
+	w := WatermarksFor(c.budgetPages())
 	need := w.ToEvict(int(c.st.resident.Load()), 0)
 	if need <= 0 {
 		return
@@ -177,7 +177,7 @@ func (c *client) evicted(m *proto.Evicted) {
 			continue
 		}
 		c.st.evictions.Add(1)
-		if p.Has(FlagDirty) && hasSlot {
+		if hasSlot { // dirty when chosen (busy since: no write got in)
 			c.set(r, idx, (p &^ (FlagDirty | FlagRef | FlagPrefetched)).With(Staged))
 			c.staged++
 			c.wb = append(c.wb, PageOp{Slab: r.slabs[idx/spp], Off: uint64(idx%spp) * pageSize,

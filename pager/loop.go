@@ -299,9 +299,12 @@ func (c *client) throttle(since time.Time) bool {
 	if c.conn == nil || !c.evictBusy && len(c.slotFree) == 0 {
 		return false
 	}
-	over := int(c.st.resident.Load())+len(c.reads) >= c.a.budgetPages(c.localMem.Load())+proto.MaxEvictBatch
+	over := int(c.st.resident.Load())+len(c.reads) >= c.budgetPages()+proto.MaxEvictBatch
 	return over && time.Since(since) < maxThrottle
 }
+
+// budgetPages is the client's budget of resident pages.
+func (c *client) budgetPages() int { return c.a.budgetPages(c.localMem.Load()) }
 
 // control applies what the agent asked for; it reports whether to stop.
 func (c *client) control() bool {
@@ -482,7 +485,7 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 	if r == nil {
 		// Not a region we know: nothing of it was ever evicted, so this
 		// is a first touch.
-		if err := c.zeroFill(a, since); err != nil {
+		if _, err := c.zeroFill(a, since); err != nil {
 			c.uffd.Wake(pageRange(a)) // it faults again
 		}
 		return
@@ -528,7 +531,7 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 	switch p.State() {
 	case Absent:
 		// Dirty: a write to the zero page is not seen (no WP on it).
-		switch err := c.zeroFill(a, since); {
+		switch _, err := c.zeroFill(a, since); {
 		case err == nil:
 			c.set(r, idx, p.With(Resident)|FlagDirty|FlagRef)
 		case userfaultfd.IsMMChanged(err):
@@ -538,17 +541,9 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 		// A repeated fault (EEXIST: woken), or the page was dropped
 		// behind our back (a raw madvise(MADV_DONTNEED) system call, see
 		// docs/pager.md): it reads as zeros now.
-		_, err := c.uffd.ZeroPage(pageRange(a), 0)
-		if c.again(err) {
-			_, err = c.uffd.ZeroPage(pageRange(a), 0)
-		}
-		switch {
-		case err == nil:
-			c.st.zeroFills.Add(1)
+		switch mapped, err := c.zeroFill(a, since); {
+		case mapped:
 			c.set(r, idx, p|FlagDirty|FlagRef)
-			c.st.latency.Observe(time.Since(since))
-		case userfaultfd.IsExist(err):
-			c.uffd.Wake(pageRange(a))
 		case userfaultfd.IsMMChanged(err):
 			c.hold(&c.retry, heldFault{pageRef{r, idx}, flags, since})
 		}
@@ -580,28 +575,29 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 	}
 }
 
-// zeroFill maps the zero page at a. It returns nil when the page is mapped
-// (by this call or before it: EEXIST), else the error (IsMMChanged: retry
-// after reading events; IsGone: nothing to do).
-func (c *client) zeroFill(a userfaultfd.Addr, since time.Time) error {
-	_, err := c.uffd.ZeroPage(pageRange(a), 0)
+// zeroFill maps the zero page at a. It returns err nil when the page is
+// mapped, with mapped true if this call mapped it (false: it was mapped
+// before, EEXIST, and the thread is woken), else the error (IsMMChanged:
+// retry after reading events; IsGone: nothing to do).
+func (c *client) zeroFill(a userfaultfd.Addr, since time.Time) (mapped bool, err error) {
+	_, err = c.uffd.ZeroPage(pageRange(a), 0)
 	if c.again(err) {
 		_, err = c.uffd.ZeroPage(pageRange(a), 0)
 	}
 	switch {
 	case err == nil:
+		mapped = true
+		c.st.zeroFills.Add(1)
 	case userfaultfd.IsExist(err):
 		c.uffd.Wake(pageRange(a))
-		err = nil
 	case userfaultfd.IsMMChanged(err), userfaultfd.IsGone(err):
-		return err
+		return false, err
 	default:
 		c.log.Error("zeropage failed", zap.Stringer("addr", a), zap.Error(err))
-		return err
+		return false, err
 	}
-	c.st.zeroFills.Add(1)
 	c.st.latency.Observe(time.Since(since))
-	return nil
+	return mapped, nil
 }
 
 func (c *client) hold(list *[]heldFault, h heldFault) {

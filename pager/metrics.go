@@ -46,7 +46,7 @@ func (col collector) Collect(ch chan<- prometheus.Metric) {
 	a.mu.Unlock()
 	ch <- prometheus.MustNewConstMetric(descClients, prometheus.GaugeValue, float64(len(cs)))
 	for _, c := range cs {
-		budget := float64(a.budgetPages(c.localMem.Load()) * pageSize)
+		budget := float64(c.budgetPages() * pageSize)
 		s := c.st.snapshot(pageSize)
 		lv := []string{strconv.FormatUint(c.id, 10), strconv.FormatInt(c.pidAtm.Load(), 10)}
 		gauge := func(d *prometheus.Desc, v float64) {
