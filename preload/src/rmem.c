@@ -892,6 +892,27 @@ static int add_region_locked(void *p, size_t len, uintptr_t user, int kind)
 	return 0;
 }
 
+/* The first piece of [at, end) that lies in a region: returns 1 with the
+ * region and the piece [*lo, *hi), or 0 when none is left. */
+static int next_piece(uintptr_t at, uintptr_t end, struct region *r, uintptr_t *lo, uintptr_t *hi)
+{
+	if (at >= end)
+		return 0;
+	pthread_mutex_lock(&table_mu);
+	int i = table_floor_locked(at);
+	if (i < 0 || g_regions[i].base + g_regions[i].len <= at)
+		i++;
+	int found = i < g_nregions && g_regions[i].base < end;
+	if (found)
+		*r = g_regions[i];
+	pthread_mutex_unlock(&table_mu);
+	if (!found)
+		return 0;
+	*lo = r->base > at ? r->base : at;
+	*hi = r->base + r->len < end ? r->base + r->len : end;
+	return 1;
+}
+
 /* Takes [a, a+len) out of every region it overlaps: REGION_DEL for each
  * piece, then the table update. The caller unmaps afterwards. Returns 0 or
  * -ENOMEM if a split does not fit in the table (nothing is changed then).
@@ -900,23 +921,13 @@ static int punch_locked(uintptr_t a, size_t len)
 {
 	uintptr_t end = a + len;
 	for (;;) {
-		pthread_mutex_lock(&table_mu);
-		int i = table_floor_locked(a);
-		if (i < 0 || g_regions[i].base + g_regions[i].len <= a)
-			i++;
-		if (i >= g_nregions || g_regions[i].base >= end) {
-			pthread_mutex_unlock(&table_mu);
+		struct region r;
+		uintptr_t lo, hi;
+		if (!next_piece(a, end, &r, &lo, &hi))
 			return 0;
-		}
-		struct region r = g_regions[i];
-		uintptr_t lo = r.base > a ? r.base : a;
-		uintptr_t hi = r.base + r.len < end ? r.base + r.len : end;
-		int split = lo > r.base && hi < r.base + r.len;
-		if (split && g_nregions == MAX_REGIONS) {
-			pthread_mutex_unlock(&table_mu);
+		/* Only req_mu holders change the table: the count is stable. */
+		if (lo > r.base && hi < r.base + r.len && __atomic_load_n(&g_nregions, __ATOMIC_ACQUIRE) == MAX_REGIONS)
 			return -ENOMEM;
-		}
-		pthread_mutex_unlock(&table_mu);
 
 		if (is_connected()) {
 			struct rmem_region_del m = {r.id, lo, hi - lo};
@@ -926,7 +937,7 @@ static int punch_locked(uintptr_t a, size_t len)
 		}
 
 		pthread_mutex_lock(&table_mu);
-		i = table_find_locked(lo);
+		int i = table_find_locked(lo);
 		struct region *t = &g_regions[i];
 		if (lo == t->base && hi == t->base + t->len) {
 			table_remove_locked(i);
@@ -952,19 +963,9 @@ static int punch_locked(uintptr_t a, size_t len)
 static void zap_locked(uintptr_t a, size_t len)
 {
 	uintptr_t end = a + len, at = a;
-	while (at < end && is_connected()) {
-		pthread_mutex_lock(&table_mu);
-		int i = table_floor_locked(at);
-		if (i < 0 || g_regions[i].base + g_regions[i].len <= at)
-			i++;
-		if (i >= g_nregions || g_regions[i].base >= end) {
-			pthread_mutex_unlock(&table_mu);
-			return;
-		}
-		struct region r = g_regions[i];
-		pthread_mutex_unlock(&table_mu);
-		uintptr_t lo = r.base > at ? r.base : at;
-		uintptr_t hi = r.base + r.len < end ? r.base + r.len : end;
+	struct region r;
+	uintptr_t lo, hi;
+	while (is_connected() && next_piece(at, end, &r, &lo, &hi)) {
 		struct rmem_region_del m = {r.id, lo, hi - lo};
 		int err = request_locked(RMEM_REGION_ZAP, &m, sizeof m);
 		if (err && err != -EPIPE)
