@@ -48,6 +48,19 @@ json_field() { grep -o "\"$1\": *[0-9]*" /tmp/e2e-stats.json | head -1 | sed 's/
 start=$(date +%s)
 [ -e /dev/userfaultfd ] || fail "no /dev/userfaultfd in the guest (the agent needs it)"
 [ -r "$HW/sent_pkts" ] || fail "no rxe0 packet counters at $HW"
+# wait_ready PID NAME SECONDS CMD...: until CMD succeeds, while PID lives.
+wait_ready() {
+	pid=$1 name=$2 secs=$3
+	shift 3
+	i=0
+	until "$@" >/dev/null 2>&1; do
+		kill -0 "$pid" 2>/dev/null || fail "$name exited during start-up"
+		[ $i -lt $((secs * 10)) ] || fail "$name not ready after ${secs}s"
+		sleep 0.1
+		i=$((i + 1))
+	done
+}
+
 mkdir -p /run/rmem /tmp/e2e-memd
 sent0=$(counter sent_pkts) rcvd0=$(counter rcvd_pkts)
 
@@ -58,13 +71,7 @@ $B/memd serve --capacity 256MiB --slab-size 2MiB --data-dir /tmp/e2e-memd \
 	--verbs-listen "$IP:7472" --shm-socket off --log-format console --log-level info \
 	>/tmp/e2e-memd.log 2>&1 &
 memd_pid=$!
-i=0
-until $B/memd status >/dev/null 2>&1; do
-	kill -0 $memd_pid 2>/dev/null || fail "memd exited during start-up"
-	[ $i -lt 600 ] || fail "memd not ready after 60s"
-	sleep 0.1
-	i=$((i + 1))
-done
+wait_ready $memd_pid "memd" 60 $B/memd status
 $B/memd servers
 
 # The agent as a daemon (its admin socket gives the full stats), and the
@@ -73,13 +80,7 @@ say "memagent serve --network verbs --local-mem $LOCAL"
 $B/memagent serve --network verbs --local-mem "$LOCAL" --log-format console --log-level info \
 	>/tmp/e2e-memagent.log 2>&1 &
 agent_pid=$!
-i=0
-until $B/memagent stats >/dev/null 2>&1; do
-	kill -0 $agent_pid 2>/dev/null || fail "memagent serve exited during start-up"
-	[ $i -lt 300 ] || fail "memagent serve not ready after 30s"
-	sleep 0.1
-	i=$((i + 1))
-done
+wait_ready $agent_pid "memagent serve" 30 $B/memagent stats
 
 say "memagent run --stats -- pagedemo $MIB"
 t0=$(date +%s)
