@@ -27,6 +27,7 @@ import (
 	"rmem/client"
 	"rmem/pager"
 	"rmem/pager/pagertest"
+	"rmem/preload/shimtest"
 	"rmem/userfaultfd"
 )
 
@@ -43,7 +44,10 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		shimtest.RemoveBuild()
+		os.Exit(code)
+	}))
 }
 
 // childSpec is what the child process does with its mapped memory.

@@ -41,8 +41,8 @@ func runBench(b *testing.B, sock string, args []string, shim bool) float64 {
 		env = append(env, "LD_PRELOAD=")
 	}
 	p := start(b, sock, append([]string{}, args...), env...)
-	l := p.expect("ns ")
-	p.wait()
+	l := p.Expect("ns ")
+	p.Wait()
 	v, err := strconv.ParseFloat(strings.TrimPrefix(l, "ns "), 64)
 	if err != nil {
 		b.Fatal(err)

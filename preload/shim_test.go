@@ -1,37 +1,27 @@
 package preload
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
 	"rmem/pager/proto"
+	"rmem/preload/shimtest"
 	"rmem/userfaultfd"
-)
-
-var (
-	buildDir  string
-	buildOnce sync.Once
-	buildErr  error
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if buildDir != "" {
-		os.RemoveAll(buildDir)
-	}
+	shimtest.RemoveBuild()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)
@@ -41,40 +31,8 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// CFlags are the shim's compiler flags (the Makefile uses the same).
-var CFlags = []string{"-O2", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror"}
-
 // build compiles the shim and the test programs once per test binary.
-func build(t testing.TB) string {
-	t.Helper()
-	if _, err := exec.LookPath("gcc"); err != nil {
-		t.Skip("gcc is not installed: cannot build the shim")
-	}
-	buildOnce.Do(func() {
-		buildDir, buildErr = os.MkdirTemp("", "rmem-preload-")
-		if buildErr != nil {
-			return
-		}
-		args := append(append([]string{}, CFlags...), "-o", filepath.Join(buildDir, "librmem.so"), "src/rmem.c", "-ldl")
-		if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("gcc librmem.so: %v\n%s", err, out)
-			return
-		}
-		progs, _ := filepath.Glob("testdata/*.c")
-		for _, p := range progs {
-			bin := filepath.Join(buildDir, strings.TrimSuffix(filepath.Base(p), ".c"))
-			out, err := exec.Command("gcc", "-O2", "-Wall", "-Wextra", "-Werror", "-pthread", "-o", bin, p).CombinedOutput()
-			if err != nil {
-				buildErr = fmt.Errorf("gcc %s: %v\n%s", p, err, out)
-				return
-			}
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return buildDir
-}
+func build(t testing.TB) string { return shimtest.Build(t) }
 
 // needUFFD skips unless this process can do what the shim does: create a
 // userfaultfd with EVENT_FORK (root or CAP_SYS_PTRACE) and WP.
@@ -87,127 +45,17 @@ func needUFFD(t testing.TB) {
 	if err != nil {
 		t.Skipf("userfaultfd not available: %v", err)
 	}
-	want := userfaultfd.FeatureEventFork | userfaultfd.FeatureEventRemove | userfaultfd.FeatureEventUnmap |
+	want := userfaultfd.FeatureEventFork | userfaultfd.FeatureEventUnmap |
 		userfaultfd.FeaturePagefaultFlagWP | userfaultfd.FeatureThreadID
 	if !feat.Has(want) {
 		t.Skipf("kernel lacks userfaultfd features %v", want&^feat)
 	}
 }
 
-// proc is a program running under the shim.
-type proc struct {
-	t      testing.TB
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	lines  chan string
-	stderr lockedBuffer
-	waited chan error
-}
-
-// lockedBuffer is a bytes.Buffer that the test may read while exec's
-// copying goroutine writes it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func start(t testing.TB, sock string, argv []string, env ...string) *proc {
+// start runs a test program under the shim (shimtest.Start).
+func start(t testing.TB, sock string, argv []string, env ...string) *shimtest.Proc {
 	t.Helper()
-	dir := build(t)
-	if !filepath.IsAbs(argv[0]) && !strings.Contains(argv[0], "/") {
-		if _, err := os.Stat(filepath.Join(dir, argv[0])); err == nil {
-			argv[0] = filepath.Join(dir, argv[0])
-		}
-	}
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = append(os.Environ(), "LD_PRELOAD="+filepath.Join(dir, "librmem.so"), proto.EnvSocket+"="+sock)
-	cmd.Env = append(cmd.Env, env...)
-	p := &proc{t: t, cmd: cmd, lines: make(chan string, 16), waited: make(chan error, 1)}
-	cmd.Stderr = &p.stderr
-	var err error
-	if p.stdin, err = cmd.StdinPipe(); err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer close(p.lines)
-		s := bufio.NewScanner(out)
-		for s.Scan() {
-			p.lines <- s.Text()
-		}
-	}()
-	go func() {
-		<-done
-		p.waited <- cmd.Wait()
-	}()
-	t.Cleanup(func() {
-		p.stdin.Close()
-		cmd.Process.Kill()
-		<-done
-	})
-	return p
-}
-
-func (p *proc) pid() int32 { return int32(p.cmd.Process.Pid) }
-
-// expect waits for the next stdout line and checks its prefix.
-func (p *proc) expect(prefix string) string {
-	p.t.Helper()
-	select {
-	case l, ok := <-p.lines:
-		if !ok {
-			p.t.Fatalf("program ended before %q; stderr:\n%s", prefix, p.stderr.String())
-		}
-		if !strings.HasPrefix(l, prefix) {
-			p.t.Fatalf("program said %q, want %q; stderr:\n%s", l, prefix, p.stderr.String())
-		}
-		return l
-	case <-time.After(60 * time.Second):
-		p.t.Fatalf("no %q from the program after 60s; stderr:\n%s", prefix, p.stderr.String())
-	}
-	return ""
-}
-
-func (p *proc) send(b string) {
-	p.t.Helper()
-	if _, err := io.WriteString(p.stdin, b); err != nil {
-		p.t.Fatal(err)
-	}
-}
-
-// wait waits for the program to exit and fails on a nonzero status.
-func (p *proc) wait() {
-	p.t.Helper()
-	for range p.lines {
-	}
-	select {
-	case err := <-p.waited:
-		if err != nil {
-			p.t.Fatalf("program: %v; stderr:\n%s", err, p.stderr.String())
-		}
-	case <-time.After(60 * time.Second):
-		p.t.Fatalf("program did not exit; stderr:\n%s", p.stderr.String())
-	}
+	return shimtest.Start(t, sock, argv, env...)
 }
 
 // evict asks the agent to evict all resident pages of pid and requires
@@ -228,13 +76,13 @@ func TestAllocationsEvictedAndRestored(t *testing.T) {
 	needUFFD(t)
 	a := newTestAgent(t)
 	p := start(t, a.path, []string{"alloc"})
-	p.expect("ready")
+	p.Expect("ready")
 	// 8+8+4+4+2+2+2 MiB of the malloc family, 6+3+2 of realloc, 1+8 of mmap.
-	n := evict(t, a, p.pid(), 40*256)
-	p.send("g")
-	p.expect("ok")
-	p.wait()
-	s := a.Stats(p.pid())
+	n := evict(t, a, p.Pid(), 40*256)
+	p.Send("g")
+	p.Expect("ok")
+	p.Wait()
+	s := a.Stats(p.Pid())
 	t.Logf("evicted %d pages; stats %+v", n, s)
 	if s.Restores < n {
 		t.Errorf("%d pages restored from the agent, want all %d evicted", s.Restores, n)
@@ -245,8 +93,8 @@ func TestAllocationsEvictedAndRestored(t *testing.T) {
 	if s.Deletes < 10 {
 		t.Errorf("%d REGION_DELs, want >= 10", s.Deletes)
 	}
-	if strings.Contains(p.stderr.String(), "rmem:") {
-		t.Errorf("shim complained: %s", p.stderr.String())
+	if strings.Contains(p.Stderr.String(), "rmem:") {
+		t.Errorf("shim complained: %s", p.Stderr.String())
 	}
 }
 
@@ -254,12 +102,12 @@ func TestAllocatorChunks(t *testing.T) {
 	needUFFD(t)
 	a := newTestAgent(t)
 	p := start(t, a.path, []string{"chunks"})
-	p.expect("ready")
-	evict(t, a, p.pid(), 3*1024+512)
-	p.send("g")
-	p.expect("ok")
-	p.wait()
-	s := a.Stats(p.pid())
+	p.Expect("ready")
+	evict(t, a, p.Pid(), 3*1024+512)
+	p.Send("g")
+	p.Expect("ok")
+	p.Wait()
+	s := a.Stats(p.Pid())
 	if s.Regions[proto.KindMmap] != 4 || s.Zaps < 2 || s.RemoveEvts != 0 {
 		t.Errorf("stats %+v: want 4 mmap regions, REGION_ZAPs for both madvise calls and no REMOVE event", s)
 	}
@@ -269,12 +117,12 @@ func TestForkPrivateMemory(t *testing.T) {
 	needUFFD(t)
 	a := newTestAgent(t)
 	p := start(t, a.path, []string{"fork"})
-	p.expect("ready")
-	evict(t, a, p.pid(), 4096)
-	p.send("g")
+	p.Expect("ready")
+	evict(t, a, p.Pid(), 4096)
+	p.Send("g")
 	pids := map[byte]int32{}
 	for range 2 {
-		l := p.expect("")
+		l := p.Expect("")
 		if len(l) < 3 || (l[0] != 'P' && l[0] != 'C') {
 			t.Fatalf("program said %q, want P/C <pid>", l)
 		}
@@ -287,9 +135,9 @@ func TestForkPrivateMemory(t *testing.T) {
 	// Both wrote their own value over the same addresses: evict both.
 	evict(t, a, pids['P'], 4096)
 	evict(t, a, pids['C'], 4096)
-	p.send("gg")
-	got := []string{p.expect(""), p.expect("")}
-	p.wait()
+	p.Send("gg")
+	got := []string{p.Expect(""), p.Expect("")}
+	p.Wait()
 	if !(got[0] == "child ok" && got[1] == "parent ok") && !(got[1] == "child ok" && got[0] == "parent ok") {
 		t.Fatalf("program said %q", got)
 	}
@@ -303,16 +151,16 @@ func TestThreadsWithConcurrentEviction(t *testing.T) {
 	needUFFD(t)
 	a := newTestAgent(t)
 	p := start(t, a.path, []string{"threads"})
-	p.expect("ready")
+	p.Expect("ready")
 	total := 0
 	for i := 0; i < 200 && (i < 5 || total == 0); i++ {
-		total += evict(t, a, p.pid(), 0)
+		total += evict(t, a, p.Pid(), 0)
 		time.Sleep(20 * time.Millisecond)
 	}
-	p.send("g")
-	p.expect("ok")
-	p.wait()
-	s := a.Stats(p.pid())
+	p.Send("g")
+	p.Expect("ok")
+	p.Wait()
+	s := a.Stats(p.Pid())
 	t.Logf("evicted %d pages while threads ran; stats %+v", total, s)
 	if total == 0 {
 		t.Errorf("nothing was evicted while the threads ran")
@@ -323,14 +171,14 @@ func TestNoAgentFallsBack(t *testing.T) {
 	build(t)
 	sock := filepath.Join(t.TempDir(), "nobody.sock")
 	p := start(t, sock, []string{"alloc"})
-	p.expect("ready")
-	p.send("g")
-	p.expect("ok")
-	p.wait()
+	p.Expect("ready")
+	p.Send("g")
+	p.Expect("ok")
+	p.Wait()
 	want := "rmem: no agent at " + sock + " ("
-	lines := strings.Split(strings.TrimSpace(p.stderr.String()), "\n")
+	lines := strings.Split(strings.TrimSpace(p.Stderr.String()), "\n")
 	if len(lines) != 1 || !strings.HasPrefix(lines[0], want) || !strings.HasSuffix(lines[0], "): using ordinary memory") {
-		t.Fatalf("stderr %q, want one line %q…", p.stderr.String(), want)
+		t.Fatalf("stderr %q, want one line %q…", p.Stderr.String(), want)
 	}
 }
 
@@ -341,13 +189,13 @@ func TestRefusedHelloFallsBack(t *testing.T) {
 	a.refuse = true
 	a.mu.Unlock()
 	p := start(t, a.path, []string{"threads"})
-	p.expect("ready")
+	p.Expect("ready")
 	time.Sleep(50 * time.Millisecond)
-	p.send("g")
-	p.expect("ok")
-	p.wait()
-	if got := strings.Count(p.stderr.String(), "\n"); got != 1 || !strings.Contains(p.stderr.String(), "agent refused: test agent refuses") {
-		t.Fatalf("stderr %q, want one line saying the agent refused", p.stderr.String())
+	p.Send("g")
+	p.Expect("ok")
+	p.Wait()
+	if got := strings.Count(p.Stderr.String(), "\n"); got != 1 || !strings.Contains(p.Stderr.String(), "agent refused: test agent refuses") {
+		t.Fatalf("stderr %q, want one line saying the agent refused", p.Stderr.String())
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -384,12 +232,12 @@ assert subprocess.run(["true"]).returncode == 0
 print("ok", flush=True)
 `
 	p := start(t, a.path, []string{"python3", "-c", script})
-	p.expect("ready")
-	evict(t, a, p.pid(), 16384)
-	p.send("g")
-	p.expect("ok")
-	p.wait()
-	if s := a.Stats(p.pid()); s.Restores < 16384 {
+	p.Expect("ready")
+	evict(t, a, p.Pid(), 16384)
+	p.Send("g")
+	p.Expect("ok")
+	p.Wait()
+	if s := a.Stats(p.Pid()); s.Restores < 16384 {
 		t.Errorf("stats %+v: want the bytearray's pages restored", s)
 	}
 }
@@ -400,10 +248,10 @@ func TestMinAllocFromEnv(t *testing.T) {
 	// With a 64 MiB threshold, none of alloc's blocks is paged, but its
 	// mmap of 12 MiB neither: no region at all, and no HELLO either.
 	p := start(t, a.path, []string{"alloc"}, proto.EnvMinAlloc+"=64MiB")
-	p.expect("ready")
-	p.send("g")
-	p.expect("ok")
-	p.wait()
+	p.Expect("ready")
+	p.Send("g")
+	p.Expect("ok")
+	p.Wait()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.hellos != 0 {
@@ -442,14 +290,14 @@ func TestOtherAllocators(t *testing.T) {
 				preload = lib + ":" + shim
 			}
 			p := start(t, a.path, []string{"blocks"}, "LD_PRELOAD="+preload)
-			p.expect("ready")
+			p.Expect("ready")
 			n := 0
 			if c.kind != 0 {
-				n = evict(t, a, p.pid(), 24*640/2)
+				n = evict(t, a, p.Pid(), 24*640/2)
 			}
-			p.send("g")
-			p.expect("ok")
-			p.wait()
+			p.Send("g")
+			p.Expect("ok")
+			p.Wait()
 			if c.kind == 0 {
 				a.mu.Lock()
 				defer a.mu.Unlock()
@@ -458,7 +306,7 @@ func TestOtherAllocators(t *testing.T) {
 				}
 				return
 			}
-			s := a.Stats(p.pid())
+			s := a.Stats(p.Pid())
 			t.Logf("evicted %d pages; stats %+v", n, s)
 			// The program reads back every page of its blocks (and checks
 			// them). An allocator in front also has chunk pages outside the
@@ -483,7 +331,7 @@ func TestBadCommandsFromAgent(t *testing.T) {
 	needUFFD(t)
 	a := newTestAgent(t)
 	p := start(t, a.path, []string{"hostile"})
-	l := p.expect("ready ")
+	l := p.Expect("ready ")
 	region, err := strconv.ParseUint(strings.TrimPrefix(l, "ready 0x"), 16, 64)
 	if err != nil {
 		t.Fatal(err)
@@ -506,7 +354,7 @@ func TestBadCommandsFromAgent(t *testing.T) {
 		{"drop-only entry, unmapped address", 0x10000, proto.NoSlot, "bad address"},
 		{"drop-only entry, unaligned", region + 8, proto.NoSlot, "invalid argument"},
 	} {
-		m, err := a.Inject(p.pid(), evictPkt(c.addr, c.slot), true)
+		m, err := a.Inject(p.Pid(), evictPkt(c.addr, c.slot), true)
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
@@ -515,22 +363,22 @@ func TestBadCommandsFromAgent(t *testing.T) {
 		}
 	}
 	// Still connected: a good eviction works.
-	evict(t, a, p.pid(), 512)
+	evict(t, a, p.Pid(), 512)
 
 	bad := (&proto.Ack{Seq: 1}).Encode(nil, 1)
 	bad[0] = 'X'
-	if _, err := a.Inject(p.pid(), bad, false); err != nil {
+	if _, err := a.Inject(p.Pid(), bad, false); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(p.stderr.String(), "rmem: lost the agent") && time.Now().Before(deadline) {
+	for !strings.Contains(p.Stderr.String(), "rmem: lost the agent") && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	p.send("g")
-	p.expect("ok")
-	p.wait()
-	if n := strings.Count(p.stderr.String(), "rmem:"); n != 1 || !strings.Contains(p.stderr.String(), "lost the agent (Protocol error)") {
-		t.Fatalf("stderr %q, want one line about the lost agent", p.stderr.String())
+	p.Send("g")
+	p.Expect("ok")
+	p.Wait()
+	if n := strings.Count(p.Stderr.String(), "rmem:"); n != 1 || !strings.Contains(p.Stderr.String(), "lost the agent (Protocol error)") {
+		t.Fatalf("stderr %q, want one line about the lost agent", p.Stderr.String())
 	}
 }
 
@@ -541,24 +389,24 @@ func TestDeadAgentBlocksNotZeros(t *testing.T) {
 	needUFFD(t)
 	a := newTestAgent(t)
 	p := start(t, a.path, []string{"blocks"})
-	p.expect("ready")
-	evict(t, a, p.pid(), 24*640)
+	p.Expect("ready")
+	evict(t, a, p.Pid(), 24*640)
 	a.Close()
-	p.send("g")
+	p.Send("g")
 	select {
-	case l, ok := <-p.lines:
-		t.Fatalf("program went on after its agent died: said %q (open %v); stderr:\n%s", l, ok, p.stderr.String())
+	case l, ok := <-p.Lines:
+		t.Fatalf("program went on after its agent died: said %q (open %v); stderr:\n%s", l, ok, p.Stderr.String())
 	case <-time.After(time.Second):
 	}
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.pid()))
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Pid()))
 	if err != nil {
-		t.Fatalf("program exited: %v; stderr:\n%s", err, p.stderr.String())
+		t.Fatalf("program exited: %v; stderr:\n%s", err, p.Stderr.String())
 	}
 	if f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:])); len(f) == 0 || (f[0] != "S" && f[0] != "D") {
 		t.Errorf("program state %q, want S or D (waiting in the fault)", f)
 	}
-	if !strings.Contains(p.stderr.String(), "rmem: lost the agent") || strings.Contains(p.stderr.String(), "FAIL") {
-		t.Errorf("stderr %q: want the lost-agent line and no failure", p.stderr.String())
+	if !strings.Contains(p.Stderr.String(), "rmem: lost the agent") || strings.Contains(p.Stderr.String(), "FAIL") {
+		t.Errorf("stderr %q: want the lost-agent line and no failure", p.Stderr.String())
 	}
 }
 
@@ -569,14 +417,14 @@ func TestForkBehindTheShimsBack(t *testing.T) {
 	needUFFD(t)
 	a := newTestAgent(t)
 	p := start(t, a.path, []string{"stray"})
-	p.expect("ready")
-	p.send("g")
-	p.expect("child ok")
-	p.wait()
-	if !strings.Contains(p.stderr.String(), "rmem: this process was forked without fork(3)") {
-		t.Fatalf("stderr %q, want the line about the fork", p.stderr.String())
+	p.Expect("ready")
+	p.Send("g")
+	p.Expect("child ok")
+	p.Wait()
+	if !strings.Contains(p.Stderr.String(), "rmem: this process was forked without fork(3)") {
+		t.Fatalf("stderr %q, want the line about the fork", p.Stderr.String())
 	}
-	if s := a.Stats(p.pid()); s.Regions[proto.KindHeap] != 1 {
+	if s := a.Stats(p.Pid()); s.Regions[proto.KindHeap] != 1 {
 		t.Errorf("parent's regions %v, want 1 (the child's 4 MiB is ordinary memory)", s.Regions)
 	}
 }
@@ -607,13 +455,13 @@ func TestBadWelcome(t *testing.T) {
 			a.badHello = c.pkt
 			a.mu.Unlock()
 			p := start(t, a.path, []string{"hostile"})
-			p.expect("ready")
-			p.send("g")
-			p.expect("ok")
-			p.wait()
-			if n := strings.Count(p.stderr.String(), "\n"); n != 1 || !strings.Contains(p.stderr.String(), c.want) ||
-				!strings.HasSuffix(p.stderr.String(), "using ordinary memory\n") {
-				t.Fatalf("stderr %q, want one line with %q", p.stderr.String(), c.want)
+			p.Expect("ready")
+			p.Send("g")
+			p.Expect("ok")
+			p.Wait()
+			if n := strings.Count(p.Stderr.String(), "\n"); n != 1 || !strings.Contains(p.Stderr.String(), c.want) ||
+				!strings.HasSuffix(p.Stderr.String(), "using ordinary memory\n") {
+				t.Fatalf("stderr %q, want one line with %q", p.Stderr.String(), c.want)
 			}
 		})
 	}
@@ -633,9 +481,9 @@ func TestAtforkHandlersAllocate(t *testing.T) {
 	needUFFD(t)
 	a := newTestAgent(t)
 	p := start(t, a.path, []string{"atfork"})
-	p.expect("ok")
-	p.wait()
-	if s := a.Stats(p.pid()); s.ForkEvents != 1 {
+	p.Expect("ok")
+	p.Wait()
+	if s := a.Stats(p.Pid()); s.ForkEvents != 1 {
 		t.Errorf("parent stats %+v: want one FORK event", s)
 	}
 	a.mu.Lock()
@@ -643,7 +491,7 @@ func TestAtforkHandlersAllocate(t *testing.T) {
 	if a.hellos != 2 || len(a.forks) != 0 {
 		t.Errorf("%d HELLOs and %d unclaimed forks, want 2 and 0", a.hellos, len(a.forks))
 	}
-	if p.stderr.String() != "" {
-		t.Errorf("stderr %q", p.stderr.String())
+	if p.Stderr.String() != "" {
+		t.Errorf("stderr %q", p.Stderr.String())
 	}
 }
