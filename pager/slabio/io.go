@@ -75,12 +75,6 @@ const (
 	whyUnavailable
 )
 
-// SpinPoll is how long an IO polls for completions before it blocks
-// (0: poll once). Spinning pays off only when the server has a CPU of its
-// own: on the 2-CPU test machine, with the memory servers in the test
-// process, 50 µs of spinning made remote faults 5-10× slower (measured).
-var SpinPoll time.Duration
-
 // IO is a PageIO over a Table: its own connection per replica address and
 // preallocated work requests, for one goroutine.
 type IO struct {
@@ -339,21 +333,14 @@ func (io *IO) scratch(k int) []rdma.WorkRequest {
 // requests unfinished: the last p.n posted, as completions come in order;
 // an error means the caller's ctx ended.
 func (io *IO) collect(ctx *opCtx, p *peer, f func(*rdma.Completion)) error {
-	var spinUntil time.Time
 	for p.n > 0 {
 		cqes := io.cqes[:min(p.n, len(io.cqes))]
-		// Poll for a few tens of µs before blocking: a loopback or RDMA
-		// reply comes back in about that time, and a blocked Wait costs a
-		// cross-thread wake-up (the caller is a locked fault thread).
+		// Take what has arrived, then block. No spinning: on the 2-CPU
+		// machines, with memory servers sharing the CPUs, 50 µs of it
+		// made remote faults 5-10× slower, and 5 µs gained nothing
+		// (measured).
 		got, err := p.c.Poll(cqes)
 		if got == 0 && err == nil {
-			now := time.Now()
-			if spinUntil.IsZero() {
-				spinUntil = now.Add(SpinPoll)
-			}
-			if now.Before(spinUntil) {
-				continue
-			}
 			got, err = p.c.Wait(ctx, cqes)
 		}
 		if err != nil {
