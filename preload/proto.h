@@ -33,6 +33,9 @@ enum rmem_type {
 	RMEM_EVICT = 7,   /* agent -> shim helper thread */
 	RMEM_EVICTED = 8, /* shim -> agent */
 	RMEM_REGION_ZAP = 9, /* shim -> agent, body struct rmem_region_del; reply ACK or ERROR */
+	RMEM_UFFD_DEVICE = 10, /* shim -> agent before HELLO, no body; reply ACK with /dev/userfaultfd */
+	RMEM_FORK_PREPARE = 11, /* shim -> agent, struct rmem_fork (pid 0); reply ACK or ERROR */
+	RMEM_FORK_DONE = 12,    /* shim -> agent, struct rmem_fork; no reply */
 };
 
 struct rmem_hdr {
@@ -43,11 +46,14 @@ struct rmem_hdr {
 	uint32_t len; /* body bytes */
 };
 
-#define RMEM_HELLO_UFFD 1u /* the uffd rides along; iff fork_serial == 0 */
+/* The uffd rides along: always for a top-level process (fork_serial 0);
+ * for a child forked without FORK events, its own uffd (paired with the
+ * parent's FORK_PREPARE by ppid and fork_serial). */
+#define RMEM_HELLO_UFFD 1u
 struct rmem_hello {
 	int32_t pid;
 	int32_t ppid;
-	uint64_t fork_serial; /* 0 top-level, N: Nth FORK event on the parent's uffd */
+	uint64_t fork_serial; /* 0 top-level, N: the parent's Nth fork with regions */
 	uint64_t features;    /* UFFD_FEATURE_* enabled on the uffd */
 	uint32_t page_size;
 	uint32_t flags;
@@ -108,7 +114,15 @@ struct rmem_evicted {
 	uint32_t err; /* errno of the first page not done */
 };
 
+/* FORK_PREPARE (pid 0) and FORK_DONE (the child's pid, or -errno). */
+struct rmem_fork {
+	uint64_t serial; /* nonzero */
+	int32_t pid;
+	uint32_t reserved; /* 0 */
+};
+
 _Static_assert(sizeof(struct rmem_hdr) == 16, "header layout");
+_Static_assert(sizeof(struct rmem_fork) == 16, "FORK layout");
 _Static_assert(sizeof(struct rmem_hello) == 40, "HELLO layout");
 _Static_assert(sizeof(struct rmem_welcome) == 24, "WELCOME layout");
 _Static_assert(sizeof(struct rmem_region_add) == 32, "REGION_ADD layout");

@@ -35,6 +35,10 @@ func TestCLayoutMatchesGo(t *testing.T) {
 		&proto.Error{Seq: 2, Errno: unix.ENOMEM, Text: "no memory"},
 		&proto.RegionZap{ID: 7, Range: userfaultfd.Range{Start: 0x7f0000002000, Len: 4096}},
 		ev2,
+		&proto.UFFDDevice{},
+		&proto.ForkPrepare{Serial: 3},
+		&proto.ForkDone{Serial: 3, PID: -int32(unix.EAGAIN)},
+		&proto.Hello{PID: 1235, PPID: 1234, ForkSerial: 3, Features: 0x1ca, PageSize: 4096, Flags: proto.HelloUFFD},
 	}
 	for i, w := range want {
 		if len(out) < 4 {

@@ -20,14 +20,18 @@ const (
 	evictFixed    = 16
 	evictEntry    = 16
 	evictedSize   = 16
+	forkSize      = 16
 )
 
 // HelloFlags are bits of Hello.Flags.
 type HelloFlags uint32
 
 // HelloUFFD: the uffd rides with the HELLO as SCM_RIGHTS. Set by
-// top-level processes (ForkSerial 0); a forked child's uffd reaches the
-// agent through the parent's FORK event instead.
+// top-level processes (ForkSerial 0), and by a child forked without FORK
+// events (its parent's uffd lacks UFFD_FEATURE_EVENT_FORK, which needs
+// CAP_SYS_PTRACE): the child registered its regions with a uffd of its
+// own, and the agent pairs it with the parent's FORK_PREPARE. A child
+// forked with a FORK event sends no uffd: the agent has it from the event.
 const HelloUFFD HelloFlags = 1 << 0
 
 // Hello is the shim's first message on a connection.
@@ -79,8 +83,6 @@ func (m *Hello) Decode(body []byte) error {
 		return fmt.Errorf("%w: HELLO page size %d", ErrMalformed, h.PageSize)
 	case h.ForkSerial == 0 && h.Flags&HelloUFFD == 0:
 		return fmt.Errorf("%w: HELLO of a top-level process (fork serial 0) without its uffd", ErrMalformed)
-	case h.ForkSerial != 0 && h.Flags&HelloUFFD != 0:
-		return fmt.Errorf("%w: HELLO of fork %d must not carry a uffd (the agent has it from the FORK event)", ErrMalformed, h.ForkSerial)
 	}
 	*m = h
 	return nil
@@ -435,7 +437,91 @@ func (m *Evicted) Decode(body []byte) error {
 	return nil
 }
 
+// UFFDDevice asks the agent, before HELLO, for a descriptor of
+// /dev/userfaultfd (ACK carries it as SCM_RIGHTS). A process that may not
+// create a userfaultfd that also serves the kernel's own accesses to its
+// memory (vm.unprivileged_userfaultfd is 0 and /dev/userfaultfd is root's)
+// makes one with USERFAULTFD_IOC_NEW on the lent descriptor: the new uffd
+// belongs to the caller's address space, so the agent lends no access to
+// anyone else's. The agent lends it only to the uids it serves. Empty body.
+type UFFDDevice struct{}
+
+func (*UFFDDevice) Type() Type { return TypeUFFDDevice }
+
+func (m *UFFDDevice) Encode(b []byte, seq uint32) []byte {
+	return appendHeader(b, TypeUFFDDevice, seq, 0)
+}
+
+func (m *UFFDDevice) Decode(body []byte) error { return checkLen(TypeUFFDDevice, body, 0) }
+
+// ForkPrepare: the client is about to fork(2) and its uffd has no FORK
+// events, so the child's registered ranges will be plain anonymous memory
+// with the evicted pages missing. The agent stops evicting the client's
+// pages until FORK_DONE, copies every page the pool holds for it to slabs
+// of the child's own, and ACKs; the child then registers a uffd of its own
+// and says HELLO with it and Serial. The copy is made before fork(2) so
+// that the parent cannot write a page back over what the child inherits.
+type ForkPrepare struct {
+	Serial uint64 // the client's forks with regions, counted from 1
+}
+
+func (*ForkPrepare) Type() Type { return TypeForkPrepare }
+
+func (m *ForkPrepare) Encode(b []byte, seq uint32) []byte {
+	b = appendHeader(b, TypeForkPrepare, seq, forkSize)
+	b = le.AppendUint64(b, m.Serial)
+	return le.AppendUint64(b, 0)
+}
+
+func (m *ForkPrepare) Decode(body []byte) error {
+	if err := checkLen(TypeForkPrepare, body, forkSize); err != nil {
+		return err
+	}
+	if le.Uint64(body[8:]) != 0 {
+		return fmt.Errorf("%w: FORK_PREPARE reserved is %#x, must be 0", ErrMalformed, le.Uint64(body[8:]))
+	}
+	if le.Uint64(body) == 0 {
+		return fmt.Errorf("%w: FORK_PREPARE of fork serial 0", ErrMalformed)
+	}
+	m.Serial = le.Uint64(body)
+	return nil
+}
+
+// ForkDone: the fork FORK_PREPARE announced returned in the parent, with
+// the child's pid, or a negative errno if it failed (the agent then frees
+// the child's copy). Evictions of the parent resume.
+type ForkDone struct {
+	Serial uint64
+	PID    int32 // the child, or -errno
+}
+
+func (*ForkDone) Type() Type { return TypeForkDone }
+
+func (m *ForkDone) Encode(b []byte, seq uint32) []byte {
+	b = appendHeader(b, TypeForkDone, seq, forkSize)
+	b = le.AppendUint64(b, m.Serial)
+	b = le.AppendUint32(b, uint32(m.PID))
+	return le.AppendUint32(b, 0)
+}
+
+func (m *ForkDone) Decode(body []byte) error {
+	if err := checkLen(TypeForkDone, body, forkSize); err != nil {
+		return err
+	}
+	if err := reserved(TypeForkDone, "reserved", le.Uint32(body[12:])); err != nil {
+		return err
+	}
+	if le.Uint64(body) == 0 || le.Uint32(body[8:]) == 0 {
+		return fmt.Errorf("%w: FORK_DONE of serial %d, pid %d", ErrMalformed, le.Uint64(body), int32(le.Uint32(body[8:])))
+	}
+	*m = ForkDone{Serial: le.Uint64(body), PID: int32(le.Uint32(body[8:]))}
+	return nil
+}
+
 var (
+	_ Message = (*UFFDDevice)(nil)
+	_ Message = (*ForkPrepare)(nil)
+	_ Message = (*ForkDone)(nil)
 	_ Message = (*Hello)(nil)
 	_ Message = (*Welcome)(nil)
 	_ Message = (*RegionAdd)(nil)

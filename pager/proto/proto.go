@@ -29,7 +29,7 @@ const (
 	// never truncates a valid message.
 	MaxPacket = HeaderSize + MaxBody
 	// MaxFDs is the most descriptors one message carries (WELCOME to a
-	// forked child: the staging memfd and the child's uffd).
+	// child forked with a FORK event: the staging memfd and its uffd).
 	MaxFDs = 2
 	// MaxStagingSlots bounds WELCOME's staging area (256 MiB of 4 KiB
 	// pages).
@@ -82,19 +82,22 @@ type Type uint16
 
 // Message types; the table in docs/pager.md says who sends each.
 const (
-	TypeHello     Type = 1 // shim → agent, first message; fd: the uffd (top-level processes)
-	TypeWelcome   Type = 2 // agent → shim, reply to HELLO; fds: staging memfd [, child's uffd]
-	TypeRegionAdd Type = 3 // shim → agent, a registered region; reply ACK or ERROR
-	TypeRegionDel Type = 4 // shim → agent, part or all of a region goes away; reply ACK or ERROR
-	TypeAck       Type = 5 // reply: request done
-	TypeError     Type = 6 // reply: request failed (errno, text)
-	TypeEvict     Type = 7 // agent → shim helper thread: copy pages to staging slots, drop them
-	TypeEvicted   Type = 8 // shim → agent, reply to EVICT
-	TypeRegionZap Type = 9 // shim → agent, part of a region is being dropped (MADV_DONTNEED): it reads as zeros; reply ACK or ERROR
-	typeMax            = TypeRegionZap
+	TypeHello       Type = 1  // shim → agent, first message; fd: the uffd (top-level processes)
+	TypeWelcome     Type = 2  // agent → shim, reply to HELLO; fds: staging memfd [, child's uffd]
+	TypeRegionAdd   Type = 3  // shim → agent, a registered region; reply ACK or ERROR
+	TypeRegionDel   Type = 4  // shim → agent, part or all of a region goes away; reply ACK or ERROR
+	TypeAck         Type = 5  // reply: request done
+	TypeError       Type = 6  // reply: request failed (errno, text)
+	TypeEvict       Type = 7  // agent → shim helper thread: copy pages to staging slots, drop them
+	TypeEvicted     Type = 8  // shim → agent, reply to EVICT
+	TypeRegionZap   Type = 9  // shim → agent, part of a region is being dropped (MADV_DONTNEED): it reads as zeros; reply ACK or ERROR
+	TypeUFFDDevice  Type = 10 // shim → agent, before HELLO: lend me /dev/userfaultfd; reply ACK with the descriptor, or ERROR
+	TypeForkPrepare Type = 11 // shim → agent, before fork(2) without FORK events: copy my pooled pages for the child; reply ACK or ERROR
+	TypeForkDone    Type = 12 // shim → agent, after that fork(2) returned in the parent; no reply
+	typeMax              = TypeForkDone
 )
 
-var typeNames = [...]string{"", "HELLO", "WELCOME", "REGION_ADD", "REGION_DEL", "ACK", "ERROR", "EVICT", "EVICTED", "REGION_ZAP"}
+var typeNames = [...]string{"", "HELLO", "WELCOME", "REGION_ADD", "REGION_DEL", "ACK", "ERROR", "EVICT", "EVICTED", "REGION_ZAP", "UFFD_DEVICE", "FORK_PREPARE", "FORK_DONE"}
 
 func (t Type) String() string {
 	if t >= 1 && t <= typeMax {
@@ -177,6 +180,12 @@ func New(t Type) Message {
 		return new(Evicted)
 	case TypeRegionZap:
 		return new(RegionZap)
+	case TypeUFFDDevice:
+		return new(UFFDDevice)
+	case TypeForkPrepare:
+		return new(ForkPrepare)
+	case TypeForkDone:
+		return new(ForkDone)
 	}
 	return nil
 }

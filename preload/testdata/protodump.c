@@ -41,5 +41,13 @@ int main(void)
 	e2.pages[0].addr = 0x5000;
 	e2.pages[0].slot = RMEM_NO_SLOT;
 	emit(RMEM_EVICT, 9, &e2, 16 + sizeof e2.pages[0]);
+	emit(RMEM_UFFD_DEVICE, 10, NULL, 0);
+	struct rmem_fork fp = {.serial = 3};
+	emit(RMEM_FORK_PREPARE, 11, &fp, sizeof fp);
+	struct rmem_fork fd = {.serial = 3, .pid = -11};
+	emit(RMEM_FORK_DONE, 12, &fd, sizeof fd);
+	struct rmem_hello child = {.pid = 1235, .ppid = 1234, .fork_serial = 3, .features = 0x1ca,
+				   .page_size = 4096, .flags = RMEM_HELLO_UFFD};
+	emit(RMEM_HELLO, 13, &child, sizeof child);
 	return 0;
 }
