@@ -50,8 +50,9 @@ type Client struct {
 	done chan struct{}
 }
 
-// Connect opens a userfaultfd, connects to the agent at path (""
-// means proto.SocketPath()) and starts the EVICT helper.
+// Connect connects to the agent at path ("" means proto.SocketPath()),
+// opens a userfaultfd (through the agent's /dev/userfaultfd if the kernel
+// gives this user none: see proto.UFFDDevice) and starts the EVICT helper.
 func Connect(path string) (*Client, error) {
 	if path == "" {
 		path = proto.SocketPath()
@@ -59,28 +60,14 @@ func Connect(path string) (*Client, error) {
 	if uint64(os.Getpagesize()) != pageSize {
 		return nil, fmt.Errorf("client: page size %d is not supported", os.Getpagesize())
 	}
-	avail, _, err := userfaultfd.Probe()
-	if err != nil {
-		return nil, fmt.Errorf("client: %w", err)
-	}
-	// No FeatureEventRemove: each REMOVE event would block our eviction's
-	// MADV_DONTNEED until the agent read it (see preload's UFFD_FEATURES).
-	want := userfaultfd.FeaturePagefaultFlagWP | userfaultfd.FeatureEventRemap |
-		userfaultfd.FeatureEventUnmap
-	if !avail.Has(want) {
-		return nil, fmt.Errorf("client: kernel lacks userfaultfd features %v: %w", want&^avail, userfaultfd.ErrFeature)
-	}
-	if avail.Has(userfaultfd.FeaturePoison) {
-		want |= userfaultfd.FeaturePoison // lost pages raise SIGBUS
-	}
-	u, err := userfaultfd.Open(want)
-	if err != nil {
-		return nil, fmt.Errorf("client: %w", err)
-	}
 	conn, err := proto.Dial(path)
 	if err != nil {
-		u.Close()
 		return nil, fmt.Errorf("client: %w", err)
+	}
+	u, want, err := openUFFD(conn)
+	if err != nil {
+		conn.Close()
+		return nil, err
 	}
 	c := &Client{conn: conn, uffd: u, regions: map[uintptr]*region{}, waiters: map[uint32]chan error{},
 		sendBuf: make([]byte, 0, proto.MaxPacket), done: make(chan struct{})}
@@ -91,6 +78,67 @@ func Connect(path string) (*Client, error) {
 	}
 	go c.routineHelper()
 	return c, nil
+}
+
+// openUFFD makes this process's uffd, through /dev/userfaultfd lent by
+// the agent on conn (UFFD_DEVICE, before HELLO) if the kernel gives this
+// user none of its own, and returns it with the features enabled.
+func openUFFD(conn *net.UnixConn) (*userfaultfd.UFFD, userfaultfd.Feature, error) {
+	dev := -1
+	avail, _, err := userfaultfd.Probe()
+	if errors.Is(err, userfaultfd.ErrUnavailable) && (errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES)) {
+		if dev, err = borrowDevice(conn); err == nil {
+			defer unix.Close(dev)
+			avail, _, err = userfaultfd.ProbeDevice(dev)
+		}
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("client: %w", err)
+	}
+	// No FeatureEventRemove: each REMOVE event would block our eviction's
+	// MADV_DONTNEED until the agent read it (see preload's UFFD_FEATURES).
+	want := userfaultfd.FeaturePagefaultFlagWP | userfaultfd.FeatureEventRemap |
+		userfaultfd.FeatureEventUnmap
+	if !avail.Has(want) {
+		return nil, 0, fmt.Errorf("client: kernel lacks userfaultfd features %v: %w", want&^avail, userfaultfd.ErrFeature)
+	}
+	if avail.Has(userfaultfd.FeaturePoison) {
+		want |= userfaultfd.FeaturePoison // lost pages raise SIGBUS
+	}
+	var u *userfaultfd.UFFD
+	if dev >= 0 {
+		u, err = userfaultfd.OpenDevice(dev, want)
+	} else {
+		u, err = userfaultfd.Open(want)
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("client: %w", err)
+	}
+	return u, want, nil
+}
+
+// borrowDevice asks the agent for /dev/userfaultfd (proto.UFFDDevice).
+func borrowDevice(conn *net.UnixConn) (int, error) {
+	buf := make([]byte, 0, proto.MaxPacket)
+	if err := proto.Send(conn, buf, 1, &proto.UFFDDevice{}); err != nil {
+		return -1, err
+	}
+	var fds [proto.MaxFDs]int
+	pkt, nfds, err := proto.Recv(conn, buf[:proto.MaxPacket], make([]byte, proto.OOBSize), fds[:])
+	if err != nil {
+		return -1, fmt.Errorf("waiting for the agent's /dev/userfaultfd: %w", err)
+	}
+	var ack proto.Ack
+	if _, err = proto.Expect(pkt, &ack); err == nil && nfds != 1 {
+		err = fmt.Errorf("the agent's ACK carried %d descriptors, want 1", nfds)
+	}
+	if err != nil {
+		for _, fd := range fds[:nfds] {
+			unix.Close(fd)
+		}
+		return -1, fmt.Errorf("no userfaultfd of our own, and the agent lent none: %w", err)
+	}
+	return fds[0], nil
 }
 
 func (c *Client) hello(features userfaultfd.Feature) error {

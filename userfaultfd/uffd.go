@@ -39,6 +39,40 @@ func Open(features Feature) (*UFFD, error) {
 	if err != nil {
 		return nil, err
 	}
+	return handshake(fd, features)
+}
+
+// OpenDevice is Open through dev, an open descriptor of /dev/userfaultfd
+// (lent by a process that may open it, such as memagent): the new uffd
+// belongs to the caller's address space whatever the caller's own rights.
+// dev stays the caller's.
+func OpenDevice(dev int, features Feature) (*UFFD, error) {
+	fd, err := newFDOn(dev)
+	if err != nil {
+		return nil, err
+	}
+	return handshake(fd, features)
+}
+
+// ProbeDevice is Probe through dev (see OpenDevice).
+func ProbeDevice(dev int) (Feature, Ioctls, error) {
+	fd, err := newFDOn(dev)
+	if err != nil {
+		return 0, 0, err
+	}
+	return probe(fd)
+}
+
+func newFDOn(dev int) (int, error) {
+	fd, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(dev), iocUserfaultfdNew, unix.O_CLOEXEC|unix.O_NONBLOCK)
+	if e != 0 {
+		return -1, fmt.Errorf("%w: USERFAULTFD_IOC_NEW on fd %d: %w", ErrUnavailable, dev, e)
+	}
+	return int(fd), nil
+}
+
+// handshake negotiates features on fd, which it owns from now on.
+func handshake(fd int, features Feature) (*UFFD, error) {
 	api := uffdioAPI{API: uffdAPI, Features: uint64(features)}
 	if e := ioctlAPI(fd, &api); e != 0 {
 		unix.Close(fd)
@@ -74,6 +108,11 @@ func Probe() (Feature, Ioctls, error) {
 	if err != nil {
 		return 0, 0, err
 	}
+	return probe(fd)
+}
+
+// probe does the API handshake on fd, a throw-away uffd it closes.
+func probe(fd int) (Feature, Ioctls, error) {
 	defer unix.Close(fd)
 	api := uffdioAPI{API: uffdAPI}
 	if e := ioctlAPI(fd, &api); e != 0 {
