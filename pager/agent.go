@@ -8,6 +8,8 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,6 +35,11 @@ type Options struct {
 	// AllowUIDs are the user ids allowed to connect besides root and the
 	// agent's own (SO_PEERCRED).
 	AllowUIDs []uint32
+	// SocketGroup, when nonzero, is the group id the socket file is given:
+	// with SocketMode 0660 its members may connect, and the agent serves
+	// any process that has the group (primary or supplementary, read from
+	// /proc/PID/status).
+	SocketGroup int
 	// Store supplies remote memory. Required.
 	Store Store
 	// LocalMem is each client process's budget of resident bytes
@@ -96,8 +103,9 @@ type Agent struct {
 	mu       sync.Mutex
 	cond     *sync.Cond
 	clients  map[uint64]*client
-	forked   map[forkKey]*client // forked children waiting for their HELLO
-	exited   []ClientStats       // final stats of the last maxExited clients
+	forked   map[forkKey]*client   // forked children waiting for their HELLO
+	copies   map[forkKey]*forkCopy // FORK_PREPARE copies waiting for their child's HELLO
+	exited   []ClientStats         // final stats of the last maxExited clients
 	closed   bool
 	nclients atomic.Int64
 }
@@ -149,11 +157,17 @@ func New(opts Options) (*Agent, error) {
 		ln.Close()
 		return nil, fmt.Errorf("pager: chmod socket: %w", err)
 	}
+	if opts.SocketGroup != 0 {
+		if err := os.Chown(opts.Socket, -1, opts.SocketGroup); err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("pager: socket group: %w", err)
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	a := &Agent{
 		opts: opts, log: opts.Log, ln: ln, pagesPerSlab: opts.Store.SlabSize() / pageSize,
 		ctx: ctx, cancel: cancel,
-		clients: map[uint64]*client{}, forked: map[forkKey]*client{},
+		clients: map[uint64]*client{}, forked: map[forkKey]*client{}, copies: map[forkKey]*forkCopy{},
 	}
 	a.cond = newCond(a)
 	if opts.Registry != nil {
@@ -272,13 +286,19 @@ func (a *Agent) handshake(conn *net.UnixConn) {
 		conn.SetDeadline(time.Now().Add(time.Second))
 		proto.Send(conn, buf, 1, &proto.Error{Seq: h.Seq, Errno: errno, Text: why})
 	}
+	if h, _, err := proto.Parse(pkt); err == nil && h.Type == proto.TypeUFFDDevice {
+		if pkt, nfds, err = a.lendUFFDDevice(conn, cred, pkt, buf, oob, fds[:]); err != nil {
+			a.log.Warn("client refused", zap.Int32("pid", cred.Pid), zap.Uint32("uid", cred.Uid), zap.Error(err))
+			return
+		}
+	}
 	var hello proto.Hello
 	h, err := proto.Expect(pkt, &hello)
 	switch {
 	case err != nil:
 		refuse(h, unix.EPROTO, err.Error())
 		return
-	case !a.allowed(cred.Uid):
+	case !a.allowed(cred):
 		refuse(h, unix.EACCES, fmt.Sprintf("uid %d may not use this agent", cred.Uid))
 		return
 	case hello.PID != cred.Pid:
@@ -293,28 +313,32 @@ func (a *Agent) handshake(conn *net.UnixConn) {
 	}
 	welcome := proto.Welcome{MinAlloc: a.opts.MinAlloc, StagingSlots: uint32(a.opts.StagingSlots)}
 	var c *client
-	if hello.ForkSerial == 0 {
-		if hello.Flags&proto.HelloUFFD == 0 || nfds != 1 {
-			refuse(h, unix.EINVAL, "a top-level HELLO carries exactly its uffd")
+	if hello.Flags&proto.HelloUFFD != 0 {
+		// A top-level process, or a child forked without FORK events
+		// that registered a uffd of its own: it takes the copy of its
+		// parent's pages that FORK_PREPARE made.
+		var fc *forkCopy
+		if hello.ForkSerial != 0 {
+			if fc = a.takeForkCopy(forkKey{int(hello.PPID), hello.ForkSerial}, cred); fc == nil {
+				refuse(h, unix.ENOENT, fmt.Sprintf("no FORK_PREPARE of fork %d of pid %d for this process", hello.ForkSerial, hello.PPID))
+				return
+			}
+		}
+		c = a.newClientFromHello(h, &hello, fds[:nfds], refuse)
+		nfds = 0 // closed by refuse, or owned by c
+		if c == nil {
+			if fc != nil {
+				a.freeRegions(fc.regs)
+			}
 			return
 		}
-		if link, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", fds[0])); err != nil || link != "anon_inode:[userfaultfd]" {
-			refuse(h, unix.EBADF, "the descriptor is not a userfaultfd")
-			return
+		if fc != nil {
+			c.adopt(fc.regs)
+			if hello.LocalMem == 0 {
+				c.localMem.Store(fc.localMem)
+			}
 		}
-		u, err := userfaultfd.FromFD(fds[0], hello.Features)
-		if err != nil {
-			refuse(h, unix.EBADF, "not a userfaultfd: "+err.Error())
-			return
-		}
-		nfds = 0 // owned by u
-		c, err = a.newClient(u, hello.Features)
-		if err != nil {
-			u.Close()
-			refuse(h, unix.ENOMEM, err.Error())
-			return
-		}
-		c.localMem.Store(hello.LocalMem)
+		c.uid = cred.Uid
 		welcome.ClientID = c.id
 		if err := proto.Send(conn, buf, 1, &welcome, c.stagingFD); err != nil {
 			a.log.Warn("sending WELCOME failed", zap.Error(err))
@@ -347,8 +371,102 @@ func (a *Agent) handshake(conn *net.UnixConn) {
 	c.attach(conn, int(cred.Pid))
 }
 
-func (a *Agent) allowed(uid uint32) bool {
-	return uid == 0 || uid == uint32(os.Geteuid()) || slices.Contains(a.opts.AllowUIDs, uid)
+// newClientFromHello makes a client of the uffd a HELLO carried (fds, all
+// closed on failure), or refuses the HELLO and returns nil.
+func (a *Agent) newClientFromHello(h proto.Header, hello *proto.Hello, fds []int, refuse func(proto.Header, unix.Errno, string)) *client {
+	if len(fds) != 1 {
+		refuse(h, unix.EINVAL, "a HELLO with the uffd flag carries exactly its uffd")
+		return nil
+	}
+	if link, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", fds[0])); err != nil || link != "anon_inode:[userfaultfd]" {
+		refuse(h, unix.EBADF, "the descriptor is not a userfaultfd")
+		return nil
+	}
+	u, err := userfaultfd.FromFD(fds[0], hello.Features)
+	if err != nil {
+		refuse(h, unix.EBADF, "not a userfaultfd: "+err.Error())
+		return nil
+	}
+	c, err := a.newClient(u, hello.Features)
+	if err != nil {
+		u.Close()
+		refuse(h, unix.ENOMEM, err.Error())
+		return nil
+	}
+	c.localMem.Store(hello.LocalMem)
+	return c
+}
+
+// lendUFFDDevice answers a UFFD_DEVICE request (pkt) with a descriptor of
+// /dev/userfaultfd, and returns the packet that follows (the HELLO).
+func (a *Agent) lendUFFDDevice(conn *net.UnixConn, cred *unix.Ucred, pkt, buf, oob []byte, fds []int) ([]byte, int, error) {
+	var req proto.UFFDDevice
+	h, err := proto.Expect(pkt, &req)
+	fail := func(errno unix.Errno, why string) ([]byte, int, error) {
+		proto.Send(conn, buf, 1, &proto.Error{Seq: h.Seq, Errno: errno, Text: why})
+		return nil, 0, errors.New(why)
+	}
+	switch {
+	case err != nil:
+		return fail(unix.EPROTO, err.Error())
+	case !a.allowed(cred):
+		return fail(unix.EACCES, fmt.Sprintf("uid %d may not use this agent", cred.Uid))
+	}
+	dev, err := unix.Open("/dev/userfaultfd", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		errno := unix.ENODEV
+		errors.As(err, &errno)
+		return fail(errno, "the agent cannot open /dev/userfaultfd: "+err.Error())
+	}
+	err = proto.Send(conn, buf, 1, &proto.Ack{Seq: h.Seq}, dev)
+	unix.Close(dev)
+	if err != nil {
+		return nil, 0, err
+	}
+	a.log.Debug("lent /dev/userfaultfd", zap.Int32("pid", cred.Pid), zap.Uint32("uid", cred.Uid))
+	pkt, nfds, err := proto.Recv(conn, buf, oob, fds)
+	if err != nil {
+		return nil, 0, fmt.Errorf("no HELLO after UFFD_DEVICE: %w", err)
+	}
+	return pkt, nfds, nil
+}
+
+// allowed reports whether the agent serves the peer cred: root, the
+// agent's own user, AllowUIDs, and members of SocketGroup.
+func (a *Agent) allowed(cred *unix.Ucred) bool {
+	uid := cred.Uid
+	if uid == 0 || uid == uint32(os.Geteuid()) || slices.Contains(a.opts.AllowUIDs, uid) {
+		return true
+	}
+	g := a.opts.SocketGroup
+	if g == 0 {
+		return false
+	}
+	if cred.Gid == uint32(g) {
+		return true
+	}
+	groups, err := procGroups(int(cred.Pid))
+	return err == nil && slices.Contains(groups, g)
+}
+
+// procGroups reads the supplementary groups of pid.
+func procGroups(pid int) ([]int, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return nil, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "Groups:"); ok {
+			var gs []int
+			for _, f := range strings.Fields(rest) {
+				if g, err := strconv.Atoi(f); err == nil {
+					gs = append(gs, g)
+				}
+			}
+			return gs, nil
+		}
+	}
+	return nil, fmt.Errorf("pager: /proc/%d/status has no Groups line", pid)
 }
 
 // start registers c and runs its loop; false if the agent is closed.

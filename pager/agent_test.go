@@ -201,9 +201,19 @@ func startAgent(t *testing.T, store pager.Store, localMem uint64) *pager.Agent {
 
 func startAgentReg(t *testing.T, store pager.Store, localMem uint64) (*pager.Agent, *prometheus.Registry) {
 	t.Helper()
-	sock := filepath.Join(t.TempDir(), "agent.sock")
 	reg := prometheus.NewRegistry()
-	a, err := pager.New(pager.Options{Socket: sock, Store: store, LocalMem: localMem, Log: zaptest.NewLogger(t), Registry: reg})
+	return startAgentOpts(t, pager.Options{Store: store, LocalMem: localMem, Registry: reg}), reg
+}
+
+// startAgentOpts runs an agent with opts, logging to t, on a socket of
+// its own unless opts names one.
+func startAgentOpts(t *testing.T, opts pager.Options) *pager.Agent {
+	t.Helper()
+	if opts.Socket == "" {
+		opts.Socket = filepath.Join(t.TempDir(), "agent.sock")
+	}
+	opts.Log = zaptest.NewLogger(t)
+	a, err := pager.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,7 +225,7 @@ func startAgentReg(t *testing.T, store pager.Store, localMem uint64) (*pager.Age
 			t.Errorf("Run: %v", err)
 		}
 	})
-	return a, reg
+	return a
 }
 
 // child is a running child process.
@@ -231,11 +241,18 @@ const childTimeout = 60 * time.Second
 
 func startChild(t *testing.T, a *pager.Agent, spec childSpec) *child {
 	t.Helper()
+	return startChildAs(t, nil, os.Args[0], a, spec)
+}
+
+// startChildAs starts the test binary bin as a child process of user
+// cred (nil: ours).
+func startChildAs(t *testing.T, cred *syscall.Credential, bin string, a *pager.Agent, spec childSpec) *child {
+	t.Helper()
 	js, _ := json.Marshal(spec)
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd := exec.Command(bin, "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"="+string(js), sockEnv+"="+a.Addr())
 	cmd.Stderr = os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: cred}
 	cmd.WaitDelay = 5 * time.Second
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()

@@ -190,6 +190,19 @@ func (c *client) message(h proto.Header, body []byte) error {
 		}
 		c.evicted(&m)
 		return nil
+	case proto.TypeForkPrepare:
+		var m proto.ForkPrepare
+		if err := m.Decode(body); err != nil {
+			return err
+		}
+		return c.reply(h.Seq, c.forkPrepare(&m))
+	case proto.TypeForkDone:
+		var m proto.ForkDone
+		if err := m.Decode(body); err != nil {
+			return err
+		}
+		c.forkDone(&m)
+		return nil
 	}
 	return errors.Join(proto.ErrType, errors.New(h.Type.String()+" from a client"))
 }

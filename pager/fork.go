@@ -1,24 +1,26 @@
 package pager
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"rmem/pager/proto"
 	"rmem/userfaultfd"
 )
 
 // fork handles a FORK event: fd is the child's uffd. The child becomes a
 // client of its own, served at once (its first faults may come before its
-// HELLO). Its page tables start as copies of the parent's; resident pages
-// are the child's own copy-on-write pages (dirty: they have no pool copy
-// yet); pages in the pool are copied to slabs of the child's own, so that
-// later write-backs of either process never show through to the other
-// (private-memory semantics, DESIGN.md pitfall 2). The child is paired with
-// its HELLO by (parent pid, fork serial).
+// HELLO). Its page tables start as copies of the parent's (copyRegions).
+// The child is paired with its HELLO by (parent pid, fork serial).
 func (c *client) fork(fd int) {
 	c.forks++
 	serial := c.forks
@@ -35,23 +37,68 @@ func (c *client) fork(fd int) {
 		return
 	}
 	child.localMem.Store(c.localMem.Load()) // its HELLO may say otherwise
+	child.uid = c.uid
 	// EVICTED replies sent before fork(2) are queued already: finish
 	// those evictions so the copy below sees settled pages.
 	c.drainSocket()
-	for _, r := range c.regs.list {
-		cr, err := c.forkRegion(child, r)
-		if err != nil {
-			c.log.Error("copying a region for the forked child failed; its evicted pages are lost to the child",
-				zap.Uint64("region", r.id), zap.Error(err))
-		}
-		child.regs.add(cr)
-		child.st.regions.Add(1)
+	regs, err := c.copyRegions()
+	if err != nil {
+		c.log.Error("copying regions for the forked child failed; the pages not copied are lost to the child", zap.Error(err))
 	}
+	child.adopt(regs)
 	c.a.addForkChild(int(c.pidAtm.Load()), serial, child)
 }
 
+// copyRegions returns copies of c's regions for a child forked now. A
+// child's page tables start as copies of the parent's: resident pages are
+// the child's own copy-on-write pages (dirty: they have no pool copy
+// yet); pages in the pool are copied to slabs of the child's own, so that
+// later write-backs of either process never show through to the other
+// (private-memory semantics, DESIGN.md pitfall 2). Pages that could not be
+// copied are Lost in the copy (SIGBUS, never zeros); the error says why.
+// Preconditions: no eviction batch in flight.
+func (c *client) copyRegions() ([]*region, error) {
+	regs := make([]*region, 0, len(c.regs.list))
+	var errs []error
+	for _, r := range c.regs.list {
+		cr, err := c.forkRegion(r)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("region %d: %w", r.id, err))
+		}
+		regs = append(regs, cr)
+	}
+	return regs, errors.Join(errs...)
+}
+
+// adopt makes regs, copied for a fork, c's own.
+func (c *client) adopt(regs []*region) {
+	for _, r := range regs {
+		for _, p := range r.pages {
+			c.count(p.State(), +1)
+		}
+		c.regs.add(r)
+		c.st.regions.Add(1)
+	}
+}
+
+// freeRegions gives back the slabs of regions no client adopted.
+func (a *Agent) freeRegions(regs []*region) {
+	var ids []SlabID
+	for _, r := range regs {
+		ids = appendSlabs(ids, r)
+	}
+	if len(ids) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.opts.Store.Free(ctx, ids); err != nil {
+		a.log.Warn("freeing the slabs of a fork copy failed", zap.Error(err))
+	}
+}
+
 // forkRegion returns the child's copy of r.
-func (c *client) forkRegion(child *client, r *region) (*region, error) {
+func (c *client) forkRegion(r *region) (*region, error) {
 	cr := &region{
 		id: r.id, start: r.start, kind: r.kind,
 		pages: make(PageTable, len(r.pages)),
@@ -71,17 +118,17 @@ func (c *client) forkRegion(child *client, r *region) (*region, error) {
 			case Resident:
 				// Busy pages too: the helper had not dropped them before
 				// fork, so the child has them mapped.
-				child.set(cr, idx, Page(0).With(Resident)|FlagDirty)
+				cr.pages[idx] = Page(0).With(Resident) | FlagDirty
 			case Remote, Staged:
 				need = true
 			case Lost:
-				child.set(cr, idx, Page(0).With(Lost))
+				cr.pages[idx] = Page(0).With(Lost)
 			}
 		}
 		if !need {
 			continue
 		}
-		if err := c.copySlab(child, r, cr, s); err != nil && firstErr == nil {
+		if err := c.copySlab(r, cr, s); err != nil && firstErr == nil {
 			firstErr = err
 		}
 	}
@@ -89,7 +136,7 @@ func (c *client) forkRegion(child *client, r *region) (*region, error) {
 }
 
 // copySlab copies the pooled pages of slab s of r to a new slab of cr.
-func (c *client) copySlab(child *client, r, cr *region, s int) error {
+func (c *client) copySlab(r, cr *region, s int) error {
 	ctx, cancel := context.WithTimeout(c.a.ctx, 30*time.Second)
 	defer cancel()
 	spp := int(c.a.pagesPerSlab)
@@ -98,7 +145,7 @@ func (c *client) copySlab(child *client, r, cr *region, s int) error {
 	if err != nil {
 		for idx := lo; idx < hi; idx++ {
 			if st := r.pages[idx].State(); st == Remote || st == Staged {
-				child.set(cr, idx, Page(0).With(Lost))
+				cr.pages[idx] = Page(0).With(Lost)
 			}
 		}
 		return err
@@ -168,9 +215,9 @@ func (c *client) copySlab(child *client, r, cr *region, s int) error {
 		for k := range ops {
 			idx := idxs[k]
 			if lost[idx] || ops[k].Err != nil {
-				child.set(cr, idx, Page(0).With(Lost))
+				cr.pages[idx] = Page(0).With(Lost)
 			} else {
-				child.set(cr, idx, Page(0).With(Remote))
+				cr.pages[idx] = Page(0).With(Remote)
 			}
 		}
 		ops, idxs = ops[:0], idxs[:0]
@@ -189,4 +236,168 @@ func (c *client) copySlab(child *client, r, cr *region, s int) error {
 	}
 	flush()
 	return nil
+}
+
+// A fork without FORK events (the client's uffd lacks EVENT_FORK, which
+// the kernel grants only with CAP_SYS_PTRACE) goes:
+//
+//  1. the parent's shim sends FORK_PREPARE before fork(2); the loop stops
+//     evicting it, lets an eviction batch in flight finish, copies its
+//     pooled pages for the child (copyRegions) and keeps the copy here;
+//  2. fork(2): the child's registered ranges are plain anonymous memory,
+//     its resident pages inherited, the evicted ones missing;
+//  3. the child, still inside the shim's fork wrapper, registers the
+//     ranges with a uffd of its own and says HELLO with it; the agent
+//     serves it with the copy (handshake);
+//  4. the parent sends FORK_DONE: evictions resume, and a failed fork's
+//     copy is freed.
+//
+// The copy is made before fork(2), so that the parent cannot write an
+// evicted page back over what the child inherits. Pages the parent faults
+// in between (1) and (2) are resident in the child though the copy names
+// them Remote: they stay resident, outside its budget, which is harmless.
+
+// forkCopy is the copy of a parent's regions that FORK_PREPARE made for
+// the child it announced.
+type forkCopy struct {
+	regs     []*region
+	uid      uint32 // the parent's: only a process of the same user takes the copy
+	child    int    // the child's pid, once FORK_DONE said it
+	localMem uint64
+	made     time.Time
+}
+
+// forkCopyTTL is how long a copy waits for its child's HELLO (the child
+// says it before its fork() returns).
+const forkCopyTTL = time.Minute
+
+// forkPrepare handles FORK_PREPARE (step 1 above).
+func (c *client) forkPrepare(m *proto.ForkPrepare) error {
+	switch {
+	case c.features&userfaultfd.FeatureEventFork != 0:
+		return errWithErrno(unix.EINVAL, "FORK_PREPARE from a client whose uffd has FORK events")
+	case c.forking != 0:
+		return errWithErrno(unix.EBUSY, fmt.Sprintf("FORK_PREPARE %d while fork %d is not done", m.Serial, c.forking))
+	}
+	c.forking = m.Serial
+	if c.evictBusy && c.conn != nil {
+		// The helper answers the batch in flight on this socket; the
+		// shim sends no other request until the ACK.
+		c.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		for c.evictBusy && c.conn != nil && c.serveSocket() {
+		}
+		if c.conn != nil {
+			c.conn.SetReadDeadline(time.Time{})
+		}
+		if c.evictBusy {
+			c.forking = 0
+			return errWithErrno(unix.EIO, "the eviction in flight did not finish")
+		}
+	}
+	regs, err := c.copyRegions()
+	if err != nil {
+		c.a.freeRegions(regs)
+		c.forking = 0
+		return errWithErrno(unix.ENOMEM, "copying the pooled pages for the child: "+err.Error())
+	}
+	c.a.addForkCopy(forkKey{int(c.pidAtm.Load()), m.Serial}, &forkCopy{
+		regs: regs, uid: c.uid, localMem: c.localMem.Load(), made: time.Now(),
+	})
+	c.log.Debug("pages copied for a fork", zap.Uint64("serial", m.Serial), zap.Int("regions", len(regs)))
+	return nil
+}
+
+// forkDone handles FORK_DONE (step 4 above).
+func (c *client) forkDone(m *proto.ForkDone) {
+	if m.Serial != c.forking {
+		c.log.Warn("FORK_DONE of a fork not prepared", zap.Uint64("serial", m.Serial), zap.Uint64("preparing", c.forking))
+	}
+	c.forking = 0
+	c.a.forkReturned(forkKey{int(c.pidAtm.Load()), m.Serial}, int(m.PID))
+}
+
+// addForkCopy keeps fc for its child's HELLO; copies whose child never
+// came are dropped after forkCopyTTL.
+func (a *Agent) addForkCopy(k forkKey, fc *forkCopy) {
+	a.mu.Lock()
+	old := a.copies[k]
+	a.copies[k] = fc
+	a.mu.Unlock()
+	if old != nil {
+		a.freeRegions(old.regs)
+	}
+	time.AfterFunc(forkCopyTTL, a.dropStaleCopies)
+}
+
+// dropStaleCopies frees the copies older than forkCopyTTL.
+func (a *Agent) dropStaleCopies() {
+	var stale []*region
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return
+	}
+	for k, fc := range a.copies {
+		if time.Since(fc.made) >= forkCopyTTL {
+			a.log.Warn("a forked child never said HELLO; its copy of the parent's pages is dropped",
+				zap.Int("ppid", k.ppid), zap.Uint64("serial", k.serial), zap.Int("child", fc.child))
+			stale = append(stale, fc.regs...)
+			delete(a.copies, k)
+		}
+	}
+	a.mu.Unlock()
+	a.freeRegions(stale)
+}
+
+// forkReturned records what fork(2) returned in the parent: the child's
+// pid, or a negative errno (the copy is freed).
+func (a *Agent) forkReturned(k forkKey, pid int) {
+	a.mu.Lock()
+	fc := a.copies[k]
+	if fc != nil && pid < 0 {
+		delete(a.copies, k)
+	} else if fc != nil {
+		fc.child = pid
+	}
+	a.mu.Unlock()
+	if fc != nil && pid < 0 {
+		a.freeRegions(fc.regs)
+	}
+}
+
+// takeForkCopy hands the copy k to the process cred if it is that fork's
+// child: the parent's user, and the parent's child (its parent pid, or
+// the pid FORK_DONE named if the parent is gone already).
+func (a *Agent) takeForkCopy(k forkKey, cred *unix.Ucred) *forkCopy {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	fc := a.copies[k]
+	if fc == nil || fc.uid != cred.Uid {
+		return nil
+	}
+	if fc.child != int(cred.Pid) {
+		if ppid, err := parentPID(int(cred.Pid)); err != nil || ppid != k.ppid {
+			return nil
+		}
+	}
+	delete(a.copies, k)
+	return fc
+}
+
+// parentPID reads pid's parent from /proc/pid/stat.
+func parentPID(pid int) (int, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("pager: /proc/%d/stat: no comm", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 2 {
+		return 0, fmt.Errorf("pager: /proc/%d/stat: too short", pid)
+	}
+	return strconv.Atoi(f[1])
 }

@@ -1,6 +1,12 @@
 package pager_test
 
 import (
+	"os"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -13,17 +19,122 @@ import (
 // Private-memory semantics across fork (DESIGN.md pitfall 2), end to end:
 // a C program under the shim fills 16 MiB (4 MiB budget: most of it is
 // evicted), forks, and parent and child each write their own value over
-// the same addresses, get evicted again and read back their own.
+// the same addresses, get evicted again and read back their own. As root
+// the fork raises a FORK event; as an ordinary user the kernel grants no
+// FORK events (they need CAP_SYS_PTRACE), nor a userfaultfd at all with
+// vm.unprivileged_userfaultfd 0: the shim borrows /dev/userfaultfd from the
+// agent, and forks through FORK_PREPARE and a uffd of the child's own.
 func TestForkPrivate(t *testing.T) {
 	skipUnlessUFFD(t)
-	avail, _, _ := userfaultfd.Probe()
-	if !avail.Has(userfaultfd.FeatureEventFork | userfaultfd.FeatureThreadID) {
-		t.Skip("kernel lacks EVENT_FORK or THREAD_ID")
+	t.Run("root", func(t *testing.T) {
+		avail, _, _ := userfaultfd.Probe()
+		if !avail.Has(userfaultfd.FeatureEventFork | userfaultfd.FeatureThreadID) {
+			t.Skip("kernel lacks EVENT_FORK or THREAD_ID")
+		}
+		store, a := forkSetup(t, 48, nil)
+		forkPrivate(t, store, a, shimtest.Start(t, a.Addr(), []string{"fork"}))
+	})
+	t.Run("unprivileged", func(t *testing.T) {
+		uid, gid := nobody(t)
+		store, a := forkSetup(t, 48, []uint32{uid})
+		forkPrivate(t, store, a, shimtest.StartAs(t, uid, gid, a.Addr(), []string{"fork"}))
+	})
+	// No room in the pool for the child's copy of the evicted pages:
+	// FORK_PREPARE fails and so does fork(), with ENOMEM, rather than the
+	// child run with pages it cannot have.
+	t.Run("unprivileged, pool full", func(t *testing.T) {
+		uid, gid := nobody(t)
+		store, a := forkSetup(t, 8, []uint32{uid}) // 16 slabs: the parent's 16 MiB fit once
+		p := shimtest.StartAs(t, uid, gid, a.Addr(), []string{"fork"})
+		p.Expect("ready")
+		waitStats(t, a, func(st pager.ClientStats) bool { return st.Evictions > 0 })
+		p.Send("g")
+		err := p.WaitErr()
+		if err == nil || !strings.Contains(p.Stderr.String(), "rmem: fork refused") || !strings.Contains(p.Stderr.String(), "FAIL: fork") {
+			t.Fatalf("exit %v; want fork to fail, and the shim to say why; stderr:\n%s", err, p.Stderr.String())
+		}
+		t.Logf("stderr: %s", p.Stderr.String())
+		waitNoClients(t, a)
+		if _, held := store.Allocated(); held != 0 {
+			t.Fatalf("%d slabs held after the process exited", held)
+		}
+	})
+}
+
+// A Go program of an ordinary user, through the client package: it has no
+// userfaultfd of its own and borrows /dev/userfaultfd from the agent.
+func TestGoClientUnprivileged(t *testing.T) {
+	skipUnlessUFFD(t)
+	uid, gid := nobody(t)
+	// The test binary, where that user may run it.
+	dir := t.TempDir()
+	os.Chmod(filepath.Dir(dir), 0o755)
+	os.Chmod(dir, 0o755)
+	bin := filepath.Join(dir, "pager.test")
+	data, err := os.ReadFile(os.Args[0])
+	if err == nil {
+		err = os.WriteFile(bin, data, 0o755)
 	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, a := forkSetup(t, 16, []uint32{uid})
 	const budget = 4 << 20
-	store := pagertest.New(t, pagertest.Options{Servers: 2, Replicas: 1, SlabSize: 1 << 20, SlabsPerServer: 48})
-	a := startAgent(t, store, budget)
-	p := shimtest.Start(t, a.Addr(), []string{"fork"})
+	c := startChildAs(t, &syscall.Credential{Uid: uid, Gid: gid}, bin, a, childSpec{Bytes: 4 * budget, Passes: 2, Order: "random", Hold: true})
+	res := c.result(t)
+	if res.Bad != 0 || res.Pages != 4*budget/4096 {
+		t.Fatalf("%d bad words of %d pages; first: %s", res.Bad, res.Pages, res.First)
+	}
+	if l := c.line(t); l != "DONE" {
+		t.Fatalf("child said %q", l)
+	}
+	st := statsOf(t, a)
+	if st.Evictions == 0 || st.RemoteReads == 0 || st.Lost != 0 {
+		t.Fatalf("want evictions and remote reads, none lost: %+v", st)
+	}
+	if err := c.wait(t); err != nil {
+		t.Fatal(err)
+	}
+	waitNoClients(t, a)
+	if _, held := store.Allocated(); held != 0 {
+		t.Fatalf("%d slabs held after the child exited", held)
+	}
+}
+
+// nobody returns the uid and gid of user nobody, and skips the test
+// without it or without a /dev/userfaultfd for the agent to lend.
+func nobody(t *testing.T) (uid, gid uint32) {
+	u, err := user.Lookup("nobody")
+	if err != nil {
+		t.Skipf("no user nobody: %v", err)
+	}
+	if _, err := os.Stat("/dev/userfaultfd"); err != nil {
+		t.Skipf("no /dev/userfaultfd to lend: %v", err)
+	}
+	id, _ := strconv.ParseUint(u.Uid, 10, 32)
+	g, _ := strconv.ParseUint(u.Gid, 10, 32)
+	return uint32(id), uint32(g)
+}
+
+// forkSetup starts an agent (4 MiB budget) that serves the users allow
+// too, on a socket they can reach, with a pool of 2 servers of slabs 1 MiB
+// slabs each.
+func forkSetup(t *testing.T, slabs int, allow []uint32) (*pagertest.Store, *pager.Agent) {
+	store := pagertest.New(t, pagertest.Options{Servers: 2, Replicas: 1, SlabSize: 1 << 20, SlabsPerServer: slabs})
+	opts := pager.Options{Store: store, LocalMem: 4 << 20, AllowUIDs: allow}
+	if allow != nil {
+		dir := t.TempDir()
+		for d := dir; d != filepath.Dir(os.TempDir()) && d != "/"; d = filepath.Dir(d) {
+			if strings.HasPrefix(d, os.TempDir()) && d != os.TempDir() {
+				os.Chmod(d, 0o755)
+			}
+		}
+		opts.Socket, opts.SocketMode = filepath.Join(dir, "agent.sock"), 0o666
+	}
+	return store, startAgentOpts(t, opts)
+}
+
+func forkPrivate(t *testing.T, store *pagertest.Store, a *pager.Agent, p *shimtest.Proc) {
 	stderr, expect := &p.Stderr, p.Expect
 	expect("ready")
 	waitStats(t, a, func(st pager.ClientStats) bool { return st.Evictions > 0 })
@@ -60,6 +171,9 @@ func TestForkPrivate(t *testing.T) {
 	waitNoClients(t, a)
 	if _, held := store.Allocated(); held != 0 {
 		t.Fatalf("%d slabs held after both processes exited", held)
+	}
+	if s := stderr.String(); s != "" {
+		t.Errorf("the shim said:\n%s", s)
 	}
 }
 

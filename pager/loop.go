@@ -87,6 +87,8 @@ type client struct {
 	victims    []Victim
 	zeros      []byte
 	forks      uint64
+	forking    uint64 // serial of a FORK_PREPARE until its FORK_DONE: no evictions meanwhile
+	uid        uint32 // the client's user (SO_PEERCRED)
 	features   userfaultfd.Feature
 	closed     bool
 
@@ -296,7 +298,7 @@ func (c *client) gone() bool {
 // A fault waits at most maxThrottle: the budget bends rather than stall a
 // client whose helper thread cannot run (a Go client with few Ps).
 func (c *client) throttle(since time.Time) bool {
-	if c.conn == nil || !c.evictBusy && len(c.slotFree) == 0 {
+	if c.conn == nil || c.forking != 0 || !c.evictBusy && len(c.slotFree) == 0 {
 		return false
 	}
 	over := int(c.st.resident.Load())+len(c.reads) >= c.budgetPages()+proto.MaxEvictBatch

@@ -145,6 +145,22 @@ func (l *lockedBuffer) String() string {
 // killed with it when the test ends.
 func Start(t testing.TB, sock string, argv []string, env ...string) *Proc {
 	t.Helper()
+	return start(t, nil, sock, argv, env)
+}
+
+// StartAs is Start with the program running as user uid (and its group
+// gid). The build directory is made readable to everyone; the agent's
+// socket must be reachable by that user.
+func StartAs(t testing.TB, uid, gid uint32, sock string, argv []string, env ...string) *Proc {
+	t.Helper()
+	if err := os.Chmod(Build(t), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return start(t, &syscall.Credential{Uid: uid, Gid: gid}, sock, argv, env)
+}
+
+func start(t testing.TB, cred *syscall.Credential, sock string, argv []string, env []string) *Proc {
+	t.Helper()
 	dir := Build(t)
 	if !filepath.IsAbs(argv[0]) && !strings.Contains(argv[0], "/") {
 		if _, err := os.Stat(filepath.Join(dir, argv[0])); err == nil {
@@ -154,7 +170,7 @@ func Start(t testing.TB, sock string, argv []string, env ...string) *Proc {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), "LD_PRELOAD="+filepath.Join(dir, "librmem.so"), proto.EnvSocket+"="+sock)
 	cmd.Env = append(cmd.Env, env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: cred}
 	p := &Proc{t: t, Cmd: cmd, Lines: make(chan string, 16), waited: make(chan error, 1)}
 	cmd.Stderr = &p.Stderr
 	var err error
@@ -221,14 +237,22 @@ func (p *Proc) Send(b string) {
 // Wait waits for the program to exit and fails on a nonzero status.
 func (p *Proc) Wait() {
 	p.t.Helper()
+	if err := p.WaitErr(); err != nil {
+		p.t.Fatalf("program: %v; stderr:\n%s", err, p.Stderr.String())
+	}
+}
+
+// WaitErr waits for the program to exit and returns how it ended (nil:
+// status 0).
+func (p *Proc) WaitErr() error {
+	p.t.Helper()
 	for range p.Lines {
 	}
 	select {
 	case err := <-p.waited:
-		if err != nil {
-			p.t.Fatalf("program: %v; stderr:\n%s", err, p.Stderr.String())
-		}
+		return err
 	case <-time.After(60 * time.Second):
 		p.t.Fatalf("program did not exit; stderr:\n%s", p.Stderr.String())
 	}
+	return nil
 }

@@ -109,11 +109,12 @@ static char g_sock_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 
 static pid_t g_pid;      /* the process that made the connection */
 static int g_uffd = -1; /* our own reference: a dead agent blocks, never zeros */
+static int g_uffd_dev = -1; /* /dev/userfaultfd lent by the agent (UFFD_DEVICE), kept for forks */
 static int g_sock = -1;
 static char *g_staging;
 static uint32_t g_slots;
 static uint64_t g_features;
-static uint64_t g_fork_serial; /* forks that raised a FORK event */
+static uint64_t g_fork_serial; /* forks with regions: FORK events, or FORK_PREPAREs */
 static uint32_t g_seq;
 static uint64_t g_next_id = 1;
 static int g_lost_said, g_full_said;
@@ -668,9 +669,16 @@ static int start_helper(void)
 	return err;
 }
 
-static int open_uffd(uint64_t *features, const char **why)
+/* A new userfaultfd of this process: through /dev/userfaultfd, else the
+ * system call (both need privileges or the administrator's leave: the
+ * device's mode, vm.unprivileged_userfaultfd), else through the device the
+ * agent lent us. UFFD_USER_MODE_ONLY, which any user may have, is not
+ * used: the kernel's own accesses to our memory (read(2) into a buffer
+ * whose pages are in the pool) would fail with EFAULT instead of faulting
+ * them in. Returns the fd or -errno. */
+static int new_uffd(void)
 {
-	int fd = -1;
+	int fd = -1, e = EPERM;
 	int dev = open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
 	if (dev >= 0) {
 		fd = ioctl(dev, USERFAULTFD_IOC_NEW, O_CLOEXEC | O_NONBLOCK);
@@ -678,27 +686,111 @@ static int open_uffd(uint64_t *features, const char **why)
 	}
 	if (fd < 0)
 		fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
-	if (fd < 0) {
-		*why = "cannot create a userfaultfd";
-		return -errno;
+	if (fd < 0 && g_uffd_dev >= 0)
+		fd = ioctl(g_uffd_dev, USERFAULTFD_IOC_NEW, O_CLOEXEC | O_NONBLOCK);
+	if (fd < 0)
+		e = errno;
+	return fd >= 0 ? fd : -e;
+}
+
+/* Asks the agent for /dev/userfaultfd (UFFD_DEVICE) on the connected
+ * socket s, before HELLO. Returns 0, or -errno with *why set. */
+static int borrow_uffd_device(int s, const char **why)
+{
+	int err = send_packet(RMEM_UFFD_DEVICE, ++g_seq, NULL, 0, -1);
+	static union {
+		char buf[RMEM_MAX_PACKET];
+		uint64_t align;
+	} pkt;
+	int fds[RMEM_MAX_FDS], nfds = 0;
+	struct rmem_hdr h;
+	int n = err ? err : recv_packet(s, pkt.buf, &h, fds, &nfds);
+	*why = "the agent lent no /dev/userfaultfd";
+	if (n >= 0 && h.type == RMEM_ERROR && n >= 8 && n <= (int)sizeof(struct rmem_error)) {
+		static char text[RMEM_MAX_ERROR_TEXT + 64];
+		struct rmem_error e;
+		memcpy(&e, pkt.buf + sizeof h, (size_t)n);
+		static const char pre[] = "cannot create a userfaultfd, and the agent refused to lend one: ";
+		memcpy(text, pre, sizeof pre - 1);
+		size_t tl = (size_t)n - 8;
+		memcpy(text + sizeof pre - 1, e.text, tl);
+		text[sizeof pre - 1 + tl] = 0;
+		*why = text;
+		n = -(e.err ? (int)e.err : EPERM);
+	} else if (n >= 0 && (h.type != RMEM_ACK || nfds != 1)) {
+		n = -EPROTO;
 	}
-	struct uffdio_api api = {.api = UFFD_API, .features = UFFD_FEATURES};
-	if (ioctl(fd, UFFDIO_API, &api) != 0) {
+	if (n < 0) {
+		for (int i = 0; i < nfds; i++)
+			close(fds[i]);
+		return n;
+	}
+	g_uffd_dev = fds[0];
+	return 0;
+}
+
+/* Makes this process's uffd with the features the shim needs: FORK events
+ * if the kernel grants them (CAP_SYS_PTRACE), else without them (fork()
+ * then goes through FORK_PREPARE and the child's own uffd). s: the agent's
+ * socket, for UFFD_DEVICE. Returns the fd or -errno with *why set. */
+static int open_uffd(int s, uint64_t *features, const char **why)
+{
+	int fd = new_uffd();
+	*why = "cannot create a userfaultfd";
+	if ((fd == -EPERM || fd == -EACCES) && g_uffd_dev < 0 && s >= 0) {
+		int err = borrow_uffd_device(s, why);
+		fd = err ? err : new_uffd();
+	}
+	if (fd < 0)
+		return fd;
+	uint64_t want = UFFD_FEATURES;
+	for (;;) {
+		struct uffdio_api api = {.api = UFFD_API, .features = want};
+		if (ioctl(fd, UFFDIO_API, &api) == 0)
+			break;
 		int e = errno;
 		close(fd);
-		*why = e == EPERM ? "userfaultfd EVENT_FORK needs CAP_SYS_PTRACE"
-				  : "userfaultfd lacks the features the shim needs";
+		if (e == EPERM && (want & UFFD_FEATURE_EVENT_FORK)) {
+			want &= ~(uint64_t)UFFD_FEATURE_EVENT_FORK; /* needs CAP_SYS_PTRACE */
+			if ((fd = new_uffd()) >= 0)
+				continue;
+			e = -fd;
+		}
+		*why = "userfaultfd lacks the features the shim needs";
 		return -e;
 	}
-	*features = UFFD_FEATURES;
+	*features = want;
 	return fd;
 }
 
-/* Connects, sends HELLO (with the uffd if top-level) and takes the
- * WELCOME: maps the staging memfd; a forked child also gets its own uffd.
- * Returns 0 or -errno with *why set. Preconditions: init_mu held (or the
- * only thread, in a fork child). */
-static int handshake(int fork_child, const char **why)
+/* Registers every region of the table with g_uffd (a forked child's own
+ * uffd). Returns 0 or -errno. Preconditions: the only thread. */
+static int register_all(void)
+{
+	for (int i = 0; i < g_nregions; i++) {
+		struct uffdio_register reg = {
+			.range = {.start = g_regions[i].base, .len = g_regions[i].len},
+			.mode = UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_WP,
+		};
+		if (ioctl(g_uffd, UFFDIO_REGISTER, &reg) != 0)
+			return -errno;
+	}
+	return 0;
+}
+
+/* How a process says HELLO. */
+enum hs {
+	HS_TOP,        /* top-level: makes its uffd, sends it */
+	HS_FORK_EVENT, /* child of a FORK event: the agent sends it its uffd */
+	HS_FORK_OWN,   /* child of a fork without FORK events: makes a uffd,
+			  registers the regions with it, sends it */
+};
+
+/* Connects, sends HELLO (with our uffd unless HS_FORK_EVENT) and takes the
+ * WELCOME: maps the staging memfd; an HS_FORK_EVENT child also gets its
+ * uffd. Returns 0 or -errno with *why set. Preconditions: init_mu held (or
+ * the only thread, in a fork child). */
+static int handshake(enum hs mode, const char **why)
 {
 	int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	if (s < 0) {
@@ -716,27 +808,50 @@ static int handshake(int fork_child, const char **why)
 	/* An agent that accepts but never answers must not hang the program. */
 	struct timeval tv = {.tv_sec = 30};
 	setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-	if (!fork_child) {
+	g_sock = s;
+	if (mode == HS_TOP) {
 		/* After connecting, so that "no agent" is what a process without
 		 * an agent hears, whatever its userfaultfd rights. */
-		int fd = open_uffd(&g_features, why);
+		int fd = open_uffd(s, &g_features, why);
 		if (fd < 0) {
 			close(s);
+			g_sock = -1;
 			return fd;
 		}
 		g_uffd = fd;
+	} else if (mode == HS_FORK_OWN) {
+		/* The parent's features: no FORK events, the same rights. */
+		int fd = new_uffd();
+		struct uffdio_api api = {.api = UFFD_API, .features = g_features};
+		if (fd >= 0 && ioctl(fd, UFFDIO_API, &api) != 0) {
+			int e = errno;
+			close(fd);
+			fd = -e;
+		}
+		if (fd >= 0) {
+			g_uffd = fd;
+			fd = register_all();
+		}
+		if (fd < 0) {
+			*why = "cannot register a userfaultfd of the child's own";
+			if (g_uffd >= 0)
+				close(g_uffd);
+			g_uffd = -1;
+			close(s);
+			g_sock = -1;
+			return fd;
+		}
 	}
-	g_sock = s;
 	struct rmem_hello hello = {
 		.pid = getpid(),
-		.ppid = getppid(),
-		.fork_serial = fork_child ? g_fork_serial : 0,
+		.ppid = mode == HS_FORK_OWN ? g_pid : getppid(), /* the parent, not a reaper */
+		.fork_serial = mode == HS_TOP ? 0 : g_fork_serial,
 		.features = g_features,
 		.page_size = (uint32_t)g_page,
-		.flags = fork_child ? 0 : RMEM_HELLO_UFFD,
+		.flags = mode == HS_FORK_EVENT ? 0 : RMEM_HELLO_UFFD,
 		.local_mem = g_local_mem,
 	};
-	int err = send_packet(RMEM_HELLO, ++g_seq, &hello, sizeof hello, fork_child ? -1 : g_uffd);
+	int err = send_packet(RMEM_HELLO, ++g_seq, &hello, sizeof hello, mode == HS_FORK_EVENT ? -1 : g_uffd);
 	*why = "no usable reply to HELLO";
 	static union {
 		char buf[RMEM_MAX_PACKET];
@@ -769,7 +884,7 @@ static int handshake(int fork_child, const char **why)
 		int want = (w.flags & RMEM_WELCOME_UFFD) ? 2 : 1;
 		struct stat st;
 		if (w.staging_slots == 0 || w.staging_slots > RMEM_MAX_STAGING_SLOTS || nfds != want ||
-		    (fork_child && want != 2) || fstat(fds[0], &st) != 0 ||
+		    (mode == HS_FORK_EVENT && want != 2) || fstat(fds[0], &st) != 0 ||
 		    (uint64_t)st.st_size < (uint64_t)w.staging_slots * g_page) {
 			*why = "bad WELCOME (staging area or descriptors)";
 			n = -EPROTO;
@@ -791,14 +906,14 @@ static int handshake(int fork_child, const char **why)
 			close(fds[i]);
 		close(s);
 		g_sock = -1;
-		if (!fork_child) {
+		if (mode != HS_FORK_EVENT) {
 			close(g_uffd);
 			g_uffd = -1;
 		}
 		return n;
 	}
 	close(fds[0]);
-	if (fork_child)
+	if (mode == HS_FORK_EVENT)
 		g_uffd = fds[1];
 	else if (nfds == 2)
 		close(fds[1]);
@@ -846,7 +961,7 @@ static int connected(void)
 	pthread_mutex_lock(&init_mu);
 	if (g_state == ST_UNINIT) {
 		const char *why = NULL;
-		int err = handshake(0, &why); /* opens the uffd once connected */
+		int err = handshake(HS_TOP, &why); /* opens the uffd once connected */
 		if (err) {
 			say_off(why, -err);
 			set_off();
@@ -1345,7 +1460,45 @@ EXPORT void *mremap(void *old, size_t oldlen, size_t newlen, int flags, ...)
  * another child's uffd. The wrapper holds init_mu and req_mu across the
  * fork (no request in flight, the table stable); the kernel raises the
  * FORK event only when some vma is registered, i.e. when the table is not
- * empty. */
+ * empty.
+ *
+ * Without FORK events (the uffd has none unless the process has
+ * CAP_SYS_PTRACE), the child's regions are plain memory with the evicted
+ * pages missing: FORK_PREPARE has the agent copy them for the child before
+ * fork(2), the child registers the regions with a uffd of its own before
+ * fork() returns to it (HS_FORK_OWN), and FORK_DONE tells the agent how
+ * fork(2) went. Other libraries' atfork child handlers run before ours,
+ * inside fork(2); what they touch is what their prepare handlers just
+ * touched (their locks), resident in the parent, so inherited. */
+
+/* A child forked without FORK events that could not get its own uffd
+ * served: the pages the pool held for it are lost to it. They must fail
+ * loudly, not read as zeros: a uffd with UFFD_FEATURE_SIGBUS turns every
+ * missing page of its regions into SIGBUS. Without even that, the child
+ * cannot run safely. */
+static void child_lost_pages(const char *why, int err)
+{
+	say("rmem: forked child: ", why, " (", strerror(err),
+	    "): the pages of its large allocations that were in the pool are lost to it; touching them raises SIGBUS", NULL);
+	int fd = new_uffd();
+	struct uffdio_api api = {.api = UFFD_API, .features = UFFD_FEATURE_SIGBUS};
+	if (fd >= 0 && ioctl(fd, UFFDIO_API, &api) == 0) {
+		g_uffd = fd;
+		for (int i = 0; i < g_nregions; i++) {
+			struct uffdio_register reg = {
+				.range = {.start = g_regions[i].base, .len = g_regions[i].len},
+				.mode = UFFDIO_REGISTER_MODE_MISSING,
+			};
+			if (ioctl(fd, UFFDIO_REGISTER, &reg) != 0)
+				goto fail;
+		}
+		return; /* fd stays open: closing it would unregister */
+	}
+fail:
+	say("rmem: forked child cannot guard its lost pages: exiting", NULL);
+	_exit(127);
+}
+
 static void child_after_fork(int had_regions)
 {
 	pthread_mutex_init(&init_mu, NULL);
@@ -1356,8 +1509,12 @@ static void child_after_fork(int had_regions)
 	memset(&g_reply, 0, sizeof g_reply);
 	sem_init(&g_conn_sem, 0, 0);
 	g_helper_exists = 0; /* threads do not survive fork */
+	int own = had_regions && !(g_features & UFFD_FEATURE_EVENT_FORK);
 	if (g_foreign_malloc && start_helper() != 0) {
-		say("rmem: cannot start the helper thread in a child: using ordinary memory", NULL);
+		if (own) /* before our regions go unguarded */
+			child_lost_pages("cannot start the helper thread", EAGAIN);
+		else
+			say("rmem: cannot start the helper thread in a child: using ordinary memory", NULL);
 		g_state = ST_OFF;
 		return;
 	}
@@ -1377,10 +1534,13 @@ static void child_after_fork(int had_regions)
 		return;
 	}
 	const char *why = NULL;
-	int err = handshake(1, &why);
+	int err = handshake(own ? HS_FORK_OWN : HS_FORK_EVENT, &why);
 	g_fork_serial = 0; /* the child's own forks count from 0 */
 	if (err) {
-		say_off(why, -err);
+		if (own)
+			child_lost_pages(why ? why : "no agent", -err);
+		else
+			say_off(why, -err);
 		g_state = ST_OFF;
 	}
 }
@@ -1399,8 +1559,24 @@ EXPORT pid_t fork(void)
 	pthread_mutex_lock(&init_mu);
 	pthread_mutex_lock(&req_mu);
 	int had_regions = g_state == ST_CONNECTED && __atomic_load_n(&g_nregions, __ATOMIC_ACQUIRE) > 0;
+	int own = had_regions && !(g_features & UFFD_FEATURE_EVENT_FORK);
 	if (had_regions)
 		g_fork_serial++;
+	if (own) {
+		struct rmem_fork f = {.serial = g_fork_serial};
+		in_shim++;
+		int err = request_locked(RMEM_FORK_PREPARE, &f, sizeof f);
+		if (err) {
+			say("rmem: fork refused: the agent cannot copy this process's pooled pages for a child (",
+			    strerror(-err), ")", NULL);
+			in_shim--;
+			pthread_mutex_unlock(&req_mu);
+			pthread_mutex_unlock(&init_mu);
+			errno = ENOMEM;
+			return -1;
+		}
+		in_shim--;
+	}
 	in_fork = 1;
 	pid_t pid = real_fork();
 	in_fork = 0;
@@ -1417,9 +1593,13 @@ EXPORT pid_t fork(void)
 	}
 	int e = errno;
 	in_shim++;
+	if (own) {
+		struct rmem_fork f = {.serial = g_fork_serial, .pid = pid < 0 ? -e : pid};
+		send_packet(RMEM_FORK_DONE, ++g_seq, &f, sizeof f, -1);
+	}
 	run_deferred_locked();
 	in_shim--;
-	if (pid < 0 && had_regions) {
+	if (pid < 0 && had_regions && !own) {
 		g_fork_serial--; /* no child, and most failures come before the FORK event */
 		in_shim++;
 		say("rmem: fork failed (", strerror(e),

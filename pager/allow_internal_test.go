@@ -1,0 +1,55 @@
+package pager
+
+import (
+	"os"
+	"os/exec"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// Who the agent serves: root, its own user, AllowUIDs, and processes that
+// have SocketGroup as their primary or a supplementary group.
+func TestAllowed(t *testing.T) {
+	a := &Agent{opts: Options{AllowUIDs: []uint32{1000}, SocketGroup: 4242}}
+	self := int32(os.Getpid())
+	cases := []struct {
+		name string
+		cred unix.Ucred
+		want bool
+	}{
+		{"root", unix.Ucred{Pid: self, Uid: 0, Gid: 0}, true},
+		{"own user", unix.Ucred{Pid: self, Uid: uint32(os.Geteuid())}, true},
+		{"allowed uid", unix.Ucred{Pid: self, Uid: 1000, Gid: 1000}, true},
+		{"primary group", unix.Ucred{Pid: self, Uid: 2000, Gid: 4242}, true},
+		{"stranger", unix.Ucred{Pid: self, Uid: 2000, Gid: 2000}, os.Geteuid() == 2000},
+		{"gone process", unix.Ucred{Pid: 1 << 30, Uid: 2000, Gid: 2000}, false},
+	}
+	for _, c := range cases {
+		if got := a.allowed(&c.cred); got != c.want {
+			t.Errorf("%s: allowed(%+v) = %v, want %v", c.name, c.cred, got, c.want)
+		}
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to start a process with other groups")
+	}
+	// A process of another user with the group as a supplementary one.
+	cmd := exec.Command("sleep", "30")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 2000, Gid: 2000, Groups: []uint32{7, 4242}}}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	}()
+	member := unix.Ucred{Pid: int32(cmd.Process.Pid), Uid: 2000, Gid: 2000}
+	if !a.allowed(&member) {
+		t.Errorf("a process with supplementary group 4242 is refused")
+	}
+	a.opts.SocketGroup = 0
+	if a.allowed(&member) {
+		t.Errorf("a process of uid 2000 is served without SocketGroup")
+	}
+}
