@@ -11,6 +11,7 @@ import (
 	"hash/crc32"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
@@ -181,11 +182,17 @@ type maResult struct {
 // killed and the test fails).
 func maExec(t *testing.T, env []string, bin string, args ...string) maResult {
 	t.Helper()
+	return maExecAs(t, nil, env, bin, args...)
+}
+
+// maExecAs is maExec as another user (cred nil: ours).
+func maExecAs(t *testing.T, cred *syscall.Credential, env []string, bin string, args ...string) maResult {
+	t.Helper()
 	cmd := exec.Command(bin, args...)
 	var o, e bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &o, &e
 	cmd.Env = append(os.Environ(), env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: cred}
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -219,6 +226,7 @@ func maServe(t *testing.T, bin string, p *maPool, extra ...string) *maAgent {
 	if err != nil {
 		t.Fatal(err)
 	}
+	os.Chmod(dir, 0o755) // the socket's own mode says who may connect
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	a := &maAgent{bin: bin, socket: filepath.Join(dir, "agent.sock"), admin: filepath.Join(dir, "admin.sock")}
 	args := append([]string{"serve", "--socket", a.socket, "--admin-socket", a.admin, "--local-mem", maLocalMem}, p.args()...)
@@ -250,6 +258,12 @@ func (a *maAgent) stats(t *testing.T) (agentd.StatsResponse, error) {
 // exited clients that were not there before).
 func (a *maAgent) run(t *testing.T, cmd ...string) (maResult, []pager.ClientStats) {
 	t.Helper()
+	return a.runAs(t, nil, cmd...)
+}
+
+// runAs is run as another user (cred nil: ours).
+func (a *maAgent) runAs(t *testing.T, cred *syscall.Credential, cmd ...string) (maResult, []pager.ClientStats) {
+	t.Helper()
 	before, err := a.stats(t)
 	if err != nil {
 		t.Fatal(err)
@@ -258,7 +272,7 @@ func (a *maAgent) run(t *testing.T, cmd ...string) (maResult, []pager.ClientStat
 	for _, s := range before.Exited {
 		seen[s.ID] = true
 	}
-	r := maExec(t, nil, a.bin, append([]string{"run", "--socket", a.socket, "--log-level", "warn", "--"}, cmd...)...)
+	r := maExecAs(t, cred, nil, a.bin, append([]string{"run", "--socket", a.socket, "--log-level", "warn", "--"}, cmd...)...)
 	var rows []pager.ClientStats
 	memdtest.Eventually(t, 10*time.Second, "the agent sees the program exit", func() error {
 		st, err := a.stats(t)
@@ -499,6 +513,89 @@ func TestMemagentRun(t *testing.T) {
 
 // TestMemagentRunPrivateAgent: with no agent listening, `memagent run`
 // starts one for the duration, and --stats prints the program's figures.
+// Programs of an ordinary user, paged by the node's agent (root) that
+// --allow-user lets them in: the kernel gives such a process no
+// userfaultfd (vm.unprivileged_userfaultfd 0, /dev/userfaultfd root's) and
+// no FORK events (CAP_SYS_PTRACE): the shim borrows /dev/userfaultfd from
+// the agent and forks through FORK_PREPARE.
+func TestMemagentRunOtherUser(t *testing.T) {
+	maNeeds(t)
+	u, err := user.Lookup("nobody")
+	if err != nil {
+		t.Skipf("no user nobody: %v", err)
+	}
+	if _, err := os.Stat("/dev/userfaultfd"); err != nil {
+		t.Skipf("no /dev/userfaultfd for the agent to lend: %v", err)
+	}
+	uid, _ := strconv.ParseUint(u.Uid, 10, 32)
+	gid, _ := strconv.ParseUint(u.Gid, 10, 32)
+	cred := &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	bins := maBuild(t)
+	if err := os.Chmod(bins, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	memagent := filepath.Join(bins, "memagent")
+	p := maStartPool(t, 1)
+	a := maServe(t, memagent, p, "--allow-user", "nobody")
+
+	t.Run("C", func(t *testing.T) {
+		r, rows := a.runAs(t, cred, filepath.Join(bins, "pattern"), strconv.Itoa(maHeapMiB))
+		maCheckExit(t, r, fmt.Sprintf("written %d pages\nchecksum %016x\n", maPages, maSum(maPages*512, 0)))
+		maCheckPaged(t, maOneClient(t, rows))
+	})
+	t.Run("fork", func(t *testing.T) {
+		r, rows := a.runAs(t, cred, filepath.Join(bins, "fork"), strconv.Itoa(maHeapMiB))
+		maCheckExit(t, r, "child ok\nparent ok\n")
+		if len(rows) != 2 {
+			t.Fatalf("stats of %d processes, want the parent and the child: %+v", len(rows), rows)
+		}
+		for _, s := range rows {
+			maCheckPaged(t, s)
+		}
+	})
+	// --allow-group: the socket (0660) belongs to the group, whose
+	// members are served.
+	t.Run("group", func(t *testing.T) {
+		g, err := user.LookupGroupId(u.Gid)
+		if err != nil {
+			t.Skipf("nobody's group: %v", err)
+		}
+		ga := maServe(t, memagent, p, "--allow-group", g.Name)
+		fi, err := os.Stat(ga.socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := fi.Sys().(*syscall.Stat_t); fi.Mode().Perm() != 0o660 || st.Gid != uint32(gid) {
+			t.Fatalf("socket mode %v group %d, want 0660 and group %s (%d)", fi.Mode().Perm(), st.Gid, g.Name, gid)
+		}
+		r, rows := ga.runAs(t, cred, filepath.Join(bins, "pattern"), strconv.Itoa(maHeapMiB))
+		maCheckExit(t, r, fmt.Sprintf("written %d pages\nchecksum %016x\n", maPages, maSum(maPages*512, 0)))
+		maCheckPaged(t, maOneClient(t, rows))
+	})
+	// An agent that does not serve the user: its socket (0660) is closed
+	// to it, and run says so rather than start an agent of its own.
+	t.Run("socket closed", func(t *testing.T) {
+		other := maServe(t, memagent, p)
+		r := maExecAs(t, cred, nil, memagent, "run", "--socket", other.socket, "--log-level", "warn", "--",
+			filepath.Join(bins, "pattern"), "8")
+		if r.code == 0 || !strings.Contains(r.stderr, "does not let user nobody in") || !strings.Contains(r.stderr, "--allow-user nobody") {
+			t.Fatalf("exit %d; want an error naming the way in; stderr:\n%s", r.code, r.stderr)
+		}
+		t.Logf("run said: %s", strings.TrimSpace(r.stderr))
+	})
+	// Its socket open (another user is allowed), the agent refuses the
+	// HELLO: the program runs on ordinary memory and the shim says so.
+	t.Run("refused", func(t *testing.T) {
+		other := maServe(t, memagent, p, "--allow-user", "daemon")
+		r := maExecAs(t, cred, nil, memagent, "run", "--socket", other.socket, "--log-level", "warn", "--",
+			filepath.Join(bins, "pattern"), "8")
+		if r.code != 0 || !strings.Contains(r.stderr, "may not use this agent") || !strings.Contains(r.stderr, "using ordinary memory") {
+			t.Fatalf("exit %d; want the program to run on ordinary memory and say why; stderr:\n%s", r.code, r.stderr)
+		}
+		t.Logf("the shim said: %s", strings.TrimSpace(r.stderr))
+	})
+}
+
 func TestMemagentRunPrivateAgent(t *testing.T) {
 	maNeeds(t)
 	bins := maBuild(t)

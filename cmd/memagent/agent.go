@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
 
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"os/signal"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -35,7 +37,9 @@ func agentFlags(f *pflag.FlagSet) {
 	f.String("lease-ttl", "30s", "TTL of the agent's lease on its slabs (renewed every third of it)")
 }
 
-// agentOptions reads the flags of agentFlags and the pool flags.
+// agentOptions reads the flags of agentFlags. The caller adds the pool
+// client (swapPoolClient) where it starts an agent: it needs the control
+// API token, which a program run by an agent already running does not.
 func agentOptions(app *cli.App, localMem cli.Size) (agentd.Options, error) {
 	var o agentd.Options
 	minAlloc, err := app.Size("min-alloc")
@@ -66,12 +70,8 @@ func agentOptions(app *cli.App, localMem cli.Size) (agentd.Options, error) {
 	if localMem < 64<<10 {
 		return o, app.Invalid("local-mem", "must be at least 64KiB")
 	}
-	pc, err := swapPoolClient(app)
-	if err != nil {
-		return o, err
-	}
 	return agentd.Options{
-		Pool: pc, Socket: app.String("socket"), LocalMem: uint64(localMem), MinAlloc: uint64(minAlloc),
+		Socket: app.String("socket"), LocalMem: uint64(localMem), MinAlloc: uint64(minAlloc),
 		Replicas: replicas, Network: network, LeaseTTL: ttl, Log: app.Log(), Lock: true,
 	}, nil
 }
@@ -84,7 +84,8 @@ func newServeCmd(app *cli.App) *cobra.Command {
 with the shim (memagent run, or LD_PRELOAD=librmem.so) hand it their large
 allocations, and it keeps each of them under --local-mem resident, the rest
 in pool slabs it leases from the coordinator. 'memagent stats' shows what it
-does. Needs root.`,
+does. Needs root. Programs of other users are paged when --allow-user or
+--allow-group lets them in; the agent lends them /dev/userfaultfd.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			localMem, err := app.Size("local-mem")
@@ -102,7 +103,13 @@ does. Needs root.`,
 			if err != nil {
 				return err
 			}
+			if opts.Pool, err = swapPoolClient(app); err != nil {
+				return err
+			}
 			opts.NodeMem, opts.AdminSocket = uint64(nodeMem), app.String("admin-socket")
+			if opts.AllowUIDs, opts.SocketGroup, err = allowOptions(app); err != nil {
+				return err
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			d, err := agentd.Start(ctx, opts)
@@ -124,7 +131,36 @@ does. Needs root.`,
 	f.String("local-mem", "512MiB", "resident memory each program may keep")
 	f.String("node-mem", "0", "resident memory all programs together may keep (0: no node-wide limit)")
 	f.String("admin-socket", agentd.DefaultAdminSocket, "Unix socket serving 'memagent stats' and /metrics (root only)")
+	f.StringSlice("allow-user", nil, "users (names or uids) whose programs the agent pages, besides root's; they need write access to --socket too (see --allow-group)")
+	f.String("allow-group", "", "group (name or gid) given the socket (mode 0660): its members' programs are paged")
 	return cmd
+}
+
+// allowOptions reads --allow-user and --allow-group.
+func allowOptions(app *cli.App) (uids []uint32, gid int, err error) {
+	for _, name := range app.StringSlice("allow-user") {
+		u, err := user.Lookup(name)
+		if err != nil {
+			if u, err = user.LookupId(name); err != nil {
+				return nil, 0, app.Invalid("allow-user", "no user %q", name)
+			}
+		}
+		id, _ := strconv.ParseUint(u.Uid, 10, 32)
+		uids = append(uids, uint32(id))
+	}
+	if name := app.String("allow-group"); name != "" {
+		g, err := user.LookupGroup(name)
+		if err != nil {
+			if g, err = user.LookupGroupId(name); err != nil {
+				return nil, 0, app.Invalid("allow-group", "no group %q", name)
+			}
+		}
+		gid, _ = strconv.Atoi(g.Gid)
+		if gid == 0 {
+			return nil, 0, app.Invalid("allow-group", "group %q is root's group", name)
+		}
+	}
+	return uids, gid, nil
 }
 
 func newStatsCmd(app *cli.App) *cobra.Command {
@@ -187,14 +223,23 @@ func shimPath(app *cli.App) (string, error) {
 	return filepath.Abs(p)
 }
 
-// agentListening reports whether an agent accepts connections at path.
-func agentListening(path string) bool {
+// agentListening reports whether an agent accepts connections at path. An
+// agent whose socket this user may not open is an error, not a reason to
+// start another one.
+func agentListening(path string) (bool, error) {
 	c, err := net.DialTimeout("unixpacket", path, time.Second)
-	if err != nil {
-		return false
+	if err == nil {
+		c.Close()
+		return true, nil
 	}
-	c.Close()
-	return true
+	if errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.EPERM) {
+		who := strconv.Itoa(os.Getuid())
+		if u, err := user.Current(); err == nil {
+			who = u.Username
+		}
+		return false, fmt.Errorf("the agent at %s does not let user %s in (permission denied): its operator can start it with --allow-user %s or --allow-group GROUP", path, who, who)
+	}
+	return false, nil
 }
 
 // runUffd is `memagent run` in userfaultfd mode: CMD runs with the shim,
@@ -223,7 +268,11 @@ func runUffd(ctx context.Context, app *cli.App, args []string) (int, error) {
 	var d *agentd.Daemon
 	socket := opts.Socket
 	askBudget := false
-	if agentListening(socket) {
+	listening, err := agentListening(socket)
+	if err != nil {
+		return -1, err
+	}
+	if listening {
 		// CMD asks that agent for --local-mem (HELLO); without it, the
 		// agent's own --local-mem applies.
 		askBudget = app.IsSet("local-mem")
@@ -232,6 +281,9 @@ func runUffd(ctx context.Context, app *cli.App, args []string) (int, error) {
 		// A private socket, so that this agent never takes over another's.
 		socket = filepath.Join(filepath.Dir(socket), "memagent-run-"+strconv.Itoa(os.Getpid())+".sock")
 		opts.Socket = socket
+		if opts.Pool, err = swapPoolClient(app); err != nil {
+			return -1, err
+		}
 		if d, err = agentd.Start(ctx, opts); err != nil {
 			return -1, err
 		}

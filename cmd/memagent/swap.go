@@ -101,7 +101,8 @@ func newRunCmd(app *cli.App) *cobra.Command {
 		Short: "Run a program with its memory beyond --local-mem paged to the pool",
 		Long: `run runs CMD with at most --local-mem of its memory resident; the rest goes
 to pool memory. The exit status and signals of CMD pass through, and its
-standard streams are its own. Needs root.
+standard streams are its own. Needs root, unless the agent running at
+--socket serves this user (memagent serve --allow-user or --allow-group).
 
 In uffd mode (the default) CMD runs with the LD_PRELOAD shim (librmem.so):
 its allocations of --min-alloc or more are served by the agent through

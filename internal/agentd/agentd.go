@@ -40,6 +40,8 @@ const DefaultAdminSocket = "/run/rmem/memagent-admin.sock"
 type Options struct {
 	Pool        poolstore.Pool // the coordinator's client; required
 	Socket      string         // client socket (default proto.DefaultSocket)
+	AllowUIDs   []uint32       // users served besides root and the daemon's own
+	SocketGroup int            // group given the socket, whose members are served (0: none)
 	AdminSocket string         // admin socket ("" for none)
 	LocalMem    uint64         // per-process budget; required
 	NodeMem     uint64         // node-wide budget (0: none)
@@ -104,7 +106,8 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 		}
 	}
 	agent, err := pager.New(pager.Options{
-		Socket: opts.Socket, Store: store, LocalMem: opts.LocalMem, NodeMem: opts.NodeMem,
+		Socket: opts.Socket, SocketMode: socketMode(opts), AllowUIDs: opts.AllowUIDs, SocketGroup: opts.SocketGroup,
+		Store: store, LocalMem: opts.LocalMem, NodeMem: opts.NodeMem,
 		MinAlloc: opts.MinAlloc, Log: log.Named("pager"), Registry: reg,
 	})
 	if err != nil {
@@ -122,6 +125,15 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 	log.Info("agent ready", zap.String("socket", agent.Addr()), zap.String("admin", opts.AdminSocket),
 		zap.Uint64("local_mem", opts.LocalMem), zap.Uint64("node_mem", opts.NodeMem), zap.Int("replicas", replicas))
 	return d, nil
+}
+
+// socketMode is 0660 (root and SocketGroup), or 0666 when AllowUIDs name
+// users outside it: the agent checks every peer's credentials.
+func socketMode(opts Options) os.FileMode {
+	if len(opts.AllowUIDs) > 0 && opts.SocketGroup == 0 {
+		return 0o666
+	}
+	return 0o660
 }
 
 // ChooseReplicas resolves a --replicas of 0: 2 where the pool has two or
