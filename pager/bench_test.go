@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"math"
 	"math/rand"
@@ -313,9 +314,12 @@ func BenchmarkRemoteFault(b *testing.B) {
 
 // BenchmarkWorkloads: each workload with its working set 100%, 50% and
 // 25% local, pages over tcp loopback; slowdown against 100% local.
+var benchMiB = flag.Int("pager.bench-mib", 8, "BenchmarkWorkloads: the working set in MiB (the issue's quicksort is 1024)")
+
 func BenchmarkWorkloads(b *testing.B) {
 	skipBench(b)
-	const size = 8 << 20
+	size := *benchMiB << 20
+	slabs := max(16, size>>20) // 1 MiB slabs, per server: room for the whole set on one
 	for _, w := range []struct {
 		name     string
 		accesses int
@@ -323,10 +327,12 @@ func BenchmarkWorkloads(b *testing.B) {
 		b.Run(w.name, func(b *testing.B) {
 			var base time.Duration
 			for _, pct := range []int{100, 50, 25} {
-				store := pagertest.New(b, pagertest.Options{Servers: 2, Replicas: 1, SlabSize: 1 << 20, SlabsPerServer: 16, Network: "tcp"})
+				store := pagertest.New(b, pagertest.Options{Servers: 2, Replicas: 1, SlabSize: 1 << 20, SlabsPerServer: slabs, Network: "tcp"})
 				budget := uint64(size) * uint64(pct) / 100
 				if pct == 100 {
-					budget += 1 << 20 // room for the client's own pages
+					// Above the high watermark (95% of the budget), with
+					// room for the client's own pages: nothing is evicted.
+					budget = budget*100/94 + 1<<20
 				}
 				spec := childSpec{Bytes: size, Workload: w.name, Accesses: w.accesses}
 				if pct == 100 {
