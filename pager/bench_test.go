@@ -28,9 +28,18 @@ import (
 // client package and runs a workload while the agent in the test process
 // serves its faults from pagertest memory servers (tcp on loopback, or the
 // in-memory provider as the no-network baseline). Sizes are scaled down for
-// a 2-CPU machine: the workloads use an 8 MiB working set.
+// a 2-CPU machine: the workloads use an 8 MiB working set unless
+// -pager.bench-mib says otherwise.
 //
 //	go test -run '^$' -bench . -benchtime 1x ./pager/
+//	go test -run '^$' -bench 'Workloads/qsort$' -benchtime 1x -timeout 60m ./pager/ -args -pager.bench-mib 1024
+//
+// Measured 2026-11-30 (third session), 1 GiB quicksort (the size):
+// 18.1 s all local, 54.6 s at 50% (3.02×), 84.9 s at 25% (4.70×), prefetch
+// hit rate 0.75. The 128 MiB sequential scan: 28.8 ms all local, 12.6× at
+// 50%, 10.5× at 25% (~4.6 µs a remote page; deeper prefetch batches, 512
+// pages, did not help: the per-page cost is copies and wake-ups, not round
+// trips).
 //
 // Measured 2026-11-30 (second session) on the quiet 2-vCPU VM, back to back
 // (figures vary ±30% between runs): remote fault p50 20-24 µs against a
