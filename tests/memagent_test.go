@@ -553,6 +553,16 @@ func TestMemagentRunOtherUser(t *testing.T) {
 			maCheckPaged(t, s)
 		}
 	})
+	// --stats of the node's agent: its admin socket is root's, and run
+	// says so instead of "no allocation".
+	t.Run("stats", func(t *testing.T) {
+		r := maExecAs(t, cred, nil, memagent, "run", "--socket", a.socket, "--admin-socket", a.admin, "--stats",
+			"--log-level", "warn", "--", filepath.Join(bins, "pattern"), "8")
+		if r.code != 0 || !strings.Contains(r.stderr, "the node agent's stats need root") {
+			t.Fatalf("exit %d; want the program to run and --stats to say why it has none; stderr:\n%s", r.code, r.stderr)
+		}
+		t.Logf("run said: %s", strings.TrimSpace(r.stderr))
+	})
 	// --allow-group: the socket (0660) belongs to the group, whose
 	// members are served.
 	t.Run("group", func(t *testing.T) {

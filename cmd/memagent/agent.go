@@ -327,13 +327,19 @@ func withPreload(env []string, shim string) []string {
 // it forked) on stderr, waiting briefly for the agent to see it exit.
 func printRunStats(ctx context.Context, app *cli.App, d *agentd.Daemon, pid int) {
 	var rows []pager.ClientStats
+	var fetchErr error
 	deadline := time.Now().Add(3 * time.Second)
 	for {
 		var exited []pager.ClientStats
 		if d != nil {
 			exited = d.Agent.Exited()
 		} else if st, err := agentd.FetchStats(ctx, app.String("admin-socket")); err == nil {
-			exited = st.Exited
+			exited, fetchErr = st.Exited, nil
+		} else {
+			fetchErr = err
+			if errors.Is(err, syscall.EACCES) {
+				break // it will not change
+			}
 		}
 		// Wait for the program's own row: children it forked (their rows
 		// are printed too with a private agent) often exit before it.
@@ -352,7 +358,11 @@ func printRunStats(ctx context.Context, app *cli.App, d *agentd.Daemon, pid int)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if len(rows) == 0 {
+	switch {
+	case len(rows) == 0 && fetchErr != nil:
+		fmt.Fprintf(os.Stderr, "memagent: no paging stats: the agent's admin socket: %v\n", fetchErr)
+		return
+	case len(rows) == 0:
 		fmt.Fprintln(os.Stderr, "memagent: no paging stats: the program made no allocation of --min-alloc or more")
 		return
 	}

@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -222,6 +223,9 @@ func FetchStats(ctx context.Context, path string) (StatsResponse, error) {
 		return StatsResponse{}, err
 	}
 	resp, err := hc.Do(req)
+	if errors.Is(err, syscall.EACCES) {
+		return StatsResponse{}, fmt.Errorf("%s is root's: the node agent's stats need root: %w", path, err)
+	}
 	if err != nil {
 		return StatsResponse{}, fmt.Errorf("no memagent answering at %s (is 'memagent serve' running?): %w", path, err)
 	}
