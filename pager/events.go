@@ -17,7 +17,12 @@ import (
 func (c *client) event(ev userfaultfd.Event) {
 	switch ev.Kind {
 	case userfaultfd.EventFork:
+		// Nothing is installed while the child's copy is made (see
+		// errForkAhead): fork may serve the socket meanwhile, and an
+		// EVICTED wakes held faults.
+		c.forkAhead = true
 		c.fork(ev.FD)
+		c.forkAhead = false
 	case userfaultfd.EventRemove:
 		c.dropRange(ev.Range, false)
 	case userfaultfd.EventUnmap:
@@ -120,7 +125,7 @@ func (c *client) dropConn() {
 	c.conn, c.sockfd = nil, -1
 }
 
-// readable reports whether fd has input now.
+// readable reports whether fd has input (or a hang-up) now.
 func readable(fd int) bool {
 	p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 	n, err := unix.Poll(p, 0)
@@ -152,15 +157,6 @@ func (c *client) serveSocket() bool {
 		return c.pidfd >= 0
 	}
 	return true
-}
-
-// drainSocket handles every packet already queued on the socket.
-func (c *client) drainSocket() {
-	for c.conn != nil && c.sockfd >= 0 && readable(c.sockfd) {
-		if !c.serveSocket() {
-			return
-		}
-	}
 }
 
 func (c *client) message(h proto.Header, body []byte) error {

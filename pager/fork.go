@@ -38,9 +38,16 @@ func (c *client) fork(fd int) {
 	}
 	child.localMem.Store(c.localMem.Load()) // its HELLO may say otherwise
 	child.uid = c.uid
-	// EVICTED replies sent before fork(2) are queued already: finish
-	// those evictions so the copy below sees settled pages.
-	c.drainSocket()
+	// The helper may have dropped victims of the batch in flight before
+	// fork(2) copied the page tables (the child lacks them) or after (the
+	// child has them): wait for its EVICTED so that the copy below sees
+	// them in the pool, which is right either way (a page the child has
+	// mapped never faults). Copying them as resident instead made the
+	// child read zeros, or deadlock when its own helper, evicting such a
+	// page, faulted on it.
+	if !c.settleEviction() {
+		c.log.Error("the eviction in flight at fork did not finish; its pages are lost to the child")
+	}
 	regs, err := c.copyRegions()
 	if err != nil {
 		c.log.Error("copying regions for the forked child failed; the pages not copied are lost to the child", zap.Error(err))
@@ -116,8 +123,12 @@ func (c *client) forkRegion(r *region) (*region, error) {
 			p := r.pages[idx]
 			switch p.State() {
 			case Resident:
-				// Busy pages too: the helper had not dropped them before
-				// fork, so the child has them mapped.
+				if p.Has(FlagBusy) {
+					// Only when settleEviction failed: the helper
+					// may have dropped it before fork(2).
+					cr.pages[idx] = Page(0).With(Lost)
+					continue
+				}
 				cr.pages[idx] = Page(0).With(Resident) | FlagDirty
 			case Remote, Staged:
 				need = true
@@ -271,6 +282,23 @@ type forkCopy struct {
 // says it before its fork() returns).
 const forkCopyTTL = time.Minute
 
+// settleEviction waits (10 s at most) for the EVICTED of the batch in
+// flight, handling what the client sends meanwhile; it reports whether no
+// batch is in flight any more. The helper answers on the socket without
+// needing anything from this loop.
+func (c *client) settleEviction() bool {
+	if !c.evictBusy || c.conn == nil {
+		return !c.evictBusy
+	}
+	c.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for c.evictBusy && c.conn != nil && c.serveSocket() {
+	}
+	if c.conn != nil {
+		c.conn.SetReadDeadline(time.Time{})
+	}
+	return !c.evictBusy
+}
+
 // forkPrepare handles FORK_PREPARE (step 1 above).
 func (c *client) forkPrepare(m *proto.ForkPrepare) error {
 	switch {
@@ -280,19 +308,9 @@ func (c *client) forkPrepare(m *proto.ForkPrepare) error {
 		return errWithErrno(unix.EBUSY, fmt.Sprintf("FORK_PREPARE %d while fork %d is not done", m.Serial, c.forking))
 	}
 	c.forking = m.Serial
-	if c.evictBusy && c.conn != nil {
-		// The helper answers the batch in flight on this socket; the
-		// shim sends no other request until the ACK.
-		c.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-		for c.evictBusy && c.conn != nil && c.serveSocket() {
-		}
-		if c.conn != nil {
-			c.conn.SetReadDeadline(time.Time{})
-		}
-		if c.evictBusy {
-			c.forking = 0
-			return errWithErrno(unix.EIO, "the eviction in flight did not finish")
-		}
+	if !c.settleEviction() {
+		c.forking = 0
+		return errWithErrno(unix.EIO, "the eviction in flight did not finish")
 	}
 	regs, err := c.copyRegions()
 	if err != nil {

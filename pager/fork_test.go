@@ -61,6 +61,49 @@ func TestForkPrivate(t *testing.T) {
 	})
 }
 
+// Forks while other threads of the parent fault, evict and prefetch: 4
+// forks of a 16 MiB heap under a 4 MiB budget, each child checking every
+// word and writing its own; with FORK events (root) and without (nobody:
+// FORK_PREPARE pauses the parent's evictions and copies its pooled pages
+// while its threads go on faulting).
+func TestForkBusy(t *testing.T) {
+	skipUnlessUFFD(t)
+	prog := shimtest.Prog(t, "testdata/forkbusy.c")
+	run := func(t *testing.T, store *pagertest.Store, a *pager.Agent, p *shimtest.Proc) {
+		if l := p.Expect("ok"); l != "ok" {
+			t.Fatalf("program said %q", l)
+		}
+		p.Wait()
+		waitNoClients(t, a)
+		var parent pager.ClientStats
+		for _, st := range a.Exited() {
+			if st.PID == int(p.Pid()) {
+				parent = st
+			}
+		}
+		t.Logf("parent %+v; %d processes paged", parent, len(a.Exited()))
+		if parent.Evictions == 0 || parent.RemoteReads == 0 || len(a.Exited()) != 5 {
+			t.Fatalf("want the parent and 4 children paged, the parent with evictions and remote reads: %+v", a.Exited())
+		}
+		if _, held := store.Allocated(); held != 0 {
+			t.Fatalf("%d slabs held after every process exited", held)
+		}
+	}
+	t.Run("root", func(t *testing.T) {
+		avail, _, _ := userfaultfd.Probe()
+		if !avail.Has(userfaultfd.FeatureEventFork | userfaultfd.FeatureThreadID) {
+			t.Skip("kernel lacks EVENT_FORK or THREAD_ID")
+		}
+		store, a := forkSetup(t, 48, nil)
+		run(t, store, a, shimtest.Start(t, a.Addr(), []string{prog}))
+	})
+	t.Run("unprivileged", func(t *testing.T) {
+		uid, gid := nobody(t)
+		store, a := forkSetup(t, 48, []uint32{uid})
+		run(t, store, a, shimtest.StartAs(t, uid, gid, a.Addr(), []string{prog}))
+	})
+}
+
 // A Go program of an ordinary user, through the client package: it has no
 // userfaultfd of its own and borrows /dev/userfaultfd from the agent.
 func TestGoClientUnprivileged(t *testing.T) {

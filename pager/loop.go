@@ -87,6 +87,7 @@ type client struct {
 	victims    []Victim
 	zeros      []byte
 	forks      uint64
+	forkAhead  bool   // a FORK event read ahead (again) is not handled yet: install nothing (errForkAhead)
 	forking    uint64 // serial of a FORK_PREPARE until its FORK_DONE: no evictions meanwhile
 	uid        uint32 // the client's user (SO_PEERCRED)
 	features   userfaultfd.Feature
@@ -254,6 +255,12 @@ func (c *client) RoutineServe() {
 				}
 				c.serveUFFD()
 			case int(p.Fd) == c.sockfd:
+				// Handling the uffd may have read the socket already
+				// (a fork waits for EVICTED): a stale POLLIN must not
+				// block the loop in a read.
+				if !readable(c.sockfd) {
+					continue
+				}
 				if !c.serveSocket() {
 					c.log.Info("client closed its connection")
 					return
@@ -456,6 +463,12 @@ func (c *client) handleMsgs(msgs []userfaultfd.Msg) {
 				c.st.wpFaults.Add(1)
 			}
 			c.fault(ev.Addr.RoundDown(pageSize), ev.Flags, now)
+		case userfaultfd.EventFork:
+			// Before the batch's READs are installed: the child's page
+			// tables were copied when the event was raised, without the
+			// pages still in flight, so its copy of ours must say they
+			// are in the pool (installing first would say resident).
+			c.event(ev)
 		default:
 			c.flushReads(now)
 			c.event(ev)
@@ -464,21 +477,35 @@ func (c *client) handleMsgs(msgs []userfaultfd.Msg) {
 	c.flushReads(now)
 }
 
+// errForkAhead: a FORK event was read ahead of its turn (again) and is not
+// handled yet. Reading it ended the kernel's refusal (EAGAIN) of ioctls
+// that install pages, but a page installed now would be the parent's
+// alone (the child's page tables are copied already) while the child's
+// copy of our page table, made when the event is handled, would say it is
+// mapped: the child would read zeros there. So nothing is installed until
+// then, as if the kernel still refused.
+var errForkAhead = fmt.Errorf("pager: a FORK event read ahead is not handled yet: %w", unix.EAGAIN)
+
 // again reports whether an ioctl refused with EAGAIN is worth retrying at
 // once. The kernel refuses while a REMOVE/UNMAP event of the client (its
 // helper's madvise, a munmap) is unread: reading the pending messages now
 // (handled later, in order, by serveUFFD) lifts that, so the page just
 // fetched is installed instead of being fetched again on a later retry.
 func (c *client) again(err error) bool {
-	if !userfaultfd.IsMMChanged(err) || len(c.early) == cap(c.early) {
+	if !userfaultfd.IsMMChanged(err) || c.forkAhead || len(c.early) == cap(c.early) {
 		return false
 	}
 	n, rerr := c.uffd.ReadEvents(c.early[len(c.early):cap(c.early)])
 	if rerr != nil || n == 0 {
 		return false
 	}
+	for i := len(c.early); i < len(c.early)+n; i++ {
+		if c.early[:cap(c.early)][i].Kind() == userfaultfd.EventFork {
+			c.forkAhead = true // see errForkAhead
+		}
+	}
 	c.early = c.early[:len(c.early)+n]
-	return true
+	return !c.forkAhead
 }
 
 // fault handles one page fault at page address a.
@@ -551,7 +578,8 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 		}
 	case Remote:
 		if p.Has(FlagFetch) {
-			return // already in this batch
+			c.demand(r, idx) // in this batch already: its install wakes the thread
+			return
 		}
 		c.addRead(r, idx, false)
 		if r.pf != nil {
@@ -582,7 +610,10 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 // before, EEXIST, and the thread is woken), else the error (IsMMChanged:
 // retry after reading events; IsGone: nothing to do).
 func (c *client) zeroFill(a userfaultfd.Addr, since time.Time) (mapped bool, err error) {
-	_, err = c.uffd.ZeroPage(pageRange(a), 0)
+	err = errForkAhead
+	if !c.forkAhead {
+		_, err = c.uffd.ZeroPage(pageRange(a), 0)
+	}
 	if c.again(err) {
 		_, err = c.uffd.ZeroPage(pageRange(a), 0)
 	}
@@ -630,6 +661,18 @@ func (c *client) addRead(r *region, idx int, prefetch bool) {
 	r.pages[idx] |= FlagFetch
 }
 
+// demand marks the READ of page idx of r in this batch as wanted by a
+// fault, not only prefetched: if it cannot be installed, the fault is held
+// for a retry rather than left waiting for a wake-up that never comes.
+func (c *client) demand(r *region, idx int) {
+	for k := range c.readAt {
+		if c.readAt[k].r == r && c.readAt[k].idx == idx {
+			c.readAt[k].prefetch = false
+			return
+		}
+	}
+}
+
 // flushReads posts the batch of READs and installs what arrived.
 func (c *client) flushReads(since time.Time) {
 	if len(c.reads) == 0 {
@@ -655,9 +698,8 @@ func (c *client) flushReads(since time.Time) {
 			c.readAt[j].r == c.readAt[k].r && c.readAt[j].idx == c.readAt[j-1].idx+1 {
 			j++
 		}
-		if j-k > 1 && c.copyRun(k, j, since) {
-			k = j
-			continue
+		if j-k > 1 {
+			k += c.copyRun(k, j, since)
 		}
 		for ; k < j; k++ {
 			c.installRead(k, since)
@@ -687,15 +729,19 @@ func (c *client) merge() {
 }
 
 // copyRun installs reads [k, j), adjacent pages of one region, with one
-// Copy. It reports false (nothing done) if the Copy failed: the caller
-// then installs them one by one.
-func (c *client) copyRun(k, j int, since time.Time) bool {
-	first := c.readAt[k]
-	_, err := c.uffd.Copy(first.r.addr(first.idx), c.bufs[k*pageSize:j*pageSize], userfaultfd.WriteProtected)
-	if err != nil {
-		return false
+// Copy, and returns how many it installed: all, or the pages before the
+// one where the Copy stopped (the caller installs the rest one by one).
+func (c *client) copyRun(k, j int, since time.Time) int {
+	if c.forkAhead {
+		return 0
 	}
-	for m := k; m < j; m++ {
+	first := c.readAt[k]
+	n, err := c.uffd.Copy(first.r.addr(first.idx), c.bufs[k*pageSize:j*pageSize], userfaultfd.WriteProtected)
+	done := j - k
+	if err != nil {
+		done = min(max(n, 0)/pageSize, j-k)
+	}
+	for m := k; m < k+done; m++ {
 		ref := c.readAt[m]
 		p := ref.r.pages[ref.idx] &^ FlagFetch
 		c.st.remoteReads.Add(1)
@@ -704,7 +750,7 @@ func (c *client) copyRun(k, j int, since time.Time) bool {
 			c.st.latency.Observe(time.Since(since))
 		}
 	}
-	return true
+	return done
 }
 
 // installRead installs read k of the batch, or poisons or retries it.
@@ -720,7 +766,10 @@ func (c *client) installRead(k int, since time.Time) {
 		c.st.remoteReads.Add(1)
 		// Installed write-protected: clean until a WP fault says
 		// otherwise.
-		_, err := c.uffd.Copy(a, op.Buf, userfaultfd.WriteProtected)
+		err := errForkAhead
+		if !c.forkAhead {
+			_, err = c.uffd.Copy(a, op.Buf, userfaultfd.WriteProtected)
+		}
 		if c.again(err) {
 			_, err = c.uffd.Copy(a, op.Buf, userfaultfd.WriteProtected)
 		}
@@ -730,9 +779,11 @@ func (c *client) installRead(k int, since time.Time) {
 			// about to use them, CLOCK must not take them first.
 			c.set(r, idx, p.With(Resident)|FlagRef)
 		case userfaultfd.IsExist(err):
-			// Mapped already (part of a run whose Copy stopped
-			// early): it holds what we copied.
-			c.set(r, idx, p.With(Resident)|FlagRef)
+			// Mapped already, not by us: a child forked without FORK
+			// events inherited it, after the copy of our page table
+			// that FORK_PREPARE made, and may have written it. Dirty:
+			// its contents go to the pool when it is evicted.
+			c.set(r, idx, p.With(Resident)|FlagDirty|FlagRef)
 			c.uffd.Wake(pageRange(a))
 		case userfaultfd.IsGone(err):
 		default:
@@ -761,6 +812,9 @@ func (c *client) installRead(k int, since time.Time) {
 func (c *client) poison(r *region, idx int) error {
 	a := r.addr(idx)
 	if c.features.Has(userfaultfd.FeaturePoison) {
+		if c.forkAhead {
+			return errForkAhead
+		}
 		c.st.lost.Add(1) // before the ioctl wakes the thread into its SIGBUS
 		_, err := c.uffd.Poison(pageRange(a), 0)
 		if userfaultfd.IsMMChanged(err) {
@@ -796,10 +850,14 @@ func (c *client) fromSlot(r *region, idx int, flags userfaultfd.Flags) error {
 		return nil
 	}
 	a := r.addr(idx)
-	_, err := c.uffd.Copy(a, c.staging[slot*pageSize:(slot+1)*pageSize], flags)
+	err := errForkAhead
+	if !c.forkAhead {
+		_, err = c.uffd.Copy(a, c.staging[slot*pageSize:(slot+1)*pageSize], flags)
+	}
+	exist := userfaultfd.IsExist(err)
 	switch {
 	case err == nil:
-	case userfaultfd.IsExist(err):
+	case exist:
 		c.uffd.Wake(pageRange(a))
 	case userfaultfd.IsGone(err):
 	default:
@@ -811,6 +869,8 @@ func (c *client) fromSlot(r *region, idx int, flags userfaultfd.Flags) error {
 	p := r.pages[idx]
 	if p.State() == Staged {
 		c.staged--
+	}
+	if p.State() == Staged || exist { // mapped already, not by us: see installRead
 		c.set(r, idx, p.With(Resident)|FlagDirty|FlagRef)
 	} else {
 		c.set(r, idx, p.With(Resident)|FlagRef)

@@ -16,6 +16,9 @@ type Msg [MsgSize]byte
 // Decode decodes m; see DecodeMsg.
 func (m *Msg) Decode() (Event, error) { return DecodeMsg(m[:]) }
 
+// Kind is m's event kind (its first byte), without decoding the rest.
+func (m *Msg) Kind() EventKind { return EventKind(m[0]) }
+
 // EventKind is the type of a userfaultfd message.
 type EventKind uint8
 
