@@ -1,0 +1,318 @@
+package memdd
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+
+	"rmem/pool"
+	"rmem/pool/client"
+	"rmem/pool/coord"
+	"rmem/pool/httpapi"
+	"rmem/pool/memserver"
+	"rmem/pool/store"
+	_ "rmem/rdma/shm"   // same-host data plane
+	_ "rmem/rdma/tcp"   // the default data-plane provider
+	_ "rmem/rdma/verbs" // without the verbs build tag, a stand-in that names the missing tag
+)
+
+// ErrOptions is wrapped by errors about Options.
+var ErrOptions = errors.New("memdd: invalid options")
+
+// Options configure a memd daemon. cmd/memd has checked every value against
+// its flag; Run checks only what it cannot start without.
+type Options struct {
+	// Listen is the control API's address, HOST:PORT (port 0: any free one).
+	Listen string
+	// AdvertiseURL is the control URL the coordinator reaches this memory
+	// server at; "" is http(s)://<the listener's address>.
+	AdvertiseURL string
+	// Token is the control API's bearer token ("" only with mTLS).
+	Token string
+	// NewTokenFile, when set, is where Run writes a new token (0600, its
+	// directory 0755) before it listens; that token replaces Token. If
+	// another memd created the file first, its token is used instead.
+	NewTokenFile string
+	// ServerTLS is served by the control API (nil: plain HTTP). When it
+	// requires and verifies client certificates (mTLS), a verified client
+	// needs no token.
+	ServerTLS *tls.Config
+	// ClientTLS is used to reach the coordinator and memory servers.
+	ClientTLS *tls.Config
+	SlabSize  uint64 // a positive multiple of 2MiB, the same on every node
+
+	// The coordinator role.
+	CoordRole        bool
+	DataDir          string        // its store's directory (bbolt file memd.db)
+	HeartbeatTimeout time.Duration // a server silent this long is dead
+	SweepInterval    time.Duration // how often to look for dead servers and expired leases
+
+	// The memory-server role.
+	ServerRole        bool
+	CoordinatorURL    string // the coordinator to join when CoordRole is false
+	ID                string // this server's id in the pool
+	Capacity          uint64 // bytes donated: whole slabs
+	Domain            string // failure domain
+	TCPListen         string // data-plane tcp address ("": none)
+	TCPAdvertise      string // tcp address registered for agents ("": the listener's)
+	VerbsListen       string // data-plane verbs set-up address ("": none)
+	ShmSocket         string // data-plane shm socket ("": none)
+	ShmOptional       bool   // the shm socket was not asked for: run without it if it cannot start
+	HeartbeatInterval time.Duration
+	Mlock             bool // lock the donated memory in RAM
+}
+
+func (o *Options) validate() error {
+	switch {
+	case !o.CoordRole && !o.ServerRole:
+		return fmt.Errorf("%w: neither role", ErrOptions)
+	case o.Listen == "":
+		return fmt.Errorf("%w: no control API address", ErrOptions)
+	case o.CoordRole && o.DataDir == "":
+		return fmt.Errorf("%w: the coordinator has no data directory", ErrOptions)
+	case o.CoordRole && (o.HeartbeatTimeout <= 0 || o.SweepInterval <= 0):
+		return fmt.Errorf("%w: the coordinator's heartbeat timeout and sweep interval must be positive", ErrOptions)
+	case o.ServerRole && o.HeartbeatInterval <= 0:
+		return fmt.Errorf("%w: the memory server's heartbeat interval must be positive", ErrOptions)
+	case o.ServerRole && !o.CoordRole && o.CoordinatorURL == "":
+		return fmt.Errorf("%w: a memory server without the coordinator role needs the coordinator's URL", ErrOptions)
+	}
+	return nil
+}
+
+// Run runs the daemon until ctx is done (it then returns nil) or the
+// control API fails. Whatever it started is stopped when it returns.
+func Run(ctx context.Context, log *zap.Logger, opts Options) (err error) {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	if err := opts.validate(); err != nil {
+		return err
+	}
+	if opts.NewTokenFile != "" {
+		if opts.Token, err = writeToken(opts.NewTokenFile); err != nil {
+			return err
+		}
+		log.Info("control API token written", zap.String("file", opts.NewTokenFile))
+	}
+	mtls := opts.ServerTLS != nil && opts.ServerTLS.ClientAuth == tls.RequireAndVerifyClientCert
+	// Listen first: the memory server registers the actual address (an
+	// ephemeral port in tests).
+	ln, err := net.Listen("tcp", opts.Listen)
+	if err != nil {
+		return fmt.Errorf("control API: %w", err)
+	}
+	defer ln.Close()
+	if opts.AdvertiseURL == "" {
+		scheme := "http"
+		if opts.ServerTLS != nil {
+			scheme = "https"
+		}
+		opts.AdvertiseURL = scheme + "://" + ln.Addr().String()
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	api := http.NewServeMux()
+	api.HandleFunc("/", httpapi.NotFound)
+	roles := []string{}
+
+	var ms *memserver.Server
+	if opts.ServerRole {
+		listen := map[string]string{}
+		optional := map[string]bool{}
+		if opts.TCPListen != "" {
+			listen["tcp"] = opts.TCPListen
+		}
+		if opts.VerbsListen != "" {
+			listen["verbs"] = opts.VerbsListen
+		}
+		if opts.ShmSocket != "" {
+			if err := os.MkdirAll(filepath.Dir(opts.ShmSocket), 0o755); err != nil {
+				return fmt.Errorf("shm socket directory: %w", err)
+			}
+			listen["shm"] = opts.ShmSocket
+			optional["shm"] = opts.ShmOptional
+		}
+		ms, err = memserver.New(memserver.Options{
+			ID: pool.ServerID(opts.ID), Capacity: opts.Capacity, SlabSize: opts.SlabSize,
+			Listen: listen, Optional: optional, Advertise: map[string]string{"tcp": opts.TCPAdvertise},
+			ControlURL: opts.AdvertiseURL, Domain: opts.Domain, NoLock: !opts.Mlock, Log: log.Named("memserver"),
+		})
+		if err != nil {
+			return err
+		}
+		defer ms.Close()
+		if err := ms.RegisterMetrics(reg); err != nil {
+			return err
+		}
+		ms.Routes(api)
+		roles = append(roles, "server")
+	}
+
+	var co *coord.Coordinator
+	if opts.CoordRole {
+		st, err := store.OpenBolt(opts.DataDir)
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		dialOpts := client.Options{Token: opts.Token, TLS: opts.ClientTLS, Timeout: 10 * time.Second}
+		dialer := coord.DialerFunc(func(info *pool.ServerInfo) (coord.SlabServer, error) {
+			if ms != nil && info.ID == pool.ServerID(opts.ID) && info.Instance == ms.Instance() {
+				return ms, nil
+			}
+			if info.ControlURL == "" {
+				return nil, fmt.Errorf("server %s registered no control URL", info.ID)
+			}
+			return client.NewMemServer(info.ControlURL, dialOpts)
+		})
+		co, err = coord.New(coord.Options{Store: st, Dialer: dialer, SlabSize: opts.SlabSize,
+			HeartbeatTimeout: opts.HeartbeatTimeout, Log: log.Named("coord"), Registry: reg})
+		if err != nil {
+			return err
+		}
+		defer co.Close()
+		if err := co.Routes(api); err != nil {
+			return err
+		}
+		roles = append(roles, "coordinator")
+	}
+
+	root := http.NewServeMux()
+	root.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	root.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		httpapi.WriteJSON(w, http.StatusOK, map[string]any{"status": "ok", "roles": roles})
+	})
+	root.Handle("/", httpapi.Auth(opts.Token, mtls, api))
+	hs := &http.Server{Handler: root, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, TLSConfig: opts.ServerTLS,
+		ErrorLog: zap.NewStdLog(log.Named("http"))}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var sweepDone, joinDone chan struct{}
+	if co != nil {
+		sweepDone = make(chan struct{})
+		go func() { defer close(sweepDone); co.RoutineSweep(runCtx, opts.SweepInterval) }()
+	}
+	if ms != nil {
+		var regr memserver.Registrar
+		if co != nil {
+			regr = localRegistrar{co}
+		} else {
+			cl, err := client.New(opts.CoordinatorURL, client.Options{Token: opts.Token, TLS: opts.ClientTLS, Timeout: 10 * time.Second})
+			if err != nil {
+				cancel()
+				return err
+			}
+			defer cl.CloseIdleConnections()
+			regr = cl
+		}
+		joinDone = make(chan struct{})
+		ready := make(chan struct{})
+		go func() { defer close(joinDone); ms.RoutineJoin(runCtx, regr, opts.HeartbeatInterval, ready) }()
+		if co != nil {
+			// In one process, serve only once this node's memory is in the
+			// pool: a client that can reach the API finds it there.
+			select {
+			case <-ready:
+			case <-ctx.Done():
+			}
+		}
+	}
+	httpDone := make(chan error, 1)
+	go func() {
+		if opts.ServerTLS != nil {
+			httpDone <- hs.ServeTLS(ln, "", "")
+		} else {
+			httpDone <- hs.Serve(ln)
+		}
+	}()
+	log.Info("control API listening", zap.String("addr", ln.Addr().String()), zap.Strings("roles", roles))
+
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down")
+	case err = <-httpDone:
+		err = fmt.Errorf("control API: %w", err)
+	}
+	cancel()
+	if joinDone != nil {
+		<-joinDone // leaves the pool while the coordinator still runs
+	}
+	if sweepDone != nil {
+		<-sweepDone
+	}
+	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer scancel()
+	_ = hs.Shutdown(sctx)
+	return err
+}
+
+// writeToken creates the token file (0600) atomically; its directory is
+// created 0755 (the shm socket lives there too).
+func writeToken(path string) (string, error) {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	tok := hex.EncodeToString(b[:])
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return "", fmt.Errorf("token directory: %w", err)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".token-*")
+	if err != nil {
+		return "", fmt.Errorf("token file: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if err := tmp.Chmod(0o600); err == nil {
+		_, err = tmp.WriteString(tok + "\n")
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Link(tmp.Name(), path) // fails if another memd won the race
+	}
+	if errors.Is(err, os.ErrExist) {
+		return client.LoadToken(path)
+	}
+	if err != nil {
+		return "", fmt.Errorf("token file %s: %w", path, err)
+	}
+	return tok, nil
+}
+
+// localRegistrar adapts an in-process coordinator to memserver.Registrar.
+type localRegistrar struct{ c *coord.Coordinator }
+
+var _ memserver.Registrar = localRegistrar{}
+
+// Register registers the local server. A live-looking older instance of
+// the same id can only be this process's predecessor (killed before it could
+// leave): it is marked gone first.
+func (r localRegistrar) Register(_ context.Context, info pool.ServerInfo) (pool.Server, error) {
+	rec, err := r.c.Register(info)
+	if errors.Is(err, pool.ErrConflict) {
+		if err := r.c.Leave(info.ID); err != nil {
+			return rec, err
+		}
+		rec, err = r.c.Register(info)
+	}
+	return rec, err
+}
+func (r localRegistrar) Heartbeat(_ context.Context, id pool.ServerID, hb pool.Heartbeat) error {
+	return r.c.Heartbeat(id, hb)
+}
+func (r localRegistrar) Leave(_ context.Context, id pool.ServerID) error { return r.c.Leave(id) }
