@@ -338,7 +338,7 @@ func (a *Agent) handshake(conn *net.UnixConn) {
 				c.localMem.Store(fc.localMem)
 			}
 		}
-		c.uid = cred.Uid
+		c.setUID(cred.Uid)
 		welcome.ClientID = c.id
 		if err := proto.Send(conn, buf, 1, &welcome, c.stagingFD); err != nil {
 			a.log.Warn("sending WELCOME failed", zap.Error(err))
@@ -590,7 +590,7 @@ func (a *Agent) Exited() []ClientStats {
 
 func (a *Agent) statsOf(c *client) ClientStats {
 	s := c.st.snapshot(pageSize)
-	s.ID, s.PID, s.BudgetBytes = c.id, int(c.pidAtm.Load()), uint64(c.budgetPages())*pageSize
+	s.ID, s.PID, s.UID, s.BudgetBytes = c.id, int(c.pidAtm.Load()), c.uidAtm.Load(), uint64(c.budgetPages())*pageSize
 	return s
 }
 

@@ -37,7 +37,7 @@ func (c *client) fork(fd int) {
 		return
 	}
 	child.localMem.Store(c.localMem.Load()) // its HELLO may say otherwise
-	child.uid = c.uid
+	child.setUID(c.uid)
 	// The helper may have dropped victims of the batch in flight before
 	// fork(2) copied the page tables (the child lacks them) or after (the
 	// child has them): wait for its EVICTED so that the copy below sees

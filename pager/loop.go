@@ -63,6 +63,7 @@ type client struct {
 	wakefd   int
 	done     chan struct{}
 	pidAtm   atomic.Int64
+	uidAtm   atomic.Uint32 // uid, for Stats
 	localMem atomic.Uint64 // the budget its HELLO asked for (0: the agent's)
 
 	// Loop state.
@@ -310,6 +311,12 @@ func (c *client) throttle(since time.Time) bool {
 	}
 	over := int(c.st.resident.Load())+len(c.reads) >= c.budgetPages()+proto.MaxEvictBatch
 	return over && time.Since(since) < maxThrottle
+}
+
+// setUID sets the client's user before its loop starts.
+func (c *client) setUID(uid uint32) {
+	c.uid = uid
+	c.uidAtm.Store(uid)
 }
 
 // budgetPages is the client's budget of resident pages.

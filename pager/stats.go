@@ -86,6 +86,7 @@ type counters struct {
 type ClientStats struct {
 	ID            uint64 `json:"id"`
 	PID           int    `json:"pid"`
+	UID           uint32 `json:"uid"` // the process's user
 	Regions       int    `json:"regions"`
 	ResidentBytes uint64 `json:"resident_bytes"`
 	RemoteBytes   uint64 `json:"remote_bytes"`

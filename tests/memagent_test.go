@@ -553,15 +553,42 @@ func TestMemagentRunOtherUser(t *testing.T) {
 			maCheckPaged(t, s)
 		}
 	})
-	// --stats of the node's agent: its admin socket is root's, and run
-	// says so instead of "no allocation".
+	// The admin socket of an agent that serves other users is open to
+	// them: each sees its own programs only (root sees all).
 	t.Run("stats", func(t *testing.T) {
 		r := maExecAs(t, cred, nil, memagent, "run", "--socket", a.socket, "--admin-socket", a.admin, "--stats",
-			"--log-level", "warn", "--", filepath.Join(bins, "pattern"), "8")
-		if r.code != 0 || !strings.Contains(r.stderr, "the node agent's stats need root") {
-			t.Fatalf("exit %d; want the program to run and --stats to say why it has none; stderr:\n%s", r.code, r.stderr)
+			"--log-level", "warn", "--", filepath.Join(bins, "pattern"), strconv.Itoa(maHeapMiB))
+		maCheckExit(t, r, fmt.Sprintf("written %d pages\nchecksum %016x\n", maPages, maSum(maPages*512, 0)))
+		rows := maTableRows(t, r.stderr)
+		if len(rows) != 1 || rows[0].evictions == 0 || rows[0].lost != 0 {
+			t.Fatalf("--stats as nobody: %+v: want its program's row, with evictions\n%s", rows, r.stderr)
 		}
-		t.Logf("run said: %s", strings.TrimSpace(r.stderr))
+		out := maExecAs(t, cred, nil, memagent, "stats", "--json", "--all", "--admin-socket", a.admin)
+		var mine agentd.StatsResponse
+		if err := json.Unmarshal([]byte(out.stdout), &mine); err != nil || out.code != 0 {
+			t.Fatalf("memagent stats --json as nobody: exit %d, %v\n%s%s", out.code, err, out.stdout, out.stderr)
+		}
+		all, err := a.stats(t)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range mine.Exited {
+			if s.UID != uint32(uid) {
+				t.Errorf("nobody sees a process of uid %d: %+v", s.UID, s)
+			}
+		}
+		if len(mine.Exited) == 0 || len(mine.Exited) != len(all.Exited) {
+			t.Errorf("nobody sees %d exited programs, root %d; all of them are nobody's", len(mine.Exited), len(all.Exited))
+		}
+	})
+	// An agent that serves no other user: its stats are root's.
+	t.Run("stats of a root-only agent", func(t *testing.T) {
+		other := maServe(t, memagent, p)
+		out := maExecAs(t, cred, nil, memagent, "stats", "--admin-socket", other.admin)
+		if out.code == 0 || !strings.Contains(out.stderr, "its stats need root") {
+			t.Fatalf("exit %d; want an error saying the stats are root's; stderr:\n%s", out.code, out.stderr)
+		}
+		t.Logf("stats said: %s", strings.TrimSpace(out.stderr))
 	})
 	// --allow-group: the socket (0660) belongs to the group, whose
 	// members are served.

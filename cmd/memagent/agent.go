@@ -130,7 +130,7 @@ does. Needs root. Programs of other users are paged when --allow-user or
 	poolFlags(f)
 	f.String("local-mem", "512MiB", "resident memory each program may keep")
 	f.String("node-mem", "0", "resident memory all programs together may keep (0: no node-wide limit)")
-	f.String("admin-socket", agentd.DefaultAdminSocket, "Unix socket serving 'memagent stats' and /metrics (root only)")
+	f.String("admin-socket", agentd.DefaultAdminSocket, "Unix socket serving 'memagent stats' and /metrics (root's; users the agent serves see their own programs' stats)")
 	f.StringSlice("allow-user", nil, "users (names or uids) whose programs the agent pages, besides root's; they need write access to --socket too (see --allow-group)")
 	f.String("allow-group", "", "group (name or gid) given the socket (mode 0660): its members' programs are paged")
 	return cmd

@@ -29,6 +29,7 @@ import (
 
 	"rmem/pager"
 	"rmem/pager/poolstore"
+	"rmem/userfaultfd"
 )
 
 // ErrNoCoordinator: the pool's coordinator did not answer.
@@ -63,10 +64,11 @@ type Daemon struct {
 	Replicas int
 	Registry *prometheus.Registry
 
-	log   *zap.Logger
-	admin *http.Server
-	adml  net.Listener
-	done  chan error
+	log    *zap.Logger
+	shared bool // serves users besides root: the admin socket is open to them (their own stats)
+	admin  *http.Server
+	adml   net.Listener
+	done   chan error
 }
 
 // Start takes a lease, opens the agent's socket and starts serving.
@@ -115,7 +117,8 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 		store.Close(context.Background())
 		return nil, err
 	}
-	d := &Daemon{Agent: agent, Store: store, Replicas: replicas, Registry: reg, log: log, done: make(chan error, 1)}
+	d := &Daemon{Agent: agent, Store: store, Replicas: replicas, Registry: reg, log: log, done: make(chan error, 1),
+		shared: len(opts.AllowUIDs) > 0 || opts.SocketGroup != 0}
 	if opts.AdminSocket != "" {
 		if err := d.serveAdmin(opts.AdminSocket); err != nil {
 			d.Close()
@@ -175,20 +178,69 @@ func (d *Daemon) serveAdmin(path string) error {
 	if err != nil {
 		return fmt.Errorf("agentd: admin socket: %w", err)
 	}
-	// Stats name processes and their memory use: root only.
-	if err := os.Chmod(path, 0o600); err != nil {
+	// Stats name processes and their memory use: root's, unless the agent
+	// serves other users, who then see their own processes only.
+	mode := os.FileMode(0o600)
+	if d.shared {
+		mode = 0o666
+	}
+	if err := os.Chmod(path, mode); err != nil {
 		ln.Close()
 		return fmt.Errorf("agentd: admin socket: %w", err)
 	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /v1/stats", func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("GET /v1/stats", func(w http.ResponseWriter, r *http.Request) {
+		st := d.Stats()
+		if uid, ok := r.Context().Value(peerUID{}).(uint32); !ok || !privileged(uid) {
+			st = st.Of(uid)
+		}
 		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(d.Stats())
+		json.NewEncoder(w).Encode(st)
 	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(d.Registry, promhttp.HandlerOpts{}))
-	d.admin, d.adml = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, ln
+	metrics := promhttp.HandlerFor(d.Registry, promhttp.HandlerOpts{})
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+		if uid, ok := r.Context().Value(peerUID{}).(uint32); !ok || !privileged(uid) {
+			http.Error(w, "the node's metrics are root's", http.StatusForbidden)
+			return
+		}
+		metrics.ServeHTTP(w, r)
+	})
+	d.admin, d.adml = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ConnContext: withPeerUID}, ln
 	go d.admin.Serve(ln)
 	return nil
+}
+
+// peerUID keys the admin connection's peer uid (SO_PEERCRED) in its
+// requests' context.
+type peerUID struct{}
+
+func withPeerUID(ctx context.Context, c net.Conn) context.Context {
+	if uc, ok := c.(*net.UnixConn); ok {
+		if cred, err := userfaultfd.PeerCred(uc); err == nil {
+			return context.WithValue(ctx, peerUID{}, cred.Uid)
+		}
+	}
+	return ctx
+}
+
+// privileged reports whether uid sees every process: root, or the agent's
+// own user.
+func privileged(uid uint32) bool { return uid == 0 || uid == uint32(os.Geteuid()) }
+
+// Of returns the part of st about processes of user uid: an ordinary
+// user's view of the admin socket.
+func (st StatsResponse) Of(uid uint32) StatsResponse {
+	own := func(rows []pager.ClientStats) []pager.ClientStats {
+		out := []pager.ClientStats{}
+		for _, r := range rows {
+			if r.UID == uid {
+				out = append(out, r)
+			}
+		}
+		return out
+	}
+	st.Clients, st.Exited = own(st.Clients), own(st.Exited)
+	return st
 }
 
 // Done is sent the agent's end (nil after Close).
@@ -224,7 +276,7 @@ func FetchStats(ctx context.Context, path string) (StatsResponse, error) {
 	}
 	resp, err := hc.Do(req)
 	if errors.Is(err, syscall.EACCES) {
-		return StatsResponse{}, fmt.Errorf("%s is root's: the node agent's stats need root: %w", path, err)
+		return StatsResponse{}, fmt.Errorf("%s is root's: this agent serves no other user, and its stats need root: %w", path, err)
 	}
 	if err != nil {
 		return StatsResponse{}, fmt.Errorf("no memagent answering at %s (is 'memagent serve' running?): %w", path, err)
