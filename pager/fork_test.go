@@ -104,6 +104,34 @@ func TestForkBusy(t *testing.T) {
 	})
 }
 
+// A child made past fork(3) (_Fork) by an ordinary user's program: no
+// FORK event and no FORK_PREPARE, so nothing serves its regions and its
+// evicted pages are missing. The shim notices at the child's first call and
+// makes them raise SIGBUS rather than read as zeros.
+func TestForkLostPagesLoud(t *testing.T) {
+	skipUnlessUFFD(t)
+	prog := shimtest.Prog(t, "testdata/forklost.c")
+	uid, gid := nobody(t)
+	store, a := forkSetup(t, 48, []uint32{uid})
+	p := shimtest.StartAs(t, uid, gid, a.Addr(), []string{prog})
+	p.Expect("ready")
+	waitStats(t, a, func(st pager.ClientStats) bool { return st.Evictions > 0 && st.RemoteBytes > 2<<20 })
+	p.Send("g")
+	if l := p.Expect("child "); l != "child SIGBUS" {
+		t.Fatalf("child: %q, want SIGBUS; stderr:\n%s", l, p.Stderr.String())
+	}
+	p.Expect("parent ok")
+	p.Wait()
+	if !strings.Contains(p.Stderr.String(), "forked without fork(3)") {
+		t.Errorf("the shim did not say why; stderr:\n%s", p.Stderr.String())
+	}
+	t.Logf("stderr: %s", strings.TrimSpace(p.Stderr.String()))
+	waitNoClients(t, a)
+	if _, held := store.Allocated(); held != 0 {
+		t.Fatalf("%d slabs held after the program exited", held)
+	}
+}
+
 // A Go program of an ordinary user, through the client package: it has no
 // userfaultfd of its own and borrows /dev/userfaultfd from the agent.
 func TestGoClientUnprivileged(t *testing.T) {

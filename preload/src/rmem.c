@@ -349,6 +349,8 @@ static void set_off(void) { __atomic_store_n(&g_state, ST_OFF, __ATOMIC_RELEASE)
  * its parent's connection and uffd: using them would register memory in
  * the parent's address space and speak for the parent, so such a child
  * drops them and uses ordinary memory from then on. */
+static void child_lost_pages(const char *why, int err);
+
 static int is_connected(void)
 {
 	if (__atomic_load_n(&g_state, __ATOMIC_ACQUIRE) != ST_CONNECTED || in_fork)
@@ -360,7 +362,13 @@ static int is_connected(void)
 		close(g_sock);
 		close(g_uffd);
 		g_sock = g_uffd = -1;
-		say("rmem: this process was forked without fork(3): it uses ordinary memory from now on", NULL);
+		if (!(g_features & UFFD_FEATURE_EVENT_FORK) && __atomic_load_n(&g_nregions, __ATOMIC_ACQUIRE) > 0)
+			/* No FORK event served its regions either: what it touched
+			 * of the pooled pages before this call read as zeros; from
+			 * now on it is loud. */
+			child_lost_pages("forked without fork(3) (_Fork(), daemon(), a raw clone) and without FORK events", 0);
+		else
+			say("rmem: this process was forked without fork(3): it uses ordinary memory from now on", NULL);
 	}
 	return 0;
 }
@@ -1478,8 +1486,8 @@ EXPORT void *mremap(void *old, size_t oldlen, size_t newlen, int flags, ...)
  * cannot run safely. */
 static void child_lost_pages(const char *why, int err)
 {
-	say("rmem: forked child: ", why, " (", strerror(err),
-	    "): the pages of its large allocations that were in the pool are lost to it; touching them raises SIGBUS", NULL);
+	say("rmem: forked child: ", why, err ? " (" : "", err ? strerror(err) : "", err ? ")" : "",
+	    ": the pages of its large allocations that were in the pool are lost to it; touching them raises SIGBUS", NULL);
 	int fd = new_uffd();
 	struct uffdio_api api = {.api = UFFD_API, .features = UFFD_FEATURE_SIGBUS};
 	if (fd >= 0 && ioctl(fd, UFFDIO_API, &api) == 0) {
