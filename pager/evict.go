@@ -20,7 +20,7 @@ import (
 // here and a MADV_DONTNEED in the helper.
 func (c *client) maybeEvict() {
 	c.updatePrefetchStats()
-	if c.conn == nil || c.evictBusy || c.forking != 0 || len(c.slotFree) == 0 {
+	if c.conn == nil || c.evictBusy || c.forkStalled() || len(c.slotFree) == 0 {
 		return
 	}
 	w := WatermarksFor(c.budgetPages())

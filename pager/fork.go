@@ -307,7 +307,7 @@ func (c *client) forkPrepare(m *proto.ForkPrepare) error {
 	case c.forking != 0:
 		return errWithErrno(unix.EBUSY, fmt.Sprintf("FORK_PREPARE %d while fork %d is not done", m.Serial, c.forking))
 	}
-	c.forking = m.Serial
+	c.forking, c.forkedAt = m.Serial, time.Now()
 	if !c.settleEviction() {
 		c.forking = 0
 		return errWithErrno(unix.EIO, "the eviction in flight did not finish")
@@ -321,8 +321,28 @@ func (c *client) forkPrepare(m *proto.ForkPrepare) error {
 	c.a.addForkCopy(forkKey{int(c.pidAtm.Load()), m.Serial}, &forkCopy{
 		regs: regs, uid: c.uid, localMem: c.localMem.Load(), made: time.Now(),
 	})
+	c.forkedAt = time.Now() // the pause counts from the ACK
 	c.log.Debug("pages copied for a fork", zap.Uint64("serial", m.Serial), zap.Int("regions", len(regs)))
 	return nil
+}
+
+// maxForkPause bounds how long a FORK_PREPARE pauses evictions without its
+// FORK_DONE (the shim sends it as soon as fork(2) returns).
+const maxForkPause = 10 * time.Second
+
+// forkStalled reports whether evictions are paused for a fork; a pause
+// whose FORK_DONE never came ends after maxForkPause, so that a shim that
+// failed to send it does not leave the process over budget for good.
+func (c *client) forkStalled() bool {
+	if c.forking == 0 {
+		return false
+	}
+	if time.Since(c.forkedAt) > maxForkPause {
+		c.log.Warn("no FORK_DONE after FORK_PREPARE; evictions resume", zap.Uint64("serial", c.forking))
+		c.forking = 0
+		return false
+	}
+	return true
 }
 
 // forkDone handles FORK_DONE (step 4 above).

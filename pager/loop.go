@@ -88,9 +88,10 @@ type client struct {
 	victims    []Victim
 	zeros      []byte
 	forks      uint64
-	forkAhead  bool   // a FORK event read ahead (again) is not handled yet: install nothing (errForkAhead)
-	forking    uint64 // serial of a FORK_PREPARE until its FORK_DONE: no evictions meanwhile
-	uid        uint32 // the client's user (SO_PEERCRED)
+	forkAhead  bool      // a FORK event read ahead (again) is not handled yet: install nothing (errForkAhead)
+	forking    uint64    // serial of a FORK_PREPARE until its FORK_DONE: no evictions meanwhile
+	forkedAt   time.Time // when that FORK_PREPARE was answered (see forkStalled)
+	uid        uint32    // the client's user (SO_PEERCRED)
 	features   userfaultfd.Feature
 	closed     bool
 
@@ -306,7 +307,7 @@ func (c *client) gone() bool {
 // A fault waits at most maxThrottle: the budget bends rather than stall a
 // client whose helper thread cannot run (a Go client with few Ps).
 func (c *client) throttle(since time.Time) bool {
-	if c.conn == nil || c.forking != 0 || !c.evictBusy && len(c.slotFree) == 0 {
+	if c.conn == nil || c.forkStalled() || !c.evictBusy && len(c.slotFree) == 0 {
 		return false
 	}
 	over := int(c.st.resident.Load())+len(c.reads) >= c.budgetPages()+proto.MaxEvictBatch

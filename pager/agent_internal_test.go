@@ -5,7 +5,9 @@ import (
 	"os/exec"
 	"syscall"
 	"testing"
+	"time"
 
+	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 )
 
@@ -51,5 +53,22 @@ func TestAllowed(t *testing.T) {
 	a.opts.SocketGroup = 0
 	if a.allowed(&member) {
 		t.Errorf("a process of uid 2000 is served without SocketGroup")
+	}
+}
+
+// A FORK_PREPARE pauses evictions until its FORK_DONE, and no longer than
+// maxForkPause when that never comes.
+func TestForkPause(t *testing.T) {
+	c := &client{log: zap.NewNop()}
+	if c.forkStalled() {
+		t.Fatal("paused without a fork")
+	}
+	c.forking, c.forkedAt = 3, time.Now()
+	if !c.forkStalled() {
+		t.Fatal("not paused during a fork")
+	}
+	c.forkedAt = time.Now().Add(-maxForkPause - time.Second)
+	if c.forkStalled() || c.forking != 0 {
+		t.Fatalf("still paused %v after FORK_PREPARE without FORK_DONE", maxForkPause)
 	}
 }
