@@ -2,9 +2,7 @@ package pager_test
 
 import (
 	"os"
-	"os/user"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -35,7 +33,7 @@ func TestForkPrivate(t *testing.T) {
 		forkPrivate(t, store, a, shimtest.Start(t, a.Addr(), []string{"fork"}))
 	})
 	t.Run("unprivileged", func(t *testing.T) {
-		uid, gid := nobody(t)
+		uid, gid := shimtest.Nobody(t)
 		store, a := forkSetup(t, 48, []uint32{uid})
 		forkPrivate(t, store, a, shimtest.StartAs(t, uid, gid, a.Addr(), []string{"fork"}))
 	})
@@ -43,7 +41,7 @@ func TestForkPrivate(t *testing.T) {
 	// FORK_PREPARE fails and so does fork(), with ENOMEM, rather than the
 	// child run with pages it cannot have.
 	t.Run("unprivileged, pool full", func(t *testing.T) {
-		uid, gid := nobody(t)
+		uid, gid := shimtest.Nobody(t)
 		store, a := forkSetup(t, 8, []uint32{uid}) // 16 slabs: the parent's 16 MiB fit once
 		p := shimtest.StartAs(t, uid, gid, a.Addr(), []string{"fork"})
 		p.Expect("ready")
@@ -98,7 +96,7 @@ func TestForkBusy(t *testing.T) {
 		run(t, store, a, shimtest.Start(t, a.Addr(), []string{prog}))
 	})
 	t.Run("unprivileged", func(t *testing.T) {
-		uid, gid := nobody(t)
+		uid, gid := shimtest.Nobody(t)
 		store, a := forkSetup(t, 48, []uint32{uid})
 		run(t, store, a, shimtest.StartAs(t, uid, gid, a.Addr(), []string{prog}))
 	})
@@ -111,7 +109,7 @@ func TestForkBusy(t *testing.T) {
 func TestForkLostPagesLoud(t *testing.T) {
 	skipUnlessUFFD(t)
 	prog := shimtest.Prog(t, "testdata/forklost.c")
-	uid, gid := nobody(t)
+	uid, gid := shimtest.Nobody(t)
 	store, a := forkSetup(t, 48, []uint32{uid})
 	p := shimtest.StartAs(t, uid, gid, a.Addr(), []string{prog})
 	p.Expect("ready")
@@ -136,7 +134,7 @@ func TestForkLostPagesLoud(t *testing.T) {
 // userfaultfd of its own and borrows /dev/userfaultfd from the agent.
 func TestGoClientUnprivileged(t *testing.T) {
 	skipUnlessUFFD(t)
-	uid, gid := nobody(t)
+	uid, gid := shimtest.Nobody(t)
 	// The test binary, where that user may run it.
 	dir := t.TempDir()
 	os.Chmod(filepath.Dir(dir), 0o755)
@@ -170,21 +168,6 @@ func TestGoClientUnprivileged(t *testing.T) {
 	if _, held := store.Allocated(); held != 0 {
 		t.Fatalf("%d slabs held after the child exited", held)
 	}
-}
-
-// nobody returns the uid and gid of user nobody, and skips the test
-// without it or without a /dev/userfaultfd for the agent to lend.
-func nobody(t *testing.T) (uid, gid uint32) {
-	u, err := user.Lookup("nobody")
-	if err != nil {
-		t.Skipf("no user nobody: %v", err)
-	}
-	if _, err := os.Stat("/dev/userfaultfd"); err != nil {
-		t.Skipf("no /dev/userfaultfd to lend: %v", err)
-	}
-	id, _ := strconv.ParseUint(u.Uid, 10, 32)
-	g, _ := strconv.ParseUint(u.Gid, 10, 32)
-	return uint32(id), uint32(g)
 }
 
 // forkSetup starts an agent (4 MiB budget) that serves the users allow

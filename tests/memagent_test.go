@@ -25,6 +25,7 @@ import (
 	"rmem/internal/agentd"
 	"rmem/pager"
 	"rmem/pager/proto"
+	"rmem/preload/shimtest"
 	"rmem/tests/internal/memdtest"
 )
 
@@ -520,16 +521,8 @@ func TestMemagentRun(t *testing.T) {
 // the agent and forks through FORK_PREPARE.
 func TestMemagentRunOtherUser(t *testing.T) {
 	maNeeds(t)
-	u, err := user.Lookup("nobody")
-	if err != nil {
-		t.Skipf("no user nobody: %v", err)
-	}
-	if _, err := os.Stat("/dev/userfaultfd"); err != nil {
-		t.Skipf("no /dev/userfaultfd for the agent to lend: %v", err)
-	}
-	uid, _ := strconv.ParseUint(u.Uid, 10, 32)
-	gid, _ := strconv.ParseUint(u.Gid, 10, 32)
-	cred := &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	uid, gid := shimtest.Nobody(t)
+	cred := &syscall.Credential{Uid: uid, Gid: gid}
 	bins := maBuild(t)
 	if err := os.Chmod(bins, 0o755); err != nil {
 		t.Fatal(err)
@@ -573,7 +566,7 @@ func TestMemagentRunOtherUser(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, s := range mine.Exited {
-			if s.UID != uint32(uid) {
+			if s.UID != uid {
 				t.Errorf("nobody sees a process of uid %d: %+v", s.UID, s)
 			}
 		}
@@ -593,7 +586,7 @@ func TestMemagentRunOtherUser(t *testing.T) {
 	// --allow-group: the socket (0660) belongs to the group, whose
 	// members are served.
 	t.Run("group", func(t *testing.T) {
-		g, err := user.LookupGroupId(u.Gid)
+		g, err := user.LookupGroupId(strconv.Itoa(int(gid)))
 		if err != nil {
 			t.Skipf("nobody's group: %v", err)
 		}
@@ -602,7 +595,7 @@ func TestMemagentRunOtherUser(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st := fi.Sys().(*syscall.Stat_t); fi.Mode().Perm() != 0o660 || st.Gid != uint32(gid) {
+		if st := fi.Sys().(*syscall.Stat_t); fi.Mode().Perm() != 0o660 || st.Gid != gid {
 			t.Fatalf("socket mode %v group %d, want 0660 and group %s (%d)", fi.Mode().Perm(), st.Gid, g.Name, gid)
 		}
 		r, rows := ga.runAs(t, cred, filepath.Join(bins, "pattern"), strconv.Itoa(maHeapMiB))

@@ -13,8 +13,10 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -157,6 +159,23 @@ func StartAs(t testing.TB, uid, gid uint32, sock string, argv []string, env ...s
 		t.Fatal(err)
 	}
 	return start(t, &syscall.Credential{Uid: uid, Gid: gid}, sock, argv, env)
+}
+
+// Nobody returns the uid and gid of user nobody, the ordinary user that
+// tests run programs as (StartAs). It skips the test without that user,
+// or without a /dev/userfaultfd for the agent to lend such a program.
+func Nobody(t testing.TB) (uid, gid uint32) {
+	t.Helper()
+	u, err := user.Lookup("nobody")
+	if err != nil {
+		t.Skipf("no user nobody: %v", err)
+	}
+	if _, err := os.Stat("/dev/userfaultfd"); err != nil {
+		t.Skipf("no /dev/userfaultfd for the agent to lend: %v", err)
+	}
+	id, _ := strconv.ParseUint(u.Uid, 10, 32)
+	g, _ := strconv.ParseUint(u.Gid, 10, 32)
+	return uint32(id), uint32(g)
 }
 
 func start(t testing.TB, cred *syscall.Credential, sock string, argv []string, env []string) *Proc {

@@ -701,33 +701,53 @@ static int new_uffd(void)
 	return fd >= 0 ? fd : -e;
 }
 
+/* The handshake's packet buffer (handshake runs under init_mu, or in a
+ * fork child's only thread). */
+static union {
+	char buf[RMEM_MAX_PACKET];
+	uint64_t align;
+} g_hs_pkt;
+
+/* A request of the handshake, before the helper thread serves the socket
+ * s: sends it and receives the reply into g_hs_pkt, returning the reply's
+ * body length or -errno. An ERROR reply is -its errno, with *why set to
+ * refused followed by the agent's text. */
+static int hs_request(int s, uint16_t type, const void *body, uint32_t len, int fd, const char *refused,
+		      struct rmem_hdr *h, int *fds, int *nfds, const char **why)
+{
+	static char text[RMEM_MAX_ERROR_TEXT + 96];
+	int err = send_packet(type, ++g_seq, body, len, fd);
+	int n = err ? err : recv_packet(s, g_hs_pkt.buf, h, fds, nfds);
+	if (n < 0 || h->type != RMEM_ERROR)
+		return n;
+	for (int i = 0; i < *nfds; i++)
+		close(fds[i]);
+	*nfds = 0;
+	if (n < 8 || n > (int)sizeof(struct rmem_error)) {
+		*why = "malformed ERROR from the agent";
+		return -EPROTO;
+	}
+	struct rmem_error e;
+	memcpy(&e, g_hs_pkt.buf + sizeof *h, (size_t)n);
+	size_t pl = strlen(refused), tl = (size_t)n - 8;
+	memcpy(text, refused, pl);
+	memcpy(text + pl, e.text, tl);
+	text[pl + tl] = 0;
+	*why = text;
+	return -(e.err ? (int)e.err : EPERM);
+}
+
 /* Asks the agent for /dev/userfaultfd (UFFD_DEVICE) on the connected
  * socket s, before HELLO. Returns 0, or -errno with *why set. */
 static int borrow_uffd_device(int s, const char **why)
 {
-	int err = send_packet(RMEM_UFFD_DEVICE, ++g_seq, NULL, 0, -1);
-	static union {
-		char buf[RMEM_MAX_PACKET];
-		uint64_t align;
-	} pkt;
 	int fds[RMEM_MAX_FDS], nfds = 0;
 	struct rmem_hdr h;
-	int n = err ? err : recv_packet(s, pkt.buf, &h, fds, &nfds);
 	*why = "the agent lent no /dev/userfaultfd";
-	if (n >= 0 && h.type == RMEM_ERROR && n >= 8 && n <= (int)sizeof(struct rmem_error)) {
-		static char text[RMEM_MAX_ERROR_TEXT + 64];
-		struct rmem_error e;
-		memcpy(&e, pkt.buf + sizeof h, (size_t)n);
-		static const char pre[] = "cannot create a userfaultfd, and the agent refused to lend one: ";
-		memcpy(text, pre, sizeof pre - 1);
-		size_t tl = (size_t)n - 8;
-		memcpy(text + sizeof pre - 1, e.text, tl);
-		text[sizeof pre - 1 + tl] = 0;
-		*why = text;
-		n = -(e.err ? (int)e.err : EPERM);
-	} else if (n >= 0 && (h.type != RMEM_ACK || nfds != 1)) {
+	int n = hs_request(s, RMEM_UFFD_DEVICE, NULL, 0, -1,
+			   "cannot create a userfaultfd, and the agent refused to lend one: ", &h, fds, &nfds, why);
+	if (n >= 0 && (h.type != RMEM_ACK || nfds != 1))
 		n = -EPROTO;
-	}
 	if (n < 0) {
 		for (int i = 0; i < nfds; i++)
 			close(fds[i]);
@@ -859,30 +879,13 @@ static int handshake(enum hs mode, const char **why)
 		.flags = mode == HS_FORK_EVENT ? 0 : RMEM_HELLO_UFFD,
 		.local_mem = g_local_mem,
 	};
-	int err = send_packet(RMEM_HELLO, ++g_seq, &hello, sizeof hello, mode == HS_FORK_EVENT ? -1 : g_uffd);
-	*why = "no usable reply to HELLO";
-	static union {
-		char buf[RMEM_MAX_PACKET];
-		uint64_t align;
-	} pkt;
 	int fds[RMEM_MAX_FDS], nfds = 0;
 	struct rmem_hdr h;
-	int n = err ? err : recv_packet(s, pkt.buf, &h, fds, &nfds);
-	const char *body = pkt.buf + sizeof h;
-	if (n >= 0 && h.type == RMEM_ERROR && (n < 8 || n > (int)sizeof(struct rmem_error))) {
-		*why = "malformed ERROR in reply to HELLO";
-		n = -EPROTO;
-	} else if (n >= 0 && h.type == RMEM_ERROR) {
-		static char text[RMEM_MAX_ERROR_TEXT + 32];
-		struct rmem_error e;
-		memcpy(&e, body, (size_t)n);
-		size_t tl = (size_t)n - 8;
-		memcpy(text, "agent refused: ", 15);
-		memcpy(text + 15, e.text, tl);
-		text[15 + tl] = 0;
-		*why = text;
-		n = -(e.err ? (int)e.err : EPERM);
-	} else if (n >= 0 && (h.type != RMEM_WELCOME || n != sizeof(struct rmem_welcome))) {
+	*why = "no usable reply to HELLO";
+	int n = hs_request(s, RMEM_HELLO, &hello, sizeof hello, mode == HS_FORK_EVENT ? -1 : g_uffd,
+			   "agent refused: ", &h, fds, &nfds, why);
+	const char *body = g_hs_pkt.buf + sizeof h;
+	if (n >= 0 && (h.type != RMEM_WELCOME || n != sizeof(struct rmem_welcome))) {
 		*why = "unexpected reply to HELLO";
 		n = -EPROTO;
 	}
@@ -930,7 +933,7 @@ static int handshake(enum hs mode, const char **why)
 	tv.tv_sec = 0;
 	setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 	memset(&g_reply, 0, sizeof g_reply);
-	err = g_helper_exists ? 0 : start_helper();
+	int err = g_helper_exists ? 0 : start_helper();
 	if (err) {
 		*why = "starting the helper thread";
 		raw_munmap(g_staging, (size_t)g_slots * g_page);
