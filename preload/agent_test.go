@@ -592,6 +592,7 @@ func (c *agentClient) handleMsg(sm sockMsg, ev *eviction) *eviction {
 				c.a.t.Errorf("agent: REGION_ADD %v overlaps region %d %v", m.Range, r.id, r.r)
 			}
 		}
+		c.forget(m.Range) // nothing of an earlier region at these addresses holds
 		c.regions = append(c.regions, region{m.ID, m.Range, m.Kind})
 		c.smu.Lock()
 		c.stats.Regions[m.Kind]++
@@ -709,7 +710,13 @@ func (c *agentClient) handleEvent(e userfaultfd.Event, ev *eviction) (again bool
 			c.a.t.Errorf("agent: serve %v: %v", page, err)
 			return false
 		}
-		c.resident[page.Start] = true
+		if err == nil {
+			// Not when the range is gone (deleted while the fault
+			// waited): a stale entry would later have a page of a new
+			// region at that address evicted while it is not mapped,
+			// and the shim's helper fault on it, holding its table lock.
+			c.resident[page.Start] = true
+		}
 	case userfaultfd.EventRemove, userfaultfd.EventUnmap:
 		c.smu.Lock()
 		if e.Kind == userfaultfd.EventRemove {
