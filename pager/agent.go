@@ -287,9 +287,13 @@ func (a *Agent) handshake(conn *net.UnixConn) {
 		proto.Send(conn, buf, 1, &proto.Error{Seq: h.Seq, Errno: errno, Text: why})
 	}
 	if h, _, err := proto.Parse(pkt); err == nil && h.Type == proto.TypeUFFDDevice {
-		if pkt, nfds, err = a.lendUFFDDevice(conn, cred, pkt, buf, oob, fds[:]); err != nil {
-			a.log.Warn("client refused", zap.Int32("pid", cred.Pid), zap.Uint32("uid", cred.Uid), zap.Error(err))
+		closeFDs() // a UFFD_DEVICE carries none
+		if pkt, nfds, err = a.lendUFFDDevice(conn, cred, pkt, buf, oob, fds[:], refuse); err != nil {
+			a.log.Warn("no HELLO after UFFD_DEVICE", zap.Int32("pid", cred.Pid), zap.Error(err))
 			return
+		}
+		if pkt == nil {
+			return // refused
 		}
 	}
 	var hello proto.Hello
@@ -338,7 +342,7 @@ func (a *Agent) handshake(conn *net.UnixConn) {
 				c.localMem.Store(fc.localMem)
 			}
 		}
-		c.setUID(cred.Uid)
+		c.uid.Store(cred.Uid)
 		welcome.ClientID = c.id
 		if err := proto.Send(conn, buf, 1, &welcome, c.stagingFD); err != nil {
 			a.log.Warn("sending WELCOME failed", zap.Error(err))
@@ -398,25 +402,26 @@ func (a *Agent) newClientFromHello(h proto.Header, hello *proto.Hello, fds []int
 }
 
 // lendUFFDDevice answers a UFFD_DEVICE request (pkt) with a descriptor of
-// /dev/userfaultfd, and returns the packet that follows (the HELLO).
-func (a *Agent) lendUFFDDevice(conn *net.UnixConn, cred *unix.Ucred, pkt, buf, oob []byte, fds []int) ([]byte, int, error) {
+// /dev/userfaultfd, and returns the packet that follows (the HELLO); a nil
+// packet and no error when it refused the request.
+func (a *Agent) lendUFFDDevice(conn *net.UnixConn, cred *unix.Ucred, pkt, buf, oob []byte, fds []int,
+	refuse func(proto.Header, unix.Errno, string)) ([]byte, int, error) {
 	var req proto.UFFDDevice
 	h, err := proto.Expect(pkt, &req)
-	fail := func(errno unix.Errno, why string) ([]byte, int, error) {
-		proto.Send(conn, buf, 1, &proto.Error{Seq: h.Seq, Errno: errno, Text: why})
-		return nil, 0, errors.New(why)
-	}
 	switch {
 	case err != nil:
-		return fail(unix.EPROTO, err.Error())
+		refuse(h, unix.EPROTO, err.Error())
+		return nil, 0, nil
 	case !a.allowed(cred):
-		return fail(unix.EACCES, fmt.Sprintf("uid %d may not use this agent", cred.Uid))
+		refuse(h, unix.EACCES, fmt.Sprintf("uid %d may not use this agent", cred.Uid))
+		return nil, 0, nil
 	}
 	dev, err := unix.Open("/dev/userfaultfd", unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		errno := unix.ENODEV
 		errors.As(err, &errno)
-		return fail(errno, "the agent cannot open /dev/userfaultfd: "+err.Error())
+		refuse(h, errno, "the agent cannot open /dev/userfaultfd: "+err.Error())
+		return nil, 0, nil
 	}
 	err = proto.Send(conn, buf, 1, &proto.Ack{Seq: h.Seq}, dev)
 	unix.Close(dev)
@@ -424,11 +429,7 @@ func (a *Agent) lendUFFDDevice(conn *net.UnixConn, cred *unix.Ucred, pkt, buf, o
 		return nil, 0, err
 	}
 	a.log.Debug("lent /dev/userfaultfd", zap.Int32("pid", cred.Pid), zap.Uint32("uid", cred.Uid))
-	pkt, nfds, err := proto.Recv(conn, buf, oob, fds)
-	if err != nil {
-		return nil, 0, fmt.Errorf("no HELLO after UFFD_DEVICE: %w", err)
-	}
-	return pkt, nfds, nil
+	return proto.Recv(conn, buf, oob, fds)
 }
 
 // allowed reports whether the agent serves the peer cred: root, the
@@ -590,7 +591,7 @@ func (a *Agent) Exited() []ClientStats {
 
 func (a *Agent) statsOf(c *client) ClientStats {
 	s := c.st.snapshot(pageSize)
-	s.ID, s.PID, s.UID, s.BudgetBytes = c.id, int(c.pidAtm.Load()), c.uidAtm.Load(), uint64(c.budgetPages())*pageSize
+	s.ID, s.PID, s.UID, s.BudgetBytes = c.id, int(c.pidAtm.Load()), c.uid.Load(), uint64(c.budgetPages())*pageSize
 	return s
 }
 

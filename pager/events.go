@@ -1,10 +1,8 @@
 package pager
 
 import (
-	"context"
 	"errors"
 	"io"
-	"time"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -91,13 +89,7 @@ func (c *client) removeRegion(r *region) {
 	c.regs.remove(r)
 	c.clock = Clock{}
 	c.st.regions.Add(-1)
-	if ids := appendSlabs(nil, r); len(ids) > 0 {
-		ctx, cancel := context.WithTimeout(c.a.ctx, 10*time.Second)
-		if err := c.a.opts.Store.Free(ctx, ids); err != nil {
-			c.log.Warn("freeing a region's slabs failed", zap.Error(err))
-		}
-		cancel()
-	}
+	c.a.freeRegions([]*region{r})
 }
 
 // remap follows a region moved whole by mremap. Moves of part of a region
@@ -127,8 +119,8 @@ func (c *client) dropConn() {
 
 // readable reports whether fd has input (or a hang-up) now.
 func readable(fd int) bool {
-	p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-	n, err := unix.Poll(p, 0)
+	p := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	n, err := unix.Poll(p[:], 0)
 	return err == nil && n > 0
 }
 

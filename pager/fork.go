@@ -37,7 +37,7 @@ func (c *client) fork(fd int) {
 		return
 	}
 	child.localMem.Store(c.localMem.Load()) // its HELLO may say otherwise
-	child.setUID(c.uid)
+	child.uid.Store(c.uid.Load())
 	// The helper may have dropped victims of the batch in flight before
 	// fork(2) copied the page tables (the child lacks them) or after (the
 	// child has them): wait for its EVICTED so that the copy below sees
@@ -85,22 +85,6 @@ func (c *client) adopt(regs []*region) {
 		}
 		c.regs.add(r)
 		c.st.regions.Add(1)
-	}
-}
-
-// freeRegions gives back the slabs of regions no client adopted.
-func (a *Agent) freeRegions(regs []*region) {
-	var ids []SlabID
-	for _, r := range regs {
-		ids = appendSlabs(ids, r)
-	}
-	if len(ids) == 0 {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := a.opts.Store.Free(ctx, ids); err != nil {
-		a.log.Warn("freeing the slabs of a fork copy failed", zap.Error(err))
 	}
 }
 
@@ -319,7 +303,7 @@ func (c *client) forkPrepare(m *proto.ForkPrepare) error {
 		return errWithErrno(unix.ENOMEM, "copying the pooled pages for the child: "+err.Error())
 	}
 	c.a.addForkCopy(forkKey{int(c.pidAtm.Load()), m.Serial}, &forkCopy{
-		regs: regs, uid: c.uid, localMem: c.localMem.Load(), made: time.Now(),
+		regs: regs, uid: c.uid.Load(), localMem: c.localMem.Load(), made: time.Now(),
 	})
 	c.forkedAt = time.Now() // the pause counts from the ACK
 	c.log.Debug("pages copied for a fork", zap.Uint64("serial", m.Serial), zap.Int("regions", len(regs)))

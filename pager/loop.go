@@ -63,7 +63,7 @@ type client struct {
 	wakefd   int
 	done     chan struct{}
 	pidAtm   atomic.Int64
-	uidAtm   atomic.Uint32 // uid, for Stats
+	uid      atomic.Uint32 // the client's user (SO_PEERCRED)
 	localMem atomic.Uint64 // the budget its HELLO asked for (0: the agent's)
 
 	// Loop state.
@@ -91,7 +91,6 @@ type client struct {
 	forkAhead  bool      // a FORK event read ahead (again) is not handled yet: install nothing (errForkAhead)
 	forking    uint64    // serial of a FORK_PREPARE until its FORK_DONE: no evictions meanwhile
 	forkedAt   time.Time // when that FORK_PREPARE was answered (see forkStalled)
-	uid        uint32    // the client's user (SO_PEERCRED)
 	features   userfaultfd.Feature
 	closed     bool
 
@@ -314,12 +313,6 @@ func (c *client) throttle(since time.Time) bool {
 	return over && time.Since(since) < maxThrottle
 }
 
-// setUID sets the client's user before its loop starts.
-func (c *client) setUID(uid uint32) {
-	c.uid = uid
-	c.uidAtm.Store(uid)
-}
-
 // budgetPages is the client's budget of resident pages.
 func (c *client) budgetPages() int { return c.a.budgetPages(c.localMem.Load()) }
 
@@ -366,17 +359,7 @@ func (c *client) teardown() {
 	agentStop := c.stop
 	c.mu.Unlock()
 	if !agentStop {
-		var ids []SlabID
-		for _, r := range c.regs.list {
-			ids = appendSlabs(ids, r)
-		}
-		if len(ids) > 0 {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			if err := c.a.opts.Store.Free(ctx, ids); err != nil {
-				c.log.Warn("freeing slabs failed", zap.Error(err))
-			}
-			cancel()
-		}
+		c.a.freeRegions(c.regs.list)
 	}
 	c.io.Close()
 	c.uffd.Close()
@@ -397,6 +380,23 @@ func (c *client) teardown() {
 	unix.Close(c.wakefd)
 	c.closed = true
 	c.a.dropClient(c)
+}
+
+// freeRegions gives back the slabs of regions: a client's that went away,
+// or a fork copy no client adopted.
+func (a *Agent) freeRegions(regs []*region) {
+	var ids []SlabID
+	for _, r := range regs {
+		ids = appendSlabs(ids, r)
+	}
+	if len(ids) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.opts.Store.Free(ctx, ids); err != nil {
+		a.log.Warn("freeing slabs failed", zap.Int("slabs", len(ids)), zap.Error(err))
+	}
 }
 
 func appendSlabs(ids []SlabID, r *region) []SlabID {

@@ -468,23 +468,42 @@ type ForkPrepare struct {
 func (*ForkPrepare) Type() Type { return TypeForkPrepare }
 
 func (m *ForkPrepare) Encode(b []byte, seq uint32) []byte {
-	b = appendHeader(b, TypeForkPrepare, seq, forkSize)
-	b = le.AppendUint64(b, m.Serial)
-	return le.AppendUint64(b, 0)
+	return appendFork(b, TypeForkPrepare, seq, m.Serial, 0)
 }
 
 func (m *ForkPrepare) Decode(body []byte) error {
-	if err := checkLen(TypeForkPrepare, body, forkSize); err != nil {
+	serial, pid, err := decodeFork(TypeForkPrepare, body)
+	if err == nil && pid != 0 {
+		err = fmt.Errorf("%w: FORK_PREPARE with pid %d, must be 0", ErrMalformed, pid)
+	}
+	if err != nil {
 		return err
 	}
-	if le.Uint64(body[8:]) != 0 {
-		return fmt.Errorf("%w: FORK_PREPARE reserved is %#x, must be 0", ErrMalformed, le.Uint64(body[8:]))
+	m.Serial = serial
+	return nil
+}
+
+// appendFork encodes the body FORK_PREPARE and FORK_DONE share: serial
+// u64, pid i32, reserved u32.
+func appendFork(b []byte, t Type, seq uint32, serial uint64, pid int32) []byte {
+	b = appendHeader(b, t, seq, forkSize)
+	b = le.AppendUint64(b, serial)
+	b = le.AppendUint32(b, uint32(pid))
+	return le.AppendUint32(b, 0)
+}
+
+// decodeFork decodes that body; the serial is never 0.
+func decodeFork(t Type, body []byte) (serial uint64, pid int32, err error) {
+	if err := checkLen(t, body, forkSize); err != nil {
+		return 0, 0, err
+	}
+	if err := reserved(t, "reserved", le.Uint32(body[12:])); err != nil {
+		return 0, 0, err
 	}
 	if le.Uint64(body) == 0 {
-		return fmt.Errorf("%w: FORK_PREPARE of fork serial 0", ErrMalformed)
+		return 0, 0, fmt.Errorf("%w: %v of fork serial 0", ErrMalformed, t)
 	}
-	m.Serial = le.Uint64(body)
-	return nil
+	return le.Uint64(body), int32(le.Uint32(body[8:])), nil
 }
 
 // ForkDone: the fork FORK_PREPARE announced returned in the parent, with
@@ -498,23 +517,18 @@ type ForkDone struct {
 func (*ForkDone) Type() Type { return TypeForkDone }
 
 func (m *ForkDone) Encode(b []byte, seq uint32) []byte {
-	b = appendHeader(b, TypeForkDone, seq, forkSize)
-	b = le.AppendUint64(b, m.Serial)
-	b = le.AppendUint32(b, uint32(m.PID))
-	return le.AppendUint32(b, 0)
+	return appendFork(b, TypeForkDone, seq, m.Serial, m.PID)
 }
 
 func (m *ForkDone) Decode(body []byte) error {
-	if err := checkLen(TypeForkDone, body, forkSize); err != nil {
+	serial, pid, err := decodeFork(TypeForkDone, body)
+	if err == nil && pid == 0 {
+		err = fmt.Errorf("%w: FORK_DONE of serial %d with pid 0", ErrMalformed, serial)
+	}
+	if err != nil {
 		return err
 	}
-	if err := reserved(TypeForkDone, "reserved", le.Uint32(body[12:])); err != nil {
-		return err
-	}
-	if le.Uint64(body) == 0 || le.Uint32(body[8:]) == 0 {
-		return fmt.Errorf("%w: FORK_DONE of serial %d, pid %d", ErrMalformed, le.Uint64(body), int32(le.Uint32(body[8:])))
-	}
-	*m = ForkDone{Serial: le.Uint64(body), PID: int32(le.Uint32(body[8:]))}
+	*m = ForkDone{Serial: serial, PID: pid}
 	return nil
 }
 

@@ -737,6 +737,20 @@ static int hs_request(int s, uint16_t type, const void *body, uint32_t len, int 
 	return -(e.err ? (int)e.err : EPERM);
 }
 
+/* A new userfaultfd (new_uffd) with features negotiated. Returns the fd
+ * or -errno. */
+static int uffd_with(uint64_t features)
+{
+	int fd = new_uffd();
+	struct uffdio_api api = {.api = UFFD_API, .features = features};
+	if (fd >= 0 && ioctl(fd, UFFDIO_API, &api) != 0) {
+		int e = errno;
+		close(fd);
+		fd = -e;
+	}
+	return fd;
+}
+
 /* Asks the agent for /dev/userfaultfd (UFFD_DEVICE) on the connected
  * socket s, before HELLO. Returns 0, or -errno with *why set. */
 static int borrow_uffd_device(int s, const char **why)
@@ -763,44 +777,36 @@ static int borrow_uffd_device(int s, const char **why)
  * socket, for UFFD_DEVICE. Returns the fd or -errno with *why set. */
 static int open_uffd(int s, uint64_t *features, const char **why)
 {
-	int fd = new_uffd();
+	uint64_t want = UFFD_FEATURES;
+	int fd = uffd_with(want);
 	*why = "cannot create a userfaultfd";
 	if ((fd == -EPERM || fd == -EACCES) && g_uffd_dev < 0 && s >= 0) {
 		int err = borrow_uffd_device(s, why);
-		fd = err ? err : new_uffd();
+		fd = err ? err : uffd_with(want);
 	}
-	if (fd < 0)
+	if (fd == -EPERM) { /* EVENT_FORK needs CAP_SYS_PTRACE */
+		want &= ~(uint64_t)UFFD_FEATURE_EVENT_FORK;
+		fd = uffd_with(want);
+	}
+	if (fd < 0) {
+		if (fd != -EPERM && fd != -EACCES)
+			*why = "userfaultfd lacks the features the shim needs";
 		return fd;
-	uint64_t want = UFFD_FEATURES;
-	for (;;) {
-		struct uffdio_api api = {.api = UFFD_API, .features = want};
-		if (ioctl(fd, UFFDIO_API, &api) == 0)
-			break;
-		int e = errno;
-		close(fd);
-		if (e == EPERM && (want & UFFD_FEATURE_EVENT_FORK)) {
-			want &= ~(uint64_t)UFFD_FEATURE_EVENT_FORK; /* needs CAP_SYS_PTRACE */
-			if ((fd = new_uffd()) >= 0)
-				continue;
-			e = -fd;
-		}
-		*why = "userfaultfd lacks the features the shim needs";
-		return -e;
 	}
 	*features = want;
 	return fd;
 }
 
-/* Registers every region of the table with g_uffd (a forked child's own
- * uffd). Returns 0 or -errno. Preconditions: the only thread. */
-static int register_all(void)
+/* Registers every region of the table with fd (a forked child's own
+ * uffd) in mode. Returns 0 or -errno. Preconditions: the only thread. */
+static int register_all(int fd, uint64_t mode)
 {
 	for (int i = 0; i < g_nregions; i++) {
 		struct uffdio_register reg = {
 			.range = {.start = g_regions[i].base, .len = g_regions[i].len},
-			.mode = UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_WP,
+			.mode = mode,
 		};
-		if (ioctl(g_uffd, UFFDIO_REGISTER, &reg) != 0)
+		if (ioctl(fd, UFFDIO_REGISTER, &reg) != 0)
 			return -errno;
 	}
 	return 0;
@@ -849,16 +855,10 @@ static int handshake(enum hs mode, const char **why)
 		g_uffd = fd;
 	} else if (mode == HS_FORK_OWN) {
 		/* The parent's features: no FORK events, the same rights. */
-		int fd = new_uffd();
-		struct uffdio_api api = {.api = UFFD_API, .features = g_features};
-		if (fd >= 0 && ioctl(fd, UFFDIO_API, &api) != 0) {
-			int e = errno;
-			close(fd);
-			fd = -e;
-		}
+		int fd = uffd_with(g_features);
 		if (fd >= 0) {
 			g_uffd = fd;
-			fd = register_all();
+			fd = register_all(fd, UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_WP);
 		}
 		if (fd < 0) {
 			*why = "cannot register a userfaultfd of the child's own";
@@ -1491,21 +1491,11 @@ static void child_lost_pages(const char *why, int err)
 {
 	say("rmem: forked child: ", why, err ? " (" : "", err ? strerror(err) : "", err ? ")" : "",
 	    ": the pages of its large allocations that were in the pool are lost to it; touching them raises SIGBUS", NULL);
-	int fd = new_uffd();
-	struct uffdio_api api = {.api = UFFD_API, .features = UFFD_FEATURE_SIGBUS};
-	if (fd >= 0 && ioctl(fd, UFFDIO_API, &api) == 0) {
+	int fd = uffd_with(UFFD_FEATURE_SIGBUS);
+	if (fd >= 0 && register_all(fd, UFFDIO_REGISTER_MODE_MISSING) == 0) {
 		g_uffd = fd;
-		for (int i = 0; i < g_nregions; i++) {
-			struct uffdio_register reg = {
-				.range = {.start = g_regions[i].base, .len = g_regions[i].len},
-				.mode = UFFDIO_REGISTER_MODE_MISSING,
-			};
-			if (ioctl(fd, UFFDIO_REGISTER, &reg) != 0)
-				goto fail;
-		}
 		return; /* fd stays open: closing it would unregister */
 	}
-fail:
 	say("rmem: forked child cannot guard its lost pages: exiting", NULL);
 	_exit(127);
 }
