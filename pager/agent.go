@@ -354,7 +354,7 @@ func (a *Agent) handshake(conn *net.UnixConn) {
 		}
 	} else {
 		closeFDs()
-		c = a.takeForkChild(int(hello.PPID), hello.ForkSerial, time.Now().Add(a.opts.HandshakeTimeout))
+		c = a.takeForkChild(int(hello.PPID), hello.ForkSerial, cred, time.Now().Add(a.opts.HandshakeTimeout))
 		if c == nil {
 			refuse(h, unix.ENOENT, fmt.Sprintf("no fork %d of pid %d known", hello.ForkSerial, hello.PPID))
 			return
@@ -501,8 +501,12 @@ func (a *Agent) addForkChild(ppid int, serial uint64, c *client) {
 }
 
 // takeForkChild returns the child of fork serial of ppid, waiting until
-// deadline for the parent's loop to have handled the FORK.
-func (a *Agent) takeForkChild(ppid int, serial uint64, deadline time.Time) *client {
+// deadline for the parent's loop to have handled the FORK, if cred may be
+// that child: the parent's user, and a child of the parent (childOf). The
+// WELCOME hands it the child's uffd, with which it could write into the
+// child's memory: any other process is refused, and the child stays for
+// its own HELLO.
+func (a *Agent) takeForkChild(ppid int, serial uint64, cred *unix.Ucred, deadline time.Time) *client {
 	k := forkKey{ppid, serial}
 	t := time.AfterFunc(time.Until(deadline), func() {
 		a.mu.Lock()
@@ -514,6 +518,9 @@ func (a *Agent) takeForkChild(ppid int, serial uint64, deadline time.Time) *clie
 	defer a.mu.Unlock()
 	for {
 		if c := a.forked[k]; c != nil {
+			if c.uid.Load() != cred.Uid || !childOf(int(cred.Pid), ppid) {
+				return nil
+			}
 			delete(a.forked, k)
 			return c
 		}

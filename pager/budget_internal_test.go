@@ -1,8 +1,12 @@
 package pager
 
 import (
+	"os"
+	"os/exec"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestBudgetSplit(t *testing.T) {
@@ -37,25 +41,70 @@ func TestBudgetSplit(t *testing.T) {
 }
 
 // FORK pairing: a child's HELLO finds the loop its parent's FORK made,
-// by (parent pid, serial), once; an unknown pairing times out.
+// by (parent pid, serial), once; an unknown pairing times out; a process
+// of another user, or whose parent is alive and not the forking one, is
+// refused and the child stays for its own HELLO.
 func TestForkPairing(t *testing.T) {
 	a := &Agent{clients: map[uint64]*client{}, forked: map[forkKey]*client{}}
 	a.cond = newCond(a)
 	c := &client{id: 9}
+	c.uid.Store(uint32(os.Getuid()))
+	ppid := os.Getpid()
+	// The child: a process of ours (its parent is ppid).
+	kid := exec.Command("sleep", "30")
+	if err := kid.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { kid.Process.Kill(); kid.Wait() }()
+	child := &unix.Ucred{Pid: int32(kid.Process.Pid), Uid: uint32(os.Getuid())}
 	go func() {
 		time.Sleep(20 * time.Millisecond) // the HELLO may come first
 		a.mu.Lock()
-		a.forked[forkKey{100, 2}] = c
+		a.forked[forkKey{ppid, 2}] = c
 		a.cond.Broadcast()
 		a.mu.Unlock()
 	}()
-	if got := a.takeForkChild(100, 2, time.Now().Add(5*time.Second)); got != c {
+	soon := func() time.Time { return time.Now().Add(30 * time.Millisecond) }
+	impostor := &unix.Ucred{Pid: int32(os.Getpid()), Uid: uint32(os.Getuid())} // its parent is alive, not ppid
+	if got := a.takeForkChild(ppid, 2, impostor, time.Now().Add(5*time.Second)); got != nil {
+		t.Fatal("paired with a process that is not the parent's child")
+	}
+	if got := a.takeForkChild(ppid, 2, &unix.Ucred{Pid: child.Pid, Uid: child.Uid + 1}, soon()); got != nil {
+		t.Fatal("paired with a process of another user")
+	}
+	if got := a.takeForkChild(ppid, 2, child, soon()); got != c {
 		t.Fatalf("got %v", got)
 	}
-	if got := a.takeForkChild(100, 2, time.Now().Add(30*time.Millisecond)); got != nil {
+	if got := a.takeForkChild(ppid, 2, child, soon()); got != nil {
 		t.Fatal("paired twice")
 	}
-	if got := a.takeForkChild(100, 1, time.Now().Add(30*time.Millisecond)); got != nil {
+	if got := a.takeForkChild(ppid, 1, child, soon()); got != nil {
 		t.Fatal("paired with the wrong serial")
+	}
+}
+
+// childOf: a child of a live parent, or of one that exited (daemon():
+// reparented); not a process whose live parent is another.
+func TestChildOf(t *testing.T) {
+	kid := exec.Command("sleep", "30")
+	if err := kid.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { kid.Process.Kill(); kid.Wait() }()
+	if !childOf(kid.Process.Pid, os.Getpid()) {
+		t.Error("a child of ours is not")
+	}
+	if childOf(os.Getpid(), os.Getpid()) {
+		t.Error("we are our own child")
+	}
+	gone := exec.Command("true")
+	if err := gone.Run(); err != nil {
+		t.Fatal(err)
+	}
+	if !exited(gone.Process.Pid) || !childOf(os.Getpid(), gone.Process.Pid) {
+		t.Error("a process whose parent exited is not taken as its child")
+	}
+	if exited(os.Getpid()) {
+		t.Error("we have exited")
 	}
 }

@@ -388,8 +388,8 @@ func (a *Agent) forkReturned(k forkKey, pid int) {
 }
 
 // takeForkCopy hands the copy k to the process cred if it is that fork's
-// child: the parent's user, and the parent's child (its parent pid, or
-// the pid FORK_DONE named if the parent is gone already).
+// child: the parent's user, and the pid FORK_DONE named or a child of the
+// parent (childOf).
 func (a *Agent) takeForkCopy(k forkKey, cred *unix.Ucred) *forkCopy {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -397,13 +397,37 @@ func (a *Agent) takeForkCopy(k forkKey, cred *unix.Ucred) *forkCopy {
 	if fc == nil || fc.uid != cred.Uid {
 		return nil
 	}
-	if fc.child != int(cred.Pid) {
-		if ppid, err := parentPID(int(cred.Pid)); err != nil || ppid != k.ppid {
-			return nil
-		}
+	if fc.child != int(cred.Pid) && !childOf(int(cred.Pid), k.ppid) {
+		return nil
 	}
 	delete(a.copies, k)
 	return fc
+}
+
+// childOf reports whether process pid may be a child process ppid forked:
+// its parent is ppid, or ppid has exited (its children were reparented to
+// a reaper; daemon()'s parent exits at once, often before the child says
+// HELLO). A process whose parent is alive and another is refused.
+func childOf(pid, ppid int) bool {
+	if p, err := parentPID(pid); err == nil && p == ppid {
+		return true
+	}
+	return exited(ppid)
+}
+
+// exited reports whether process pid has exited: gone from /proc, or a
+// zombie.
+func exited(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH)
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return false
+	}
+	st := b[i+2] // "pid (comm) S ..."
+	return st == 'Z' || st == 'X'
 }
 
 // parentPID reads pid's parent from /proc/pid/stat.

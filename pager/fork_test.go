@@ -1,6 +1,7 @@
 package pager_test
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -128,6 +129,53 @@ func TestForkLostPagesLoud(t *testing.T) {
 	if _, held := store.Allocated(); held != 0 {
 		t.Fatalf("%d slabs held after the program exited", held)
 	}
+}
+
+// A process made by glibc's daemon(), which forks inside the C library
+// (the shim's fork() wrapper never runs; its atfork handlers do): the
+// daemon reads its parent's pooled pages, is paged as a client of its own,
+// and its own fork(3) pairs right. With FORK events (root) and without
+// (nobody: before the handlers, its evicted pages read as zeros).
+func TestForkDaemon(t *testing.T) {
+	skipUnlessUFFD(t)
+	prog := shimtest.Prog(t, "testdata/daemonfork.c")
+	run := func(t *testing.T, store *pagertest.Store, a *pager.Agent, p *shimtest.Proc) {
+		p.Expect("ready")
+		waitStats(t, a, func(st pager.ClientStats) bool { return st.Evictions > 0 && st.RemoteBytes > 4<<20 })
+		p.Send("g")
+		var daemon int
+		if _, err := fmt.Sscanf(p.Expect("daemon ok"), "daemon ok %d", &daemon); err != nil {
+			t.Fatal(err)
+		}
+		p.Wait()
+		waitNoClients(t, a)
+		var st pager.ClientStats
+		for _, s := range a.Exited() {
+			if s.PID == daemon {
+				st = s
+			}
+		}
+		t.Logf("daemon %+v; %d processes paged; stderr: %s", st, len(a.Exited()), strings.TrimSpace(p.Stderr.String()))
+		if st.PID == 0 || st.RemoteReads == 0 || len(a.Exited()) != 3 {
+			t.Fatalf("want the program, the daemon and its child paged, the daemon with remote reads: %+v", a.Exited())
+		}
+		if _, held := store.Allocated(); held != 0 {
+			t.Fatalf("%d slabs held after every process exited", held)
+		}
+	}
+	t.Run("root", func(t *testing.T) {
+		avail, _, _ := userfaultfd.Probe()
+		if !avail.Has(userfaultfd.FeatureEventFork | userfaultfd.FeatureThreadID) {
+			t.Skip("kernel lacks EVENT_FORK or THREAD_ID")
+		}
+		store, a := forkSetup(t, 48, nil)
+		run(t, store, a, shimtest.Start(t, a.Addr(), []string{prog}))
+	})
+	t.Run("unprivileged", func(t *testing.T) {
+		uid, gid := shimtest.Nobody(t)
+		store, a := forkSetup(t, 48, []uint32{uid})
+		run(t, store, a, shimtest.StartAs(t, uid, gid, a.Addr(), []string{prog}))
+	})
 }
 
 // A Go program of an ordinary user, through the client package: it has no

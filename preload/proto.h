@@ -114,7 +114,8 @@ struct rmem_evicted {
 	uint32_t err; /* errno of the first page not done */
 };
 
-/* FORK_PREPARE (pid 0) and FORK_DONE (the child's pid, or -errno). */
+/* FORK_PREPARE (pid 0) and FORK_DONE (the child's pid, -errno, or 0: not
+ * known, a fork inside the C library seen by an atfork handler). */
 struct rmem_fork {
 	uint64_t serial; /* nonzero */
 	int32_t pid;

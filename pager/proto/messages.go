@@ -508,10 +508,12 @@ func decodeFork(t Type, body []byte) (serial uint64, pid int32, err error) {
 
 // ForkDone: the fork FORK_PREPARE announced returned in the parent, with
 // the child's pid, or a negative errno if it failed (the agent then frees
-// the child's copy). Evictions of the parent resume.
+// the child's copy), or 0 when the parent does not know: the fork was made
+// inside the C library (glibc's daemon()) and seen by an atfork parent
+// handler, which is told neither. Evictions of the parent resume.
 type ForkDone struct {
 	Serial uint64
-	PID    int32 // the child, or -errno
+	PID    int32 // the child, -errno, or 0: not known
 }
 
 func (*ForkDone) Type() Type { return TypeForkDone }
@@ -522,9 +524,6 @@ func (m *ForkDone) Encode(b []byte, seq uint32) []byte {
 
 func (m *ForkDone) Decode(body []byte) error {
 	serial, pid, err := decodeFork(TypeForkDone, body)
-	if err == nil && pid == 0 {
-		err = fmt.Errorf("%w: FORK_DONE of serial %d with pid 0", ErrMalformed, serial)
-	}
 	if err != nil {
 		return err
 	}

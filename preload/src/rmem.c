@@ -251,6 +251,9 @@ static void init_config(void)
 }
 
 static int start_helper(void);
+static void atfork_prepare(void);
+static void atfork_parent(void);
+static void atfork_child(void);
 
 /* Whether the malloc the program uses is another library's (a preloaded
  * jemalloc in front of us, or one linked statically into the program). */
@@ -269,6 +272,7 @@ __attribute__((constructor)) static void rmem_init(void)
 	init_config();
 	sem_init(&g_conn_sem, 0, 0);
 	g_foreign_malloc = foreign_malloc();
+	pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 	if (g_foreign_malloc && start_helper() != 0)
 		say("rmem: cannot start the helper thread: using ordinary memory", NULL);
 	__atomic_store_n(&g_ctor_done, 1, __ATOMIC_RELEASE);
@@ -872,7 +876,7 @@ static int handshake(enum hs mode, const char **why)
 	}
 	struct rmem_hello hello = {
 		.pid = getpid(),
-		.ppid = mode == HS_FORK_OWN ? g_pid : getppid(), /* the parent, not a reaper */
+		.ppid = mode == HS_TOP ? getppid() : g_pid, /* the parent, not a reaper (daemon()) */
 		.fork_serial = mode == HS_TOP ? 0 : g_fork_serial,
 		.features = g_features,
 		.page_size = (uint32_t)g_page,
@@ -1464,23 +1468,28 @@ EXPORT void *mremap(void *old, size_t oldlen, size_t newlen, int flags, ...)
 
 /* ---- fork ----
  *
- * fork() is wrapped rather than handled with pthread_atfork because the
- * FORK-event serial must count only forks that happened: an atfork parent
- * handler cannot tell a failed fork from a successful one, and a serial
- * counted for a fork that raised no event would pair the next child with
- * another child's uffd. The wrapper holds init_mu and req_mu across the
- * fork (no request in flight, the table stable); the kernel raises the
- * FORK event only when some vma is registered, i.e. when the table is not
- * empty.
+ * fork() is wrapped, and forks made inside the C library (glibc's
+ * daemon()) are caught by atfork handlers; both go through fork_prepare,
+ * fork_parent and fork_child. The wrapper is preferred where it runs
+ * because the FORK-event serial must count only forks that happened: it
+ * sees what fork(2) returned, while an atfork parent handler cannot tell a
+ * failed fork from a successful one (a serial counted for a fork that
+ * raised no event would pair the next child with another child's uffd).
+ * Both hold init_mu and req_mu across the fork (no request in flight, the
+ * table stable); the kernel raises the FORK event only when some vma is
+ * registered, i.e. when the table is not empty.
  *
  * Without FORK events (the uffd has none unless the process has
  * CAP_SYS_PTRACE), the child's regions are plain memory with the evicted
  * pages missing: FORK_PREPARE has the agent copy them for the child before
  * fork(2), the child registers the regions with a uffd of its own before
  * fork() returns to it (HS_FORK_OWN), and FORK_DONE tells the agent how
- * fork(2) went. Other libraries' atfork child handlers run before ours,
- * inside fork(2); what they touch is what their prepare handlers just
- * touched (their locks), resident in the parent, so inherited. */
+ * fork(2) went (pid 0 from an atfork parent handler: not known). In the
+ * wrapper, other libraries' atfork child handlers run before ours, inside
+ * fork(2); what they touch is what their prepare handlers just touched
+ * (their locks), resident in the parent, so inherited.
+ *
+ * _Fork() and raw clones run no handlers: see is_connected. */
 
 /* A child forked without FORK events that could not get its own uffd
  * served: the pages the pool held for it are lost to it. They must fail
@@ -1546,6 +1555,113 @@ static void child_after_fork(int had_regions)
 	}
 }
 
+/* The fork in progress in this thread (prepare to parent/child). */
+static TLS struct {
+	int active;      /* prepared by us: parent or child must finish it */
+	int had_regions; /* the child inherits regions */
+	int own;         /* no FORK events: FORK_PREPARE, a uffd of the child's own */
+	int prepared;    /* FORK_PREPARE was ACKed: FORK_DONE must follow */
+} t_fork;
+static TLS int t_fork_wrapper; /* our fork() is in fork(2): the atfork handlers stand aside */
+
+/* Before fork(2). Returns 0, or -errno when the agent cannot copy the
+ * pooled pages for the child (the wrapper then fails fork() with ENOMEM;
+ * a fork in the C library goes on, and the child's HELLO, finding no
+ * copy, gives it the SIGBUS guard). */
+static int fork_prepare(void)
+{
+	pthread_mutex_lock(&init_mu);
+	pthread_mutex_lock(&req_mu);
+	t_fork.active = 1;
+	t_fork.had_regions = g_state == ST_CONNECTED && getpid() == g_pid &&
+			     __atomic_load_n(&g_nregions, __ATOMIC_ACQUIRE) > 0;
+	t_fork.own = t_fork.had_regions && !(g_features & UFFD_FEATURE_EVENT_FORK);
+	t_fork.prepared = 0;
+	if (t_fork.had_regions)
+		g_fork_serial++;
+	int err = 0;
+	if (t_fork.own) {
+		struct rmem_fork f = {.serial = g_fork_serial};
+		in_shim++;
+		err = request_locked(RMEM_FORK_PREPARE, &f, sizeof f);
+		in_shim--;
+		t_fork.prepared = err == 0;
+	}
+	in_fork = 1;
+	return err;
+}
+
+/* In the parent after fork(2): pid is what it returned, 0 if not known
+ * (an atfork handler), or -errno. */
+static void fork_parent(pid_t pid)
+{
+	in_fork = 0;
+	t_fork.active = 0;
+	in_shim++;
+	if (t_fork.prepared) {
+		struct rmem_fork f = {.serial = g_fork_serial, .pid = pid};
+		send_packet(RMEM_FORK_DONE, ++g_seq, &f, sizeof f, -1);
+	}
+	run_deferred_locked();
+	if (pid < 0 && t_fork.had_regions && !t_fork.own) {
+		g_fork_serial--; /* no child, and most failures come before the FORK event */
+		say("rmem: fork failed (", strerror(-pid),
+		    "); if the kernel had raised its FORK event, later children are paired wrongly", NULL);
+	}
+	in_shim--;
+	pthread_mutex_unlock(&req_mu);
+	pthread_mutex_unlock(&init_mu);
+}
+
+/* In the child after fork(2). */
+static void fork_child(void)
+{
+	in_fork = 0;
+	t_fork.active = 0;
+	in_shim++;
+	child_after_fork(t_fork.had_regions);
+	pthread_mutex_lock(&req_mu);
+	run_deferred_locked();
+	pthread_mutex_unlock(&req_mu);
+	in_shim--;
+}
+
+/* The atfork handlers: a fork the wrapper did not start (in_fork is set
+ * while it runs fork(2)); in_shim: one of ours, of a process without
+ * regions. */
+static void atfork_prepare(void)
+{
+	if (in_fork || in_shim)
+		return;
+	int e = errno;
+	if (fork_prepare() != 0) {
+		in_shim++;
+		say("rmem: the agent cannot copy this process's pooled pages for a child forked inside the C library"
+		    " (daemon()): the child gets SIGBUS on them",
+		    NULL);
+		in_shim--;
+	}
+	errno = e;
+}
+
+static void atfork_parent(void)
+{
+	if (t_fork.active && !t_fork_wrapper) {
+		int e = errno;
+		fork_parent(0);
+		errno = e;
+	}
+}
+
+static void atfork_child(void)
+{
+	if (t_fork.active && !t_fork_wrapper) {
+		int e = errno;
+		fork_child();
+		errno = e;
+	}
+}
+
 EXPORT pid_t fork(void)
 {
 	in_shim++;
@@ -1557,58 +1673,27 @@ EXPORT pid_t fork(void)
 	}
 	if (in_shim)
 		return real_fork();
-	pthread_mutex_lock(&init_mu);
-	pthread_mutex_lock(&req_mu);
-	int had_regions = g_state == ST_CONNECTED && __atomic_load_n(&g_nregions, __ATOMIC_ACQUIRE) > 0;
-	int own = had_regions && !(g_features & UFFD_FEATURE_EVENT_FORK);
-	if (had_regions)
-		g_fork_serial++;
-	if (own) {
-		struct rmem_fork f = {.serial = g_fork_serial};
+	int err = fork_prepare();
+	if (err) {
 		in_shim++;
-		int err = request_locked(RMEM_FORK_PREPARE, &f, sizeof f);
-		if (err) {
-			say("rmem: fork refused: the agent cannot copy this process's pooled pages for a child (",
-			    strerror(-err), ")", NULL);
-			in_shim--;
-			pthread_mutex_unlock(&req_mu);
-			pthread_mutex_unlock(&init_mu);
-			errno = ENOMEM;
-			return -1;
-		}
+		say("rmem: fork refused: the agent cannot copy this process's pooled pages for a child (",
+		    strerror(-err), ")", NULL);
 		in_shim--;
+		t_fork.prepared = 0;
+		fork_parent(-ENOMEM);
+		errno = ENOMEM;
+		return -1;
 	}
-	in_fork = 1;
+	t_fork_wrapper = 1;
 	pid_t pid = real_fork();
-	in_fork = 0;
+	t_fork_wrapper = 0;
+	int e = errno;
 	if (pid == 0) {
-		int e = errno;
-		in_shim++;
-		child_after_fork(had_regions);
-		pthread_mutex_lock(&req_mu);
-		run_deferred_locked();
-		pthread_mutex_unlock(&req_mu);
-		in_shim--;
+		fork_child();
 		errno = e;
 		return 0;
 	}
-	int e = errno;
-	in_shim++;
-	if (own) {
-		struct rmem_fork f = {.serial = g_fork_serial, .pid = pid < 0 ? -e : pid};
-		send_packet(RMEM_FORK_DONE, ++g_seq, &f, sizeof f, -1);
-	}
-	run_deferred_locked();
-	in_shim--;
-	if (pid < 0 && had_regions && !own) {
-		g_fork_serial--; /* no child, and most failures come before the FORK event */
-		in_shim++;
-		say("rmem: fork failed (", strerror(e),
-		    "); if the kernel had raised its FORK event, later children are paired wrongly", NULL);
-		in_shim--;
-	}
-	pthread_mutex_unlock(&req_mu);
-	pthread_mutex_unlock(&init_mu);
+	fork_parent(pid < 0 ? -e : pid);
 	errno = e;
 	return pid;
 }

@@ -1,5 +1,6 @@
-/* daemon() forks inside glibc, past the shim's fork(): the child must not
- * use its parent's connection and uffd, and still allocate. */
+/* daemon() forks inside glibc, past the shim's fork() wrapper: the shim's
+ * atfork handlers make the child a client of its own (never on its
+ * parent's connection and uffd), and its allocations go to the agent. */
 #include "common.h"
 
 int main(void)
@@ -19,6 +20,8 @@ int main(void)
 	if (!check(q, 4 * MiB, 2) || !check(p, 4096, 1))
 		die("child memory");
 	free(q);
-	say("child ok\n");
+	char line[64];
+	snprintf(line, sizeof line, "child ok %d\n", (int)getpid());
+	say(line);
 	return 0; /* p stays: its munmap would wait for the agent (see doc.go) */
 }
