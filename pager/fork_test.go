@@ -103,32 +103,52 @@ func TestForkBusy(t *testing.T) {
 	})
 }
 
-// A child made past fork(3) (_Fork) by an ordinary user's program: no
-// FORK event and no FORK_PREPARE, so nothing serves its regions and its
-// evicted pages are missing. The shim notices at the child's first call and
-// makes them raise SIGBUS rather than read as zeros.
+// A child made by _Fork() (past fork(3), no atfork handler runs): it does
+// not inherit the pooled allocations (MADV_DONTFORK), so touching one
+// raises SIGSEGV rather than reading zeros (no FORK event: before, as an
+// ordinary user its evicted pages read as zeros until its first call into
+// the shim); and the parent's next fork(3) child is paired with its own
+// FORK event (before, as root, with the _Fork() child's).
 func TestForkLostPagesLoud(t *testing.T) {
 	skipUnlessUFFD(t)
 	prog := shimtest.Prog(t, "testdata/forklost.c")
-	uid, gid := shimtest.Nobody(t)
-	store, a := forkSetup(t, 48, []uint32{uid})
-	p := shimtest.StartAs(t, uid, gid, a.Addr(), []string{prog})
-	p.Expect("ready")
-	waitStats(t, a, func(st pager.ClientStats) bool { return st.Evictions > 0 && st.RemoteBytes > 2<<20 })
-	p.Send("g")
-	if l := p.Expect("child "); l != "child SIGBUS" {
-		t.Fatalf("child: %q, want SIGBUS; stderr:\n%s", l, p.Stderr.String())
+	run := func(t *testing.T, store *pagertest.Store, a *pager.Agent, p *shimtest.Proc) {
+		p.Expect("ready")
+		waitStats(t, a, func(st pager.ClientStats) bool { return st.Evictions > 0 && st.RemoteBytes > 2<<20 })
+		p.Send("g")
+		if l := p.Expect("child "); l != "child SIGSEGV" {
+			t.Fatalf("_Fork() child: %q, want SIGSEGV; stderr:\n%s", l, p.Stderr.String())
+		}
+		p.Expect("parent ok")
+		if l := p.Expect("fork "); l != "fork exited 0" {
+			t.Fatalf("fork(3) child: %q; stderr:\n%s", l, p.Stderr.String())
+		}
+		p.Wait()
+		if !strings.Contains(p.Stderr.String(), "forked without fork(3)") {
+			t.Errorf("the shim did not say why; stderr:\n%s", p.Stderr.String())
+		}
+		t.Logf("stderr: %s", strings.TrimSpace(p.Stderr.String()))
+		waitNoClients(t, a)
+		if n := len(a.Exited()); n != 2 {
+			t.Errorf("%d processes paged, want the parent and its fork(3) child: %+v", n, a.Exited())
+		}
+		if _, held := store.Allocated(); held != 0 {
+			t.Fatalf("%d slabs held after the program exited", held)
+		}
 	}
-	p.Expect("parent ok")
-	p.Wait()
-	if !strings.Contains(p.Stderr.String(), "forked without fork(3)") {
-		t.Errorf("the shim did not say why; stderr:\n%s", p.Stderr.String())
-	}
-	t.Logf("stderr: %s", strings.TrimSpace(p.Stderr.String()))
-	waitNoClients(t, a)
-	if _, held := store.Allocated(); held != 0 {
-		t.Fatalf("%d slabs held after the program exited", held)
-	}
+	t.Run("root", func(t *testing.T) {
+		avail, _, _ := userfaultfd.Probe()
+		if !avail.Has(userfaultfd.FeatureEventFork | userfaultfd.FeatureThreadID) {
+			t.Skip("kernel lacks EVENT_FORK or THREAD_ID")
+		}
+		store, a := forkSetup(t, 48, nil)
+		run(t, store, a, shimtest.Start(t, a.Addr(), []string{prog}))
+	})
+	t.Run("unprivileged", func(t *testing.T) {
+		uid, gid := shimtest.Nobody(t)
+		store, a := forkSetup(t, 48, []uint32{uid})
+		run(t, store, a, shimtest.StartAs(t, uid, gid, a.Addr(), []string{prog}))
+	})
 }
 
 // A process made by glibc's daemon(), which forks inside the C library
@@ -281,7 +301,8 @@ func forkPrivate(t *testing.T, store *pagertest.Store, a *pager.Agent, p *shimte
 
 // A child forked past fork(3) never says HELLO: the agent serves it through
 // its FORK uffd alone (its evicted pages, copied to slabs of its own), and
-// drops it when it exits although it has no pidfd for it.
+// drops it when it exits although it has no pidfd for it. (The shim keeps
+// regions out of such children; the program undoes that behind its back.)
 func TestForkWithoutHello(t *testing.T) {
 	skipUnlessUFFD(t)
 	avail, _, _ := userfaultfd.Probe()

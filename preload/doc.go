@@ -48,10 +48,12 @@
 // madvise calls reach the agent as REGION_ZAP before the kernel drops the
 // pages (docs/pager.md).
 //
-// fork() is wrapped: it holds the shim's locks across the real fork, so
-// the region set is frozen while other libraries' atfork handlers run
-// (their big allocations go to glibc, their unmaps of regions wait until
-// fork returns) and the FORK event, the fork serial and the child agree.
+// fork() is wrapped, and forks inside the C library (daemon()'s) are
+// caught by atfork handlers: either holds the shim's locks across the real
+// fork, so the region set is frozen while other libraries' atfork handlers
+// run (their big allocations go to glibc, their unmaps of regions wait
+// until fork returns) and the FORK event, the fork serial and the child
+// agree.
 //
 // # Known limits
 //
@@ -59,11 +61,13 @@
 // the agent), it is not moved by the kernel. A fork that fails after the
 // kernel raised its FORK event (a pids-cgroup limit) is not counted, and
 // the serials of later children are then off by one (the shim warns on
-// stderr when a fork fails in a process holding regions). A child made
-// past fork(3) (glibc's daemon() and _Fork(), a raw clone) never says
-// HELLO: it notices that it is not the process that connected and uses
-// ordinary memory for new allocations, but the regions it inherited stay
-// registered with the uffd of its FORK event, which only the agent holds:
-// the agent must keep serving unclaimed FORK uffds (faults and events;
-// munmap waits for its UNMAP event to be read) until that process exits.
+// stderr when a fork fails in a process holding regions); so is a fork
+// inside the C library (glibc's daemon()), seen by atfork handlers, which
+// cannot tell a failed fork. A child made past fork(3) and its atfork
+// handlers (_Fork(), a raw clone) does not inherit the regions: they are
+// MADV_DONTFORK except across the forks the shim sees, so touching one in
+// such a child raises SIGSEGV (never zeros), and no FORK event is raised
+// whose serial the shim would not count. The child notices at its first
+// call into the shim that it is not the process that connected, reserves
+// the regions' addresses inaccessible and uses ordinary memory.
 package preload

@@ -1,9 +1,13 @@
-/* A child made with _Fork() (past fork(3)) never says HELLO: the agent
- * serves its inherited regions through the uffd of its FORK event alone,
- * and must notice when it exits. Protocol with the test: "ready", go;
+/* A child made with _Fork() (past fork(3)) never says HELLO. The shim
+ * keeps regions out of such children (MADV_DONTFORK); this program undoes
+ * that behind the shim's back, as a program may, so that the child
+ * inherits the regions and a FORK event is raised: the agent serves them
+ * through the uffd of that event alone, and must notice when it exits. Protocol with the test: "ready", go;
  * "child ok" once the child checked and rewrote the evicted memory and
  * exited; go; "parent ok". */
 #include "common.h"
+#include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 
 #define SIZE (8 * MiB)
@@ -16,6 +20,8 @@ int main(void)
 	fill(p, SIZE, 1);
 	say("ready\n");
 	wait_go();
+	if (syscall(SYS_madvise, p, SIZE, MADV_DOFORK) != 0) /* p is page aligned */
+		die("madvise");
 	pid_t pid = _Fork();
 	if (pid < 0)
 		die("_Fork");

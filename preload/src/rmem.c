@@ -348,11 +348,14 @@ static int lookup_heap(void *p, struct region *out)
 
 static void set_off(void) { __atomic_store_n(&g_state, ST_OFF, __ATOMIC_RELEASE); }
 
-/* Whether this process may talk to the agent. A child made by something
- * other than fork(3) (glibc's daemon() and _Fork(), a raw clone) inherited
- * its parent's connection and uffd: using them would register memory in
- * the parent's address space and speak for the parent, so such a child
- * drops them and uses ordinary memory from then on. */
+/* Whether this process may talk to the agent. A child made past fork(3)
+ * and its atfork handlers (_Fork(), a raw clone) inherited its parent's
+ * connection and uffd: using them would register memory in the parent's
+ * address space and speak for the parent, so such a child drops them and
+ * uses ordinary memory from then on. It did not inherit the regions
+ * (MADV_DONTFORK, see "fork"): their addresses are reserved inaccessible,
+ * so that touching a pooled allocation raises SIGSEGV and no other mapping
+ * lands where the table still names a region (free() of one unmaps it). */
 static void child_lost_pages(const char *why, int err);
 
 static int is_connected(void)
@@ -366,13 +369,13 @@ static int is_connected(void)
 		close(g_sock);
 		close(g_uffd);
 		g_sock = g_uffd = -1;
-		if (!(g_features & UFFD_FEATURE_EVENT_FORK) && __atomic_load_n(&g_nregions, __ATOMIC_ACQUIRE) > 0)
-			/* No FORK event served its regions either: what it touched
-			 * of the pooled pages before this call read as zeros; from
-			 * now on it is loud. */
-			child_lost_pages("forked without fork(3) (_Fork(), daemon(), a raw clone) and without FORK events", 0);
-		else
-			say("rmem: this process was forked without fork(3): it uses ordinary memory from now on", NULL);
+		int n = __atomic_load_n(&g_nregions, __ATOMIC_ACQUIRE);
+		for (int i = 0; i < n; i++) /* the only thread: fork leaves one */
+			raw_mmap((void *)g_regions[i].base, g_regions[i].len, PROT_NONE,
+				 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+		say("rmem: this process was forked without fork(3) (_Fork(), a raw clone): it did not inherit its"
+		    " parent's large allocations (touching them raises SIGSEGV) and uses ordinary memory from now on",
+		    NULL);
 	}
 	return 0;
 }
@@ -1009,6 +1012,7 @@ static int add_region_locked(void *p, size_t len, uintptr_t user, int kind)
 	}
 	if (ioctl(g_uffd, UFFDIO_REGISTER, &reg) != 0)
 		return -errno;
+	raw_madvise(p, len, MADV_DONTFORK); /* see "fork" below */
 	struct region r = {(uintptr_t)p, len, user, g_next_id++, kind};
 	struct rmem_region_add m = {r.id, r.base, r.len, (uint32_t)kind, 0};
 	int err = request_locked(RMEM_REGION_ADD, &m, sizeof m);
@@ -1489,7 +1493,22 @@ EXPORT void *mremap(void *old, size_t oldlen, size_t newlen, int flags, ...)
  * fork(2); what they touch is what their prepare handlers just touched
  * (their locks), resident in the parent, so inherited.
  *
- * _Fork() and raw clones run no handlers: see is_connected. */
+ * _Fork() and raw clones run no handlers: nothing would serve the child's
+ * regions (without FORK events its evicted pages would read as zeros) and,
+ * with FORK events, the event they raise would go uncounted, pairing the
+ * parent's next child with this one's uffd. So regions are MADV_DONTFORK
+ * except across the forks we see: such a child does not inherit them at
+ * all (touching one raises SIGSEGV, see is_connected), and no FORK event is
+ * raised for it. */
+
+/* Sets advice (MADV_DOFORK, MADV_DONTFORK) on every region.
+ * Preconditions: req_mu held (no writer of the table; the helper only
+ * reads it), or the only thread. */
+static void fork_advice_locked(int advice)
+{
+	for (int i = 0; i < g_nregions; i++)
+		raw_madvise((void *)g_regions[i].base, g_regions[i].len, advice);
+}
 
 /* A child forked without FORK events that could not get its own uffd
  * served: the pages the pool held for it are lost to it. They must fail
@@ -1587,6 +1606,8 @@ static int fork_prepare(void)
 		in_shim--;
 		t_fork.prepared = err == 0;
 	}
+	if (t_fork.had_regions)
+		fork_advice_locked(MADV_DOFORK); /* fork_parent and fork_child undo it */
 	in_fork = 1;
 	return err;
 }
@@ -1598,6 +1619,8 @@ static void fork_parent(pid_t pid)
 	in_fork = 0;
 	t_fork.active = 0;
 	in_shim++;
+	if (t_fork.had_regions)
+		fork_advice_locked(MADV_DONTFORK);
 	if (t_fork.prepared) {
 		struct rmem_fork f = {.serial = g_fork_serial, .pid = pid};
 		send_packet(RMEM_FORK_DONE, ++g_seq, &f, sizeof f, -1);
@@ -1619,6 +1642,8 @@ static void fork_child(void)
 	in_fork = 0;
 	t_fork.active = 0;
 	in_shim++;
+	if (t_fork.had_regions)
+		fork_advice_locked(MADV_DONTFORK);
 	child_after_fork(t_fork.had_regions);
 	pthread_mutex_lock(&req_mu);
 	run_deferred_locked();
