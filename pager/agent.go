@@ -107,6 +107,7 @@ type Agent struct {
 	copies   map[forkKey]*forkCopy // FORK_PREPARE copies waiting for their child's HELLO
 	exited   []ClientStats         // final stats of the last maxExited clients
 	closed   bool
+	slabs    slabRefs // slabs shared across forks
 	nclients atomic.Int64
 }
 

@@ -31,15 +31,16 @@
 //     racing an eviction waits (held fault) and is served after it.
 //   - Prefetcher: Leap-style majority-trend detection per region.
 //   - Fork (fork.go): the child's uffd from EVENT_FORK gets a loop of its
-//     own at once; its pooled pages are copied to slabs of its own, and it
-//     is paired with the child's HELLO by (parent pid, fork serial). A
+//     own at once; it shares its parent's slabs, copy-on-write (share.go:
+//     a side copies a shared slab before it first writes back there), and
+//     it is paired with the child's HELLO by (parent pid, fork serial). A
 //     child that never says HELLO (forked past fork(3)) is served all the
 //     same and dropped when a probe finds its address space gone.
 //
 // # Limits
 //
-//   - Fork copies the parent's pooled pages to new slabs of the child's at
-//     once (docs/pager.md's design shares them copy-on-write instead).
+//   - An unshare copies a whole slab to write back one page there: the
+//     cost of a fork is paid by the first write-backs after it.
 //   - If a client's socket closes while an EVICT is in flight and the
 //     process lives on, the batch's pages stay busy: faults on them wait
 //     until the process exits.

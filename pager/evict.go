@@ -20,7 +20,7 @@ import (
 // here and a MADV_DONTNEED in the helper.
 func (c *client) maybeEvict() {
 	c.updatePrefetchStats()
-	if c.conn == nil || c.evictBusy || c.forkStalled() || len(c.slotFree) == 0 {
+	if c.conn == nil || c.evictBusy || c.forkStalled() || len(c.slotFree) == 0 || time.Now().Before(c.noRoomRetry) {
 		return
 	}
 	w := WatermarksFor(c.budgetPages())
@@ -40,13 +40,24 @@ func (c *client) maybeEvict() {
 		}
 		return a.Page - b.Page
 	})
-	if err := c.ensureSlabs(victims); err != nil {
-		c.log.Error("no remote memory for eviction; staying over budget", zap.Error(err))
+	err := c.unshareFor(victims)
+	if err == nil {
+		err = c.ensureSlabs(victims)
+	}
+	if err != nil {
+		// Said once, and tried again after a pause rather than on every
+		// pass of the loop (each try asks the coordinator).
+		if c.noRoomSince.IsZero() {
+			c.log.Error("no remote memory for eviction; staying over budget", zap.Error(err))
+			c.noRoomSince = time.Now()
+		}
+		c.noRoomRetry = time.Now().Add(noRoomPause)
 		for _, v := range victims {
 			c.regs.tables[v.Table][v.Page] &^= FlagBusy
 		}
 		return
 	}
+
 	k := 0
 	for i := 0; i < len(victims); {
 		r := c.regs.list[victims[i].Table]
@@ -100,6 +111,17 @@ func (c *client) maybeEvict() {
 	c.evictBusy = true
 }
 
+// noRoomPause is how long eviction waits after the pool had no room for it.
+const noRoomPause = 200 * time.Millisecond
+
+// roomAgain notes that the pool gave slabs again after it had none.
+func (c *client) roomAgain() {
+	if !c.noRoomSince.IsZero() {
+		c.log.Info("remote memory for eviction again", zap.Duration("over budget for", time.Since(c.noRoomSince)))
+		c.noRoomSince = time.Time{}
+	}
+}
+
 // ensureSlabs allocates the slabs the victims' pages live in.
 func (c *client) ensureSlabs(victims []Victim) error {
 	spp := int(c.a.pagesPerSlab)
@@ -117,6 +139,9 @@ func (c *client) ensureSlabs(victims []Victim) error {
 	ctx, cancel := context.WithTimeout(c.a.ctx, 30*time.Second)
 	ids, err := c.a.opts.Store.Alloc(ctx, missing)
 	cancel()
+	if err == nil {
+		c.roomAgain()
+	}
 	for _, v := range victims {
 		r := c.regs.list[v.Table]
 		s := v.Page / spp

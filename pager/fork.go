@@ -58,11 +58,12 @@ func (c *client) fork(fd int) {
 
 // copyRegions returns copies of c's regions for a child forked now. A
 // child's page tables start as copies of the parent's: resident pages are
-// the child's own copy-on-write pages (dirty: they have no pool copy
-// yet); pages in the pool are copied to slabs of the child's own, so that
-// later write-backs of either process never show through to the other
-// (private-memory semantics, DESIGN.md pitfall 2). Pages that could not be
-// copied are Lost in the copy (SIGBUS, never zeros); the error says why.
+// the child's own copy-on-write pages; pages in the pool stay where they
+// are, in slabs the child shares with the parent until either writes back
+// to one (share.go), so that later write-backs of either process never
+// show through to the other (private-memory semantics, DESIGN.md pitfall
+// 2). Pages that could not be kept are Lost in the copy (SIGBUS, never
+// zeros); the error says why.
 // Preconditions: no eviction batch in flight.
 func (c *client) copyRegions() ([]*region, error) {
 	regs := make([]*region, 0, len(c.regs.list))
@@ -99,10 +100,16 @@ func (c *client) forkRegion(r *region) (*region, error) {
 		cr.pf = NewPrefetcher(32, c.a.opts.MaxPrefetch)
 	}
 	spp := int(c.a.pagesPerSlab)
+	// With FORK events the child's page tables keep the uffd-wp bits
+	// (its vmas stay registered): a page clean in the parent is clean in
+	// the child, its pool copy in the shared slab, and a write by the
+	// child faults. Without, the child registers its ranges anew and
+	// the bits are gone: its resident pages are dirty.
+	keepClean := c.features&userfaultfd.FeatureEventFork != 0
 	var firstErr error
 	for s := range r.slabs {
 		lo, hi := s*spp, min((s+1)*spp, len(r.pages))
-		need := false
+		pooled, staged := false, false
 		for idx := lo; idx < hi; idx++ {
 			p := r.pages[idx]
 			switch p.State() {
@@ -114,23 +121,44 @@ func (c *client) forkRegion(r *region) (*region, error) {
 					continue
 				}
 				cr.pages[idx] = Page(0).With(Resident) | FlagDirty
-			case Remote, Staged:
-				need = true
+				if keepClean && !p.Has(FlagDirty) {
+					cr.pages[idx] = Page(0).With(Resident)
+					pooled = true
+				}
+			case Remote:
+				cr.pages[idx] = Page(0).With(Remote)
+				pooled = true
+			case Staged:
+				staged = true
 			case Lost:
 				cr.pages[idx] = Page(0).With(Lost)
 			}
 		}
-		if !need {
-			continue
+		if staged || r.slabs[s] == 0 {
+			// No shared slab to hold the clean pages' copies.
+			for idx := lo; idx < hi; idx++ {
+				if cr.pages[idx].State() == Resident {
+					cr.pages[idx] |= FlagDirty
+				}
+			}
 		}
-		if err := c.copySlab(r, cr, s); err != nil && firstErr == nil {
-			firstErr = err
+		switch {
+		case staged:
+			// A write-back that failed: the data is in the parent's
+			// staging slot, not in the slab. Copied now.
+			if err := c.copySlab(r, cr, s); err != nil && firstErr == nil {
+				firstErr = err
+			}
+		case pooled && r.slabs[s] != 0:
+			cr.slabs[s] = r.slabs[s]
+			c.a.slabs.share(r.slabs[s])
 		}
 	}
 	return cr, firstErr
 }
 
-// copySlab copies the pooled pages of slab s of r to a new slab of cr.
+// copySlab copies the pooled pages of slab s of r, some of them staged, to
+// a new slab of cr.
 func (c *client) copySlab(r, cr *region, s int) error {
 	ctx, cancel := context.WithTimeout(c.a.ctx, 30*time.Second)
 	defer cancel()

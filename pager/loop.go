@@ -67,32 +67,36 @@ type client struct {
 	localMem atomic.Uint64 // the budget its HELLO asked for (0: the agent's)
 
 	// Loop state.
-	conn       *net.UnixConn
-	sockfd     int
-	pidfd      int
-	regs       regions
-	clock      Clock
-	msgs       []userfaultfd.Msg
-	pfds       []unix.PollFd
-	reads      []PageOp
-	readAt     []readRef
-	merged     []PageOp // reads joined into runs (merge)
-	mergedAt   []int    // first read of each merged op
-	bufs       []byte
-	pfOut      []int64
-	held       []heldFault
-	retry      []heldFault
-	retrySpare []heldFault
-	early      []userfaultfd.Msg // messages read ahead by again
-	earlySpare []userfaultfd.Msg
-	victims    []Victim
-	zeros      []byte
-	forks      uint64
-	forkAhead  bool      // a FORK event read ahead (again) is not handled yet: install nothing (errForkAhead)
-	forking    uint64    // serial of a FORK_PREPARE until its FORK_DONE: no evictions meanwhile
-	forkedAt   time.Time // when that FORK_PREPARE was answered (see forkStalled)
-	features   userfaultfd.Feature
-	closed     bool
+	conn     *net.UnixConn
+	sockfd   int
+	pidfd    int
+	regs     regions
+	clock    Clock
+	msgs     []userfaultfd.Msg
+	pfds     []unix.PollFd
+	reads    []PageOp
+	readAt   []readRef
+	merged   []PageOp // reads joined into runs (merge)
+	mergedAt []int    // first read of each merged op
+	bufs     []byte
+	copyBuf  []byte // unshare's, made on first use
+
+	noRoomSince time.Time // eviction found no remote memory (said once)
+	noRoomRetry time.Time // and tries again from then on
+	pfOut       []int64
+	held        []heldFault
+	retry       []heldFault
+	retrySpare  []heldFault
+	early       []userfaultfd.Msg // messages read ahead by again
+	earlySpare  []userfaultfd.Msg
+	victims     []Victim
+	zeros       []byte
+	forks       uint64
+	forkAhead   bool      // a FORK event read ahead (again) is not handled yet: install nothing (errForkAhead)
+	forking     uint64    // serial of a FORK_PREPARE until its FORK_DONE: no evictions meanwhile
+	forkedAt    time.Time // when that FORK_PREPARE was answered (see forkStalled)
+	features    userfaultfd.Feature
+	closed      bool
 
 	// Staging and eviction.
 	stagingFD int
@@ -306,8 +310,8 @@ func (c *client) gone() bool {
 // A fault waits at most maxThrottle: the budget bends rather than stall a
 // client whose helper thread cannot run (a Go client with few Ps).
 func (c *client) throttle(since time.Time) bool {
-	if c.conn == nil || c.forkStalled() || !c.evictBusy && len(c.slotFree) == 0 {
-		return false
+	if c.conn == nil || c.forkStalled() || !c.evictBusy && (len(c.slotFree) == 0 || !c.noRoomSince.IsZero()) {
+		return false // no eviction to wait for
 	}
 	over := int(c.st.resident.Load())+len(c.reads) >= c.budgetPages()+proto.MaxEvictBatch
 	return over && time.Since(since) < maxThrottle
@@ -383,12 +387,18 @@ func (c *client) teardown() {
 }
 
 // freeRegions gives back the slabs of regions: a client's that went away,
-// or a fork copy no client adopted.
+// or a fork copy no client adopted. A slab another region still names
+// (shared across a fork) stays.
 func (a *Agent) freeRegions(regs []*region) {
 	var ids []SlabID
 	for _, r := range regs {
 		ids = appendSlabs(ids, r)
 	}
+	a.freeSlabs(a.slabs.release(ids))
+}
+
+// freeSlabs gives ids back to the Store.
+func (a *Agent) freeSlabs(ids []SlabID) {
 	if len(ids) == 0 {
 		return
 	}

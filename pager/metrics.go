@@ -19,6 +19,7 @@ var (
 	descEvict    = prometheus.NewDesc("rmem_agent_evictions_total", "Pages evicted.", labels, nil)
 	descWB       = prometheus.NewDesc("rmem_agent_write_backs_total", "Dirty pages written back to the pool.", labels, nil)
 	descLost     = prometheus.NewDesc("rmem_agent_lost_pages_total", "Pages poisoned because every replica was gone.", labels, nil)
+	descUnshare  = prometheus.NewDesc("rmem_agent_unshared_slabs_total", "Slabs shared with a fork copied to one of the client's own before a write-back.", labels, nil)
 	descPFIssued = prometheus.NewDesc("rmem_agent_prefetch_issued_total", "Pages prefetched.", labels, nil)
 	descPFHits   = prometheus.NewDesc("rmem_agent_prefetch_hits_total", "Prefetched pages the stream used.", labels, nil)
 	descPFWasted = prometheus.NewDesc("rmem_agent_prefetch_wasted_total", "Prefetched pages the stream did not use.", labels, nil)
@@ -31,7 +32,7 @@ type collector struct{ a *Agent }
 
 func (collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descResident, descRemote, descBudget, descFaults, descZero, descReads, descWP,
-		descEvict, descWB, descLost, descPFIssued, descPFHits, descPFWasted, descLatency, descClients} {
+		descEvict, descWB, descLost, descUnshare, descPFIssued, descPFHits, descPFWasted, descLatency, descClients} {
 		ch <- d
 	}
 }
@@ -65,6 +66,7 @@ func (col collector) Collect(ch chan<- prometheus.Metric) {
 		counter(descEvict, s.Evictions)
 		counter(descWB, s.WriteBacks)
 		counter(descLost, s.Lost)
+		counter(descUnshare, s.Unshares)
 		counter(descPFIssued, s.PrefetchIssued)
 		counter(descPFHits, s.PrefetchHits)
 		counter(descPFWasted, s.PrefetchWasted)

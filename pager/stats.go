@@ -76,7 +76,7 @@ func (h *Histogram) Buckets() (map[float64]uint64, uint64, float64) {
 // counters are a client's statistics, written by its loop only.
 type counters struct {
 	faults, zeroFills, remoteReads, wpFaults, held atomic.Uint64
-	evictions, writeBacks, lost, retries           atomic.Uint64
+	evictions, writeBacks, lost, retries, unshares atomic.Uint64
 	prefetchIssued, prefetchHits, prefetchWasted   atomic.Uint64
 	resident, remote, regions                      atomic.Int64
 	latency                                        Histogram
@@ -104,6 +104,10 @@ type ClientStats struct {
 	WriteBacks  uint64        `json:"write_backs"`
 	Lost        uint64        `json:"lost"` // pages poisoned: every replica gone
 	Retries     uint64        `json:"retries"`
+	// Unshares counts slabs shared with a fork (parent or child) that
+	// this process copied to one of its own before its first write-back
+	// there.
+	Unshares uint64 `json:"unshares"`
 	// Prefetch: pages fetched ahead, of which the stream used Hits and
 	// passed by Wasted.
 	PrefetchIssued uint64 `json:"prefetch_issued"`
@@ -130,7 +134,7 @@ func (c *counters) snapshot(pageSize uint64) ClientStats {
 		WPFaults: c.wpFaults.Load(), Held: c.held.Load(),
 		FaultP50: c.latency.Quantile(0.50), FaultP99: c.latency.Quantile(0.99),
 		Evictions: c.evictions.Load(), WriteBacks: c.writeBacks.Load(), Lost: c.lost.Load(),
-		Retries:        c.retries.Load(),
+		Retries: c.retries.Load(), Unshares: c.unshares.Load(),
 		PrefetchIssued: c.prefetchIssued.Load(), PrefetchHits: c.prefetchHits.Load(), PrefetchWasted: c.prefetchWasted.Load(),
 	}
 }

@@ -1,5 +1,5 @@
 /* Parent and child write different values to the same evicted addresses
- * and each reads its own. Protocol with the test: "ready" (evict the
+ * (and to pages resident and clean at the fork) and each reads its own. Protocol with the test: "ready" (evict the
  * parent), go; then each prints "P <pid>" / "C <pid>" after writing its
  * value (evict both), go (one byte each); each checks and prints. */
 #include "common.h"
@@ -15,6 +15,10 @@ int main(void)
 	fill(p, SIZE, 1);
 	say("ready\n");
 	wait_go();
+	/* Read it all once: what is resident at the fork is then clean (in
+	 * the pool too), so the child's first write to it must be seen. */
+	if (!check(p, SIZE, 1))
+		die("parent sees wrong contents before fork");
 	pid_t pid = fork();
 	if (pid < 0)
 		die("fork");
