@@ -39,8 +39,9 @@
 //
 // # Limits
 //
-//   - An unshare copies a whole slab to write back one page there: the
-//     cost of a fork is paid by the first write-backs after it.
+//   - An unshare copies what a region needs of a slab (up to 64 MiB) to
+//     write back one page there, while the loop's faults wait: the cost
+//     of a fork is paid by the first write-backs after it.
 //   - If a client's socket closes while an EVICT is in flight and the
 //     process lives on, the batch's pages stay busy: faults on them wait
 //     until the process exits.

@@ -87,13 +87,22 @@ func (c *client) unshareFor(victims []Victim) error {
 	return nil
 }
 
-// unshareChunk is the transfer size of a slab copy.
+// unshareChunk bounds one transfer of an unshare.
 const unshareChunk = 64 * pageSize
 
-// unshare replaces r's shared slab s with a copy of its own: every page r
-// has in the pool reads the same from the copy. Pages whose every replica
-// is gone are lost in the copy too (Remote ones become Lost; clean
-// resident ones become dirty, as the pool no longer has them).
+// pooledCopy reports whether p's data is in its slab for the region that
+// holds p: a page in the pool, or a clean resident one (its eviction will
+// drop it, trusting the pool's copy).
+func pooledCopy(p Page) bool {
+	return p.State() == Remote || p.State() == Resident && !p.Has(FlagDirty)
+}
+
+// unshare replaces r's shared slab s with one of its own holding what r
+// needs of the shared one: the pages r has in the pool or clean, copied in
+// runs (a slab is 64 MiB by default; the pages r holds dirty, never wrote
+// or lost need no copy). Pages whose every replica is gone are lost in the
+// copy too (Remote ones become Lost; clean resident ones dirty, as the pool
+// no longer has them).
 func (c *client) unshare(r *region, s int) error {
 	old := r.slabs[s]
 	ctx, cancel := context.WithTimeout(c.a.ctx, 30*time.Second)
@@ -106,32 +115,40 @@ func (c *client) unshare(r *region, s int) error {
 	if c.copyBuf == nil {
 		c.copyBuf = make([]byte, unshareChunk)
 	}
-	size := c.a.pagesPerSlab * pageSize
 	spp := int(c.a.pagesPerSlab)
-	for off := uint64(0); off < size; off += unshareChunk {
-		op := []PageOp{{Slab: old, Off: off, Buf: c.copyBuf[:min(unshareChunk, size-off)]}}
+	lo, hi := s*spp, min((s+1)*spp, len(r.pages))
+	op := make([]PageOp, 1) // one per unshare, not per page
+	for idx := lo; idx < hi; {
+		if !pooledCopy(r.pages[idx]) {
+			idx++
+			continue
+		}
+		end := idx + 1
+		for end < hi && end-idx < unshareChunk/pageSize && pooledCopy(r.pages[end]) {
+			end++
+		}
+		op[0] = PageOp{Slab: old, Off: uint64(idx-lo) * pageSize, Buf: c.copyBuf[:(end-idx)*pageSize]}
 		c.io.Read(ctx, op)
-		if err := op[0].Err; errors.Is(err, ErrLost) {
-			first := s*spp + int(off/pageSize)
-			for idx := first; idx < min(first+len(op[0].Buf)/pageSize, len(r.pages)); idx++ {
-				switch p := r.pages[idx]; {
-				case p.State() == Remote:
-					c.set(r, idx, p.With(Lost))
-				case p.State() == Resident:
-					r.pages[idx] = p | FlagDirty
+		switch err := op[0].Err; {
+		case errors.Is(err, ErrLost):
+			for k := idx; k < end; k++ {
+				if p := r.pages[k]; p.State() == Remote {
+					c.set(r, k, p.With(Lost))
+				} else {
+					r.pages[k] = p | FlagDirty
 				}
 			}
-			continue // the new slab reads zeros there; nothing names them
-		} else if err != nil {
+		case err != nil:
 			c.a.freeSlabs(ids)
 			return fmt.Errorf("copying a shared slab: %w", err)
+		default:
+			op[0].Slab = ids[0]
+			if c.io.Write(ctx, op); op[0].Err != nil {
+				c.a.freeSlabs(ids)
+				return fmt.Errorf("copying a shared slab: %w", op[0].Err)
+			}
 		}
-		op[0].Slab = ids[0]
-		c.io.Write(ctx, op)
-		if err := op[0].Err; err != nil {
-			c.a.freeSlabs(ids)
-			return fmt.Errorf("copying a shared slab: %w", err)
-		}
+		idx = end
 	}
 	r.slabs[s] = ids[0]
 	c.a.freeSlabs(c.a.slabs.release([]SlabID{old})) // nothing, unless the other side let go meanwhile
