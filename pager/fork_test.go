@@ -25,19 +25,7 @@ import (
 // agent, and forks through FORK_PREPARE and a uffd of the child's own.
 func TestForkPrivate(t *testing.T) {
 	skipUnlessUFFD(t)
-	t.Run("root", func(t *testing.T) {
-		avail, _, _ := userfaultfd.Probe()
-		if !avail.Has(userfaultfd.FeatureEventFork | userfaultfd.FeatureThreadID) {
-			t.Skip("kernel lacks EVENT_FORK or THREAD_ID")
-		}
-		store, a := forkSetup(t, 48, nil)
-		forkPrivate(t, store, a, shimtest.Start(t, a.Addr(), []string{"fork"}))
-	})
-	t.Run("unprivileged", func(t *testing.T) {
-		uid, gid := shimtest.Nobody(t)
-		store, a := forkSetup(t, 48, []uint32{uid})
-		forkPrivate(t, store, a, shimtest.StartAs(t, uid, gid, a.Addr(), []string{"fork"}))
-	})
+	forkModes(t, "fork", forkPrivate)
 	// The pool has room for the parent's pages once: the child shares
 	// the parent's slabs, so fork() needs no room (before slabs were
 	// shared, it failed with ENOMEM); pages neither side has room to
@@ -109,12 +97,7 @@ func TestForkSharesSlabs(t *testing.T) {
 		}
 		p.Wait()
 		waitNoClients(t, a)
-		var parent pager.ClientStats
-		for _, st := range a.Exited() {
-			if st.PID == int(p.Pid()) {
-				parent = st
-			}
-		}
+		parent := exitedStats(a, int(p.Pid()))
 		t.Logf("parent %+v", parent)
 		if parent.Unshares == 0 {
 			t.Errorf("the parent wrote back to shared slabs without copying them first: %+v", parent)
@@ -123,19 +106,7 @@ func TestForkSharesSlabs(t *testing.T) {
 			t.Fatalf("%d slabs held after both processes exited", held)
 		}
 	}
-	t.Run("root", func(t *testing.T) {
-		avail, _, _ := userfaultfd.Probe()
-		if !avail.Has(userfaultfd.FeatureEventFork | userfaultfd.FeatureThreadID) {
-			t.Skip("kernel lacks EVENT_FORK or THREAD_ID")
-		}
-		store, a := forkSetup(t, 48, nil)
-		run(t, store, a, shimtest.Start(t, a.Addr(), []string{prog}))
-	})
-	t.Run("unprivileged", func(t *testing.T) {
-		uid, gid := shimtest.Nobody(t)
-		store, a := forkSetup(t, 48, []uint32{uid})
-		run(t, store, a, shimtest.StartAs(t, uid, gid, a.Addr(), []string{prog}))
-	})
+	forkModes(t, prog, run)
 }
 
 // Forks while other threads of the parent fault, evict and prefetch: 4
@@ -152,12 +123,7 @@ func TestForkBusy(t *testing.T) {
 		}
 		p.Wait()
 		waitNoClients(t, a)
-		var parent pager.ClientStats
-		for _, st := range a.Exited() {
-			if st.PID == int(p.Pid()) {
-				parent = st
-			}
-		}
+		parent := exitedStats(a, int(p.Pid()))
 		t.Logf("parent %+v; %d processes paged", parent, len(a.Exited()))
 		if parent.Evictions == 0 || parent.RemoteReads == 0 || len(a.Exited()) != 5 {
 			t.Fatalf("want the parent and 4 children paged, the parent with evictions and remote reads: %+v", a.Exited())
@@ -166,19 +132,7 @@ func TestForkBusy(t *testing.T) {
 			t.Fatalf("%d slabs held after every process exited", held)
 		}
 	}
-	t.Run("root", func(t *testing.T) {
-		avail, _, _ := userfaultfd.Probe()
-		if !avail.Has(userfaultfd.FeatureEventFork | userfaultfd.FeatureThreadID) {
-			t.Skip("kernel lacks EVENT_FORK or THREAD_ID")
-		}
-		store, a := forkSetup(t, 48, nil)
-		run(t, store, a, shimtest.Start(t, a.Addr(), []string{prog}))
-	})
-	t.Run("unprivileged", func(t *testing.T) {
-		uid, gid := shimtest.Nobody(t)
-		store, a := forkSetup(t, 48, []uint32{uid})
-		run(t, store, a, shimtest.StartAs(t, uid, gid, a.Addr(), []string{prog}))
-	})
+	forkModes(t, prog, run)
 }
 
 // A child made by _Fork() (past fork(3), no atfork handler runs): it does
@@ -214,19 +168,7 @@ func TestForkLostPagesLoud(t *testing.T) {
 			t.Fatalf("%d slabs held after the program exited", held)
 		}
 	}
-	t.Run("root", func(t *testing.T) {
-		avail, _, _ := userfaultfd.Probe()
-		if !avail.Has(userfaultfd.FeatureEventFork | userfaultfd.FeatureThreadID) {
-			t.Skip("kernel lacks EVENT_FORK or THREAD_ID")
-		}
-		store, a := forkSetup(t, 48, nil)
-		run(t, store, a, shimtest.Start(t, a.Addr(), []string{prog}))
-	})
-	t.Run("unprivileged", func(t *testing.T) {
-		uid, gid := shimtest.Nobody(t)
-		store, a := forkSetup(t, 48, []uint32{uid})
-		run(t, store, a, shimtest.StartAs(t, uid, gid, a.Addr(), []string{prog}))
-	})
+	forkModes(t, prog, run)
 }
 
 // A process made by glibc's daemon(), which forks inside the C library
@@ -247,12 +189,7 @@ func TestForkDaemon(t *testing.T) {
 		}
 		p.Wait()
 		waitNoClients(t, a)
-		var st pager.ClientStats
-		for _, s := range a.Exited() {
-			if s.PID == daemon {
-				st = s
-			}
-		}
+		st := exitedStats(a, daemon)
 		t.Logf("daemon %+v; %d processes paged; stderr: %s", st, len(a.Exited()), strings.TrimSpace(p.Stderr.String()))
 		if st.PID == 0 || st.RemoteReads == 0 || len(a.Exited()) != 3 {
 			t.Fatalf("want the program, the daemon and its child paged, the daemon with remote reads: %+v", a.Exited())
@@ -261,19 +198,7 @@ func TestForkDaemon(t *testing.T) {
 			t.Fatalf("%d slabs held after every process exited", held)
 		}
 	}
-	t.Run("root", func(t *testing.T) {
-		avail, _, _ := userfaultfd.Probe()
-		if !avail.Has(userfaultfd.FeatureEventFork | userfaultfd.FeatureThreadID) {
-			t.Skip("kernel lacks EVENT_FORK or THREAD_ID")
-		}
-		store, a := forkSetup(t, 48, nil)
-		run(t, store, a, shimtest.Start(t, a.Addr(), []string{prog}))
-	})
-	t.Run("unprivileged", func(t *testing.T) {
-		uid, gid := shimtest.Nobody(t)
-		store, a := forkSetup(t, 48, []uint32{uid})
-		run(t, store, a, shimtest.StartAs(t, uid, gid, a.Addr(), []string{prog}))
-	})
+	forkModes(t, prog, run)
 }
 
 // A Go program of an ordinary user, through the client package: it has no
@@ -319,6 +244,35 @@ func TestGoClientUnprivileged(t *testing.T) {
 // forkSetup starts an agent (4 MiB budget) that serves the users allow
 // too, on a socket they can reach, with a pool of 2 servers of slabs 1 MiB
 // slabs each.
+// exitedStats returns the final stats of the exited process pid (zero if
+// the agent has none).
+func exitedStats(a *pager.Agent, pid int) pager.ClientStats {
+	for _, st := range a.Exited() {
+		if st.PID == pid {
+			return st
+		}
+	}
+	return pager.ClientStats{}
+}
+
+// forkModes runs prog with an agent of its own twice: as root, with FORK
+// events (skipped if the kernel lacks them), and as user nobody, without.
+func forkModes(t *testing.T, prog string, run func(*testing.T, *pagertest.Store, *pager.Agent, *shimtest.Proc)) {
+	t.Run("root", func(t *testing.T) {
+		avail, _, _ := userfaultfd.Probe()
+		if !avail.Has(userfaultfd.FeatureEventFork | userfaultfd.FeatureThreadID) {
+			t.Skip("kernel lacks EVENT_FORK or THREAD_ID")
+		}
+		store, a := forkSetup(t, 48, nil)
+		run(t, store, a, shimtest.Start(t, a.Addr(), []string{prog}))
+	})
+	t.Run("unprivileged", func(t *testing.T) {
+		uid, gid := shimtest.Nobody(t)
+		store, a := forkSetup(t, 48, []uint32{uid})
+		run(t, store, a, shimtest.StartAs(t, uid, gid, a.Addr(), []string{prog}))
+	})
+}
+
 func forkSetup(t *testing.T, slabs int, allow []uint32) (*pagertest.Store, *pager.Agent) {
 	store := pagertest.New(t, pagertest.Options{Servers: 2, Replicas: 1, SlabSize: 1 << 20, SlabsPerServer: slabs})
 	opts := pager.Options{Store: store, LocalMem: 4 << 20, AllowUIDs: allow}

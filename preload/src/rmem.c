@@ -1485,8 +1485,8 @@ EXPORT void *mremap(void *old, size_t oldlen, size_t newlen, int flags, ...)
  *
  * Without FORK events (the uffd has none unless the process has
  * CAP_SYS_PTRACE), the child's regions are plain memory with the evicted
- * pages missing: FORK_PREPARE has the agent copy them for the child before
- * fork(2), the child registers the regions with a uffd of its own before
+ * pages missing: FORK_PREPARE has the agent make the child's copy of its
+ * page table (sharing the pooled pages) before fork(2), the child registers the regions with a uffd of its own before
  * fork() returns to it (HS_FORK_OWN), and FORK_DONE tells the agent how
  * fork(2) went (pid 0 from an atfork parent handler: not known). In the
  * wrapper, other libraries' atfork child handlers run before ours, inside
@@ -1583,7 +1583,7 @@ static TLS struct {
 } t_fork;
 static TLS int t_fork_wrapper; /* our fork() is in fork(2): the atfork handlers stand aside */
 
-/* Before fork(2). Returns 0, or -errno when the agent cannot copy the
+/* Before fork(2). Returns 0, or -errno when the agent cannot keep the
  * pooled pages for the child (the wrapper then fails fork() with ENOMEM;
  * a fork in the C library goes on, and the child's HELLO, finding no
  * copy, gives it the SIGBUS guard). */
@@ -1661,7 +1661,7 @@ static void atfork_prepare(void)
 	int e = errno;
 	if (fork_prepare() != 0) {
 		in_shim++;
-		say("rmem: the agent cannot copy this process's pooled pages for a child forked inside the C library"
+		say("rmem: the agent cannot keep this process's pooled pages for a child forked inside the C library"
 		    " (daemon()): the child gets SIGBUS on them",
 		    NULL);
 		in_shim--;
@@ -1701,7 +1701,7 @@ EXPORT pid_t fork(void)
 	int err = fork_prepare();
 	if (err) {
 		in_shim++;
-		say("rmem: fork refused: the agent cannot copy this process's pooled pages for a child (",
+		say("rmem: fork refused: the agent cannot keep this process's pooled pages for a child (",
 		    strerror(-err), ")", NULL);
 		in_shim--;
 		t_fork.prepared = 0;
