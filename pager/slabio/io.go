@@ -335,14 +335,13 @@ func (io *IO) scratch(k int) []rdma.WorkRequest {
 func (io *IO) collect(ctx *opCtx, p *peer, f func(*rdma.Completion)) error {
 	for p.n > 0 {
 		cqes := io.cqes[:min(p.n, len(io.cqes))]
-		// Take what has arrived, then block. No spinning: on the 2-CPU
-		// machines, with memory servers sharing the CPUs, 50 µs of it
-		// made remote faults 5-10× slower, and 5 µs gained nothing
-		// (measured).
-		got, err := p.c.Poll(cqes)
-		if got == 0 && err == nil {
-			got, err = p.c.Wait(ctx, cqes)
-		}
+		// Wait returns what has arrived, reading the socket once, and
+		// blocks only if nothing has. (A Poll first cost a readv that
+		// found nothing right after the post: ~1 µs of a remote fault.)
+		// No spinning: on the 2-CPU machines, with memory servers
+		// sharing the CPUs, 50 µs of it made remote faults 5-10× slower,
+		// and 5 µs gained nothing (measured).
+		got, err := p.c.Wait(ctx, cqes)
 		if err != nil {
 			if ctx.Context.Err() != nil {
 				p.drop()
