@@ -2,16 +2,111 @@ package pager
 
 // Prefetcher detects sequential and strided fault streams in one region and
 // says which pages to fetch ahead of the next fault. It follows Leap
-// (Al Maruf and Chowdhury, ATC'20): the trend is the majority delta among the
-// most recent faults, found with the Boyer–Moore majority vote over a window
-// that starts small and doubles up to the whole history, so that a new trend
-// is picked up after a few faults and an old one survives some noise. The
-// prefetch depth adapts to what the previous prefetch earned: it doubles
-// while prefetched pages are used and halves when they are not.
+// (Al Maruf and Chowdhury, ATC'20) per stream: the trend is the majority
+// delta among the most recent faults, found with the Boyer–Moore majority
+// vote over a window that starts small and doubles up to the whole
+// history, so that a new trend is picked up after a few faults and an old
+// one survives some noise. The prefetch depth adapts to what the previous
+// prefetch earned: it doubles while prefetched pages are used and halves
+// when they are not.
+//
+// Unlike Leap, which keeps one history per process, it follows up to
+// maxStreams streams in a region at once: each fault goes to the stream
+// whose last fault is nearest, within that stream's reach (where its next
+// fault would come), or else starts a new stream in place of the one
+// idle longest. Interleaved streams (a quicksort's two partition pointers
+// walking towards each other, threads scanning parts of one array, a
+// merge of two runs) then each show their own trend instead of drowning
+// it in deltas that jump between them.
 //
 // A Prefetcher is plain state with no locking and no allocation after New:
 // the fault loop of its region owns it.
 type Prefetcher struct {
+	streams [maxStreams]stream
+	idle    [maxStreams]uint64 // fault count when each stream last faulted
+	faults  uint64
+	last    int // the stream of the last fault
+}
+
+// maxStreams bounds the streams followed in one region.
+const maxStreams = 4
+
+// minReach is how far from a stream's last fault a fault may be and still
+// belong to it, at the least (a stream's reach grows with its prefetch
+// depth and stride: its next fault comes past what it prefetched).
+const minReach = 16
+
+// NewPrefetcher returns a prefetcher keeping history faults per stream and
+// prefetching between 1 and maxDepth pages ahead. history is rounded up
+// to a power of two of at least 4.
+func NewPrefetcher(history, maxDepth int) *Prefetcher {
+	p := &Prefetcher{}
+	for i := range p.streams {
+		p.streams[i] = newStream(history, maxDepth)
+	}
+	return p
+}
+
+// Fault records a fault on page and fills out with the pages to prefetch
+// (page indexes within [0, limit)), returning how many it wrote. out bounds
+// the depth; the caller skips pages that are already resident or in flight.
+func (p *Prefetcher) Fault(page, limit int64, out []int64) int {
+	p.faults++
+	i := p.route(page)
+	p.idle[i], p.last = p.faults, i
+	return p.streams[i].fault(page, limit, out)
+}
+
+// route returns the stream page belongs to, starting a new one in place
+// of the stream idle longest if none is near.
+func (p *Prefetcher) route(page int64) int {
+	best, bestDist := -1, int64(0)
+	for i := range p.streams {
+		s := &p.streams[i]
+		if !s.haveLast {
+			continue
+		}
+		d := page - s.last
+		if d < 0 {
+			d = -d
+		}
+		if d <= s.reach() && (best < 0 || d < bestDist) {
+			best, bestDist = i, d
+		}
+	}
+	if best >= 0 {
+		return best
+	}
+	old := 0
+	for i := range p.streams {
+		if !p.streams[i].haveLast {
+			return i
+		}
+		if p.idle[i] < p.idle[old] {
+			old = i
+		}
+	}
+	p.streams[old].reset()
+	return old
+}
+
+// Stats returns what prefetching did so far, summed over the streams.
+func (p *Prefetcher) Stats() PrefetchStats {
+	var st PrefetchStats
+	for i := range p.streams {
+		s := p.streams[i].stats
+		st.Issued += s.Issued
+		st.Hits += s.Hits
+		st.Wasted += s.Wasted
+	}
+	return st
+}
+
+// Depth returns the prefetch depth of the stream of the last fault.
+func (p *Prefetcher) Depth() int { return p.streams[p.last].depth }
+
+// stream is one fault stream's Leap state.
+type stream struct {
 	deltas   []int64 // ring of the last len(deltas) fault-to-fault deltas, in pages
 	n        int     // deltas recorded so far, capped at len(deltas)
 	next     int     // ring position of the next delta
@@ -23,11 +118,11 @@ type Prefetcher struct {
 	maxDepth int
 
 	// Accounting of the last prefetch, to adapt depth.
-	issued int   // pages issued by the last Fault
+	issued int   // pages issued by the last fault
 	stride int64 // the delta they were issued along
 	used   int   // of which a later fault found resident or passed over
 
-	stats PrefetchStats // settled windows (Issued counts every Fault)
+	stats PrefetchStats // settled windows (Issued counts every fault)
 }
 
 // PrefetchStats counts what prefetching did.
@@ -37,10 +132,7 @@ type PrefetchStats struct {
 	Wasted uint64 // prefetched pages evicted or unmapped unused
 }
 
-// NewPrefetcher returns a prefetcher keeping history faults and prefetching
-// between 1 and maxDepth pages ahead. history is rounded up to a power of
-// two of at least 4.
-func NewPrefetcher(history, maxDepth int) *Prefetcher {
+func newStream(history, maxDepth int) stream {
 	h := 4
 	for h < history {
 		h *= 2
@@ -48,12 +140,35 @@ func NewPrefetcher(history, maxDepth int) *Prefetcher {
 	if maxDepth < 1 {
 		maxDepth = 1
 	}
-	return &Prefetcher{deltas: make([]int64, h), depth: 1, minDepth: 1, maxDepth: maxDepth}
+	return stream{deltas: make([]int64, h), depth: 1, minDepth: 1, maxDepth: maxDepth}
 }
 
-// Trend returns the majority delta of the recent faults, if there is one.
-// A zero delta (the same page faulting again) is never a trend.
-func (p *Prefetcher) Trend() (int64, bool) {
+// reset starts the stream over, keeping its history's storage and its
+// settled stats.
+func (p *stream) reset() {
+	p.adapt() // settle the last window
+	*p = stream{deltas: p.deltas, depth: 1, minDepth: p.minDepth, maxDepth: p.maxDepth, stats: p.stats}
+}
+
+// reach is how far from its last fault the stream's next fault may come:
+// past the pages it prefetched along its stride, with some slack.
+func (p *stream) reach() int64 {
+	st := p.stride
+	if st < 0 {
+		st = -st
+	}
+	return max(minReach, 2*int64(p.issued+1)*max(st, 1))
+}
+
+// Trend returns the majority delta of the recent faults, if there is one:
+// two deltas at least. A zero delta (the same page faulting again) is never
+// a trend.
+func (p *stream) Trend() (int64, bool) {
+	if p.n < 2 {
+		// One delta is no trend: a stream started by a stray fault
+		// near another would prefetch along any delta at all.
+		return 0, false
+	}
 	for w := 4; ; w *= 2 {
 		if w > p.n {
 			w = p.n
@@ -68,7 +183,7 @@ func (p *Prefetcher) Trend() (int64, bool) {
 }
 
 // majority returns the strict-majority value among the last w deltas.
-func (p *Prefetcher) majority(w int) (int64, bool) {
+func (p *stream) majority(w int) (int64, bool) {
 	if w == 0 {
 		return 0, false
 	}
@@ -97,10 +212,9 @@ func (p *Prefetcher) majority(w int) (int64, bool) {
 	return cand, count > w/2
 }
 
-// Fault records a fault on page and fills out with the pages to prefetch
-// (page indexes within [0, limit)), returning how many it wrote. out bounds
-// the depth; the caller skips pages that are already resident or in flight.
-func (p *Prefetcher) Fault(page, limit int64, out []int64) int {
+// fault records a fault of this stream on page and fills out with the pages
+// to prefetch, as Prefetcher.Fault.
+func (p *stream) fault(page, limit int64, out []int64) int {
 	if p.haveLast {
 		if steps := p.credit(page); steps > 1 {
 			// The stream touched the prefetched pages without faulting;
@@ -139,7 +253,7 @@ func (p *Prefetcher) Fault(page, limit int64, out []int64) int {
 // A fault that leaves the stream credits nothing, and the depth shrinks.
 // It returns how many strides the fault is ahead of the previous one along
 // that stream, or 0 when it is off the stream.
-func (p *Prefetcher) credit(page int64) int64 {
+func (p *stream) credit(page int64) int64 {
 	if p.issued == 0 || p.stride == 0 {
 		return 0
 	}
@@ -151,7 +265,7 @@ func (p *Prefetcher) credit(page int64) int64 {
 	return steps
 }
 
-func (p *Prefetcher) record(delta int64) {
+func (p *stream) record(delta int64) {
 	p.deltas[p.next] = delta
 	p.next = (p.next + 1) % len(p.deltas)
 	if p.n < len(p.deltas) {
@@ -159,12 +273,8 @@ func (p *Prefetcher) record(delta int64) {
 	}
 }
 
-// Used records that a page prefetched by the last Fault was found in flight
-// or resident by a fault (the stream caught up with its prefetch).
-func (p *Prefetcher) Used() { p.used = min(p.used+1, p.issued) }
-
 // adapt resizes the prefetch depth from the outcome of the previous prefetch.
-func (p *Prefetcher) adapt() {
+func (p *stream) adapt() {
 	p.stats.Hits += uint64(p.used)
 	p.stats.Wasted += uint64(p.issued - p.used)
 	switch {
@@ -177,11 +287,3 @@ func (p *Prefetcher) adapt() {
 	}
 	p.depth = max(p.minDepth, min(p.depth, p.maxDepth))
 }
-
-// Stats returns what prefetching did so far, as the stream showed it: Hits
-// are prefetched pages the stream passed over or caught in flight, Wasted
-// the rest of each settled prefetch (the last one is not settled yet).
-func (p *Prefetcher) Stats() PrefetchStats { return p.stats }
-
-// Depth returns the current prefetch depth.
-func (p *Prefetcher) Depth() int { return p.depth }

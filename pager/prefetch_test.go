@@ -135,3 +135,33 @@ func TestPrefetchNoAlloc(t *testing.T) {
 		t.Fatalf("%v allocations per fault", n)
 	}
 }
+
+// Two streams interleaved in one region, as a quicksort's partition
+// pointers walk towards each other: each is followed on its own (one
+// history for both saw deltas jumping between them, and no trend).
+func TestPrefetchInterleavedStreams(t *testing.T) {
+	const pages = 8192
+	var stream []int64
+	for i := int64(0); i < pages/2; i++ {
+		stream = append(stream, i, pages-1-i)
+	}
+	p := NewPrefetcher(32, 64)
+	faults, wasted := simulate(p, stream, pages)
+	if faults > pages/20 {
+		t.Errorf("two interleaved scans of %d pages: %d faults, want prefetch to absorb most", pages, faults)
+	}
+	if wasted > 2*64 {
+		t.Errorf("wasted %d prefetched pages", wasted)
+	}
+	// And four threads scanning their quarters of one array.
+	var four []int64
+	for i := int64(0); i < pages/4; i++ {
+		for q := int64(0); q < 4; q++ {
+			four = append(four, q*pages/4+i)
+		}
+	}
+	p = NewPrefetcher(32, 64)
+	if faults, _ := simulate(p, four, pages); faults > pages/20 {
+		t.Errorf("four interleaved scans: %d faults", faults)
+	}
+}
