@@ -30,7 +30,8 @@
 //     semantics hold), and dirty ones written to every replica. A write
 //     racing an eviction waits (held fault) and is served after it.
 //   - Prefetcher: Leap-style majority-trend detection, on each of up to
-//     4 interleaved fault streams per region.
+//     4 interleaved fault streams per region and on the jumps between
+//     them (long strides).
 //   - Fork (fork.go): the child's uffd from EVENT_FORK gets a loop of its
 //     own at once; it shares its parent's slabs, copy-on-write (share.go:
 //     a side copies a shared slab before it first writes back there), and

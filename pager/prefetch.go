@@ -11,24 +11,28 @@ package pager
 // when they are not.
 //
 // Unlike Leap, which keeps one history per process, it follows up to
-// maxStreams streams in a region at once: each fault goes to the stream
+// maxStreams local streams in a region at once: a fault joins the stream
 // whose last fault is nearest, within that stream's reach (where its next
-// fault would come), or else starts a new stream in place of the one
-// idle longest. Interleaved streams (a quicksort's two partition pointers
-// walking towards each other, threads scanning parts of one array, a
-// merge of two runs) then each show their own trend instead of drowning
-// it in deltas that jump between them.
+// fault would come). Interleaved streams (a quicksort's two partition
+// pointers walking towards each other, threads scanning parts of one
+// array, a merge of two runs) then each show their own trend instead of
+// drowning it in deltas that jump between them. A fault no local stream
+// claims is a jump: it starts a local stream in place of the one idle
+// longest, and goes to the far stream, which sees every jump, so that a
+// stride too long for any reach (a column walk of a large matrix) is
+// still found there, as one history found it.
 //
 // A Prefetcher is plain state with no locking and no allocation after New:
 // the fault loop of its region owns it.
 type Prefetcher struct {
 	streams [maxStreams]stream
 	idle    [maxStreams]uint64 // fault count when each stream last faulted
+	far     stream
 	faults  uint64
-	last    int // the stream of the last fault
+	last    *stream // the stream of the last fault
 }
 
-// maxStreams bounds the streams followed in one region.
+// maxStreams bounds the local streams followed in one region.
 const maxStreams = 4
 
 // minReach is how far from a stream's last fault a fault may be and still
@@ -40,10 +44,11 @@ const minReach = 16
 // prefetching between 1 and maxDepth pages ahead. history is rounded up
 // to a power of two of at least 4.
 func NewPrefetcher(history, maxDepth int) *Prefetcher {
-	p := &Prefetcher{}
+	p := &Prefetcher{far: newStream(history, maxDepth)}
 	for i := range p.streams {
 		p.streams[i] = newStream(history, maxDepth)
 	}
+	p.last = &p.far
 	return p
 }
 
@@ -52,14 +57,20 @@ func NewPrefetcher(history, maxDepth int) *Prefetcher {
 // the depth; the caller skips pages that are already resident or in flight.
 func (p *Prefetcher) Fault(page, limit int64, out []int64) int {
 	p.faults++
-	i := p.route(page)
-	p.idle[i], p.last = p.faults, i
-	return p.streams[i].fault(page, limit, out)
+	if i := p.near(page); i >= 0 {
+		p.idle[i], p.last = p.faults, &p.streams[i]
+		return p.last.fault(page, limit, out)
+	}
+	i := p.oldest()
+	p.streams[i].reset()
+	p.streams[i].fault(page, limit, out[:0]) // its first fault: no trend yet
+	p.idle[i], p.last = p.faults, &p.far
+	return p.far.fault(page, limit, out)
 }
 
-// route returns the stream page belongs to, starting a new one in place
-// of the stream idle longest if none is near.
-func (p *Prefetcher) route(page int64) int {
+// near returns the local stream whose last fault is nearest page within
+// its reach, or -1.
+func (p *Prefetcher) near(page int64) int {
 	best, bestDist := -1, int64(0)
 	for i := range p.streams {
 		s := &p.streams[i]
@@ -74,9 +85,11 @@ func (p *Prefetcher) route(page int64) int {
 			best, bestDist = i, d
 		}
 	}
-	if best >= 0 {
-		return best
-	}
+	return best
+}
+
+// oldest returns an unused local stream, or the one idle longest.
+func (p *Prefetcher) oldest() int {
 	old := 0
 	for i := range p.streams {
 		if !p.streams[i].haveLast {
@@ -86,13 +99,12 @@ func (p *Prefetcher) route(page int64) int {
 			old = i
 		}
 	}
-	p.streams[old].reset()
 	return old
 }
 
 // Stats returns what prefetching did so far, summed over the streams.
 func (p *Prefetcher) Stats() PrefetchStats {
-	var st PrefetchStats
+	st := p.far.stats
 	for i := range p.streams {
 		s := p.streams[i].stats
 		st.Issued += s.Issued
@@ -103,7 +115,7 @@ func (p *Prefetcher) Stats() PrefetchStats {
 }
 
 // Depth returns the prefetch depth of the stream of the last fault.
-func (p *Prefetcher) Depth() int { return p.streams[p.last].depth }
+func (p *Prefetcher) Depth() int { return p.last.depth }
 
 // stream is one fault stream's Leap state.
 type stream struct {

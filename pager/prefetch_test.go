@@ -53,17 +53,20 @@ func TestPrefetchSequential(t *testing.T) {
 }
 
 func TestPrefetchStrided(t *testing.T) {
-	for _, stride := range []int64{3, -1, -7} {
+	// 3, -1, -7: local streams; 100 and -300: longer than any stream's
+	// first reach, found by the far stream.
+	for _, stride := range []int64{3, -1, -7, 100, -300} {
 		var stream []int64
+		const limit = 300 * 8192
 		start := int64(0)
 		if stride < 0 {
-			start = 8191
+			start = limit - 1
 		}
-		for pg := start; pg >= 0 && pg < 8192; pg += stride {
+		for pg := start; pg >= 0 && pg < limit && len(stream) < 8192; pg += stride {
 			stream = append(stream, pg)
 		}
 		p := NewPrefetcher(32, 32)
-		faults, _ := simulate(p, stream, 8192)
+		faults, _ := simulate(p, stream, limit)
 		if faults > len(stream)/10 {
 			t.Errorf("stride %d: %d faults for %d accesses", stride, faults, len(stream))
 		}
