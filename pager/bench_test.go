@@ -36,8 +36,8 @@ import (
 //	go test -run '^$' -bench 'Workloads/qsort$' -benchtime 1x -timeout 60m ./pager/ -args -pager.bench-mib 1024
 //
 // Measured 2026-11-30 (fourth session), 1 GiB quicksort with a prefetch
-// stream per partition pointer: 16.5 s all local, 35.7 s at 50% (2.17×),
-// 51.7 s at 25% (3.14×), prefetch hit rate 0.88 and 0.91 (the third
+// stream per partition pointer, 2 runs: 16.5-16.8 s all local, 2.17-2.27×
+// at 50%, 3.14-3.44× at 25%, prefetch hit rate 0.88 and 0.91 (the third
 // session's single-stream prefetcher: 3.02× and 4.70×, 0.76 and 0.75).
 //
 // Measured 2026-11-30 (fourth session), remote fault p50 over 5 runs:
