@@ -18,9 +18,9 @@ func (c *client) event(ev userfaultfd.Event) {
 		// Nothing is installed while the child's copy is made (see
 		// errForkAhead): fork may serve the socket meanwhile, and an
 		// EVICTED wakes held faults.
-		c.forkAhead = true
+		c.uffd.forkAhead = true
 		c.fork(ev.FD)
-		c.forkAhead = false
+		c.uffd.forkAhead = false
 	case userfaultfd.EventRemove:
 		c.dropRange(ev.Range, false)
 	case userfaultfd.EventUnmap:

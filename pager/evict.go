@@ -203,13 +203,13 @@ func (c *client) evicted(m *proto.Evicted) {
 		}
 		c.st.evictions.Add(1)
 		if hasSlot { // dirty when chosen (busy since: no write got in)
-			c.set(r, idx, (p &^ (FlagDirty | FlagRef | FlagPrefetched)).With(Staged))
+			c.set(r, idx, (p &^ (FlagDirty | FlagRef)).With(Staged))
 			c.staged++
 			c.wb = append(c.wb, PageOp{Slab: r.slabs[idx/spp], Off: uint64(idx%spp) * pageSize,
 				Buf: c.staging[slot*pageSize : (slot+1)*pageSize]})
 			c.wbRef = append(c.wbRef, i)
 		} else {
-			c.set(r, idx, (p &^ (FlagRef | FlagPrefetched)).With(Remote))
+			c.set(r, idx, (p &^ FlagRef).With(Remote))
 		}
 	}
 	if len(c.wb) > 0 {

@@ -114,32 +114,25 @@ func (c *client) forkRegion(r *region) (*region, error) {
 			p := r.pages[idx]
 			switch p.State() {
 			case Resident:
-				if p.Has(FlagBusy) {
+				switch {
+				case p.Has(FlagBusy):
 					// Only when settleEviction failed: the helper
 					// may have dropped it before fork(2).
 					cr.pages[idx] = Page(0).With(Lost)
-					continue
-				}
-				cr.pages[idx] = Page(0).With(Resident) | FlagDirty
-				if keepClean && !p.Has(FlagDirty) {
+				case keepClean && !p.Has(FlagDirty):
 					cr.pages[idx] = Page(0).With(Resident)
 					pooled = true
+				default:
+					cr.pages[idx] = Page(0).With(Resident) | FlagDirty
 				}
 			case Remote:
 				cr.pages[idx] = Page(0).With(Remote)
 				pooled = true
 			case Staged:
+				cr.pages[idx] = Page(0).With(Lost) // unless copySlab saves it
 				staged = true
 			case Lost:
 				cr.pages[idx] = Page(0).With(Lost)
-			}
-		}
-		if staged || r.slabs[s] == 0 {
-			// No shared slab to hold the clean pages' copies.
-			for idx := lo; idx < hi; idx++ {
-				if cr.pages[idx].State() == Resident {
-					cr.pages[idx] |= FlagDirty
-				}
 			}
 		}
 		switch {
@@ -149,7 +142,7 @@ func (c *client) forkRegion(r *region) (*region, error) {
 			if err := c.copySlab(r, cr, s); err != nil && firstErr == nil {
 				firstErr = err
 			}
-		case pooled && r.slabs[s] != 0:
+		case pooled:
 			cr.slabs[s] = r.slabs[s]
 			c.a.slabs.share(r.slabs[s])
 		}
@@ -157,107 +150,56 @@ func (c *client) forkRegion(r *region) (*region, error) {
 	return cr, firstErr
 }
 
-// copySlab copies the pooled pages of slab s of r, some of them staged, to
-// a new slab of cr.
+// copySlab gives cr a slab of its own for slab s of r, which holds staged
+// pages (whose write-back failed: their data is in r's staging slots, not
+// in the pool): what cr needs of r's slab is copied from it, the staged
+// pages from their slots. A page lost on the way is Lost in cr (SIGBUS,
+// never zeros) or, if cr has it resident, dirty. Replicas that cannot be
+// reached right now are tried 3 times.
 func (c *client) copySlab(r, cr *region, s int) error {
 	ctx, cancel := context.WithTimeout(c.a.ctx, 30*time.Second)
 	defer cancel()
+	lose := func(lo, hi int) {
+		for idx := lo; idx < hi; idx++ {
+			switch p := cr.pages[idx]; p.State() {
+			case Remote:
+				cr.pages[idx] = p.With(Lost)
+			case Resident:
+				cr.pages[idx] = p | FlagDirty
+			}
+		}
+	}
 	spp := int(c.a.pagesPerSlab)
 	lo, hi := s*spp, min((s+1)*spp, len(r.pages))
 	ids, err := c.a.opts.Store.Alloc(ctx, 1)
 	if err != nil {
-		for idx := lo; idx < hi; idx++ {
-			if st := r.pages[idx].State(); st == Remote || st == Staged {
-				cr.pages[idx] = Page(0).With(Lost)
-			}
-		}
+		lose(lo, hi)
 		return err
 	}
 	cr.slabs[s] = ids[0]
-	ops := make([]PageOp, 0, maxBatch)
-	idxs := make([]int, 0, maxBatch)
-	buf := make([]byte, maxBatch*pageSize)
-	flush := func() {
-		if len(ops) == 0 {
-			return
+	for try := 0; ; try++ {
+		err = c.copyPages(ctx, cr, s, r.slabs[s], ids[0], pooledCopy, lose)
+		if !errors.Is(err, ErrUnavailable) || try == 2 || ctx.Err() != nil {
+			break
 		}
-		// READ what is in the parent's slab (staged pages are copied from
-		// their slots below), then WRITE all to the child's.
-		for k := range ops {
-			ops[k].Slab = r.slabs[s]
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err != nil {
+		lose(lo, hi)
+		return err
+	}
+	var op [1]PageOp
+	for idx := lo; idx < hi; idx++ {
+		if r.pages[idx].State() != Staged {
+			continue
 		}
-		rd := make([]PageOp, 0, len(ops))
-		for k := range ops {
-			if r.pages[idxs[k]].State() == Remote {
-				rd = append(rd, ops[k])
-			}
-		}
-		c.io.Read(ctx, rd)
-		// No replica reachable right now is not lost: try again a few
-		// times before the child's copy of those pages is given up
-		// (poisoned: loud, never zeros).
-		for try := 0; try < 3 && ctx.Err() == nil; try++ {
-			retry := rd[:0:0]
-			for k := range rd {
-				if errors.Is(rd[k].Err, ErrUnavailable) {
-					retry = append(retry, rd[k])
-				}
-			}
-			if len(retry) == 0 {
-				break
-			}
-			time.Sleep(200 * time.Millisecond)
-			c.io.Read(ctx, retry)
-			m := 0
-			for k := range rd {
-				if errors.Is(rd[k].Err, ErrUnavailable) {
-					rd[k].Err = retry[m].Err
-					m++
-				}
-			}
-		}
-		lost := map[int]bool{}
-		j := 0
-		for k := range ops {
-			idx := idxs[k]
-			if r.pages[idx].State() == Remote {
-				if rd[j].Err != nil {
-					lost[idx] = true
-				}
-				j++
-				continue
-			}
-			if slot := c.slotOf(r, idx); slot >= 0 {
-				copy(ops[k].Buf, c.staging[slot*pageSize:(slot+1)*pageSize])
-			}
-		}
-		for k := range ops {
-			ops[k].Slab = cr.slabs[s]
-		}
-		c.io.Write(ctx, ops)
-		for k := range ops {
-			idx := idxs[k]
-			if lost[idx] || ops[k].Err != nil {
-				cr.pages[idx] = Page(0).With(Lost)
-			} else {
+		if slot := c.slotOf(r, idx); slot >= 0 {
+			op[0] = PageOp{Slab: ids[0], Off: uint64(idx-lo) * pageSize, Buf: c.staging[slot*pageSize : (slot+1)*pageSize]}
+			if c.io.Write(ctx, op[:]); op[0].Err == nil {
 				cr.pages[idx] = Page(0).With(Remote)
 			}
 		}
-		ops, idxs = ops[:0], idxs[:0]
 	}
-	for idx := lo; idx < hi; idx++ {
-		st := r.pages[idx].State()
-		if st != Remote && st != Staged {
-			continue
-		}
-		k := len(ops)
-		ops = append(ops, PageOp{Off: uint64(idx%spp) * pageSize, Buf: buf[k*pageSize : (k+1)*pageSize]})
-		idxs = append(idxs, idx)
-		if len(ops) == cap(ops) {
-			flush()
-		}
-	}
-	flush()
 	return nil
 }
 
@@ -446,32 +388,34 @@ func childOf(pid, ppid int) bool {
 // exited reports whether process pid has exited: gone from /proc, or a
 // zombie.
 func exited(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	state, _, err := procStat(pid)
 	if err != nil {
 		return errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH)
 	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 || i+2 >= len(b) {
-		return false
-	}
-	st := b[i+2] // "pid (comm) S ..."
-	return st == 'Z' || st == 'X'
+	return state == "Z" || state == "X"
 }
 
 // parentPID reads pid's parent from /proc/pid/stat.
 func parentPID(pid int) (int, error) {
+	_, ppid, err := procStat(pid)
+	return ppid, err
+}
+
+// procStat reads pid's state and parent from /proc/pid/stat.
+func procStat(pid int) (state string, ppid int, err error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return 0, err
+		return "", 0, err
 	}
 	// "pid (comm) state ppid ...": comm may hold spaces and parentheses.
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("pager: /proc/%d/stat: no comm", pid)
+		return "", 0, fmt.Errorf("pager: /proc/%d/stat: no comm", pid)
 	}
 	f := strings.Fields(string(b[i+1:]))
 	if len(f) < 2 {
-		return 0, fmt.Errorf("pager: /proc/%d/stat: too short", pid)
+		return "", 0, fmt.Errorf("pager: /proc/%d/stat: too short", pid)
 	}
-	return strconv.Atoi(f[1])
+	ppid, err = strconv.Atoi(f[1])
+	return f[0], ppid, err
 }

@@ -51,7 +51,7 @@ type client struct {
 	a    *Agent
 	id   uint64
 	log  *zap.Logger
-	uffd *userfaultfd.UFFD
+	uffd gatedUFFD
 	io   PageIO
 	st   counters
 
@@ -92,7 +92,6 @@ type client struct {
 	victims     []Victim
 	zeros       []byte
 	forks       uint64
-	forkAhead   bool      // a FORK event read ahead (again) is not handled yet: install nothing (errForkAhead)
 	forking     uint64    // serial of a FORK_PREPARE until its FORK_DONE: no evictions meanwhile
 	forkedAt    time.Time // when that FORK_PREPARE was answered (see forkStalled)
 	features    userfaultfd.Feature
@@ -148,7 +147,7 @@ func (a *Agent) newClient(u *userfaultfd.UFFD, features userfaultfd.Feature) (*c
 		return nil, fmt.Errorf("pager: staging memfd: %w", err)
 	}
 	c := &client{
-		a: a, id: a.nextID.Add(1), uffd: u, io: io, features: features,
+		a: a, id: a.nextID.Add(1), uffd: gatedUFFD{UFFD: u}, io: io, features: features,
 		wakefd: wfd, done: make(chan struct{}), sockfd: -1, pidfd: -1,
 		msgs:  make([]userfaultfd.Msg, maxMsgs),
 		pfds:  make([]unix.PollFd, 0, 4),
@@ -504,13 +503,42 @@ func (c *client) handleMsgs(msgs []userfaultfd.Msg) {
 // then, as if the kernel still refused.
 var errForkAhead = fmt.Errorf("pager: a FORK event read ahead is not handled yet: %w", unix.EAGAIN)
 
+// gatedUFFD is a client's uffd whose ioctls that install pages (Copy,
+// ZeroPage, Poison) fail with errForkAhead while forkAhead is set: the
+// one place that keeps the rule of errForkAhead.
+type gatedUFFD struct {
+	*userfaultfd.UFFD
+	forkAhead bool // a FORK event read ahead is not handled yet
+}
+
+func (g *gatedUFFD) Copy(dst userfaultfd.Addr, src []byte, flags userfaultfd.Flags) (int, error) {
+	if g.forkAhead {
+		return 0, errForkAhead
+	}
+	return g.UFFD.Copy(dst, src, flags)
+}
+
+func (g *gatedUFFD) ZeroPage(r userfaultfd.Range, flags userfaultfd.Flags) (int, error) {
+	if g.forkAhead {
+		return 0, errForkAhead
+	}
+	return g.UFFD.ZeroPage(r, flags)
+}
+
+func (g *gatedUFFD) Poison(r userfaultfd.Range, flags userfaultfd.Flags) (int, error) {
+	if g.forkAhead {
+		return 0, errForkAhead
+	}
+	return g.UFFD.Poison(r, flags)
+}
+
 // again reports whether an ioctl refused with EAGAIN is worth retrying at
 // once. The kernel refuses while a REMOVE/UNMAP event of the client (its
 // helper's madvise, a munmap) is unread: reading the pending messages now
 // (handled later, in order, by serveUFFD) lifts that, so the page just
 // fetched is installed instead of being fetched again on a later retry.
 func (c *client) again(err error) bool {
-	if !userfaultfd.IsMMChanged(err) || c.forkAhead || len(c.early) == cap(c.early) {
+	if !userfaultfd.IsMMChanged(err) || c.uffd.forkAhead || len(c.early) == cap(c.early) {
 		return false
 	}
 	n, rerr := c.uffd.ReadEvents(c.early[len(c.early):cap(c.early)])
@@ -519,11 +547,11 @@ func (c *client) again(err error) bool {
 	}
 	for i := len(c.early); i < len(c.early)+n; i++ {
 		if c.early[:cap(c.early)][i].Kind() == userfaultfd.EventFork {
-			c.forkAhead = true // see errForkAhead
+			c.uffd.forkAhead = true // see errForkAhead
 		}
 	}
 	c.early = c.early[:len(c.early)+n]
-	return !c.forkAhead
+	return !c.uffd.forkAhead
 }
 
 // fault handles one page fault at page address a.
@@ -628,10 +656,7 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 // before, EEXIST, and the thread is woken), else the error (IsMMChanged:
 // retry after reading events; IsGone: nothing to do).
 func (c *client) zeroFill(a userfaultfd.Addr, since time.Time) (mapped bool, err error) {
-	err = errForkAhead
-	if !c.forkAhead {
-		_, err = c.uffd.ZeroPage(pageRange(a), 0)
-	}
+	_, err = c.uffd.ZeroPage(pageRange(a), 0)
 	if c.again(err) {
 		_, err = c.uffd.ZeroPage(pageRange(a), 0)
 	}
@@ -750,9 +775,6 @@ func (c *client) merge() {
 // Copy, and returns how many it installed: all, or the pages before the
 // one where the Copy stopped (the caller installs the rest one by one).
 func (c *client) copyRun(k, j int, since time.Time) int {
-	if c.forkAhead {
-		return 0
-	}
 	first := c.readAt[k]
 	n, err := c.uffd.Copy(first.r.addr(first.idx), c.bufs[k*pageSize:j*pageSize], userfaultfd.WriteProtected)
 	done := j - k
@@ -784,10 +806,7 @@ func (c *client) installRead(k int, since time.Time) {
 		c.st.remoteReads.Add(1)
 		// Installed write-protected: clean until a WP fault says
 		// otherwise.
-		err := errForkAhead
-		if !c.forkAhead {
-			_, err = c.uffd.Copy(a, op.Buf, userfaultfd.WriteProtected)
-		}
+		_, err := c.uffd.Copy(a, op.Buf, userfaultfd.WriteProtected)
 		if c.again(err) {
 			_, err = c.uffd.Copy(a, op.Buf, userfaultfd.WriteProtected)
 		}
@@ -830,9 +849,6 @@ func (c *client) installRead(k int, since time.Time) {
 func (c *client) poison(r *region, idx int) error {
 	a := r.addr(idx)
 	if c.features.Has(userfaultfd.FeaturePoison) {
-		if c.forkAhead {
-			return errForkAhead
-		}
 		c.st.lost.Add(1) // before the ioctl wakes the thread into its SIGBUS
 		_, err := c.uffd.Poison(pageRange(a), 0)
 		if userfaultfd.IsMMChanged(err) {
@@ -868,10 +884,7 @@ func (c *client) fromSlot(r *region, idx int, flags userfaultfd.Flags) error {
 		return nil
 	}
 	a := r.addr(idx)
-	err := errForkAhead
-	if !c.forkAhead {
-		_, err = c.uffd.Copy(a, c.staging[slot*pageSize:(slot+1)*pageSize], flags)
-	}
+	_, err := c.uffd.Copy(a, c.staging[slot*pageSize:(slot+1)*pageSize], flags)
 	exist := userfaultfd.IsExist(err)
 	switch {
 	case err == nil:

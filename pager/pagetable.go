@@ -48,8 +48,6 @@ const (
 	FlagBusy Page = 1 << 5
 	// FlagFetch: a READ for it is in the current batch.
 	FlagFetch Page = 1 << 6
-	// FlagPrefetched: brought in by prefetch and not faulted on since.
-	FlagPrefetched Page = 1 << 7
 )
 
 // State returns the page's state.

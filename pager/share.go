@@ -87,8 +87,8 @@ func (c *client) unshareFor(victims []Victim) error {
 	return nil
 }
 
-// unshareChunk bounds one transfer of an unshare.
-const unshareChunk = 64 * pageSize
+// copyChunk bounds one transfer of a slab copy.
+const copyChunk = 64 * pageSize
 
 // pooledCopy reports whether p's data is in its slab for the region that
 // holds p: a page in the pool, or a clean resident one (its eviction will
@@ -97,12 +97,50 @@ func pooledCopy(p Page) bool {
 	return p.State() == Remote || p.State() == Resident && !p.Has(FlagDirty)
 }
 
+// copyPages copies, from slab from to slab to, the pages of r's slab s
+// for which want holds, in runs of up to copyChunk. For a run whose every
+// replica is gone it calls lost with the run's pages and goes on; another
+// failure ends it with an error.
+func (c *client) copyPages(ctx context.Context, r *region, s int, from, to SlabID, want func(Page) bool, lost func(lo, hi int)) error {
+	if c.copyBuf == nil {
+		c.copyBuf = make([]byte, copyChunk)
+	}
+	spp := int(c.a.pagesPerSlab)
+	base, end := s*spp, min((s+1)*spp, len(r.pages))
+	var op [1]PageOp
+	for idx := base; idx < end; {
+		if !want(r.pages[idx]) {
+			idx++
+			continue
+		}
+		run := idx + 1
+		for run < end && run-idx < copyChunk/pageSize && want(r.pages[run]) {
+			run++
+		}
+		op[0] = PageOp{Slab: from, Off: uint64(idx-base) * pageSize, Buf: c.copyBuf[:(run-idx)*pageSize]}
+		c.io.Read(ctx, op[:])
+		switch err := op[0].Err; {
+		case errors.Is(err, ErrLost):
+			lost(idx, run)
+		case err != nil:
+			return err
+		default:
+			op[0].Slab = to
+			if c.io.Write(ctx, op[:]); op[0].Err != nil {
+				return op[0].Err
+			}
+		}
+		idx = run
+	}
+	return nil
+}
+
 // unshare replaces r's shared slab s with one of its own holding what r
-// needs of the shared one: the pages r has in the pool or clean, copied in
-// runs (a slab is 64 MiB by default; the pages r holds dirty, never wrote
-// or lost need no copy). Pages whose every replica is gone are lost in the
-// copy too (Remote ones become Lost; clean resident ones dirty, as the pool
-// no longer has them).
+// needs of the shared one: the pages r has in the pool or clean (a slab is
+// 64 MiB by default; the pages r holds dirty, never wrote or lost need no
+// copy). Pages whose every replica is gone are lost in the copy too
+// (Remote ones become Lost; clean resident ones dirty, as the pool no
+// longer has them).
 func (c *client) unshare(r *region, s int) error {
 	old := r.slabs[s]
 	ctx, cancel := context.WithTimeout(c.a.ctx, 30*time.Second)
@@ -112,43 +150,18 @@ func (c *client) unshare(r *region, s int) error {
 		return fmt.Errorf("a slab of its own for a shared one: %w", err)
 	}
 	c.roomAgain()
-	if c.copyBuf == nil {
-		c.copyBuf = make([]byte, unshareChunk)
-	}
-	spp := int(c.a.pagesPerSlab)
-	lo, hi := s*spp, min((s+1)*spp, len(r.pages))
-	op := make([]PageOp, 1) // one per unshare, not per page
-	for idx := lo; idx < hi; {
-		if !pooledCopy(r.pages[idx]) {
-			idx++
-			continue
-		}
-		end := idx + 1
-		for end < hi && end-idx < unshareChunk/pageSize && pooledCopy(r.pages[end]) {
-			end++
-		}
-		op[0] = PageOp{Slab: old, Off: uint64(idx-lo) * pageSize, Buf: c.copyBuf[:(end-idx)*pageSize]}
-		c.io.Read(ctx, op)
-		switch err := op[0].Err; {
-		case errors.Is(err, ErrLost):
-			for k := idx; k < end; k++ {
-				if p := r.pages[k]; p.State() == Remote {
-					c.set(r, k, p.With(Lost))
-				} else {
-					r.pages[k] = p | FlagDirty
-				}
-			}
-		case err != nil:
-			c.a.freeSlabs(ids)
-			return fmt.Errorf("copying a shared slab: %w", err)
-		default:
-			op[0].Slab = ids[0]
-			if c.io.Write(ctx, op); op[0].Err != nil {
-				c.a.freeSlabs(ids)
-				return fmt.Errorf("copying a shared slab: %w", op[0].Err)
+	err = c.copyPages(ctx, r, s, old, ids[0], pooledCopy, func(lo, hi int) {
+		for k := lo; k < hi; k++ {
+			if p := r.pages[k]; p.State() == Remote {
+				c.set(r, k, p.With(Lost))
+			} else {
+				r.pages[k] = p | FlagDirty
 			}
 		}
-		idx = end
+	})
+	if err != nil {
+		c.a.freeSlabs(ids)
+		return fmt.Errorf("copying a shared slab: %w", err)
 	}
 	r.slabs[s] = ids[0]
 	c.a.freeSlabs(c.a.slabs.release([]SlabID{old})) // nothing, unless the other side let go meanwhile

@@ -26,12 +26,7 @@ static void reap(pid_t pid, const char *what)
 
 int main(void)
 {
-	char *p = malloc(SIZE);
-	if (!p)
-		die("malloc");
-	fill(p, SIZE, 1);
-	say("ready\n");
-	wait_go();
+	char *p = ready_heap(SIZE, 1);
 	pid_t pid = _Fork();
 	if (pid < 0)
 		die("_Fork");

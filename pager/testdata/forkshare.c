@@ -12,12 +12,7 @@
 
 int main(void)
 {
-	char *p = malloc(SIZE);
-	if (!p)
-		die("malloc");
-	fill(p, SIZE, 1);
-	say("ready\n");
-	wait_go();
+	char *p = ready_heap(SIZE, 1);
 	int fds[2];
 	if (pipe(fds) != 0)
 		die("pipe");

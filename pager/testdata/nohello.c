@@ -14,12 +14,7 @@
 
 int main(void)
 {
-	char *p = malloc(SIZE);
-	if (!p)
-		die("malloc");
-	fill(p, SIZE, 1);
-	say("ready\n");
-	wait_go();
+	char *p = ready_heap(SIZE, 1);
 	if (syscall(SYS_madvise, p, SIZE, MADV_DOFORK) != 0) /* p is page aligned */
 		die("madvise");
 	pid_t pid = _Fork();

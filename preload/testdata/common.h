@@ -47,3 +47,17 @@ static inline void wait_go(void)
 	if (read(0, &c, 1) != 1)
 		die("stdin closed");
 }
+
+/* The prologue of the fork programs: a heap of size bytes filled with
+ * seed's pattern, "ready" said, then the test's go awaited (it lets the
+ * agent evict meanwhile). */
+static inline char *ready_heap(size_t size, uint64_t seed)
+{
+	char *p = malloc(size);
+	if (!p)
+		die("malloc");
+	fill(p, size, seed);
+	say("ready\n");
+	wait_go();
+	return p;
+}

@@ -9,12 +9,7 @@
 
 int main(void)
 {
-	char *p = malloc(SIZE);
-	if (!p)
-		die("malloc");
-	fill(p, SIZE, 1);
-	say("ready\n");
-	wait_go();
+	char *p = ready_heap(SIZE, 1);
 	/* Read it all once: what is resident at the fork is then clean (in
 	 * the pool too), so the child's first write to it must be seen. */
 	if (!check(p, SIZE, 1))
