@@ -172,10 +172,10 @@ func (p *stream) reach() int64 {
 	return max(minReach, 2*int64(p.issued+1)*max(st, 1))
 }
 
-// Trend returns the majority delta of the recent faults, if there is one:
+// trend returns the majority delta of the recent faults, if there is one:
 // two deltas at least. A zero delta (the same page faulting again) is never
 // a trend.
-func (p *stream) Trend() (int64, bool) {
+func (p *stream) trend() (int64, bool) {
 	if p.n < 2 {
 		// One delta is no trend: a stream started by a stray fault
 		// near another would prefetch along any delta at all.
@@ -241,7 +241,7 @@ func (p *stream) fault(page, limit int64, out []int64) int {
 	p.last, p.haveLast = page, true
 	p.adapt()
 
-	d, ok := p.Trend()
+	d, ok := p.trend()
 	if !ok {
 		p.issued, p.used = 0, 0 // settled by adapt above
 		return 0
