@@ -75,6 +75,12 @@ const (
 	whyUnavailable
 )
 
+// Marks of a posted WRITE (IO.rep).
+const (
+	wrFailed  uint8 = 1 << iota // the replica missed it
+	wrFilling                   // the replica is Filling (Migrate)
+)
+
 // IO is a PageIO over a Table: its own connection per replica address and
 // preallocated work requests, for one goroutine.
 type IO struct {
@@ -90,7 +96,7 @@ type IO struct {
 	next []uint8 // READ: replica to try next
 	why  []uint8
 	via  []*peer
-	rep  []uint8 // replica index of the posted request
+	rep  []uint8 // READ: replica index of the posted request; WRITE: wrFailed, wrFilling
 	ok   []uint8 // WRITE: replicas written
 	pend []int32
 	more []int32
@@ -430,16 +436,19 @@ func (io *IO) writeChunk(parent context.Context, ops []pager.PageOp) error {
 			io.wrs[nw] = rdma.WorkRequest{ID: uint64(nw), Op: rdma.OpWrite, Key: r.Key, Offset: op.Off, Local: op.Buf}
 			io.wop[nw], io.srv[nw] = int32(i), r.Server
 			io.via[nw], io.rep[nw] = p, 0
+			if r.State == Filling {
+				io.rep[nw] = wrFilling
+			}
 			if p == nil { // not dialled: this replica misses the WRITE
 				io.why[i] |= whyUnavailable
-				io.rep[nw] = 1
+				io.rep[nw] |= wrFailed
 			}
 			nw++
 		}
 	}
 	failed := func(w int) {
 		io.why[io.wop[w]] |= whyUnavailable
-		io.rep[w] = 1 // failed marker
+		io.rep[w] |= wrFailed
 	}
 	for _, p := range io.active {
 		buf := io.scratch(0)[:0]
@@ -469,7 +478,9 @@ func (io *IO) writeChunk(parent context.Context, ops []pager.PageOp) error {
 				}
 				return
 			}
-			io.ok[io.wop[w]]++
+			if io.rep[w]&wrFilling == 0 {
+				io.ok[io.wop[w]]++ // a Filling replica is not read yet: it does not count
+			}
 		})
 		if err != nil {
 			io.endRound()
@@ -502,9 +513,12 @@ func (io *IO) writeChunk(parent context.Context, ops []pager.PageOp) error {
 		}
 		io.t.writes.Add(1)
 	}
-	// Replicas that missed a WRITE another replica took are stale.
+	// Replicas that missed a WRITE a healthy replica took are stale. One
+	// that only a Filling replica took is not written (the caller
+	// retries): marking the healthy replicas that missed it stale would
+	// leave the slab nothing to read, nor to finish the copy from.
 	for w := 0; w < nw; w++ {
-		if io.rep[w] == 1 && io.ok[io.wop[w]] > 0 {
+		if io.rep[w]&wrFailed != 0 && io.ok[io.wop[w]] > 0 {
 			io.t.markLost(ops[io.wop[w]].Slab, io.srv[w])
 		}
 	}

@@ -179,6 +179,32 @@ func TestUnreachableIsNotLost(t *testing.T) {
 	}
 }
 
+// A WRITE that only a Filling replica (being copied to by Migrate) took is
+// not written: the healthy replica that missed it stays trusted, and the
+// slab still reads (here: as unreachable, never as lost). Marking it
+// stale left a slab with nothing to read and killed a program with SIGBUS
+// while one server of two was stopped (TestMemagentReplicaStop, in CI).
+func TestWriteOnlyFillingIsNotWritten(t *testing.T) {
+	s, io, ids := setup(t, pagertest.Options{Servers: 2, Replicas: 2, SlabSize: 16 * page}, 1)
+	writeAll(t, io, ids, 16, 1)
+	if err := s.Table().SetState(ids[0], "server-1", slabio.Filling); err != nil {
+		t.Fatal(err)
+	}
+	s.Kill(0)
+	ops := []pager.PageOp{{Slab: ids[0], Off: 0, Buf: make([]byte, page)}}
+	io.Write(context.Background(), ops)
+	if !errors.Is(ops[0].Err, pager.ErrUnavailable) {
+		t.Fatalf("write taken by the Filling replica alone: %v, want ErrUnavailable", ops[0].Err)
+	}
+	reps, _ := s.Table().Replicas(ids[0])
+	for _, r := range reps {
+		if r.Server == "server-0" && r.State != slabio.Healthy {
+			t.Fatalf("the healthy replica that missed the WRITE is %v, want healthy", r.State)
+		}
+	}
+	allIs(t, readAll(t, io, ids, 16, 1), pager.ErrUnavailable)
+}
+
 func TestLost(t *testing.T) {
 	s, io, ids := setup(t, pagertest.Options{Servers: 2, Replicas: 2, SlabSize: 16 * page}, 2)
 	writeAll(t, io, ids, 16, 1)
