@@ -41,9 +41,12 @@
 //
 // # Limits
 //
-//   - An unshare copies what a region needs of a slab (up to 64 MiB) to
-//     write back one page there, while the loop's faults wait: the cost
-//     of a fork is paid by the first write-backs after it.
+//   - An unshare copies what a region needs of a slab (up to 64 MiB)
+//     before a dirty page is written back there: the cost of a fork is
+//     paid by the first write-backs after it. The copy goes a 256 KiB
+//     chunk per pass of the loop, so faults are served meanwhile, but
+//     the slab's dirty pages stay resident until it ends and the client
+//     may go over budget.
 //   - If a client's socket closes while an EVICT is in flight and the
 //     process lives on, the batch's pages stay busy: faults on them wait
 //     until the process exits.

@@ -81,6 +81,9 @@ func (c *client) removeRegion(r *region) {
 		r.pages[idx] = 0
 	}
 	r.gone = true
+	if c.unsh != nil && c.unsh.r == r {
+		c.dropUnshare()
+	}
 	if r.pf != nil {
 		s := r.pf.Stats()
 		c.pfBase.Hits += s.Hits

@@ -20,7 +20,8 @@ import (
 // here and a MADV_DONTNEED in the helper.
 func (c *client) maybeEvict() {
 	c.updatePrefetchStats()
-	if c.conn == nil || c.evictBusy || c.forkStalled() || len(c.slotFree) == 0 || time.Now().Before(c.noRoomRetry) {
+	if c.conn == nil || c.evictBusy || c.forkStalled() || len(c.slotFree) == 0 || time.Now().Before(c.noRoomRetry) ||
+		c.unsh != nil && c.unsh.blocking {
 		return
 	}
 	w := WatermarksFor(c.budgetPages())
@@ -40,7 +41,7 @@ func (c *client) maybeEvict() {
 		}
 		return a.Page - b.Page
 	})
-	err := c.unshareFor(victims)
+	victims, err := c.unshareFor(victims)
 	if err == nil {
 		err = c.ensureSlabs(victims)
 	}
@@ -55,6 +56,12 @@ func (c *client) maybeEvict() {
 		for _, v := range victims {
 			c.regs.tables[v.Table][v.Page] &^= FlagBusy
 		}
+		return
+	}
+	if len(victims) == 0 {
+		// Every victim waits for the unshare: CLOCK would only go
+		// round them again until it ends.
+		c.unsh.blocking = true
 		return
 	}
 

@@ -178,7 +178,7 @@ func (c *client) copySlab(r, cr *region, s int) error {
 	}
 	cr.slabs[s] = ids[0]
 	for try := 0; ; try++ {
-		err = c.copyPages(ctx, cr, s, r.slabs[s], ids[0], pooledCopy, lose)
+		err = c.copyPages(ctx, cr, s, lo, hi, r.slabs[s], ids[0], pooledCopy, lose)
 		if !errors.Is(err, ErrUnavailable) || try == 2 || ctx.Err() != nil {
 			break
 		}

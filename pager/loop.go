@@ -79,7 +79,9 @@ type client struct {
 	merged   []PageOp // reads joined into runs (merge)
 	mergedAt []int    // first read of each merged op
 	bufs     []byte
-	copyBuf  []byte // unshare's, made on first use
+	copyBuf  []byte // copyPages', made on first use
+	copyOps  []PageOp
+	unsh     *slabCopy // the unshare in progress
 
 	noRoomSince time.Time // eviction found no remote memory (said once)
 	noRoomRetry time.Time // and tries again from then on
@@ -238,8 +240,11 @@ func (c *client) RoutineServe() {
 		if c.pidfd < 0 && len(c.regs.list) > 0 {
 			timeout = int(probePeriod / time.Millisecond) // see gone
 		}
-		if len(c.retry) > 0 || c.staged > 0 {
+		if len(c.retry) > 0 || c.staged > 0 || c.unsh != nil {
 			timeout = int(retryPeriod / time.Millisecond)
+		}
+		if c.unshareReady() {
+			timeout = 0 // a chunk to copy after serving what is there
 		}
 		_, err := unix.Poll(c.pfds, timeout)
 		if err != nil && !errors.Is(err, unix.EINTR) {
@@ -274,6 +279,7 @@ func (c *client) RoutineServe() {
 				return
 			}
 		}
+		c.stepUnshare()
 		c.maybeEvict()
 		c.retryHeld()
 		c.retryWriteBack()
@@ -309,8 +315,8 @@ func (c *client) gone() bool {
 // A fault waits at most maxThrottle: the budget bends rather than stall a
 // client whose helper thread cannot run (a Go client with few Ps).
 func (c *client) throttle(since time.Time) bool {
-	if c.conn == nil || c.forkStalled() || !c.evictBusy && (len(c.slotFree) == 0 || !c.noRoomSince.IsZero()) {
-		return false // no eviction to wait for
+	if c.conn == nil || c.forkStalled() || !c.evictBusy && (len(c.slotFree) == 0 || !c.noRoomSince.IsZero() || c.unsh != nil) {
+		return false // no eviction to wait for (an unshare may hold them back)
 	}
 	over := int(c.st.resident.Load())+len(c.reads) >= c.budgetPages()+proto.MaxEvictBatch
 	return over && time.Since(since) < maxThrottle
@@ -362,6 +368,7 @@ func (c *client) teardown() {
 	agentStop := c.stop
 	c.mu.Unlock()
 	if !agentStop {
+		c.dropUnshare()
 		c.a.freeRegions(c.regs.list)
 	}
 	c.io.Close()

@@ -70,21 +70,124 @@ func (s *slabRefs) release(ids []SlabID) []SlabID {
 	return free
 }
 
-// unshareFor gives each region about to write back a dirty victim to a
-// shared slab a copy of that slab of its own. On error the eviction waits:
-// the victims stay resident and unchanged.
-func (c *client) unshareFor(victims []Victim) error {
+// unshareFor keeps from victims those that may be evicted now: not a
+// dirty page of a shared slab, which waits for the slab's unshare (started
+// here if none is in progress: one at a time, a chunk per pass of the
+// loop, so that faults are served meanwhile). Deferred victims stay
+// resident. On error (no slab for the copy) the victims are returned
+// unchanged and the eviction waits.
+func (c *client) unshareFor(victims []Victim) ([]Victim, error) {
 	spp := int(c.a.pagesPerSlab)
-	for _, v := range victims {
+	kept := victims[:0]
+	for i, v := range victims {
 		r := c.regs.list[v.Table]
 		s := v.Page / spp
-		if id := r.slabs[s]; id != 0 && r.pages[v.Page].Has(FlagDirty) && c.a.slabs.shared(id) {
-			if err := c.unshare(r, s); err != nil {
-				return err
+		if !r.pages[v.Page].Has(FlagDirty) || !c.unsharing(r, s) && (r.slabs[s] == 0 || !c.a.slabs.shared(r.slabs[s])) {
+			kept = append(kept, v)
+			continue
+		}
+		if c.unsh == nil {
+			if err := c.startUnshare(r, s); err != nil {
+				return append(kept, victims[i:]...), err
 			}
 		}
+		r.pages[v.Page] &^= FlagBusy
 	}
+	return kept, nil
+}
+
+// slabCopy is an unshare in progress: region r's shared slab s is copied
+// to slab to, a chunk per pass of the loop (stepUnshare); pages of the
+// slab before next are done. Until it ends, r names the shared slab (its
+// faults read there) and no dirty page of the slab is written back.
+type slabCopy struct {
+	r     *region
+	s     int
+	to    SlabID
+	next  int       // page index
+	retry time.Time // after a failed chunk
+	// An eviction found only victims that wait for this copy: none is
+	// tried again until it ends.
+	blocking bool
+}
+
+func (c *client) unsharing(r *region, s int) bool {
+	return c.unsh != nil && c.unsh.r == r && c.unsh.s == s
+}
+
+// startUnshare begins copying r's shared slab s to a slab of its own.
+func (c *client) startUnshare(r *region, s int) error {
+	ctx, cancel := context.WithTimeout(c.a.ctx, 30*time.Second)
+	defer cancel()
+	ids, err := c.a.opts.Store.Alloc(ctx, 1)
+	if err != nil {
+		return fmt.Errorf("a slab of its own for a shared one: %w", err)
+	}
+	c.roomAgain()
+	c.unsh = &slabCopy{r: r, s: s, to: ids[0], next: s * int(c.a.pagesPerSlab)}
 	return nil
+}
+
+// unshareReady reports whether an unshare has a chunk to copy now.
+func (c *client) unshareReady() bool {
+	return c.unsh != nil && !time.Now().Before(c.unsh.retry)
+}
+
+// stepUnshare copies the next chunk of the unshare in progress: what the
+// region needs of the shared slab (the pages it has in the pool or clean:
+// a slab is 64 MiB by default; pages it holds dirty, never wrote or lost
+// need no copy), as they are when the chunk is copied. Pages whose every
+// replica is gone are lost in the copy too (Remote ones become Lost; clean
+// resident ones dirty, as the pool no longer has them). After the last
+// chunk the region names its copy, and the shared slab loses a reference.
+// A copy is dropped if the region went away or the slab is no longer
+// shared (the other side let go: the region may write it now).
+func (c *client) stepUnshare() {
+	u := c.unsh
+	if u == nil || time.Now().Before(u.retry) {
+		return
+	}
+	r := u.r
+	spp := int(c.a.pagesPerSlab)
+	end := min((u.s+1)*spp, len(r.pages))
+	if r.gone || u.s >= len(r.slabs) || !c.a.slabs.shared(r.slabs[u.s]) {
+		c.dropUnshare()
+		return
+	}
+	old := r.slabs[u.s]
+	ctx, cancel := context.WithTimeout(c.a.ctx, 30*time.Second)
+	defer cancel()
+	hi := min(u.next+copyChunk/pageSize, end)
+	err := c.copyPages(ctx, r, u.s, u.next, hi, old, u.to, pooledCopy, func(lo, hi int) {
+		for k := lo; k < hi; k++ {
+			if p := r.pages[k]; p.State() == Remote {
+				c.set(r, k, p.With(Lost))
+			} else {
+				r.pages[k] = p | FlagDirty
+			}
+		}
+	})
+	if err != nil {
+		c.log.Warn("copying a shared slab failed; trying again", zap.Uint64("region", r.id), zap.Int("slab", u.s), zap.Error(err))
+		u.retry = time.Now().Add(noRoomPause)
+		return
+	}
+	if u.next = hi; u.next < end {
+		return
+	}
+	r.slabs[u.s] = u.to
+	c.unsh = nil
+	c.a.freeSlabs(c.a.slabs.release([]SlabID{old})) // nothing, unless the other side let go meanwhile
+	c.st.unshares.Add(1)
+	c.log.Debug("copied a slab shared with a fork", zap.Uint64("region", r.id), zap.Int("slab", u.s))
+}
+
+// dropUnshare abandons the unshare in progress and frees its copy.
+func (c *client) dropUnshare() {
+	if c.unsh != nil {
+		c.a.freeSlabs([]SlabID{c.unsh.to})
+		c.unsh = nil
+	}
 }
 
 // copyChunk bounds one transfer of a slab copy.
@@ -97,75 +200,54 @@ func pooledCopy(p Page) bool {
 	return p.State() == Remote || p.State() == Resident && !p.Has(FlagDirty)
 }
 
-// copyPages copies, from slab from to slab to, the pages of r's slab s
-// for which want holds, in runs of up to copyChunk. For a run whose every
-// replica is gone it calls lost with the run's pages and goes on; another
-// failure ends it with an error.
-func (c *client) copyPages(ctx context.Context, r *region, s int, from, to SlabID, want func(Page) bool, lost func(lo, hi int)) error {
+// copyPages copies, from slab from to slab to, the pages [lo, hi) of r
+// (in its slab s) for which want holds: each copyChunk of them with one
+// batch of READs (a run of adjacent pages is one READ) and one of WRITEs.
+// For a run whose every replica is gone it calls lost with the run's pages
+// and goes on; another failure ends it with an error.
+func (c *client) copyPages(ctx context.Context, r *region, s, lo, hi int, from, to SlabID, want func(Page) bool, lost func(lo, hi int)) error {
 	if c.copyBuf == nil {
 		c.copyBuf = make([]byte, copyChunk)
+		c.copyOps = make([]PageOp, 0, copyChunk/pageSize/2+1)
 	}
-	spp := int(c.a.pagesPerSlab)
-	base, end := s*spp, min((s+1)*spp, len(r.pages))
-	var op [1]PageOp
-	for idx := base; idx < end; {
-		if !want(r.pages[idx]) {
-			idx++
+	base := s * int(c.a.pagesPerSlab)
+	for chunk := lo; chunk < hi; chunk += copyChunk / pageSize {
+		end := min(chunk+copyChunk/pageSize, hi)
+		ops := c.copyOps[:0]
+		for idx := chunk; idx < end; {
+			if !want(r.pages[idx]) {
+				idx++
+				continue
+			}
+			run := idx + 1
+			for run < end && want(r.pages[run]) {
+				run++
+			}
+			ops = append(ops, PageOp{Slab: from, Off: uint64(idx-base) * pageSize, Buf: c.copyBuf[(idx-chunk)*pageSize : (run-chunk)*pageSize]})
+			idx = run
+		}
+		if len(ops) == 0 {
 			continue
 		}
-		run := idx + 1
-		for run < end && run-idx < copyChunk/pageSize && want(r.pages[run]) {
-			run++
-		}
-		op[0] = PageOp{Slab: from, Off: uint64(idx-base) * pageSize, Buf: c.copyBuf[:(run-idx)*pageSize]}
-		c.io.Read(ctx, op[:])
-		switch err := op[0].Err; {
-		case errors.Is(err, ErrLost):
-			lost(idx, run)
-		case err != nil:
-			return err
-		default:
-			op[0].Slab = to
-			if c.io.Write(ctx, op[:]); op[0].Err != nil {
-				return op[0].Err
+		c.io.Read(ctx, ops)
+		got := ops[:0]
+		for _, op := range ops {
+			switch idx := base + int(op.Off/pageSize); {
+			case errors.Is(op.Err, ErrLost):
+				lost(idx, idx+len(op.Buf)/pageSize)
+			case op.Err != nil:
+				return op.Err
+			default:
+				op.Slab = to
+				got = append(got, op)
 			}
 		}
-		idx = run
-	}
-	return nil
-}
-
-// unshare replaces r's shared slab s with one of its own holding what r
-// needs of the shared one: the pages r has in the pool or clean (a slab is
-// 64 MiB by default; the pages r holds dirty, never wrote or lost need no
-// copy). Pages whose every replica is gone are lost in the copy too
-// (Remote ones become Lost; clean resident ones dirty, as the pool no
-// longer has them).
-func (c *client) unshare(r *region, s int) error {
-	old := r.slabs[s]
-	ctx, cancel := context.WithTimeout(c.a.ctx, 30*time.Second)
-	defer cancel()
-	ids, err := c.a.opts.Store.Alloc(ctx, 1)
-	if err != nil {
-		return fmt.Errorf("a slab of its own for a shared one: %w", err)
-	}
-	c.roomAgain()
-	err = c.copyPages(ctx, r, s, old, ids[0], pooledCopy, func(lo, hi int) {
-		for k := lo; k < hi; k++ {
-			if p := r.pages[k]; p.State() == Remote {
-				c.set(r, k, p.With(Lost))
-			} else {
-				r.pages[k] = p | FlagDirty
+		c.io.Write(ctx, got)
+		for _, op := range got {
+			if op.Err != nil {
+				return op.Err
 			}
 		}
-	})
-	if err != nil {
-		c.a.freeSlabs(ids)
-		return fmt.Errorf("copying a shared slab: %w", err)
 	}
-	r.slabs[s] = ids[0]
-	c.a.freeSlabs(c.a.slabs.release([]SlabID{old})) // nothing, unless the other side let go meanwhile
-	c.st.unshares.Add(1)
-	c.log.Debug("copied a slab shared with a fork", zap.Uint64("region", r.id), zap.Int("slab", s))
 	return nil
 }
