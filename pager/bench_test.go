@@ -19,6 +19,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"rmem/internal/cpuidle"
 	"rmem/pager"
 	"rmem/pager/pagertest"
 	"rmem/rdma"
@@ -231,6 +232,11 @@ func skipBench(b *testing.B) {
 	b.Helper()
 	if os.Geteuid() != 0 {
 		b.Skip("needs root: the agent serves another process's userfaultfd")
+	}
+	// How idle CPUs wait decides what a wake-up costs, and a remote
+	// fault has four: figures from machines that differ here differ.
+	if p, err := cpuidle.Read("/sys"); err == nil {
+		b.Logf("host: %v%s", p, map[bool]string{true: " (slow wake-ups: see internal/cpuidle)"}[p.SlowWakeups()])
 	}
 }
 

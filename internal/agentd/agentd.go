@@ -27,6 +27,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"rmem/internal/cpuidle"
 	"rmem/pager"
 	"rmem/pager/poolstore"
 	"rmem/userfaultfd"
@@ -84,6 +85,9 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 		if err := unix.Mlockall(unix.MCL_CURRENT | unix.MCL_FUTURE); err != nil {
 			log.Warn("mlockall failed: the agent's own memory may be swapped out", zap.Error(err))
 		}
+	}
+	if p, err := cpuidle.Read("/sys"); err == nil && p.SlowWakeups() {
+		log.Warn("slow CPU wake-ups: " + p.Advice())
 	}
 	// One status call first, so that a pool out of reach is said plainly
 	// whatever the flags.
