@@ -219,6 +219,8 @@ func (c *client) RoutineServe() {
 	defer close(c.done)
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
+	loopStarted() // see procs.go
+	defer loopStopped()
 	defer c.teardown()
 	for {
 		if c.control() {
