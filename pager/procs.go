@@ -18,7 +18,8 @@ import (
 // system calls, so the extra Ps cost no CPU.
 //
 // Changing GOMAXPROCS stops the world for a moment: once per client
-// connect and exit.
+// connect and exit. It also ends the runtime's own updates of GOMAXPROCS
+// to a cgroup's CPU limit; the base is read when the first loop starts.
 
 // maxLoopProcs bounds the Ps added for loops (a GC uses a quarter of the
 // Ps; thousands of clients must not make it that many workers).

@@ -21,7 +21,9 @@
 //   - Migrate copies a slab to a new replica in chunks while the slab is in
 //     use: each chunk's READ+WRITE excludes IO.Write calls (copyMu), and
 //     writes in between also go to the Filling replica, so the copy never
-//     overwrites newer data.
+//     overwrites newer data. The switch (the new replica Healthy, the old
+//     one dropped) excludes IO.Write calls too, so no WRITE is in flight
+//     to a replica the caller then revokes.
 //
 // # Registered buffers
 //

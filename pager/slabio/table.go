@@ -210,7 +210,15 @@ func (t *Table) Migrate(ctx context.Context, id pager.SlabID, from string, to Re
 	if err != nil {
 		return err
 	}
-	if err := t.copySlab(ctx, id, to); err != nil {
+	err = t.copySlab(ctx, id, to)
+	// The switch excludes IO.Write calls like a chunk of the copy: a
+	// WRITE posted to the replicas of before must complete before the
+	// caller revokes the one dropped. Otherwise the WRITE failed there
+	// (revoked key), and the new replica, Filling when it was posted,
+	// did not count: a WRITE the slab holds was reported unavailable.
+	t.copyMu.Lock()
+	defer t.copyMu.Unlock()
+	if err != nil {
 		t.update(id, func(reps []Replica) ([]Replica, error) { return dropServer(reps, to.Server), nil })
 		return err
 	}
