@@ -168,7 +168,9 @@ func (c *client) stepUnshare() {
 		}
 	})
 	if err != nil {
-		c.log.Warn("copying a shared slab failed; trying again", zap.Uint64("region", r.id), zap.Int("slab", u.s), zap.Error(err))
+		if u.retry.IsZero() { // said once per copy
+			c.log.Warn("copying a shared slab failed; trying again every 200 ms", zap.Uint64("region", r.id), zap.Int("slab", u.s), zap.Error(err))
+		}
 		u.retry = time.Now().Add(noRoomPause)
 		return
 	}
