@@ -36,6 +36,16 @@ import (
 //	go test -run '^$' -bench . -benchtime 1x ./pager/
 //	go test -run '^$' -bench 'Workloads/qsort$' -benchtime 1x -timeout 60m ./pager/ -args -pager.bench-mib 1024
 //
+// Measured 2026-11-30 (fifth session), on a day this machine woke
+// threads more slowly: remote fault p50 18-23 µs against 13.7-14.9 µs,
+// ratio 1.31-1.55 (the fourth session's 1.12-1.17, same code); with
+// guest_halt_poll_ns 200000 (internal/cpuidle) 1.17-1.26. 1 GiB quicksort
+// 2.71× and 3.59× (this session's code), 2.41× and 3.19× (the fourth
+// session's, the same day); 64 MiB A/B runs do not tell them apart. The
+// uniform random and Zipfian workloads pay four thread wake-ups per
+// fault, each slow on a halted vCPU: with guest_halt_poll_ns 200000 they
+// ran 1.9× and 2× faster (Zipfian 82× instead of 166× at 50% local).
+//
 // Measured 2026-11-30 (fourth session), 1 GiB quicksort with a prefetch
 // stream per partition pointer, 2 runs: 16.5-16.8 s all local, 2.17-2.27×
 // at 50%, 3.14-3.44× at 25%, prefetch hit rate 0.88 and 0.91 (the third
