@@ -136,7 +136,13 @@ func (c *client) serveSocket() bool {
 		unix.Close(fd) // the client sends none after HELLO
 	}
 	if err != nil {
-		if !errors.Is(err, io.EOF) {
+		switch {
+		case errors.Is(err, io.EOF):
+		case errors.Is(err, unix.ECONNRESET):
+			// An exit with unread packets (an EVICT in flight): the
+			// pidfd or the uffd tells the rest.
+			c.log.Debug("client socket reset", zap.Error(err))
+		default:
 			c.log.Warn("client socket failed", zap.Error(err))
 		}
 		c.dropConn()
