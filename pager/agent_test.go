@@ -54,7 +54,7 @@ func TestMain(m *testing.M) {
 type childSpec struct {
 	Bytes    int    // mapped
 	Passes   int    // rewrite passes (each a new generation)
-	Order    string // read-back order: "reverse", "random", "stride"
+	Order    string // read-back order: "reverse", "random", "stride", "wrap"
 	Hold     bool   // after checking, print DONE and wait for stdin to close
 	ReadOnly bool   // lost test: write, report WRITTEN, wait, then read
 	Workload string // benchmarks: see benchChild
@@ -128,6 +128,12 @@ func childMain(specJSON string) error {
 		}
 	case "random":
 		rand.New(rand.NewSource(1)).Shuffle(pages, func(i, j int) { order[i], order[j] = order[j], order[i] })
+	case "wrap":
+		// make demo's walk: a stride modulo the size, so that the
+		// stream's next fault is never along its stride.
+		for i := range order {
+			order[i] = i * 1531 % pages
+		}
 	case "stride":
 		k := 0
 		for s := 0; s < 7; s++ {
@@ -486,4 +492,34 @@ func benchCmd(sock, spec string) *exec.Cmd {
 	cmd.Env = append(os.Environ(), childEnv+"="+spec, sockEnv+"="+sock)
 	cmd.Stderr = os.Stderr
 	return cmd
+}
+
+// The prefetch hit rate is measured on held-back samples, so a stride
+// that wraps around (whose faults never land along it, where the stream's
+// own accounting looks) shows its hits too; a sequential read-back uses
+// every page it prefetched.
+func TestPrefetchSampledHits(t *testing.T) {
+	skipUnlessUFFD(t)
+	for _, order := range []string{"reverse", "wrap"} {
+		t.Run(order, func(t *testing.T) {
+			const budget = 1 << 20
+			store := pagertest.New(t, pagertest.Options{Servers: 1, SlabSize: 1 << 20, SlabsPerServer: 32})
+			a := startAgent(t, store, budget)
+			c := startChild(t, a, childSpec{Bytes: 16 * budget, Passes: 2, Order: order, Hold: true})
+			if res := c.result(t); res.Bad != 0 {
+				t.Fatalf("%d bad words; first: %s", res.Bad, res.First)
+			}
+			if c.line(t) != "DONE" {
+				t.Fatal("child did not finish")
+			}
+			st := statsOf(t, a)
+			t.Logf("prefetched %d, sampled hits %d, wasted %d", st.PrefetchIssued, st.PrefetchHits, st.PrefetchWasted)
+			if st.PrefetchHits == 0 {
+				t.Errorf("no sampled prefetch hit: %+v", st)
+			}
+			if order == "reverse" && st.PrefetchWasted != 0 {
+				t.Errorf("a sequential read-back wasted %d sampled prefetches", st.PrefetchWasted)
+			}
+		})
+	}
 }

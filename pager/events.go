@@ -84,11 +84,6 @@ func (c *client) removeRegion(r *region) {
 	if c.unsh != nil && c.unsh.r == r {
 		c.dropUnshare()
 	}
-	if r.pf != nil {
-		s := r.pf.Stats()
-		c.pfBase.Hits += s.Hits
-		c.pfBase.Wasted += s.Wasted
-	}
 	c.regs.remove(r)
 	c.clock = Clock{}
 	c.st.regions.Add(-1)

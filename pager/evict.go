@@ -19,7 +19,6 @@ import (
 // time. Victims are sorted so that adjacent ones share a WRITEPROTECT
 // here and a MADV_DONTNEED in the helper.
 func (c *client) maybeEvict() {
-	c.updatePrefetchStats()
 	if c.conn == nil || c.evictBusy || c.forkStalled() || len(c.slotFree) == 0 || time.Now().Before(c.noRoomRetry) ||
 		c.unsh != nil && c.unsh.blocking {
 		return
@@ -307,17 +306,4 @@ func (c *client) retryWriteBack() {
 		c.set(o.r, o.idx, o.r.pages[o.idx].With(Remote))
 		c.freeSlot(s)
 	}
-}
-
-func (c *client) updatePrefetchStats() {
-	var s PrefetchStats
-	for _, r := range c.regs.list {
-		if r.pf != nil {
-			ps := r.pf.Stats()
-			s.Hits += ps.Hits
-			s.Wasted += ps.Wasted
-		}
-	}
-	c.st.prefetchHits.Store(c.pfBase.Hits + s.Hits)
-	c.st.prefetchWasted.Store(c.pfBase.Wasted + s.Wasted)
 }

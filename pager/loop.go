@@ -37,6 +37,7 @@ type pageRef struct {
 type readRef struct {
 	pageRef
 	prefetch bool
+	sample   bool // held back (sample.go)
 }
 
 type heldFault struct {
@@ -115,8 +116,8 @@ type client struct {
 	recvBuf   []byte
 	oob       []byte
 	seq       uint32
-	pfBase    PrefetchStats // of removed regions
-	probed    time.Time     // last liveness probe (gone)
+	sample    samples
+	probed    time.Time // last liveness probe (gone)
 }
 
 // newClient prepares a client for uffd (owned from now on); the loop
@@ -162,6 +163,7 @@ func (a *Agent) newClient(u *userfaultfd.UFFD, features userfaultfd.Feature) (*c
 		early:      make([]userfaultfd.Msg, 0, maxMsgs), earlySpare: make([]userfaultfd.Msg, 0, maxMsgs),
 		victims:   make([]Victim, proto.MaxEvictBatch),
 		zeros:     make([]byte, pageSize),
+		sample:    samples{buf: make([]byte, sampleSlots*pageSize)},
 		stagingFD: sfd, staging: staging,
 		slotFree: make([]uint32, 0, slots), slotOwner: make([]pageRef, slots),
 		wb: make([]PageOp, 0, proto.MaxEvictBatch), wbRef: make([]int, 0, proto.MaxEvictBatch),
@@ -636,17 +638,20 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 			c.demand(r, idx) // in this batch already: its install wakes the thread
 			return
 		}
-		c.addRead(r, idx, false)
-		if r.pf != nil {
-			n := r.pf.Fault(int64(idx), int64(len(r.pages)), c.pfOut)
-			for _, q := range c.pfOut[:n] {
-				qp := r.pages[q]
-				if qp.State() == Remote && qp&(FlagFetch|FlagBusy) == 0 {
-					c.addRead(r, int(q), true)
-					c.st.prefetchIssued.Add(1)
+		if p.Has(FlagSampled) {
+			served, err := c.sampleHit(r, idx, since)
+			if userfaultfd.IsMMChanged(err) {
+				c.hold(&c.retry, heldFault{pageRef{r, idx}, flags, since})
+			}
+			if served {
+				if err == nil {
+					c.prefetch(r, idx)
 				}
+				return
 			}
 		}
+		c.addRead(r, idx, false)
+		c.prefetch(r, idx)
 	case Staged:
 		if err := c.fromSlot(r, idx, 0); userfaultfd.IsMMChanged(err) {
 			c.hold(&c.retry, heldFault{pageRef{r, idx}, flags, since})
@@ -656,6 +661,22 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 	case Lost:
 		if err := c.poison(r, idx); userfaultfd.IsMMChanged(err) {
 			c.hold(&c.retry, heldFault{pageRef{r, idx}, flags, since})
+		}
+	}
+}
+
+// prefetch tells r's prefetcher of a fault on page idx and queues the
+// READs it asks for.
+func (c *client) prefetch(r *region, idx int) {
+	if r.pf == nil {
+		return
+	}
+	n := r.pf.Fault(int64(idx), int64(len(r.pages)), c.pfOut)
+	for _, q := range c.pfOut[:n] {
+		qp := r.pages[q]
+		if qp.State() == Remote && qp&(FlagFetch|FlagBusy|FlagSampled) == 0 {
+			c.addRead(r, int(q), true)
+			c.st.prefetchIssued.Add(1)
 		}
 	}
 }
@@ -709,7 +730,7 @@ func (c *client) addRead(r *region, idx int, prefetch bool) {
 		Off:  uint64(idx%spp) * pageSize,
 		Buf:  c.bufs[k*pageSize : (k+1)*pageSize],
 	})
-	c.readAt = append(c.readAt, readRef{pageRef{r, idx}, prefetch})
+	c.readAt = append(c.readAt, readRef{pageRef: pageRef{r, idx}, prefetch: prefetch})
 	r.pages[idx] |= FlagFetch
 }
 
@@ -741,12 +762,30 @@ func (c *client) flushReads(since time.Time) {
 			c.reads[k].Err = op.Err
 		}
 	}
+	// The sample, when one is due, is the batch's last prefetched page:
+	// a stream's next fault comes past it anyway, and its hit (sampleHit)
+	// prefetches on as that fault would.
+	last, due := -1, false
+	for k := range c.reads {
+		if c.reads[k].Err == nil && c.readAt[k].prefetch {
+			last = k
+			due = c.sample.sampleNow() || due
+		}
+	}
+	if due {
+		c.readAt[last].sample = true
+	}
 	for k := 0; k < len(c.reads); {
+		if c.readAt[k].sample {
+			c.holdSample(k)
+			k++
+			continue
+		}
 		// A run of pages that arrived and are adjacent in the client is
 		// installed with one UFFDIO_COPY (their buffers are adjacent too):
 		// the ioctl costs ~5.5 µs for one page, ~1.5 µs a page for 64.
 		j := k + 1
-		for j < len(c.reads) && c.reads[k].Err == nil && c.reads[j].Err == nil &&
+		for j < len(c.reads) && c.reads[k].Err == nil && c.reads[j].Err == nil && !c.readAt[j].sample &&
 			c.readAt[j].r == c.readAt[k].r && c.readAt[j].idx == c.readAt[j-1].idx+1 {
 			j++
 		}

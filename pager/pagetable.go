@@ -48,6 +48,9 @@ const (
 	FlagBusy Page = 1 << 5
 	// FlagFetch: a READ for it is in the current batch.
 	FlagFetch Page = 1 << 6
+	// FlagSampled: a Remote page prefetched and held back in a sample
+	// slot (sample.go): its next fault is a prefetch hit.
+	FlagSampled Page = 1 << 7
 )
 
 // State returns the page's state.

@@ -108,8 +108,10 @@ type ClientStats struct {
 	// this process copied to one of its own before its first write-back
 	// there.
 	Unshares uint64 `json:"unshares"`
-	// Prefetch: pages fetched ahead, of which the stream used Hits and
-	// passed by Wasted.
+	// Prefetch: pages fetched ahead. Hits and Wasted count a sample of
+	// them (1 in 256 held back until touched, sample.go): touched, or not
+	// before its slot was needed again. Their ratio estimates the hit
+	// rate.
 	PrefetchIssued uint64 `json:"prefetch_issued"`
 	PrefetchHits   uint64 `json:"prefetch_hits"`
 	PrefetchWasted uint64 `json:"prefetch_wasted"`
@@ -117,7 +119,8 @@ type ClientStats struct {
 	Exited bool `json:"exited,omitempty"`
 }
 
-// PrefetchHitRate returns hits / (hits + wasted), or 0.
+// PrefetchHitRate returns hits / (hits + wasted) of the sampled prefetched
+// pages, or 0.
 func (s ClientStats) PrefetchHitRate() float64 {
 	if s.PrefetchHits+s.PrefetchWasted == 0 {
 		return 0
