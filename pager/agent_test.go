@@ -387,9 +387,7 @@ func TestOverBudget(t *testing.T) {
 				t.Fatal(err)
 			}
 			waitNoClients(t, a)
-			if _, held := store.Allocated(); held != 0 {
-				t.Fatalf("%d slabs still held after the client exited", held)
-			}
+			noSlabsHeld(t, store)
 			// Its final figures outlive it, for `memagent run --stats`.
 			ex := a.Exited()
 			if len(ex) != 1 || !ex[0].Exited || ex[0].ID != st.ID || ex[0].Evictions < st.Evictions || ex[0].RemoteReads < st.RemoteReads {
@@ -411,6 +409,15 @@ func waitStats(t *testing.T, a *pager.Agent, ok func(pager.ClientStats) bool) pa
 			t.Fatalf("stats never got there: %+v", st)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// noSlabsHeld fails the test if store still holds slabs: once every
+// process paged from it has gone, each slab must have been freed.
+func noSlabsHeld(t *testing.T, store *pagertest.Store) {
+	t.Helper()
+	if _, held := store.Allocated(); held != 0 {
+		t.Fatalf("%d slabs held after every process paged from the store exited", held)
 	}
 }
 

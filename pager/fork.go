@@ -159,16 +159,7 @@ func (c *client) forkRegion(r *region) (*region, error) {
 func (c *client) copySlab(r, cr *region, s int) error {
 	ctx, cancel := context.WithTimeout(c.a.ctx, 30*time.Second)
 	defer cancel()
-	lose := func(lo, hi int) {
-		for idx := lo; idx < hi; idx++ {
-			switch p := cr.pages[idx]; p.State() {
-			case Remote:
-				cr.pages[idx] = p.With(Lost)
-			case Resident:
-				cr.pages[idx] = p | FlagDirty
-			}
-		}
-	}
+	lose := func(lo, hi int) { loseRun(cr.pages, lo, hi) } // cr is counted when adopted
 	spp := int(c.a.pagesPerSlab)
 	lo, hi := s*spp, min((s+1)*spp, len(r.pages))
 	ids, err := c.a.opts.Store.Alloc(ctx, 1)

@@ -46,9 +46,7 @@ func TestForkPrivate(t *testing.T) {
 		}
 		p.Wait()
 		waitNoClients(t, a)
-		if _, held := store.Allocated(); held != 0 {
-			t.Fatalf("%d slabs held after both processes exited", held)
-		}
+		noSlabsHeld(t, store)
 		if s := p.Stderr.String(); s != "" {
 			t.Errorf("the shim said:\n%s", s)
 		}
@@ -102,9 +100,7 @@ func TestForkSharesSlabs(t *testing.T) {
 		if parent.Unshares == 0 {
 			t.Errorf("the parent wrote back to shared slabs without copying them first: %+v", parent)
 		}
-		if _, held := store.Allocated(); held != 0 {
-			t.Fatalf("%d slabs held after both processes exited", held)
-		}
+		noSlabsHeld(t, store)
 	}
 	forkModes(t, prog, run)
 }
@@ -128,9 +124,7 @@ func TestForkBusy(t *testing.T) {
 		if parent.Evictions == 0 || parent.RemoteReads == 0 || len(a.Exited()) != 5 {
 			t.Fatalf("want the parent and 4 children paged, the parent with evictions and remote reads: %+v", a.Exited())
 		}
-		if _, held := store.Allocated(); held != 0 {
-			t.Fatalf("%d slabs held after every process exited", held)
-		}
+		noSlabsHeld(t, store)
 	}
 	forkModes(t, prog, run)
 }
@@ -164,9 +158,7 @@ func TestForkLostPagesLoud(t *testing.T) {
 		if n := len(a.Exited()); n != 2 {
 			t.Errorf("%d processes paged, want the parent and its fork(3) child: %+v", n, a.Exited())
 		}
-		if _, held := store.Allocated(); held != 0 {
-			t.Fatalf("%d slabs held after the program exited", held)
-		}
+		noSlabsHeld(t, store)
 	}
 	forkModes(t, prog, run)
 }
@@ -194,9 +186,7 @@ func TestForkDaemon(t *testing.T) {
 		if st.PID == 0 || st.RemoteReads == 0 || len(a.Exited()) != 3 {
 			t.Fatalf("want the program, the daemon and its child paged, the daemon with remote reads: %+v", a.Exited())
 		}
-		if _, held := store.Allocated(); held != 0 {
-			t.Fatalf("%d slabs held after every process exited", held)
-		}
+		noSlabsHeld(t, store)
 	}
 	forkModes(t, prog, run)
 }
@@ -236,9 +226,7 @@ func TestGoClientUnprivileged(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitNoClients(t, a)
-	if _, held := store.Allocated(); held != 0 {
-		t.Fatalf("%d slabs held after the child exited", held)
-	}
+	noSlabsHeld(t, store)
 }
 
 // forkSetup starts an agent (4 MiB budget) that serves the users allow
@@ -323,9 +311,7 @@ func forkPrivate(t *testing.T, store *pagertest.Store, a *pager.Agent, p *shimte
 	}
 	p.Wait()
 	waitNoClients(t, a)
-	if _, held := store.Allocated(); held != 0 {
-		t.Fatalf("%d slabs held after both processes exited", held)
-	}
+	noSlabsHeld(t, store)
 	if s := stderr.String(); s != "" {
 		t.Errorf("the shim said:\n%s", s)
 	}
@@ -368,7 +354,5 @@ func TestForkWithoutHello(t *testing.T) {
 	expect("parent ok")
 	p.Wait()
 	waitNoClients(t, a)
-	if _, held := store.Allocated(); held != 0 {
-		t.Fatalf("%d slabs held after both processes exited", held)
-	}
+	noSlabsHeld(t, store)
 }

@@ -638,17 +638,8 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 			c.demand(r, idx) // in this batch already: its install wakes the thread
 			return
 		}
-		if p.Has(FlagSampled) {
-			served, err := c.sampleHit(r, idx, since)
-			if userfaultfd.IsMMChanged(err) {
-				c.hold(&c.retry, heldFault{pageRef{r, idx}, flags, since})
-			}
-			if served {
-				if err == nil {
-					c.prefetch(r, idx)
-				}
-				return
-			}
+		if p.Has(FlagSampled) && c.sampleHit(r, idx, flags, since) {
+			return
 		}
 		c.addRead(r, idx, false)
 		c.prefetch(r, idx)
@@ -848,33 +839,11 @@ func (c *client) installRead(k int, since time.Time) {
 	r, idx := ref.r, ref.idx
 	p := r.pages[idx] &^ FlagFetch
 	r.pages[idx] = p
-	a := r.addr(idx)
 	switch {
 	case op.Err == nil:
 		c.st.remoteReads.Add(1)
-		// Installed write-protected: clean until a WP fault says
-		// otherwise.
-		_, err := c.uffd.Copy(a, op.Buf, userfaultfd.WriteProtected)
-		if c.again(err) {
-			_, err = c.uffd.Copy(a, op.Buf, userfaultfd.WriteProtected)
-		}
-		switch {
-		case err == nil:
-			// Prefetched pages are referenced too: the stream is
-			// about to use them, CLOCK must not take them first.
-			c.set(r, idx, p.With(Resident)|FlagRef)
-		case userfaultfd.IsExist(err):
-			// Mapped already, not by us: a child forked without FORK
-			// events inherited it, after the copy of our page table
-			// that FORK_PREPARE made, and may have written it. Dirty:
-			// its contents go to the pool when it is evicted.
-			c.set(r, idx, p.With(Resident)|FlagDirty|FlagRef)
-			c.uffd.Wake(pageRange(a))
-		case userfaultfd.IsGone(err):
-		default:
-			if !ref.prefetch {
-				c.hold(&c.retry, heldFault{ref.pageRef, 0, since})
-			}
+		if err := c.install(r, idx, p, op.Buf); err != nil && !ref.prefetch {
+			c.hold(&c.retry, heldFault{ref.pageRef, 0, since})
 		}
 		if !ref.prefetch {
 			c.st.latency.Observe(time.Since(since))
@@ -890,6 +859,35 @@ func (c *client) installRead(k int, since time.Time) {
 			c.hold(&c.retry, heldFault{ref.pageRef, 0, since})
 		}
 	}
+}
+
+// install maps buf at page idx of r, write-protected (clean until a WP
+// fault says otherwise), and makes p, the page's entry, Resident and
+// referenced (prefetched pages too: the stream is about to use them, CLOCK
+// must not take them first). It returns nil as well when the page's range
+// is gone; another error means nothing was installed (IsMMChanged: retry
+// after reading events).
+func (c *client) install(r *region, idx int, p Page, buf []byte) error {
+	a := r.addr(idx)
+	_, err := c.uffd.Copy(a, buf, userfaultfd.WriteProtected)
+	if c.again(err) {
+		_, err = c.uffd.Copy(a, buf, userfaultfd.WriteProtected)
+	}
+	switch {
+	case err == nil:
+		c.set(r, idx, p.With(Resident)|FlagRef)
+	case userfaultfd.IsExist(err):
+		// Mapped already, not by us: a child forked without FORK
+		// events inherited it, after the copy of our page table that
+		// FORK_PREPARE made, and may have written it. Dirty: its
+		// contents go to the pool when it is evicted.
+		c.set(r, idx, p.With(Resident)|FlagDirty|FlagRef)
+		c.uffd.Wake(pageRange(a))
+	case userfaultfd.IsGone(err):
+	default:
+		return err
+	}
+	return nil
 }
 
 // poison makes page idx raise SIGBUS: every replica of its data is gone.

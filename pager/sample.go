@@ -62,52 +62,44 @@ func (c *client) holdSample(k int) {
 func (c *client) releaseSample(s int) {
 	o := c.sample.owner[s]
 	c.sample.owner[s] = pageRef{}
-	if o.r == nil || o.r.gone || o.idx >= len(o.r.pages) {
+	if o.r == nil {
 		return
 	}
+	// A page dropped since, or of a region removed (its entries zeroed),
+	// has lost the flag.
 	if p := o.r.pages[o.idx]; p.State() == Remote && p.Has(FlagSampled) {
 		o.r.pages[o.idx] = p &^ FlagSampled
 		c.st.prefetchWasted.Add(1)
 	}
 }
 
-// sampleHit serves a fault on a held-back page from its slot, and reports
-// whether it did (else the flag is cleared and the page is read as any
-// other). An IsMMChanged error means: retry after reading events.
-func (c *client) sampleHit(r *region, idx int, since time.Time) (bool, error) {
+// sampleHit serves a fault on a held-back page from its slot, counts the
+// hit and prefetches on as the stream's fault there; it reports false if
+// the page must be read as any other (its flag cleared then).
+func (c *client) sampleHit(r *region, idx int, flags userfaultfd.FaultFlags, since time.Time) bool {
 	s := -1
 	for i, o := range c.sample.owner {
 		if o.r == r && o.idx == idx {
 			s = i
 		}
 	}
-	p := r.pages[idx]
-	if s < 0 {
-		r.pages[idx] = p &^ FlagSampled
-		return false, nil
+	p := r.pages[idx] &^ FlagSampled
+	if s < 0 { // not expected: a recycled slot clears its page's flag
+		r.pages[idx] = p
+		return false
 	}
-	a := r.addr(idx)
-	_, err := c.uffd.Copy(a, c.sample.buf[s*pageSize:(s+1)*pageSize], userfaultfd.WriteProtected)
-	if c.again(err) {
-		_, err = c.uffd.Copy(a, c.sample.buf[s*pageSize:(s+1)*pageSize], userfaultfd.WriteProtected)
-	}
-	switch {
-	case err == nil:
-		c.set(r, idx, p.With(Resident)&^FlagSampled|FlagRef)
-	case userfaultfd.IsExist(err): // mapped already, not by us: see installRead
-		c.set(r, idx, p.With(Resident)&^FlagSampled|FlagDirty|FlagRef)
-		c.uffd.Wake(pageRange(a))
-	case userfaultfd.IsMMChanged(err):
-		return true, err
-	case userfaultfd.IsGone(err):
-	default:
-		// Read it as any other page.
-		r.pages[idx] = p &^ FlagSampled
-		c.sample.owner[s] = pageRef{}
-		return false, nil
+	err := c.install(r, idx, p, c.sample.buf[s*pageSize:(s+1)*pageSize])
+	if userfaultfd.IsMMChanged(err) {
+		c.hold(&c.retry, heldFault{pageRef{r, idx}, flags, since})
+		return true
 	}
 	c.sample.owner[s] = pageRef{}
+	r.pages[idx] &^= FlagSampled // also if not installed (range gone, or refused)
+	if err != nil {
+		return false
+	}
 	c.st.prefetchHits.Add(1)
 	c.st.latency.Observe(time.Since(since))
-	return true, nil
+	c.prefetch(r, idx)
+	return true
 }

@@ -150,7 +150,7 @@ func (c *client) stepUnshare() {
 	r := u.r
 	spp := int(c.a.pagesPerSlab)
 	end := min((u.s+1)*spp, len(r.pages))
-	if r.gone || u.s >= len(r.slabs) || !c.a.slabs.shared(r.slabs[u.s]) {
+	if !c.a.slabs.shared(r.slabs[u.s]) {
 		c.dropUnshare()
 		return
 	}
@@ -159,13 +159,9 @@ func (c *client) stepUnshare() {
 	defer cancel()
 	hi := min(u.next+copyChunk/pageSize, end)
 	err := c.copyPages(ctx, r, u.s, u.next, hi, old, u.to, pooledCopy, func(lo, hi int) {
-		for k := lo; k < hi; k++ {
-			if p := r.pages[k]; p.State() == Remote {
-				c.set(r, k, p.With(Lost))
-			} else {
-				r.pages[k] = p | FlagDirty
-			}
-		}
+		n := loseRun(r.pages, lo, hi)
+		c.count(Remote, -int64(n))
+		c.count(Lost, int64(n))
 	})
 	if err != nil {
 		if u.retry.IsZero() { // said once per copy
@@ -190,6 +186,24 @@ func (c *client) dropUnshare() {
 		c.a.freeSlabs([]SlabID{c.unsh.to})
 		c.unsh = nil
 	}
+}
+
+// loseRun marks pages [lo, hi) of a table whose copy found every replica
+// gone: those in the pool are Lost (SIGBUS, never zeros), clean resident
+// ones dirty (the pool no longer has them). It returns how many became
+// Lost.
+func loseRun(pages PageTable, lo, hi int) int {
+	n := 0
+	for idx := lo; idx < hi; idx++ {
+		switch p := pages[idx]; p.State() {
+		case Remote:
+			pages[idx] = p.With(Lost)
+			n++
+		case Resident:
+			pages[idx] = p | FlagDirty
+		}
+	}
+	return n
 }
 
 // copyChunk bounds one transfer of a slab copy.
