@@ -87,7 +87,7 @@ func NewDomain(opts DomainOptions) *Domain {
 	if opts.RememberRevoked <= 0 {
 		opts.RememberRevoked = 1 << 16
 	}
-	return &Domain{
+	d := &Domain{
 		grace:      opts.RevokeGrace,
 		rememberN:  opts.RememberRevoked,
 		regions:    map[*Region]struct{}{},
@@ -96,6 +96,11 @@ func NewDomain(opts DomainOptions) *Domain {
 		unfinished: map[Key]*keyEntry{},
 		sessions:   map[*Session]struct{}{},
 	}
+	// The snapshot exists from the start: a keyed request reaching a
+	// domain that never issued a key (a fresh or restarted server) must
+	// get StatusUnknownKey, not a nil map dereference.
+	d.live.Store(&map[Key]*keyEntry{})
+	return d
 }
 
 // Register adds r to the domain so keys can be issued for it.

@@ -395,3 +395,25 @@ func TestDialByName(t *testing.T) {
 		t.Fatalf("DialN to a closed port: %v", err)
 	}
 }
+
+// A domain that never issued a key (a fresh or restarted memory server)
+// answers keyed ops with StatusUnknownKey: one such request once crashed
+// memd (a nil key snapshot).
+func TestUnknownKeyBeforeAnyIssued(t *testing.T) {
+	d := rdma.NewDomain(rdma.DomainOptions{})
+	s := d.NewSession(rdma.SessionHooks{})
+	defer s.Close()
+	k, err := rdma.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range []rdma.Opcode{rdma.OpRead, rdma.OpWrite, rdma.OpCompareSwap, rdma.OpFetchAdd} {
+		n := 4096
+		if op == rdma.OpCompareSwap || op == rdma.OpFetchAdd {
+			n = rdma.AtomicSize
+		}
+		if _, st := s.Begin(k, op, 0, n); st != rdma.StatusUnknownKey {
+			t.Errorf("%s with a key never issued: %s, want %s", op, st, rdma.StatusUnknownKey)
+		}
+	}
+}
