@@ -90,10 +90,10 @@ func (o *Options) Validate() error {
 // Agent serves the page faults of client processes: it accepts clients on
 // a Unix socket and runs one loop per client process.
 type Agent struct {
-	opts         Options
-	log          *zap.Logger
-	ln           *net.UnixListener
-	pagesPerSlab uint64
+	opts  Options
+	log   *zap.Logger
+	ln    *net.UnixListener
+	slots *slotPool // the agent's pool space, shared by every client
 
 	ctx    context.Context // cancelled by Close: ends remote I/O
 	cancel context.CancelFunc
@@ -107,7 +107,6 @@ type Agent struct {
 	copies   map[forkKey]*forkCopy // FORK_PREPARE copies waiting for their child's HELLO
 	exited   []ClientStats         // final stats of the last maxExited clients
 	closed   bool
-	slabs    slabRefs // slabs shared across forks
 	nclients atomic.Int64
 }
 
@@ -166,11 +165,12 @@ func New(opts Options) (*Agent, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	a := &Agent{
-		opts: opts, log: opts.Log, ln: ln, pagesPerSlab: opts.Store.SlabSize() / pageSize,
+		opts: opts, log: opts.Log, ln: ln, slots: newSlotPool(opts.Store, opts.Log.Named("slots")),
 		ctx: ctx, cancel: cancel,
 		clients: map[uint64]*client{}, forked: map[forkKey]*client{}, copies: map[forkKey]*forkCopy{},
 	}
 	a.cond = newCond(a)
+	a.slots.onRoom = a.wakeAll
 	if opts.Registry != nil {
 		if err := opts.Registry.Register(&collector{a}); err != nil {
 			ln.Close()
@@ -178,8 +178,25 @@ func New(opts Options) (*Agent, error) {
 			return nil, fmt.Errorf("pager: register metrics: %w", err)
 		}
 	}
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		a.slots.RoutineReservoir(ctx)
+	}()
 	return a, nil
 }
+
+// wakeAll wakes every client loop (the pool has room again).
+func (a *Agent) wakeAll() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, c := range a.clients {
+		c.wake()
+	}
+}
+
+// Pool returns the agent's pool space: what it holds and what holds data.
+func (a *Agent) Pool() PoolStats { return a.slots.stats() }
 
 func newCond(a *Agent) *sync.Cond { return sync.NewCond(&a.mu) }
 

@@ -62,28 +62,34 @@ func (c *client) dropRange(rng userfaultfd.Range, unmap bool) {
 	}
 }
 
-// dropPage makes page idx Absent, releasing its staging slot.
+// dropPage makes page idx Absent, releasing its staging and pool slots.
 func (c *client) dropPage(r *region, idx int) {
 	p := r.pages[idx]
 	if p.State() == Staged {
 		c.staged--
-		if s := c.slotOf(r, idx); s >= 0 {
-			c.freeSlot(s)
+		if s := c.stageOf(r, idx); s >= 0 {
+			c.freeStage(s)
 		}
 	}
-	keep := p & FlagBusy // the eviction in flight still owns its slot
+	keep := p & FlagBusy // the eviction in flight still owns its staging slot
 	c.set(r, idx, Page(0).With(Absent)|keep)
+	c.setSlot(r, idx, 0)
 }
 
 func (c *client) removeRegion(r *region) {
-	for idx := range r.pages {
-		c.dropPage(r, idx)
-		r.pages[idx] = 0
+	for idx, p := range r.pages {
+		if p.State() == Staged {
+			c.staged--
+			if s := c.stageOf(r, idx); s >= 0 {
+				c.freeStage(s)
+			}
+		}
+		c.set(r, idx, 0)
+		if r.slots[idx] != 0 {
+			c.st.pooled.Add(-1) // released all at once by freeRegions
+		}
 	}
 	r.gone = true
-	if c.unsh != nil && c.unsh.r == r {
-		c.dropUnshare()
-	}
 	c.regs.remove(r)
 	c.clock = Clock{}
 	c.st.regions.Add(-1)
@@ -229,12 +235,7 @@ func (c *client) addRegion(m *proto.RegionAdd) error {
 		return errWithErrno(unix.ENOSPC, "too many regions")
 	}
 	n := int(rng.Len / pageSize)
-	spp := int(c.a.pagesPerSlab)
-	r := &region{
-		id: m.ID, start: rng.Start, kind: m.Kind,
-		pages: make(PageTable, n),
-		slabs: make([]SlabID, (n+spp-1)/spp),
-	}
+	r := &region{id: m.ID, start: rng.Start, kind: m.Kind, pages: make(PageTable, n), slots: make([]Slot, n)}
 	if c.a.opts.MaxPrefetch > 0 {
 		r.pf = NewPrefetcher(32, c.a.opts.MaxPrefetch)
 	}

@@ -1,7 +1,6 @@
 package pager
 
 import (
-	"context"
 	"slices"
 	"time"
 
@@ -14,13 +13,15 @@ import (
 // maybeEvict starts an eviction batch when resident pages are past the
 // high watermark: CLOCK picks victims, they are write-protected (a write
 // from now on faults to us and waits) and named in an EVICT to the
-// client's helper thread, dirty ones with a staging slot to copy them to,
-// clean ones (the pool has them) without. One batch is in flight at a
-// time. Victims are sorted so that adjacent ones share a WRITEPROTECT
-// here and a MADV_DONTNEED in the helper.
+// client's helper thread, dirty ones with a staging slot to copy them to
+// and a pool slot to write them to, clean ones (the pool has them)
+// without. One batch is in flight at a time. Victims are sorted so that
+// adjacent ones share a WRITEPROTECT here and a MADV_DONTNEED in the
+// helper, and take consecutive pool slots (one READ when they come back
+// together). A dirty victim for which the pool has no slot stays resident:
+// clean ones are still evicted, and faults past the budget wait (throttle).
 func (c *client) maybeEvict() {
-	if c.conn == nil || c.evictBusy || c.forkStalled() || len(c.slotFree) == 0 || time.Now().Before(c.noRoomRetry) ||
-		c.unsh != nil && c.unsh.blocking {
+	if c.conn == nil || c.evictBusy || c.forkStalled() || len(c.stageFree) == 0 || time.Now().Before(c.noRoomRetry) {
 		return
 	}
 	w := WatermarksFor(c.budgetPages())
@@ -28,7 +29,7 @@ func (c *client) maybeEvict() {
 	if need <= 0 {
 		return
 	}
-	need = min(need, proto.MaxEvictBatch, len(c.slotFree))
+	need = min(need, proto.MaxEvictBatch, len(c.stageFree))
 	n := c.clock.Victims(c.regs.tables, c.victims[:need])
 	if n == 0 {
 		return
@@ -40,31 +41,12 @@ func (c *client) maybeEvict() {
 		}
 		return a.Page - b.Page
 	})
-	victims, err := c.unshareFor(victims)
-	if err == nil {
-		err = c.ensureSlabs(victims)
-	}
-	if err != nil {
-		// Said once, and tried again after a pause rather than on every
-		// pass of the loop (each try asks the coordinator).
-		if c.noRoomSince.IsZero() {
-			c.log.Error("no remote memory for eviction; staying over budget", zap.Error(err))
-			c.noRoomSince = time.Now()
-		}
-		c.noRoomRetry = time.Now().Add(noRoomPause)
-		for _, v := range victims {
-			c.regs.tables[v.Table][v.Page] &^= FlagBusy
-		}
-		return
-	}
+	victims = c.slotsFor(victims)
 	if len(victims) == 0 {
-		// Every victim waits for the unshare: CLOCK would only go
-		// round them again until it ends.
-		c.unsh.blocking = true
 		return
 	}
 
-	k := 0
+	k, ns := 0, 0
 	for i := 0; i < len(victims); {
 		r := c.regs.list[victims[i].Table]
 		j := i + 1
@@ -73,24 +55,29 @@ func (c *client) maybeEvict() {
 		}
 		// One WRITEPROTECT per run of adjacent victims.
 		run := userfaultfd.Range{Start: r.addr(victims[i].Page), Len: uint64(j-i) * pageSize}
-		if err := c.uffd.WriteProtect(run); err != nil {
-			if !userfaultfd.IsMMChanged(err) {
-				c.log.Warn("write-protect of victims failed", zap.Stringer("range", run), zap.Error(err))
-			}
-			for _, v := range victims[i:j] {
-				r.pages[v.Page] &^= FlagBusy
-			}
-			i = j
-			continue
+		err := c.uffd.WriteProtect(run)
+		if err != nil && !userfaultfd.IsMMChanged(err) {
+			c.log.Warn("write-protect of victims failed", zap.Stringer("range", run), zap.Error(err))
 		}
 		for _, v := range victims[i:j] {
-			slot := proto.NoSlot
-			if r.pages[v.Page].Has(FlagDirty) {
-				slot = c.slotFree[len(c.slotFree)-1]
-				c.slotFree = c.slotFree[:len(c.slotFree)-1]
-				c.slotOwner[slot] = pageRef{r, v.Page}
+			dirty := needsWrite(r, v.Page)
+			if err != nil {
+				r.pages[v.Page] &^= FlagBusy
+				if dirty {
+					c.a.slots.release(c.newSlots[ns])
+					ns++
+				}
+				continue
 			}
-			c.evict.Pages[k] = proto.EvictPage{Addr: r.addr(v.Page), Slot: slot}
+			stage := proto.NoSlot
+			if dirty {
+				stage = c.stageFree[len(c.stageFree)-1]
+				c.stageFree = c.stageFree[:len(c.stageFree)-1]
+				c.stageOwner[stage] = pageRef{r, v.Page}
+				c.setSlot(r, v.Page, c.newSlots[ns]) // written when the helper has copied it
+				ns++
+			}
+			c.evict.Pages[k] = proto.EvictPage{Addr: r.addr(v.Page), Slot: stage}
 			c.evictRefs[k] = pageRef{r, v.Page}
 			k++
 		}
@@ -108,7 +95,8 @@ func (c *client) maybeEvict() {
 			ref := c.evictRefs[i]
 			ref.r.pages[ref.idx] &^= FlagBusy
 			if s := c.evict.Pages[i].Slot; s != proto.NoSlot {
-				c.freeSlot(int(s))
+				c.freeStage(int(s))
+				c.setSlot(ref.r, ref.idx, 0)
 			}
 		}
 		c.dropConn()
@@ -117,49 +105,63 @@ func (c *client) maybeEvict() {
 	c.evictBusy = true
 }
 
-// noRoomPause is how long eviction waits after the pool had no room for it.
-const noRoomPause = 200 * time.Millisecond
-
-// roomAgain notes that the pool gave slabs again after it had none.
-func (c *client) roomAgain() {
-	if !c.noRoomSince.IsZero() {
-		c.log.Info("remote memory for eviction again", zap.Duration("over budget for", time.Since(c.noRoomSince)))
-		c.noRoomSince = time.Time{}
-	}
-}
-
-// ensureSlabs allocates the slabs the victims' pages live in.
-func (c *client) ensureSlabs(victims []Victim) error {
-	spp := int(c.a.pagesPerSlab)
-	missing := 0
+// slotsFor takes a pool slot for each dirty victim, in c.newSlots in the
+// victims' order, and returns the victims that can be evicted: all of
+// them, or without the dirty ones beyond the slots the pool had (they stay
+// resident; their reference bit is spent). With none left, eviction pauses
+// until the pool has room again (onRoom wakes the loop) or noRoomPause.
+func (c *client) slotsFor(victims []Victim) []Victim {
+	dirty := 0
 	for _, v := range victims {
-		r := c.regs.list[v.Table]
-		if r.slabs[v.Page/spp] == 0 {
-			r.slabs[v.Page/spp] = ^SlabID(0) // counted once
-			missing++
+		if needsWrite(c.regs.list[v.Table], v.Page) {
+			dirty++
 		}
 	}
-	if missing == 0 {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(c.a.ctx, 30*time.Second)
-	ids, err := c.a.opts.Store.Alloc(ctx, missing)
-	cancel()
-	if err == nil {
+	got := c.a.slots.alloc(c.newSlots[:dirty])
+	if got == dirty {
 		c.roomAgain()
+		return victims
 	}
+	kept, d := victims[:0], 0
 	for _, v := range victims {
-		r := c.regs.list[v.Table]
-		s := v.Page / spp
-		if r.slabs[s] == ^SlabID(0) {
-			if err != nil {
-				r.slabs[s] = 0
+		if needsWrite(c.regs.list[v.Table], v.Page) {
+			if d == got {
+				c.regs.tables[v.Table][v.Page] &^= FlagBusy
 				continue
 			}
-			r.slabs[s], ids = ids[0], ids[1:]
+			d++
 		}
+		kept = append(kept, v)
 	}
-	return err
+	if c.noRoomSince.IsZero() {
+		c.noRoomSince = time.Now()
+		c.st.noRoomSince.Store(c.noRoomSince.UnixNano())
+		c.log.Info("no pool slots for dirty pages: only clean pages are evicted, and faults past the budget wait")
+	}
+	if len(kept) == 0 {
+		c.noRoomRetry = time.Now().Add(noRoomPause)
+	}
+	return kept
+}
+
+// needsWrite reports whether resident page idx of r must be written to
+// the pool when evicted: it is dirty, or (defensively) the pool has no copy.
+func needsWrite(r *region, idx int) bool {
+	return r.pages[idx].Has(FlagDirty) || r.slots[idx] == 0
+}
+
+// noRoomPause is how long eviction waits after the pool had no room for
+// it, unless the pool says it has room again sooner.
+const noRoomPause = 200 * time.Millisecond
+
+// roomAgain notes that the pool gave slots again after it had none.
+func (c *client) roomAgain() {
+	c.noRoomRetry = time.Time{}
+	if !c.noRoomSince.IsZero() {
+		c.log.Info("pool slots for eviction again", zap.Duration("waited", time.Since(c.noRoomSince)))
+		c.noRoomSince = time.Time{}
+		c.st.noRoomSince.Store(0)
+	}
 }
 
 // evicted finishes an eviction batch: the client copied the first Done
@@ -185,7 +187,6 @@ func (c *client) evicted(m *proto.Evicted) {
 		c.log.Warn("client could not evict every page", zap.Int("done", done), zap.Int("of", c.evict.N), zap.Error(m.Errno))
 	}
 	c.wb, c.wbRef = c.wb[:0], c.wbRef[:0]
-	spp := int(c.a.pagesPerSlab)
 	for i := 0; i < c.evict.N; i++ {
 		ref := c.evictRefs[i]
 		slot := int(c.evict.Pages[i].Slot)
@@ -193,7 +194,7 @@ func (c *client) evicted(m *proto.Evicted) {
 		r, idx := ref.r, ref.idx
 		if r.gone {
 			if hasSlot {
-				c.freeSlot(slot)
+				c.freeStage(slot)
 			}
 			continue
 		}
@@ -203,7 +204,8 @@ func (c *client) evicted(m *proto.Evicted) {
 			// dropped by the program meanwhile (REGION_ZAP): Absent.
 			r.pages[idx] = p
 			if hasSlot {
-				c.freeSlot(slot)
+				c.freeStage(slot)
+				c.setSlot(r, idx, 0) // the pool slot taken for it (dropPage released it already)
 			}
 			continue
 		}
@@ -211,8 +213,8 @@ func (c *client) evicted(m *proto.Evicted) {
 		if hasSlot { // dirty when chosen (busy since: no write got in)
 			c.set(r, idx, (p &^ (FlagDirty | FlagRef)).With(Staged))
 			c.staged++
-			c.wb = append(c.wb, PageOp{Slab: r.slabs[idx/spp], Off: uint64(idx%spp) * pageSize,
-				Buf: c.staging[slot*pageSize : (slot+1)*pageSize]})
+			slab, off := c.a.slots.where(r.slots[idx])
+			c.wb = append(c.wb, PageOp{Slab: slab, Off: off, Buf: c.staging[slot*pageSize : (slot+1)*pageSize]})
 			c.wbRef = append(c.wbRef, i)
 		} else {
 			c.set(r, idx, (p &^ FlagRef).With(Remote))
@@ -238,8 +240,8 @@ func (c *client) evicted(m *proto.Evicted) {
 			continue
 		}
 		slot := int(c.evict.Pages[i].Slot)
-		if c.slotOwner[slot] == ref && !ref.r.gone && ref.r.pages[ref.idx].State() == Remote {
-			c.freeSlot(slot)
+		if c.stageOwner[slot] == ref && !ref.r.gone && ref.r.pages[ref.idx].State() == Remote {
+			c.freeStage(slot)
 		}
 	}
 }
@@ -258,9 +260,9 @@ func (c *client) resolveHeld() {
 		switch {
 		case p.Has(FlagBusy):
 			keep = append(keep, h)
-		case p.State() == Remote && c.slotOf(r, idx) >= 0:
+		case p.State() == Remote && c.stageOf(r, idx) >= 0:
 			// The slot still holds the data the pool now has.
-			if err := c.fromSlot(r, idx, userfaultfd.WriteProtected); userfaultfd.IsMMChanged(err) {
+			if err := c.fromStage(r, idx, userfaultfd.WriteProtected); userfaultfd.IsMMChanged(err) {
 				c.hold(&c.retry, h) // served from the pool then
 			} else {
 				c.st.latency.Observe(time.Since(h.since))
@@ -278,17 +280,16 @@ func (c *client) retryWriteBack() {
 	if c.staged == 0 {
 		return
 	}
-	spp := int(c.a.pagesPerSlab)
 	c.wb, c.wbRef = c.wb[:0], c.wbRef[:0]
-	for s, o := range c.slotOwner {
+	for s, o := range c.stageOwner {
 		if o.r == nil || o.r.gone || o.r.pages[o.idx].State() != Staged || o.r.pages[o.idx].Has(FlagBusy) {
 			continue
 		}
 		if len(c.wb) == cap(c.wb) {
 			break
 		}
-		c.wb = append(c.wb, PageOp{Slab: o.r.slabs[o.idx/spp], Off: uint64(o.idx%spp) * pageSize,
-			Buf: c.staging[s*pageSize : (s+1)*pageSize]})
+		slab, off := c.a.slots.where(o.r.slots[o.idx])
+		c.wb = append(c.wb, PageOp{Slab: slab, Off: off, Buf: c.staging[s*pageSize : (s+1)*pageSize]})
 		c.wbRef = append(c.wbRef, s)
 	}
 	if len(c.wb) == 0 {
@@ -300,10 +301,10 @@ func (c *client) retryWriteBack() {
 			continue
 		}
 		s := c.wbRef[j]
-		o := c.slotOwner[s]
+		o := c.stageOwner[s]
 		c.staged--
 		c.st.writeBacks.Add(1)
 		c.set(o.r, o.idx, o.r.pages[o.idx].With(Remote))
-		c.freeSlot(s)
+		c.freeStage(s)
 	}
 }

@@ -59,11 +59,10 @@ func (c *client) fork(fd int) {
 // copyRegions returns copies of c's regions for a child forked now. A
 // child's page tables start as copies of the parent's: resident pages are
 // the child's own copy-on-write pages; pages in the pool stay where they
-// are, in slabs the child shares with the parent until either writes back
-// to one (share.go), so that later write-backs of either process never
-// show through to the other (private-memory semantics, DESIGN.md pitfall
-// 2). Pages that could not be kept are Lost in the copy (SIGBUS, never
-// zeros); the error says why.
+// are, in slots the child names too (forkRegion), so that later
+// write-backs of either process never show through to the other
+// (private-memory semantics, DESIGN.md pitfall 2). Pages that could not be
+// kept are Lost in the copy (SIGBUS, never zeros); the error says why.
 // Preconditions: no eviction batch in flight.
 func (c *client) copyRegions() ([]*region, error) {
 	regs := make([]*region, 0, len(c.regs.list))
@@ -81,115 +80,122 @@ func (c *client) copyRegions() ([]*region, error) {
 // adopt makes regs, copied for a fork, c's own.
 func (c *client) adopt(regs []*region) {
 	for _, r := range regs {
-		for _, p := range r.pages {
+		for idx, p := range r.pages {
 			c.count(p.State(), +1)
+			if r.slots[idx] != 0 {
+				c.st.pooled.Add(1)
+			}
 		}
 		c.regs.add(r)
 		c.st.regions.Add(1)
 	}
 }
 
-// forkRegion returns the child's copy of r.
+// forkRegion returns the child's copy of r. A page in the pool stays in
+// its slot, which the child names too (one more reference): no page moves
+// at the fork, and the pool needs no room for the child. Neither side
+// writes a slot that another names, because a write-back always takes a
+// slot of its own (slots.go): copy-on-write at page granularity. A Staged
+// page (its write-back failed: the data is in the parent's staging slot,
+// not the pool) gets a slot of the child's own, written now.
 func (c *client) forkRegion(r *region) (*region, error) {
-	cr := &region{
-		id: r.id, start: r.start, kind: r.kind,
-		pages: make(PageTable, len(r.pages)),
-		slabs: make([]SlabID, len(r.slabs)),
-	}
+	n := len(r.pages)
+	cr := &region{id: r.id, start: r.start, kind: r.kind, pages: make(PageTable, n), slots: make([]Slot, n)}
 	if r.pf != nil {
 		cr.pf = NewPrefetcher(32, c.a.opts.MaxPrefetch)
 	}
-	spp := int(c.a.pagesPerSlab)
 	// With FORK events the child's page tables keep the uffd-wp bits
 	// (its vmas stay registered): a page clean in the parent is clean in
-	// the child, its pool copy in the shared slab, and a write by the
-	// child faults. Without, the child registers its ranges anew and
-	// the bits are gone: its resident pages are dirty.
+	// the child, its pool copy shared, and a write by the child faults.
+	// Without, the child registers its ranges anew and the bits are
+	// gone: its resident pages are dirty.
 	keepClean := c.features&userfaultfd.FeatureEventFork != 0
-	var firstErr error
-	for s := range r.slabs {
-		lo, hi := s*spp, min((s+1)*spp, len(r.pages))
-		pooled, staged := false, false
-		for idx := lo; idx < hi; idx++ {
-			p := r.pages[idx]
-			switch p.State() {
-			case Resident:
-				switch {
-				case p.Has(FlagBusy):
-					// Only when settleEviction failed: the helper
-					// may have dropped it before fork(2).
-					cr.pages[idx] = Page(0).With(Lost)
-				case keepClean && !p.Has(FlagDirty):
-					cr.pages[idx] = Page(0).With(Resident)
-					pooled = true
-				default:
-					cr.pages[idx] = Page(0).With(Resident) | FlagDirty
-				}
-			case Remote:
-				cr.pages[idx] = Page(0).With(Remote)
-				pooled = true
-			case Staged:
-				cr.pages[idx] = Page(0).With(Lost) // unless copySlab saves it
-				staged = true
-			case Lost:
+	var staged []int
+	for idx, p := range r.pages {
+		pooled := r.slots[idx] != 0 && !p.Has(FlagDirty)
+		switch p.State() {
+		case Resident:
+			switch {
+			case p.Has(FlagBusy) && pooled:
+				// Only when settleEviction failed: being evicted clean,
+				// maybe dropped before fork(2); the pool has it.
+				cr.pages[idx], cr.slots[idx] = Page(0).With(Remote), r.slots[idx]
+			case p.Has(FlagBusy):
+				// Being evicted dirty: maybe dropped before fork(2),
+				// its data in the parent's staging slot or nowhere yet.
 				cr.pages[idx] = Page(0).With(Lost)
+			case keepClean && pooled:
+				cr.pages[idx], cr.slots[idx] = Page(0).With(Resident), r.slots[idx]
+			default:
+				cr.pages[idx] = Page(0).With(Resident) | FlagDirty
 			}
-		}
-		switch {
-		case staged:
-			// A write-back that failed: the data is in the parent's
-			// staging slot, not in the slab. Copied now.
-			if err := c.copySlab(r, cr, s); err != nil && firstErr == nil {
-				firstErr = err
-			}
-		case pooled:
-			cr.slabs[s] = r.slabs[s]
-			c.a.slabs.share(r.slabs[s])
+		case Remote:
+			cr.pages[idx], cr.slots[idx] = Page(0).With(Remote), r.slots[idx]
+		case Staged:
+			cr.pages[idx] = Page(0).With(Lost) // unless writeStaged saves it
+			staged = append(staged, idx)
+		case Lost:
+			cr.pages[idx] = Page(0).With(Lost)
 		}
 	}
-	return cr, firstErr
+	c.a.slots.ref(cr.slots...)
+	return cr, c.writeStaged(r, cr, staged)
 }
 
-// copySlab gives cr a slab of its own for slab s of r, which holds staged
-// pages (whose write-back failed: their data is in r's staging slots, not
-// in the pool): what cr needs of r's slab is copied from it, the staged
-// pages from their slots. A page lost on the way is Lost in cr (SIGBUS,
-// never zeros) or, if cr has it resident, dirty. Replicas that cannot be
-// reached right now are tried 3 times.
-func (c *client) copySlab(r, cr *region, s int) error {
+// writeStaged gives the child's region cr slots of its own for the pages
+// of r that are Staged (pages idxs), written from r's staging slots. A page
+// that gets no slot or whose WRITE fails stays Lost in cr. Replicas that
+// cannot be reached right now are tried 3 times.
+func (c *client) writeStaged(r, cr *region, idxs []int) error {
+	if len(idxs) == 0 {
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(c.a.ctx, 30*time.Second)
 	defer cancel()
-	lose := func(lo, hi int) { loseRun(cr.pages, lo, hi) } // cr is counted when adopted
-	spp := int(c.a.pagesPerSlab)
-	lo, hi := s*spp, min((s+1)*spp, len(r.pages))
-	ids, err := c.a.opts.Store.Alloc(ctx, 1)
-	if err != nil {
-		lose(lo, hi)
-		return err
+	var errs []error
+	slots := make([]Slot, len(idxs))
+	got := c.a.slots.alloc(slots)
+	if got < len(idxs) {
+		c.a.slots.release(slots[:got]...)
+		return fmt.Errorf("no pool slots for %d pages whose write-back failed: they are lost to the child", len(idxs))
 	}
-	cr.slabs[s] = ids[0]
-	for try := 0; ; try++ {
-		err = c.copyPages(ctx, cr, s, lo, hi, r.slabs[s], ids[0], pooledCopy, lose)
-		if !errors.Is(err, ErrUnavailable) || try == 2 || ctx.Err() != nil {
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	if err != nil {
-		lose(lo, hi)
-		return err
-	}
-	var op [1]PageOp
-	for idx := lo; idx < hi; idx++ {
-		if r.pages[idx].State() != Staged {
+	ops := make([]PageOp, 0, len(idxs))
+	at := make([]int, 0, len(idxs))
+	for k, idx := range idxs {
+		stage := c.stageOf(r, idx)
+		if stage < 0 {
+			c.a.slots.release(slots[k])
 			continue
 		}
-		if slot := c.slotOf(r, idx); slot >= 0 {
-			op[0] = PageOp{Slab: ids[0], Off: uint64(idx-lo) * pageSize, Buf: c.staging[slot*pageSize : (slot+1)*pageSize]}
-			if c.io.Write(ctx, op[:]); op[0].Err == nil {
-				cr.pages[idx] = Page(0).With(Remote)
+		slab, off := c.a.slots.where(slots[k])
+		ops = append(ops, PageOp{Slab: slab, Off: off, Buf: c.staging[stage*pageSize : (stage+1)*pageSize]})
+		at = append(at, k)
+	}
+	for try := 0; ; try++ {
+		c.io.Write(ctx, ops)
+		again := ops[:0]
+		var againAt []int
+		for j, op := range ops {
+			k := at[j]
+			switch {
+			case op.Err == nil:
+				cr.pages[idxs[k]], cr.slots[idxs[k]] = Page(0).With(Remote), slots[k]
+			case errors.Is(op.Err, ErrUnavailable) && try < 2 && ctx.Err() == nil:
+				again = append(again, op)
+				againAt = append(againAt, k)
+			default:
+				c.a.slots.release(slots[k])
+				errs = append(errs, op.Err)
 			}
 		}
+		if len(again) == 0 {
+			break
+		}
+		ops, at = again, againAt
+		time.Sleep(200 * time.Millisecond)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%d staged pages lost to the child: %w", len(errs), errs[0])
 	}
 	return nil
 }

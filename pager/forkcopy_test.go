@@ -13,16 +13,13 @@ import (
 	"rmem/pager/pagertest"
 )
 
-// A fork while write-backs are failing: the parent's Staged pages have
-// their data in its staging slots, not in the pool, so the child cannot
-// share their slab. The fork copies that slab for the child (what the
-// child needs of it from the pool, the staged pages from their slots) and
-// shares the others. The parent's slab is not written.
-func TestForkCopiesStagedSlab(t *testing.T) {
-	const spp = 16 // pages per slab
-	// The parent's region: slab 0 holds staged pages, slab 1 only pooled
-	// ones.
-	parent := make([]pager.Page, 2*spp)
+// A fork gives the child the parent's pool slots by reference (no page
+// moves) and, for pages whose write-back had failed (Staged: their data in
+// the parent's staging slots), slots of its own written from the staging
+// slots. The parent's slots are not written.
+func TestForkCopiesStaged(t *testing.T) {
+	const n = 16
+	parent := make([]pager.Page, n)
 	for i := range parent {
 		parent[i] = pager.Page(0).With(pager.Remote)
 	}
@@ -36,16 +33,10 @@ func TestForkCopiesStagedSlab(t *testing.T) {
 
 	for _, forkEvents := range []bool{false, true} {
 		t.Run(fmt.Sprintf("fork events %v", forkEvents), func(t *testing.T) {
-			store, a, slabs := stagedForkSetup(t, spp)
-			child, cslabs, err := a.ForkRegionForTest(slices.Clone(parent), slices.Clone(slabs), maps.Clone(staged), forkEvents)
+			store, a, slots := stagedForkSetup(t, parent)
+			child, cslots, err := a.ForkRegionForTest(slices.Clone(parent), slices.Clone(slots), maps.Clone(staged), forkEvents)
 			if err != nil {
 				t.Fatalf("fork: %v", err)
-			}
-			if cslabs[1] != slabs[1] || !a.SlabShared(slabs[1]) {
-				t.Errorf("slab 1, only pooled pages: the child has %d (shared %v), want the parent's %d, shared", cslabs[1], a.SlabShared(slabs[1]), slabs[1])
-			}
-			if cslabs[0] == 0 || cslabs[0] == slabs[0] || a.SlabShared(slabs[0]) {
-				t.Fatalf("slab 0, with staged pages: the child has %d, want a copy of its own of %d (shared %v)", cslabs[0], slabs[0], a.SlabShared(slabs[0]))
 			}
 			want := slices.Clone(parent)
 			want[4], want[9] = pager.Page(0).With(pager.Remote), pager.Page(0).With(pager.Remote)
@@ -55,69 +46,73 @@ func TestForkCopiesStagedSlab(t *testing.T) {
 			if !slices.Equal(child, want) {
 				t.Errorf("child's pages\n got %v\nwant %v", child, want)
 			}
-			got := readSlab(t, store, cslabs[0], spp)
-			for i := 0; i < spp; i++ {
+			for i := range n {
 				switch {
-				case want[i].State() == pager.Remote || want[i] == pager.Page(0).With(pager.Resident):
-					gen := uint64(1)
-					if staged[i] != nil {
-						gen = 2
+				case staged[i] != nil:
+					if cslots[i] == 0 || cslots[i] == slots[i] || a.SlotRefs(cslots[i]) != 1 {
+						t.Errorf("staged page %d: child slot %d (refs %d), want one of its own, not the parent's %d", i, cslots[i], a.SlotRefs(cslots[i]), slots[i])
 					}
-					if !bytes.Equal(got[i], pageOf(i, gen)) {
-						t.Errorf("page %d (%v) in the child's slab: %x..., want generation %d", i, want[i], got[i][:16], gen)
+					if got := readSlot(t, store, a, cslots[i]); !bytes.Equal(got, pageOf(i, 2)) {
+						t.Errorf("staged page %d in the child's slot: %x..., want generation 2", i, got[:16])
+					}
+					if got := readSlot(t, store, a, slots[i]); !bytes.Equal(got, pageOf(i, 1)) {
+						t.Errorf("the parent's slot of staged page %d was written: %x...", i, got[:16])
+					}
+				case want[i].State() == pager.Remote || want[i] == pager.Page(0).With(pager.Resident):
+					if cslots[i] != slots[i] || a.SlotRefs(slots[i]) != 2 {
+						t.Errorf("page %d (%v): child slot %d, refs %d; want the parent's %d, shared (2)", i, want[i], cslots[i], a.SlotRefs(slots[i]), slots[i])
+					}
+				default:
+					if cslots[i] != 0 {
+						t.Errorf("page %d (%v): child slot %d, want none", i, want[i], cslots[i])
 					}
 				}
-			}
-			if p := readSlab(t, store, slabs[0], spp); !bytes.Equal(p[4], pageOf(4, 1)) {
-				t.Errorf("the parent's slab was written: page 4 is %x...", p[4][:16])
 			}
 		})
 	}
 
-	// The server of slab 0 is gone at the fork: the child's pages that
-	// were in it are Lost (SIGBUS, never zeros), a clean resident one is
-	// dirty (the pool no longer has it); the staged ones still reach the
-	// child's copy.
-	t.Run("slab lost", func(t *testing.T) {
-		store, a, slabs := stagedForkSetup(t, spp)
-		reps, _ := store.Table().Replicas(slabs[0])
-		var lost int
-		fmt.Sscanf(reps[0].Server, "server-%d", &lost)
-		store.Lose(lost)
-		child, cslabs, err := a.ForkRegionForTest(slices.Clone(parent), slices.Clone(slabs), maps.Clone(staged), true)
-		if err != nil {
-			t.Fatalf("fork: %v", err)
+	// Every server gone at the fork: the staged pages cannot be written,
+	// so they are Lost to the child (SIGBUS, never zeros) and the fork
+	// says so; their slots go back. Pages in the pool stay shared: their
+	// loss shows when the child faults on them.
+	t.Run("servers lost", func(t *testing.T) {
+		store, a, slots := stagedForkSetup(t, parent)
+		// New slots for the staged pages, on slabs the reservoir already
+		// holds, are taken before the servers go.
+		for i := range store.Servers() {
+			store.Lose(i)
 		}
-		for i := 0; i < spp; i++ {
-			want := parent[i]
-			switch {
-			case staged[i] != nil:
-				want = pager.Page(0).With(pager.Remote)
-			case want.State() == pager.Remote:
-				want = pager.Page(0).With(pager.Lost)
-			case want.State() == pager.Resident:
-				want |= pager.FlagDirty
-			}
-			if child[i] != want {
-				t.Errorf("page %d: the child has %v, want %v", i, child[i], want)
-			}
+		child, cslots, err := a.ForkRegionForTest(slices.Clone(parent), slices.Clone(slots), maps.Clone(staged), true)
+		if err == nil {
+			t.Fatal("fork with every server lost: no error")
 		}
-		got := readSlab(t, store, cslabs[0], spp)
 		for i := range staged {
-			if !bytes.Equal(got[i], pageOf(i, 2)) {
-				t.Errorf("staged page %d in the child's slab: %x...", i, got[i][:16])
+			if child[i] != pager.Page(0).With(pager.Lost) || cslots[i] != 0 {
+				t.Errorf("staged page %d: child has %v slot %d, want Lost without a slot", i, child[i], cslots[i])
 			}
+		}
+		if child[0] != pager.Page(0).With(pager.Remote) || cslots[0] != slots[0] {
+			t.Errorf("page 0: child has %v slot %d, want Remote in the parent's slot %d", child[0], cslots[0], slots[0])
 		}
 	})
 }
 
-// stagedForkSetup returns a store of 2 servers with slabs of spp pages,
-// an agent over it, and 2 slabs whose every page holds generation 1.
-func stagedForkSetup(t *testing.T, spp int) (*pagertest.Store, *pager.Agent, []pager.SlabID) {
+// stagedForkSetup returns a store of 2 servers with 16-page slabs, an
+// agent over it, and a slot for each page of pages that the pool holds
+// (Remote, clean Resident, Staged: the slot its write-back will use),
+// each written with generation 1.
+func stagedForkSetup(t *testing.T, pages []pager.Page) (*pagertest.Store, *pager.Agent, []pager.Slot) {
 	t.Helper()
-	store := pagertest.New(t, pagertest.Options{Servers: 2, SlabSize: uint64(spp) * 4096, SlabsPerServer: 8})
+	store := pagertest.New(t, pagertest.Options{Servers: 2, SlabSize: 16 * 4096, SlabsPerServer: 8})
 	a := startAgent(t, store, 1<<20)
-	slabs, err := store.Alloc(context.Background(), 2)
+	slots := make([]pager.Slot, len(pages))
+	var want []int
+	for i, p := range pages {
+		if p.State() == pager.Remote || p.State() == pager.Staged || p == pager.Page(0).With(pager.Resident) {
+			want = append(want, i)
+		}
+	}
+	got, err := a.AllocSlotsForTest(len(want))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,9 +121,11 @@ func stagedForkSetup(t *testing.T, spp int) (*pagertest.Store, *pager.Agent, []p
 		t.Fatal(err)
 	}
 	defer io.Close()
-	ops := make([]pager.PageOp, 0, 2*spp)
-	for i := 0; i < 2*spp; i++ {
-		ops = append(ops, pager.PageOp{Slab: slabs[i/spp], Off: uint64(i%spp) * 4096, Buf: pageOf(i, 1)})
+	ops := make([]pager.PageOp, 0, len(want))
+	for k, i := range want {
+		slots[i] = got[k]
+		slab, off := a.SlotWhere(got[k])
+		ops = append(ops, pager.PageOp{Slab: slab, Off: off, Buf: pageOf(i, 1)})
 	}
 	if err := io.Write(context.Background(), ops); err != nil {
 		t.Fatal(err)
@@ -138,7 +135,7 @@ func stagedForkSetup(t *testing.T, spp int) (*pagertest.Store, *pager.Agent, []p
 			t.Fatal(op.Err)
 		}
 	}
-	return store, a, slabs
+	return store, a, slots
 }
 
 // pageOf is page i's contents in generation gen.
@@ -150,25 +147,19 @@ func pageOf(i int, gen uint64) []byte {
 	return b
 }
 
-// readSlab reads the n pages of slab id.
-func readSlab(t *testing.T, store *pagertest.Store, id pager.SlabID, n int) [][]byte {
+// readSlot reads the page in slot s.
+func readSlot(t *testing.T, store *pagertest.Store, a *pager.Agent, s pager.Slot) []byte {
 	t.Helper()
 	io, err := store.OpenIO()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer io.Close()
-	pages := make([][]byte, n)
-	ops := make([]pager.PageOp, n)
-	for i := range ops {
-		pages[i] = make([]byte, 4096)
-		ops[i] = pager.PageOp{Slab: id, Off: uint64(i) * 4096, Buf: pages[i]}
-	}
+	slab, off := a.SlotWhere(s)
+	ops := []pager.PageOp{{Slab: slab, Off: off, Buf: make([]byte, 4096)}}
 	io.Read(context.Background(), ops)
-	for i, op := range ops {
-		if op.Err != nil {
-			t.Fatalf("reading page %d of slab %d: %v", i, id, op.Err)
-		}
+	if ops[0].Err != nil {
+		t.Fatalf("reading slot %d: %v", s, ops[0].Err)
 	}
-	return pages
+	return ops[0].Buf
 }

@@ -1,7 +1,6 @@
 package pager
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -80,12 +79,10 @@ type client struct {
 	merged   []PageOp // reads joined into runs (merge)
 	mergedAt []int    // first read of each merged op
 	bufs     []byte
-	copyBuf  []byte // copyPages', made on first use
-	copyOps  []PageOp
-	unsh     *slabCopy // the unshare in progress
 
-	noRoomSince time.Time // eviction found no remote memory (said once)
-	noRoomRetry time.Time // and tries again from then on
+	noRoomSince time.Time // eviction found no pool slots for dirty pages
+	noRoomRetry time.Time // and tries again from then on (or when room returns)
+	reloc       relocation
 	pfOut       []int64
 	held        []heldFault
 	retry       []heldFault
@@ -101,12 +98,13 @@ type client struct {
 	closed      bool
 
 	// Staging and eviction.
-	stagingFD int
-	staging   []byte
-	slotFree  []uint32
-	slotOwner []pageRef
-	evict     proto.Evict
-	evictRefs [proto.MaxEvictBatch]pageRef
+	stagingFD  int
+	staging    []byte
+	stageFree  []uint32
+	stageOwner []pageRef
+	evict      proto.Evict
+	evictRefs  [proto.MaxEvictBatch]pageRef
+	newSlots   [proto.MaxEvictBatch]Slot // pool slots for an eviction's dirty victims
 	evictBusy bool
 	evictSeq  uint64
 	staged    int // pages in Staged state waiting for a write-back retry
@@ -165,13 +163,13 @@ func (a *Agent) newClient(u *userfaultfd.UFFD, features userfaultfd.Feature) (*c
 		zeros:     make([]byte, pageSize),
 		sample:    samples{buf: make([]byte, sampleSlots*pageSize)},
 		stagingFD: sfd, staging: staging,
-		slotFree: make([]uint32, 0, slots), slotOwner: make([]pageRef, slots),
+		stageFree: make([]uint32, 0, slots), stageOwner: make([]pageRef, slots),
 		wb: make([]PageOp, 0, proto.MaxEvictBatch), wbRef: make([]int, 0, proto.MaxEvictBatch),
 		sendBuf: make([]byte, 0, proto.MaxPacket), recvBuf: make([]byte, proto.MaxPacket),
 		oob: make([]byte, proto.OOBSize),
 	}
 	for s := slots - 1; s >= 0; s-- {
-		c.slotFree = append(c.slotFree, uint32(s))
+		c.stageFree = append(c.stageFree, uint32(s))
 	}
 	c.log = a.log.With(zap.Uint64("client", c.id))
 	if lr, ok := io.(localRegistrar); ok {
@@ -244,11 +242,8 @@ func (c *client) RoutineServe() {
 		if c.pidfd < 0 && len(c.regs.list) > 0 {
 			timeout = int(probePeriod / time.Millisecond) // see gone
 		}
-		if len(c.retry) > 0 || c.staged > 0 || c.unsh != nil {
+		if len(c.retry) > 0 || c.staged > 0 || c.reloc.pending(c) {
 			timeout = int(retryPeriod / time.Millisecond)
-		}
-		if c.unshareReady() {
-			timeout = 0 // a chunk to copy after serving what is there
 		}
 		_, err := unix.Poll(c.pfds, timeout)
 		if err != nil && !errors.Is(err, unix.EINTR) {
@@ -283,7 +278,7 @@ func (c *client) RoutineServe() {
 				return
 			}
 		}
-		c.stepUnshare()
+		c.relocate()
 		c.maybeEvict()
 		c.retryHeld()
 		c.retryWriteBack()
@@ -314,17 +309,37 @@ func (c *client) gone() bool {
 	return errors.Is(err, unix.ESRCH)
 }
 
-// throttle reports whether a fault that adds a resident page should wait
-// for an eviction: the client is a batch past its budget and can evict.
-// A fault waits at most maxThrottle: the budget bends rather than stall a
-// client whose helper thread cannot run (a Go client with few Ps).
+// throttle reports whether a fault that adds a resident page must wait:
+// the client is a batch past its budget (budgetMargin). While an eviction
+// is in flight the fault waits for it, at most maxThrottle: the budget
+// bends rather than stall a client whose helper cannot run (a Go client
+// whose every P is held by a thread blocked in a fault). Otherwise no
+// eviction could start (the pool has no room for dirty pages and no clean
+// one is left, or every staging slot holds a page whose write-back
+// failed): the fault waits until one can, however long (back-pressure:
+// the budget holds and nothing is lost; docs/pager.md, Budget).
 func (c *client) throttle(since time.Time) bool {
-	if c.conn == nil || c.forkStalled() || !c.evictBusy && (len(c.slotFree) == 0 || !c.noRoomSince.IsZero() || c.unsh != nil) {
-		return false // no eviction to wait for (an unshare may hold them back)
+	if c.conn == nil || c.forkStalled() {
+		return false // nothing evicts this client now
 	}
-	over := int(c.st.resident.Load())+len(c.reads) >= c.budgetPages()+proto.MaxEvictBatch
-	return over && time.Since(since) < maxThrottle
+	if int(c.st.resident.Load())+len(c.reads) < c.budgetPages()+budgetMargin {
+		return false
+	}
+	if c.evictBusy {
+		return time.Since(since) < maxThrottle
+	}
+	c.st.waits.Add(1)
+	return true
 }
+
+// budgetMargin is how far past its budget, in pages, a client's resident
+// pages may go before its faults wait: one eviction batch (and the READs
+// of one fault batch in flight, counted with them).
+const budgetMargin = proto.MaxEvictBatch
+
+// BudgetMargin is budgetMargin in bytes: a client's resident paged memory
+// stays under its budget plus this (docs/pager.md, Budget).
+const BudgetMargin = budgetMargin * pageSize
 
 // budgetPages is the client's budget of resident pages.
 func (c *client) budgetPages() int { return c.a.budgetPages(c.localMem.Load()) }
@@ -372,7 +387,6 @@ func (c *client) teardown() {
 	agentStop := c.stop
 	c.mu.Unlock()
 	if !agentStop {
-		c.dropUnshare()
 		c.a.freeRegions(c.regs.list)
 	}
 	c.io.Close()
@@ -396,36 +410,41 @@ func (c *client) teardown() {
 	c.a.dropClient(c)
 }
 
-// freeRegions gives back the slabs of regions: a client's that went away,
-// or a fork copy no client adopted. A slab another region still names
-// (shared across a fork) stays.
+// freeRegions gives back the pool slots of regions: a client's that went
+// away, or a fork copy no client adopted. A slot another region still
+// names (shared across a fork) stays.
 func (a *Agent) freeRegions(regs []*region) {
-	var ids []SlabID
 	for _, r := range regs {
-		ids = appendSlabs(ids, r)
+		a.slots.release(r.slots...)
+		clear(r.slots)
 	}
-	a.freeSlabs(a.slabs.release(ids))
 }
 
-// freeSlabs gives ids back to the Store.
-func (a *Agent) freeSlabs(ids []SlabID) {
-	if len(ids) == 0 {
+// setSlot gives page idx of r the pool slot s (0: none) and releases the
+// one it had, keeping the client's count of slots.
+func (c *client) setSlot(r *region, idx int, s Slot) {
+	old := r.slots[idx]
+	if old == s {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := a.opts.Store.Free(ctx, ids); err != nil {
-		a.log.Warn("freeing slabs failed", zap.Int("slabs", len(ids)), zap.Error(err))
+	switch {
+	case old == 0:
+		c.st.pooled.Add(1)
+	case s == 0:
+		c.st.pooled.Add(-1)
+	}
+	r.slots[idx] = s
+	if old != 0 {
+		c.a.slots.release(old)
 	}
 }
 
-func appendSlabs(ids []SlabID, r *region) []SlabID {
-	for _, s := range r.slabs {
-		if s != 0 {
-			ids = append(ids, s)
-		}
-	}
-	return ids
+// dirty marks resident page idx of r written: its pool copy, if any, is
+// stale, and its slot is released (the other side of a fork that shares
+// it keeps its reference).
+func (c *client) dirty(r *region, idx int, p Page) {
+	c.set(r, idx, p|FlagDirty)
+	c.setSlot(r, idx, 0)
 }
 
 // set changes a page's entry, keeping the resident and remote counts.
@@ -583,7 +602,7 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 	}
 	if flags&userfaultfd.FaultWP != 0 {
 		if p.State() == Resident {
-			c.set(r, idx, p|FlagDirty|FlagRef)
+			c.dirty(r, idx, p|FlagRef)
 			err := c.uffd.Unprotect(pageRange(a), 0)
 			if c.again(err) {
 				err = c.uffd.Unprotect(pageRange(a), 0)
@@ -629,7 +648,7 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 		// docs/pager.md): it reads as zeros now.
 		switch mapped, err := c.zeroFill(a, since); {
 		case mapped:
-			c.set(r, idx, p|FlagDirty|FlagRef)
+			c.dirty(r, idx, p|FlagRef)
 		case userfaultfd.IsMMChanged(err):
 			c.hold(&c.retry, heldFault{pageRef{r, idx}, flags, since})
 		}
@@ -644,7 +663,7 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 		c.addRead(r, idx, false)
 		c.prefetch(r, idx)
 	case Staged:
-		if err := c.fromSlot(r, idx, 0); userfaultfd.IsMMChanged(err) {
+		if err := c.fromStage(r, idx, 0); userfaultfd.IsMMChanged(err) {
 			c.hold(&c.retry, heldFault{pageRef{r, idx}, flags, since})
 			return
 		}
@@ -663,9 +682,15 @@ func (c *client) prefetch(r *region, idx int) {
 		return
 	}
 	n := r.pf.Fault(int64(idx), int64(len(r.pages)), c.pfOut)
+	// Prefetching stops at the budget's margin, as faults do (throttle).
+	room := c.budgetPages() + budgetMargin - int(c.st.resident.Load()) - len(c.reads)
 	for _, q := range c.pfOut[:n] {
 		qp := r.pages[q]
+		if room <= 0 {
+			break
+		}
 		if qp.State() == Remote && qp&(FlagFetch|FlagBusy|FlagSampled) == 0 {
+			room--
 			c.addRead(r, int(q), true)
 			c.st.prefetchIssued.Add(1)
 		}
@@ -715,12 +740,8 @@ func (c *client) addRead(r *region, idx int, prefetch bool) {
 		c.flushReads(time.Now())
 	}
 	k := len(c.reads)
-	spp := int(c.a.pagesPerSlab)
-	c.reads = append(c.reads, PageOp{
-		Slab: r.slabs[idx/spp],
-		Off:  uint64(idx%spp) * pageSize,
-		Buf:  c.bufs[k*pageSize : (k+1)*pageSize],
-	})
+	slab, off := c.a.slots.where(r.slots[idx])
+	c.reads = append(c.reads, PageOp{Slab: slab, Off: off, Buf: c.bufs[k*pageSize : (k+1)*pageSize]})
 	c.readAt = append(c.readAt, readRef{pageRef: pageRef{r, idx}, prefetch: prefetch})
 	r.pages[idx] |= FlagFetch
 }
@@ -792,16 +813,18 @@ func (c *client) flushReads(since time.Time) {
 }
 
 // merge joins the batch's reads into c.merged: a run of reads of adjacent
-// pages of one region in one slab (adjacent in the slab too, and their
-// buffers are adjacent) is one READ, so that a prefetched stream moves in
-// a few large transfers rather than many 4 KiB ones (measured on the
-// sequential benchmark: a 32-page batch took ~150 µs as 32 READs).
+// pages of one region whose slots are adjacent in one slab (an eviction
+// batch takes consecutive slots for the sorted victims, so a run evicted
+// together is one run in the pool; their buffers are adjacent too) is one
+// READ, so that a prefetched stream moves in a few large transfers rather
+// than many 4 KiB ones (measured on the sequential benchmark: a 32-page
+// batch took ~150 µs as 32 READs).
 func (c *client) merge() {
 	c.merged, c.mergedAt = c.merged[:0], c.mergedAt[:0]
 	for k := 0; k < len(c.reads); {
 		j := k + 1
 		for j < len(c.reads) && c.readAt[j].r == c.readAt[k].r && c.readAt[j].idx == c.readAt[j-1].idx+1 &&
-			c.reads[j].Slab == c.reads[k].Slab {
+			c.reads[j].Slab == c.reads[k].Slab && c.reads[j].Off == c.reads[j-1].Off+pageSize {
 			j++
 		}
 		c.merged = append(c.merged, PageOp{Slab: c.reads[k].Slab, Off: c.reads[k].Off, Buf: c.bufs[k*pageSize : j*pageSize]})
@@ -850,6 +873,7 @@ func (c *client) installRead(k int, since time.Time) {
 		}
 	case errors.Is(op.Err, ErrLost):
 		c.set(r, idx, p.With(Lost))
+		c.setSlot(r, idx, 0) // its data is gone
 		if err := c.poison(r, idx); err != nil && !ref.prefetch {
 			c.hold(&c.retry, heldFault{ref.pageRef, 0, since})
 		}
@@ -881,7 +905,7 @@ func (c *client) install(r *region, idx int, p Page, buf []byte) error {
 		// events inherited it, after the copy of our page table that
 		// FORK_PREPARE made, and may have written it. Dirty: its
 		// contents go to the pool when it is evicted.
-		c.set(r, idx, p.With(Resident)|FlagDirty|FlagRef)
+		c.dirty(r, idx, p.With(Resident)|FlagRef)
 		c.uffd.Wake(pageRange(a))
 	case userfaultfd.IsGone(err):
 	default:
@@ -922,9 +946,9 @@ func (c *client) poison(r *region, idx int) error {
 	return nil
 }
 
-// fromSlot installs a page from its staging slot and frees the slot.
-func (c *client) fromSlot(r *region, idx int, flags userfaultfd.Flags) error {
-	slot := c.slotOf(r, idx)
+// fromStage installs a page from its staging slot and frees the slot.
+func (c *client) fromStage(r *region, idx int, flags userfaultfd.Flags) error {
+	slot := c.stageOf(r, idx)
 	if slot < 0 {
 		c.log.Error("staged page without a slot", zap.Uint64("region", r.id), zap.Int("page", idx))
 		return nil
@@ -948,16 +972,16 @@ func (c *client) fromSlot(r *region, idx int, flags userfaultfd.Flags) error {
 		c.staged--
 	}
 	if p.State() == Staged || exist { // mapped already, not by us: see installRead
-		c.set(r, idx, p.With(Resident)|FlagDirty|FlagRef)
+		c.dirty(r, idx, p.With(Resident)|FlagRef) // a Staged page's slot was never written
 	} else {
 		c.set(r, idx, p.With(Resident)|FlagRef)
 	}
-	c.freeSlot(slot)
+	c.freeStage(slot)
 	return nil
 }
 
-func (c *client) slotOf(r *region, idx int) int {
-	for s, o := range c.slotOwner {
+func (c *client) stageOf(r *region, idx int) int {
+	for s, o := range c.stageOwner {
 		if o.r == r && o.idx == idx {
 			return s
 		}
@@ -965,9 +989,9 @@ func (c *client) slotOf(r *region, idx int) int {
 	return -1
 }
 
-func (c *client) freeSlot(s int) {
-	c.slotOwner[s] = pageRef{}
-	c.slotFree = append(c.slotFree, uint32(s))
+func (c *client) freeStage(s int) {
+	c.stageOwner[s] = pageRef{}
+	c.stageFree = append(c.stageFree, uint32(s))
 }
 
 // retryHeld serves again the faults whose READ found no replica reachable.

@@ -19,12 +19,16 @@ var (
 	descEvict    = prometheus.NewDesc("rmem_agent_evictions_total", "Pages evicted.", labels, nil)
 	descWB       = prometheus.NewDesc("rmem_agent_write_backs_total", "Dirty pages written back to the pool.", labels, nil)
 	descLost     = prometheus.NewDesc("rmem_agent_lost_pages_total", "Pages poisoned because every replica was gone.", labels, nil)
-	descUnshare  = prometheus.NewDesc("rmem_agent_unshared_slabs_total", "Slabs shared with a fork copied to one of the client's own before a write-back.", labels, nil)
+	descPooled   = prometheus.NewDesc("rmem_agent_pooled_bytes", "Pool slots a client names: its remote pages and the clean resident ones whose pool copy is kept.", labels, nil)
+	descWaits    = prometheus.NewDesc("rmem_agent_budget_waits_total", "Faults that waited because the client was past its budget and no eviction could run (no pool room).", labels, nil)
 	descPFIssued = prometheus.NewDesc("rmem_agent_prefetch_issued_total", "Pages prefetched.", labels, nil)
 	descPFHits   = prometheus.NewDesc("rmem_agent_prefetch_hits_total", "Sampled prefetched pages (1 in 256, held back until touched) that the program touched.", labels, nil)
 	descPFWasted = prometheus.NewDesc("rmem_agent_prefetch_wasted_total", "Sampled prefetched pages (1 in 256) not touched before their sample slot was needed again.", labels, nil)
 	descLatency  = prometheus.NewDesc("rmem_agent_fault_seconds", "Time from reading a fault to resolving it.", labels, nil)
 	descClients  = prometheus.NewDesc("rmem_agent_clients", "Client processes served.", nil, nil)
+	descHeld     = prometheus.NewDesc("rmem_agent_pool_held_bytes", "Pool memory the agent holds (its slabs).", nil, nil)
+	descUsed     = prometheus.NewDesc("rmem_agent_pool_used_bytes", "Pool memory holding pages' data (used slots).", nil, nil)
+	descNoRoom   = prometheus.NewDesc("rmem_agent_pool_no_room", "1 while the pool gives the agent no more memory.", nil, nil)
 )
 
 // collector exports every client's figures (the same as Agent.Stats).
@@ -32,7 +36,8 @@ type collector struct{ a *Agent }
 
 func (collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descResident, descRemote, descBudget, descFaults, descZero, descReads, descWP,
-		descEvict, descWB, descLost, descUnshare, descPFIssued, descPFHits, descPFWasted, descLatency, descClients} {
+		descEvict, descWB, descLost, descPooled, descWaits, descPFIssued, descPFHits, descPFWasted, descLatency, descClients,
+		descHeld, descUsed, descNoRoom} {
 		ch <- d
 	}
 }
@@ -46,6 +51,14 @@ func (col collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	a.mu.Unlock()
 	ch <- prometheus.MustNewConstMetric(descClients, prometheus.GaugeValue, float64(len(cs)))
+	ps := a.Pool()
+	ch <- prometheus.MustNewConstMetric(descHeld, prometheus.GaugeValue, float64(ps.HeldBytes))
+	ch <- prometheus.MustNewConstMetric(descUsed, prometheus.GaugeValue, float64(ps.UsedBytes))
+	noRoom := 0.0
+	if ps.NoRoom != "" {
+		noRoom = 1
+	}
+	ch <- prometheus.MustNewConstMetric(descNoRoom, prometheus.GaugeValue, noRoom)
 	for _, c := range cs {
 		budget := float64(c.budgetPages() * pageSize)
 		s := c.st.snapshot(pageSize)
@@ -66,7 +79,8 @@ func (col collector) Collect(ch chan<- prometheus.Metric) {
 		counter(descEvict, s.Evictions)
 		counter(descWB, s.WriteBacks)
 		counter(descLost, s.Lost)
-		counter(descUnshare, s.Unshares)
+		gauge(descPooled, float64(s.PooledBytes))
+		counter(descWaits, s.BudgetWaits)
 		counter(descPFIssued, s.PrefetchIssued)
 		counter(descPFHits, s.PrefetchHits)
 		counter(descPFWasted, s.PrefetchWasted)

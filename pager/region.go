@@ -7,16 +7,16 @@ import (
 	"rmem/userfaultfd"
 )
 
-// region is one range a client registered: its page table, the slabs that
-// hold its evicted pages (page i lives in slabs[i/pagesPerSlab] at offset
-// (i%pagesPerSlab)*pageSize; 0 means not allocated yet) and its
-// prefetcher.
+// region is one range a client registered: its page table, the pool slot
+// of each page (slots.go: 0 for none; a page has one while the pool holds
+// its data: Remote, clean Resident, and Staged pages, whose write-back took
+// it) and its prefetcher.
 type region struct {
 	id    uint64
 	start userfaultfd.Addr
 	pages PageTable
+	slots []Slot
 	kind  proto.Kind
-	slabs []SlabID
 	pf    *Prefetcher
 	gone  bool // deleted while an eviction of its pages was in flight
 }

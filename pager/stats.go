@@ -76,10 +76,11 @@ func (h *Histogram) Buckets() (map[float64]uint64, uint64, float64) {
 // counters are a client's statistics, written by its loop only.
 type counters struct {
 	faults, zeroFills, remoteReads, wpFaults, held atomic.Uint64
-	evictions, writeBacks, lost, retries, unshares atomic.Uint64
-	prefetchIssued, prefetchHits, prefetchWasted   atomic.Uint64
-	resident, remote, regions                      atomic.Int64
-	latency                                        Histogram
+	evictions, writeBacks, lost, retries, waits  atomic.Uint64
+	prefetchIssued, prefetchHits, prefetchWasted atomic.Uint64
+	resident, remote, pooled, regions            atomic.Int64
+	noRoomSince                                  atomic.Int64 // unix ns; 0: eviction has pool slots
+	latency                                      Histogram
 }
 
 // ClientStats is a snapshot of one client process's paging.
@@ -89,8 +90,14 @@ type ClientStats struct {
 	UID           uint32 `json:"uid"` // the process's user
 	Regions       int    `json:"regions"`
 	ResidentBytes uint64 `json:"resident_bytes"`
-	RemoteBytes   uint64 `json:"remote_bytes"`
-	BudgetBytes   uint64 `json:"budget_bytes"`
+	// RemoteBytes: pages out of the process, in the pool (or staged on
+	// their way there).
+	RemoteBytes uint64 `json:"remote_bytes"`
+	// PooledBytes: the pool slots the process names: its remote pages and
+	// the clean resident ones whose pool copy is kept (evicted again
+	// without a write). Slots shared with a fork count for both sides.
+	PooledBytes uint64 `json:"pooled_bytes"`
+	BudgetBytes uint64 `json:"budget_bytes"`
 	// Faults counts MISSING faults served (zero fills, remote reads,
 	// staged copies, poisons); WPFaults counts writes to clean pages.
 	Faults      uint64        `json:"faults"`
@@ -104,10 +111,12 @@ type ClientStats struct {
 	WriteBacks  uint64        `json:"write_backs"`
 	Lost        uint64        `json:"lost"` // pages poisoned: every replica gone
 	Retries     uint64        `json:"retries"`
-	// Unshares counts slabs shared with a fork (parent or child) that
-	// this process copied to one of its own before its first write-back
-	// there.
-	Unshares uint64 `json:"unshares"`
+	// BudgetWaits counts faults that waited because the process was past
+	// its budget and no eviction could run (the pool had no room for its
+	// dirty pages); NoRoomSince is when its evictions began to lack pool
+	// slots (zero: they have them).
+	BudgetWaits uint64    `json:"budget_waits"`
+	NoRoomSince time.Time `json:"no_room_since,omitzero"`
 	// Prefetch: pages fetched ahead. Hits and Wasted count a sample of
 	// them (1 in 256 held back until touched, sample.go): touched, or not
 	// before its slot was needed again. Their ratio estimates the hit
@@ -129,15 +138,20 @@ func (s ClientStats) PrefetchHitRate() float64 {
 }
 
 func (c *counters) snapshot(pageSize uint64) ClientStats {
-	return ClientStats{
+	s := ClientStats{
 		Regions:       int(c.regions.Load()),
 		ResidentBytes: uint64(max(c.resident.Load(), 0)) * pageSize,
 		RemoteBytes:   uint64(max(c.remote.Load(), 0)) * pageSize,
+		PooledBytes:   uint64(max(c.pooled.Load(), 0)) * pageSize,
 		Faults:        c.faults.Load(), ZeroFills: c.zeroFills.Load(), RemoteReads: c.remoteReads.Load(),
 		WPFaults: c.wpFaults.Load(), Held: c.held.Load(),
 		FaultP50: c.latency.Quantile(0.50), FaultP99: c.latency.Quantile(0.99),
 		Evictions: c.evictions.Load(), WriteBacks: c.writeBacks.Load(), Lost: c.lost.Load(),
-		Retries: c.retries.Load(), Unshares: c.unshares.Load(),
+		Retries: c.retries.Load(), BudgetWaits: c.waits.Load(),
 		PrefetchIssued: c.prefetchIssued.Load(), PrefetchHits: c.prefetchHits.Load(), PrefetchWasted: c.prefetchWasted.Load(),
 	}
+	if ns := c.noRoomSince.Load(); ns != 0 {
+		s.NoRoomSince = time.Unix(0, ns)
+	}
+	return s
 }

@@ -11,17 +11,35 @@ import (
 // per client process.
 func WriteTable(w io.Writer, stats []ClientStats) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "PID\tRESIDENT\tREMOTE\tBUDGET\tFAULTS\tP50\tP99\tEVICTIONS\tWRITE-BACKS\tPREFETCH HITS\tLOST\t")
+	fmt.Fprintln(tw, "PID\tRESIDENT\tREMOTE\tPOOLED\tBUDGET\tFAULTS\tP50\tP99\tEVICTIONS\tWRITE-BACKS\tPREFETCH HITS\tWAITS\tLOST\t")
 	for _, s := range stats {
 		hit := "-"
 		if s.PrefetchHits+s.PrefetchWasted > 0 {
 			hit = fmt.Sprintf("%.0f%%", 100*s.PrefetchHitRate())
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%d\t%s\t%d\t\n",
-			s.PID, bytesText(s.ResidentBytes), bytesText(s.RemoteBytes), bytesText(s.BudgetBytes),
-			s.Faults, durText(s.FaultP50), durText(s.FaultP99), s.Evictions, s.WriteBacks, hit, s.Lost)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%d\t%s\t%d\t%d\t\n",
+			s.PID, bytesText(s.ResidentBytes), bytesText(s.RemoteBytes), bytesText(s.PooledBytes), bytesText(s.BudgetBytes),
+			s.Faults, durText(s.FaultP50), durText(s.FaultP99), s.Evictions, s.WriteBacks, hit, s.BudgetWaits, s.Lost)
 	}
 	return tw.Flush()
+}
+
+// WritePool prints the agent's pool space in one line: what it holds and
+// what holds pages, and whether the pool has no room.
+func WritePool(w io.Writer, p PoolStats) error {
+	ratio := "-"
+	if p.UsedBytes > 0 {
+		ratio = fmt.Sprintf("%.2fx", float64(p.HeldBytes)/float64(p.UsedBytes))
+	}
+	_, err := fmt.Fprintf(w, "pool: %s held in %d slabs of %s, %s used by pages (held/used %s)",
+		bytesText(p.HeldBytes), p.Slabs, bytesText(p.SlabSize), bytesText(p.UsedBytes), ratio)
+	if err == nil && p.NoRoom != "" {
+		_, err = fmt.Fprintf(w, "; NO ROOM since %s: %s", p.NoRoomSince.Format(time.TimeOnly), p.NoRoom)
+	}
+	if err == nil {
+		_, err = fmt.Fprintln(w)
+	}
+	return err
 }
 
 func bytesText(n uint64) string {

@@ -190,7 +190,10 @@ func newStatsCmd(app *cli.App) *cobra.Command {
 			if all {
 				rows = append(append([]pager.ClientStats{}, st.Exited...), rows...)
 			}
-			return pager.WriteTable(app.Stdout(), rows)
+			if err := pager.WriteTable(app.Stdout(), rows); err != nil {
+				return err
+			}
+			return pager.WritePool(app.Stdout(), st.Pool)
 		},
 	}
 	cmd.Flags().String("admin-socket", agentd.DefaultAdminSocket, "the agent's admin socket")
@@ -303,6 +306,11 @@ func runUffd(ctx context.Context, app *cli.App, args []string) (int, error) {
 	}
 	if showStats {
 		printRunStats(ctx, app, d, cmd.Process.Pid)
+		if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+			// Linux reports ru_maxrss in KiB: the program's VmHWM, paged
+			// memory and everything else it maps (code, libraries, stacks).
+			fmt.Fprintf(os.Stderr, "program: peak resident %.1fMiB (VmHWM, all of its memory)\n", float64(ru.Maxrss)/1024)
+		}
 	}
 	return code, nil
 }
@@ -368,5 +376,8 @@ func printRunStats(ctx context.Context, app *cli.App, d *agentd.Daemon, pid int)
 	}
 	if err := pager.WriteTable(os.Stderr, rows); err != nil {
 		app.Log().Warn("stats", zap.Error(err))
+	}
+	if d != nil {
+		pager.WritePool(os.Stderr, d.Agent.Pool())
 	}
 }

@@ -82,7 +82,7 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 		return nil, errors.New("agentd: no pool client")
 	}
 	if opts.Lock {
-		if err := unix.Mlockall(unix.MCL_CURRENT | unix.MCL_FUTURE); err != nil {
+		if err := unix.Mlockall(unix.MCL_CURRENT | unix.MCL_FUTURE | unix.MCL_ONFAULT); err != nil {
 			log.Warn("mlockall failed: the agent's own memory may be swapped out", zap.Error(err))
 		}
 	}
@@ -164,11 +164,13 @@ type StatsResponse struct {
 	Exited   []pager.ClientStats `json:"exited"`
 	Replicas int                 `json:"replicas"`
 	Slabs    int                 `json:"slabs"`
+	Pool     pager.PoolStats     `json:"pool"`
 }
 
 // Stats returns what GET /v1/stats serves.
 func (d *Daemon) Stats() StatsResponse {
-	return StatsResponse{Clients: d.Agent.Stats(), Exited: d.Agent.Exited(), Replicas: d.Replicas, Slabs: d.Store.Stats().Slabs}
+	return StatsResponse{Clients: d.Agent.Stats(), Exited: d.Agent.Exited(), Replicas: d.Replicas, Slabs: d.Store.Stats().Slabs,
+		Pool: d.Agent.Pool()}
 }
 
 func (d *Daemon) serveAdmin(path string) error {

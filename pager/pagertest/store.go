@@ -69,6 +69,7 @@ type Store struct {
 	next    pager.SlabID
 	rr      int
 	allocs  int
+	limit   int // slabs held at most (0: the servers' capacity)
 }
 
 // ErrNoCapacity: not enough live servers or free slabs.
@@ -123,6 +124,9 @@ func (s *Store) OpenIO() (pager.PageIO, error) { return s.table.NewIO(), nil }
 func (s *Store) Alloc(ctx context.Context, n int) ([]pager.SlabID, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.limit > 0 && len(s.slabs)+n > s.limit {
+		return nil, fmt.Errorf("%w: %d slabs held, limit %d", ErrNoCapacity, len(s.slabs), s.limit)
+	}
 	ids := make([]pager.SlabID, 0, n)
 	for k := 0; k < n; k++ {
 		pl, err := s.placeLocked(s.opts.Replicas, nil)
@@ -140,6 +144,14 @@ func (s *Store) Alloc(ctx context.Context, n int) ([]pager.SlabID, error) {
 	}
 	s.allocs += n
 	return ids, nil
+}
+
+// SetLimit bounds the slabs the Store holds at once (0: only the
+// servers' capacity), as a pool that other agents filled.
+func (s *Store) SetLimit(slabs int) {
+	s.mu.Lock()
+	s.limit = slabs
+	s.mu.Unlock()
 }
 
 // Allocated returns the slabs allocated so far and currently held.

@@ -1,0 +1,501 @@
+package pager
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Pool space follows the data: the agent's slabs are carved into page
+// slots, and a page takes a slot only when its data goes to the pool (a
+// dirty page's write-back), as a kernel's swap slots. Every client of the
+// agent takes its slots from one pool, so many small regions (a heap's
+// chunks, an interpreter's arenas) share slabs, and a process holds pool
+// space for the pages it has paged out, not for the address space of its
+// regions. A slot is freed when its data is no longer needed: the page is
+// written to again (its pool copy is stale), dropped, unmapped, lost, or its
+// process exits.
+//
+// A slot is counted: a fork gives the child a reference to each of the
+// parent's slots instead of copying the data, and neither side ever writes
+// a slot while another names it, because a write-back always goes to a slot
+// of its own taken for it (copy-on-write at page granularity: nothing is
+// copied at the fork, nor later).
+//
+// The slabs come from the Store off the fault path: RoutineReservoir
+// allocates one when free slots run low (lowWater) and gives back empty
+// slabs beyond one's worth of slack, and, when freed slots are scattered
+// over many slabs (a program freed half its heap), drains the emptiest
+// slab: the loops move their pages out of it (relocate) and it is freed.
+// So the space held stays within about 1.1x the space used plus one slab.
+
+// Slot names one page-sized place in the pool: page (Slot-1) % pps of the
+// agent's slab number (Slot-1) / pps. 0 is no slot.
+type Slot uint32
+
+// slotRefMax is the largest count kept in a slot's byte; higher counts
+// (a page shared by many forks) live in poolSlab.over.
+const slotRefMax = 255
+
+// slotPool is the agent's remote memory as page slots. Its methods are
+// safe for concurrent use by the loops and the reservoir.
+type slotPool struct {
+	store Store
+	pps   int // pages per slab
+	low   int // free slots under which the reservoir allocates a slab
+	log   *zap.Logger
+
+	mu      sync.Mutex
+	slabs   []*poolSlab // by slab number; nil: a number free for reuse
+	free    int         // free slots of slabs that take allocations
+	used    int         // slots with data (a reference or more)
+	next    int         // slab number where alloc looks first
+	short   bool        // an alloc came back short since the last new slab
+	noRoom  error       // why the last Store.Alloc failed; nil once one worked
+	since   time.Time   // when the pool first had no room
+	drain   int         // the slab being drained (-1: none)
+	asked   time.Time   // the last alloc
+	drainAt time.Time
+	counts  slotStats
+
+	// view is what the loops read without the lock: slab ids by slab
+	// number, and which is draining; replaced on every change.
+	view atomic.Pointer[slotView]
+	gen  atomic.Uint64 // bumped when a drain starts
+
+	kick   chan struct{}
+	onRoom func() // called without mu after a short alloc when slots are free again
+}
+
+type slotView struct {
+	ids   []SlabID
+	drain int // slab number being drained, -1 for none
+}
+
+type poolSlab struct {
+	id   SlabID
+	refs []uint8
+	over map[int]uint32 // counts above slotRefMax, by page
+	used int
+	hint int // the next page alloc looks at
+}
+
+// slotStats counts the reservoir's work.
+type slotStats struct {
+	allocated, freed, drained, relocated uint64
+	allocErrs                            uint64
+}
+
+// PoolStats is the agent's pool space: what it holds and what holds data.
+type PoolStats struct {
+	SlabSize  uint64 `json:"slab_size"`
+	Slabs     int    `json:"slabs"`
+	HeldBytes uint64 `json:"held_bytes"` // slabs held from the pool
+	UsedBytes uint64 `json:"used_bytes"` // slots holding a page's data
+	// NoRoom is why the pool gave no slab the last time it was asked
+	// (empty once it gives again), and NoRoomSince when that began.
+	NoRoom      string    `json:"no_room,omitempty"`
+	NoRoomSince time.Time `json:"no_room_since,omitzero"`
+	// Slabs allocated and freed over the agent's life, slabs emptied by
+	// moving their pages out (drains) and the pages moved.
+	Allocated uint64 `json:"slabs_allocated"`
+	Freed     uint64 `json:"slabs_freed"`
+	Drained   uint64 `json:"slabs_drained"`
+	Relocated uint64 `json:"pages_relocated"`
+}
+
+func newSlotPool(store Store, log *zap.Logger) *slotPool {
+	pps := int(store.SlabSize() / pageSize)
+	p := &slotPool{
+		store: store, pps: pps, low: lowWater(pps), log: log, drain: -1,
+		kick: make(chan struct{}, 1), onRoom: func() {},
+	}
+	p.publishLocked()
+	return p
+}
+
+// lowWater is the free slots under which a slab is allocated: enough for a
+// few eviction batches while the pool answers, and at most about 1/11 of a
+// slab, so that the next slab is asked for only once the used space makes
+// it fit the 1.1x rule (held <= 1.1 used + a slab).
+func lowWater(pps int) int {
+	return max(min(1024, pps/12), 2*maxEvictBatch)
+}
+
+const maxEvictBatch = 128 // proto.MaxEvictBatch, kept here to size lowWater
+
+func (p *slotPool) publishLocked() {
+	v := &slotView{ids: make([]SlabID, len(p.slabs)), drain: p.drain}
+	for i, s := range p.slabs {
+		if s != nil {
+			v.ids[i] = s.id
+		}
+	}
+	p.view.Store(v)
+}
+
+// where returns the slab and byte offset of slot s (taken by the caller,
+// so its slab is held).
+func (p *slotPool) where(s Slot) (SlabID, uint64) {
+	i := int(s-1) / p.pps
+	v := p.view.Load()
+	if s == 0 || i >= len(v.ids) {
+		return 0, 0
+	}
+	return v.ids[i], uint64(int(s-1)%p.pps) * pageSize
+}
+
+// draining reports whether s is in the slab being drained.
+func (p *slotPool) draining(s Slot) bool {
+	d := p.view.Load().drain
+	return d >= 0 && s != 0 && int(s-1)/p.pps == d
+}
+
+// alloc fills out with new slots (one reference each) and returns how many
+// it took: fewer than len(out) when the pool is short, and then the
+// reservoir is asked for a slab.
+func (p *slotPool) alloc(out []Slot) int {
+	p.mu.Lock()
+	p.asked = time.Now()
+	n := 0
+	for tries := 0; n < len(out) && p.free > 0 && tries <= len(p.slabs); tries++ {
+		if p.next >= len(p.slabs) {
+			p.next = 0
+		}
+		s := p.slabs[p.next]
+		if s == nil || s.used == p.pps || p.next == p.drain {
+			p.next++
+			continue
+		}
+		for ; n < len(out) && s.used < p.pps; s.hint = (s.hint + 1) % p.pps {
+			if s.refs[s.hint] == 0 {
+				s.refs[s.hint] = 1
+				s.used++
+				out[n] = Slot(p.next*p.pps + s.hint + 1)
+				n++
+			}
+		}
+		if s.used == p.pps {
+			p.next++
+		}
+	}
+	p.free -= n
+	p.used += n
+	short := n < len(out) || p.free < p.low
+	if n < len(out) {
+		p.short = true
+	}
+	p.mu.Unlock()
+	if short {
+		p.kickReservoir()
+	}
+	return n
+}
+
+// ref adds a reference to each of ss (a fork's child names its parent's
+// slots); 0 entries are skipped.
+func (p *slotPool) ref(ss ...Slot) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, s := range ss {
+		sl, pg := p.locLocked(s)
+		if sl == nil || sl.refs[pg] == 0 {
+			continue
+		}
+		if sl.refs[pg] < slotRefMax {
+			sl.refs[pg]++
+			continue
+		}
+		if sl.over == nil {
+			sl.over = map[int]uint32{}
+		}
+		sl.over[pg]++
+	}
+}
+
+// release drops a reference to each of ss; a slot without references is
+// free again. 0 entries are skipped.
+func (p *slotPool) release(ss ...Slot) {
+	freed := false
+	p.mu.Lock()
+	for _, s := range ss {
+		i := int(s-1) / p.pps
+		sl, pg := p.locLocked(s)
+		if sl == nil || sl.refs[pg] == 0 {
+			continue
+		}
+		if sl.refs[pg] == slotRefMax && sl.over[pg] > 0 {
+			if sl.over[pg]--; sl.over[pg] == 0 {
+				delete(sl.over, pg)
+			}
+			continue
+		}
+		if sl.refs[pg]--; sl.refs[pg] > 0 {
+			continue
+		}
+		sl.used--
+		p.used--
+		if i != p.drain {
+			p.free++
+		}
+		if sl.used == 0 || p.short {
+			freed = true
+		}
+	}
+	wake := p.short && p.free > 0
+	if wake {
+		p.short = false
+	}
+	p.mu.Unlock()
+	if freed {
+		p.kickReservoir()
+	}
+	if wake {
+		p.onRoom()
+	}
+}
+
+func (p *slotPool) locLocked(s Slot) (*poolSlab, int) {
+	if s == 0 {
+		return nil, 0
+	}
+	i := int(s-1) / p.pps
+	if i >= len(p.slabs) || p.slabs[i] == nil {
+		return nil, 0
+	}
+	return p.slabs[i], int(s-1) % p.pps
+}
+
+func (p *slotPool) kickReservoir() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// stats returns the pool's space.
+func (p *slotPool) stats() PoolStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, s := range p.slabs {
+		if s != nil {
+			n++
+		}
+	}
+	st := PoolStats{
+		SlabSize: uint64(p.pps) * pageSize, Slabs: n,
+		HeldBytes: uint64(n*p.pps) * pageSize, UsedBytes: uint64(p.used) * pageSize,
+		Allocated: p.counts.allocated, Freed: p.counts.freed, Drained: p.counts.drained, Relocated: p.counts.relocated,
+	}
+	if p.noRoom != nil {
+		st.NoRoom, st.NoRoomSince = p.noRoom.Error(), p.since
+	}
+	return st
+}
+
+// hasRoom reports whether the last Store.Alloc worked (or none failed).
+func (p *slotPool) hasRoom() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.noRoom == nil || p.free > 0
+}
+
+// relocated counts pages a loop moved out of a draining slab.
+func (p *slotPool) relocated(n int) {
+	p.mu.Lock()
+	p.counts.relocated += uint64(n)
+	p.mu.Unlock()
+}
+
+// Reservoir timing.
+const (
+	reservoirTick  = time.Second
+	noRoomBackoff  = 5 * time.Second // the longest wait between Store.Alloc tries without room
+	drainGiveUp    = time.Minute     // a drain whose slab does not empty is abandoned
+	storeCallLimit = 30 * time.Second
+	idleAfter      = time.Second // without an alloc for this long, an empty pool keeps no slack
+)
+
+// RoutineReservoir keeps the pool's free slots between lowWater and about
+// a slab's worth more: it allocates a slab when they run low, gives back
+// empty slabs beyond that, and drains the emptiest slab when the space held
+// passes 1.1x the space used plus a slab. It runs until ctx ends.
+func (p *slotPool) RoutineReservoir(ctx context.Context) {
+	wait := reservoirTick
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.kick:
+		case <-t.C:
+		}
+		wait = p.step(ctx, wait)
+		t.Reset(wait)
+	}
+}
+
+// step does one round of the reservoir and returns how long to wait for
+// the next (backing off while the pool has no room).
+func (p *slotPool) step(ctx context.Context, backoff time.Duration) time.Duration {
+	p.mu.Lock()
+	need := p.free < p.low || p.short
+	p.mu.Unlock()
+	if need {
+		if !p.grow(ctx) {
+			return min(max(2*backoff, 100*time.Millisecond), noRoomBackoff)
+		}
+		p.kickReservoir() // maybe another one is needed
+		return reservoirTick
+	}
+	p.shrink(ctx)
+	return reservoirTick
+}
+
+// grow adds a slab from the Store; it reports whether it got one.
+func (p *slotPool) grow(ctx context.Context) bool {
+	cctx, cancel := context.WithTimeout(ctx, storeCallLimit)
+	ids, err := p.store.Alloc(cctx, 1)
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return false
+		}
+		p.mu.Lock()
+		first := p.noRoom == nil
+		if first {
+			p.since = time.Now()
+		}
+		p.noRoom = err
+		p.counts.allocErrs++
+		p.mu.Unlock()
+		if first {
+			p.log.Warn("the pool gives no more memory: evictions of dirty pages wait, and so do faults past the budget (it holds); retrying",
+				zap.Error(err))
+		}
+		return false
+	}
+	p.mu.Lock()
+	i := 0
+	for i < len(p.slabs) && p.slabs[i] != nil {
+		i++
+	}
+	s := &poolSlab{id: ids[0], refs: make([]uint8, p.pps)}
+	if i == len(p.slabs) {
+		p.slabs = append(p.slabs, s)
+	} else {
+		p.slabs[i] = s
+	}
+	p.free += p.pps
+	p.counts.allocated++
+	wasShort, hadNoRoom, since := p.short, p.noRoom != nil, p.since
+	p.short, p.noRoom = false, nil
+	p.publishLocked()
+	p.mu.Unlock()
+	if hadNoRoom {
+		p.log.Info("the pool gives memory again", zap.Duration("after", time.Since(since)))
+	}
+	if wasShort || hadNoRoom {
+		p.onRoom()
+	}
+	return true
+}
+
+// shrink gives back empty slabs beyond the slack (free slots past
+// lowWater plus one slab), and starts or ends a drain.
+func (p *slotPool) shrink(ctx context.Context) {
+	var give []SlabID
+	p.mu.Lock()
+	if p.drain >= 0 {
+		s := p.slabs[p.drain]
+		switch {
+		case s.used == 0:
+			p.counts.drained++
+			p.drain = -1
+			p.free += p.pps // counted back, then freed below as an empty slab
+		case time.Since(p.drainAt) > drainGiveUp:
+			p.log.Info("a slab did not empty in time (pages of a fork's copy, or busy); drain abandoned", zap.Int("used", s.used))
+			p.free += p.pps - s.used
+			p.drain = -1
+		}
+	}
+	// With nothing in the pool and no slot asked for lately (no client,
+	// or none paging out) no slack is kept: an idle agent holds no pool
+	// memory.
+	keep := p.low
+	if p.used == 0 && time.Since(p.asked) > idleAfter {
+		keep = -p.pps
+	}
+	for i := len(p.slabs) - 1; i >= 0 && p.free-p.pps >= keep; i-- {
+		if s := p.slabs[i]; s != nil && s.used == 0 && i != p.drain {
+			give = append(give, s.id)
+			p.slabs[i] = nil
+			p.free -= p.pps
+		}
+	}
+	for len(p.slabs) > 0 && p.slabs[len(p.slabs)-1] == nil {
+		p.slabs = p.slabs[:len(p.slabs)-1]
+	}
+	if p.drain < 0 {
+		p.maybeDrainLocked()
+	}
+	p.publishLocked()
+	p.mu.Unlock()
+	if len(give) == 0 {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, storeCallLimit)
+	defer cancel()
+	if err := p.store.Free(cctx, give); err != nil {
+		p.log.Warn("giving slabs back to the pool failed", zap.Int("slabs", len(give)), zap.Error(err))
+	}
+	p.mu.Lock()
+	p.counts.freed += uint64(len(give))
+	p.mu.Unlock()
+}
+
+// maybeDrainLocked starts draining the slab with the fewest used slots
+// when the space held passes 1.1x the space used plus a slab (and the
+// slack): the loops move their pages out of it, then it is given back.
+func (p *slotPool) maybeDrainLocked() {
+	held := 0
+	for _, s := range p.slabs {
+		if s != nil {
+			held += p.pps
+		}
+	}
+	if held <= p.used+p.used/10+p.pps+p.low {
+		return
+	}
+	best := -1
+	for i, s := range p.slabs {
+		if s != nil && s.used > 0 && (best < 0 || s.used <= p.slabs[best].used) {
+			best = i
+		}
+	}
+	// The pages must fit elsewhere without a new slab.
+	if best < 0 || p.free-(p.pps-p.slabs[best].used) < p.slabs[best].used+p.low {
+		return
+	}
+	p.drain, p.drainAt = best, time.Now()
+	p.free -= p.pps - p.slabs[best].used
+	p.gen.Add(1)
+}
+
+// slabIDs returns the slabs the pool holds.
+func (p *slotPool) slabIDs() []SlabID {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var ids []SlabID
+	for _, s := range p.slabs {
+		if s != nil {
+			ids = append(ids, s.id)
+		}
+	}
+	return ids
+}

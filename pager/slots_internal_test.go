@@ -1,0 +1,235 @@
+package pager
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+)
+
+// fakeStore is a Store of slab ids only (the slot pool never moves data).
+type fakeStore struct {
+	mu       sync.Mutex
+	slabSize uint64
+	capacity int // slabs it gives at most
+	held     map[SlabID]bool
+	next     SlabID
+}
+
+var errFull = errors.New("fake store: full")
+
+func (s *fakeStore) SlabSize() uint64 { return s.slabSize }
+func (s *fakeStore) Alloc(_ context.Context, n int) ([]SlabID, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.held)+n > s.capacity {
+		return nil, errFull
+	}
+	var ids []SlabID
+	for range n {
+		s.next++
+		s.held[s.next] = true
+		ids = append(ids, s.next)
+	}
+	return ids, nil
+}
+func (s *fakeStore) Free(_ context.Context, ids []SlabID) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range ids {
+		delete(s.held, id)
+	}
+	return nil
+}
+func (s *fakeStore) OpenIO() (PageIO, error) { return nil, errors.New("fake store: no I/O") }
+func (s *fakeStore) nheld() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.held)
+}
+
+func newTestPool(t *testing.T, pps, capacity int) (*slotPool, *fakeStore) {
+	st := &fakeStore{slabSize: uint64(pps) * pageSize, capacity: capacity, held: map[SlabID]bool{}}
+	return newSlotPool(st, zaptest.NewLogger(t)), st
+}
+
+// take allocates n slots, running the reservoir when it comes back short,
+// as the loops and RoutineReservoir do together.
+func take(t *testing.T, p *slotPool, n int) []Slot {
+	t.Helper()
+	out := make([]Slot, n)
+	got := 0
+	for tries := 0; got < n; tries++ {
+		got += p.alloc(out[got:])
+		if got < n {
+			if tries > 100 {
+				t.Fatalf("only %d of %d slots", got, n)
+			}
+			p.step(context.Background(), reservoirTick)
+		}
+	}
+	return out
+}
+
+func TestSlotPoolRefs(t *testing.T) {
+	p, st := newTestPool(t, 512, 8)
+	if n := p.alloc(make([]Slot, 4)); n != 0 {
+		t.Fatalf("an empty pool gave %d slots", n)
+	}
+	ss := take(t, p, 600) // more than a slab
+	seen := map[Slot]bool{}
+	for _, s := range ss {
+		if s == 0 || seen[s] {
+			t.Fatalf("slot %d given twice or zero", s)
+		}
+		seen[s] = true
+		if id, off := p.where(s); id == 0 || off%pageSize != 0 || off >= st.slabSize {
+			t.Fatalf("slot %d is at slab %d offset %d", s, id, off)
+		}
+	}
+	// Consecutive slots for a batch: one READ when they come back.
+	for i := 1; i < 100; i++ {
+		id0, off0 := p.where(ss[i-1])
+		id1, off1 := p.where(ss[i])
+		if id0 != id1 || off1 != off0+pageSize {
+			t.Fatalf("slots %d and %d of one batch are not adjacent: %d/%d, %d/%d", i-1, i, id0, off0, id1, off1)
+		}
+	}
+	// A shared slot (a fork) survives the first release.
+	for range slotRefMax + 10 {
+		p.ref(ss[0])
+	}
+	for range slotRefMax + 10 {
+		p.release(ss[0])
+	}
+	if st := p.stats(); st.UsedBytes != 600*pageSize {
+		t.Fatalf("used %d after shared releases, want 600 pages", st.UsedBytes)
+	}
+	p.release(ss...)
+	if st := p.stats(); st.UsedBytes != 0 {
+		t.Fatalf("used %d after releasing everything", st.UsedBytes)
+	}
+	p.step(context.Background(), reservoirTick)
+	if n := st.nheld(); n == 0 {
+		t.Fatalf("no slack kept right after allocations")
+	}
+	p.mu.Lock()
+	p.asked = time.Now().Add(-2 * idleAfter) // idle since
+	p.mu.Unlock()
+	p.step(context.Background(), reservoirTick)
+	if n := st.nheld(); n != 0 || p.stats().Slabs != 0 {
+		t.Fatalf("%d slabs held with nothing used: an idle agent holds no pool memory", n)
+	}
+	p.release(ss[0]) // a stale release is harmless
+}
+
+// The space held follows the space used: at most 1.1x plus one slab, as
+// pages are paged out, and back down as they are freed. (With slabs of
+// under ~12 eviction batches, 1536 pages, the reservoir's floor of two
+// batches of free slots comes first.)
+func TestSlotPoolFollowsData(t *testing.T) {
+	const pps = 4096
+	p, st := newTestPool(t, pps, 64)
+	var all []Slot
+	check := func(when string) {
+		t.Helper()
+		s := p.stats()
+		if float64(s.HeldBytes) > 1.1*float64(s.UsedBytes)+float64(pps*pageSize) {
+			t.Fatalf("%s: held %d for %d used: more than 1.1x plus a slab", when, s.HeldBytes, s.UsedBytes)
+		}
+	}
+	for len(all) < 20*pps {
+		all = append(all, take(t, p, 128)...)
+		p.step(context.Background(), reservoirTick)
+		check("growing")
+	}
+	// Free the newest half: whole slabs empty and go back.
+	p.release(all[len(all)/2:]...)
+	all = all[:len(all)/2]
+	p.step(context.Background(), reservoirTick)
+	check("after freeing the newest half")
+	if st.nheld() > 12 {
+		t.Fatalf("%d slabs held for 10 slabs' worth of pages", st.nheld())
+	}
+	// Free every other page: no slab empties by itself; a drain starts.
+	var kept []Slot
+	for i, s := range all {
+		if i%2 == 0 {
+			p.release(s)
+		} else {
+			kept = append(kept, s)
+		}
+	}
+	gen := p.gen.Load()
+	p.step(context.Background(), reservoirTick)
+	if p.gen.Load() == gen {
+		t.Fatalf("no drain with %+v", p.stats())
+	}
+	d := p.view.Load().drain
+	var moved []Slot
+	for i, s := range kept {
+		if p.draining(s) {
+			// A loop moves the page: a new slot, then the old one goes.
+			n := take(t, p, 1)
+			if p.draining(n[0]) {
+				t.Fatalf("a new slot in the slab being drained")
+			}
+			moved = append(moved, n[0])
+			p.release(s)
+			kept[i] = 0
+		}
+	}
+	p.step(context.Background(), reservoirTick)
+	if p.stats().Drained != 1 || p.view.Load().drain == d {
+		t.Fatalf("the drained slab was not given back: %+v", p.stats())
+	}
+	for range 20 { // drain after drain, as the loops move their pages
+		p.step(context.Background(), reservoirTick)
+		for i, s := range kept {
+			if s != 0 && p.draining(s) {
+				kept[i] = take(t, p, 1)[0]
+				p.release(s)
+			}
+		}
+	}
+	p.step(context.Background(), reservoirTick)
+	check("after drains")
+	_ = moved
+}
+
+// A full pool: allocs come back short, the reservoir says why (once), and
+// the loops are woken when a slab comes again.
+func TestSlotPoolNoRoom(t *testing.T) {
+	p, st := newTestPool(t, 256, 1)
+	woken := 0
+	p.onRoom = func() { woken++ }
+	ss := take(t, p, 256)
+	woken = 0
+	if n := p.alloc(make([]Slot, 8)); n != 0 {
+		t.Fatalf("a full pool gave %d slots", n)
+	}
+	p.step(context.Background(), reservoirTick)
+	s := p.stats()
+	if s.NoRoom == "" || s.NoRoomSince.IsZero() {
+		t.Fatalf("a pool without room says nothing: %+v", s)
+	}
+	// Room comes back from the program's own frees first...
+	p.release(ss[:10]...)
+	if woken != 1 {
+		t.Fatalf("freed slots after a short alloc woke the loops %d times, want 1", woken)
+	}
+	if n := p.alloc(make([]Slot, 20)); n != 10 {
+		t.Fatalf("got %d of the 10 freed slots", n)
+	}
+	// ... and from the store.
+	st.mu.Lock()
+	st.capacity = 2
+	st.mu.Unlock()
+	p.step(context.Background(), reservoirTick)
+	if woken != 2 || p.stats().NoRoom != "" {
+		t.Fatalf("room from the store: woken %d, stats %+v", woken, p.stats())
+	}
+}
