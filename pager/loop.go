@@ -105,17 +105,17 @@ type client struct {
 	evict      proto.Evict
 	evictRefs  [proto.MaxEvictBatch]pageRef
 	newSlots   [proto.MaxEvictBatch]Slot // pool slots for an eviction's dirty victims
-	evictBusy bool
-	evictSeq  uint64
-	staged    int // pages in Staged state waiting for a write-back retry
-	wb        []PageOp
-	wbRef     []int
-	sendBuf   []byte
-	recvBuf   []byte
-	oob       []byte
-	seq       uint32
-	sample    samples
-	probed    time.Time // last liveness probe (gone)
+	evictBusy  bool
+	evictSeq   uint64
+	staged     int // pages in Staged state waiting for a write-back retry
+	wb         []PageOp
+	wbRef      []int
+	sendBuf    []byte
+	recvBuf    []byte
+	oob        []byte
+	seq        uint32
+	sample     samples
+	probed     time.Time // last liveness probe (gone)
 }
 
 // newClient prepares a client for uffd (owned from now on); the loop

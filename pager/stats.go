@@ -76,11 +76,11 @@ func (h *Histogram) Buckets() (map[float64]uint64, uint64, float64) {
 // counters are a client's statistics, written by its loop only.
 type counters struct {
 	faults, zeroFills, remoteReads, wpFaults, held atomic.Uint64
-	evictions, writeBacks, lost, retries, waits  atomic.Uint64
-	prefetchIssued, prefetchHits, prefetchWasted atomic.Uint64
-	resident, remote, pooled, regions            atomic.Int64
-	noRoomSince                                  atomic.Int64 // unix ns; 0: eviction has pool slots
-	latency                                      Histogram
+	evictions, writeBacks, lost, retries, waits    atomic.Uint64
+	prefetchIssued, prefetchHits, prefetchWasted   atomic.Uint64
+	resident, remote, pooled, regions              atomic.Int64
+	noRoomSince                                    atomic.Int64 // unix ns; 0: eviction has pool slots
+	latency                                        Histogram
 }
 
 // ClientStats is a snapshot of one client process's paging.
