@@ -538,3 +538,43 @@ func TestPrefetchSampledHits(t *testing.T) {
 		})
 	}
 }
+
+// Pool space follows the data when a program frees half its heap in a
+// scatter that empties no slab (every other 128 KiB of 16 MiB): the agent
+// drains the emptiest slabs, moving their pages to the others while the
+// program runs, and gives them back, so the space held comes down to about
+// 1.1x the space used plus a slab; the program then reads back exactly
+// what it kept.
+func TestPoolFollowsFrees(t *testing.T) {
+	skipUnlessUFFD(t)
+	prog := shimtest.Prog(t, "testdata/zaphalf.c")
+	store := pagertest.New(t, pagertest.Options{Servers: 2, Replicas: 1, SlabSize: 1 << 20, SlabsPerServer: 32})
+	a := startAgent(t, store, 2<<20)
+	p := shimtest.Start(t, a.Addr(), []string{prog})
+	p.Expect("ready")
+	before := waitStats(t, a, func(st pager.ClientStats) bool { return st.RemoteBytes > 12<<20 })
+	held0 := a.Pool().HeldBytes
+	p.Send("g")
+	p.Expect("zapped")
+	var ps pager.PoolStats
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		ps = a.Pool()
+		// Two batches of free slots are kept besides a slab (lowWater's
+		// floor, above 1/11 of these small 1 MiB slabs).
+		if float64(ps.HeldBytes) <= 1.1*float64(ps.UsedBytes)+float64(ps.SlabSize)+2*128*4096 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the pool still holds %d bytes for %d used after the program freed half its heap: %+v", ps.HeldBytes, ps.UsedBytes, ps)
+		}
+	}
+	t.Logf("before the frees: %d held, %+v; after: %+v", held0, before, ps)
+	if ps.Drained == 0 || ps.Relocated == 0 {
+		t.Errorf("space came back without draining a slab: %+v", ps)
+	}
+	p.Send("g")
+	p.Expect("ok")
+	p.Wait()
+	waitNoClients(t, a)
+	noSlabsHeld(t, store)
+}

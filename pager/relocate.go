@@ -19,6 +19,7 @@ const relocScan = 1 << 16
 // relocation is a loop's progress through a drain.
 type relocation struct {
 	gen     uint64 // the drain this client is done with
+	cur     uint64 // the drain the cursor is for
 	table   int    // cursor: region (index in c.regs.list) and page
 	page    int
 	skipped bool // pages were left in this sweep: another one follows
@@ -39,7 +40,7 @@ func (c *client) relocate() {
 		return
 	}
 	if c.a.slots.view.Load().drain < 0 || len(c.regs.list) == 0 {
-		*rl = relocation{gen: gen, ops: rl.ops, at: rl.at, slots: rl.slots}
+		*rl = relocation{gen: gen, cur: gen, ops: rl.ops, at: rl.at, slots: rl.slots}
 		return
 	}
 	if rl.ops == nil {
@@ -48,6 +49,9 @@ func (c *client) relocate() {
 		rl.slots = make([]Slot, maxBatch)
 	}
 	rl.ops, rl.at = rl.ops[:0], rl.at[:0]
+	if rl.cur != gen { // a new drain: a sweep from the start
+		rl.cur, rl.table, rl.page, rl.skipped = gen, 0, 0, false
+	}
 	if rl.table >= len(c.regs.list) {
 		rl.table, rl.page = 0, 0
 	}
@@ -84,7 +88,7 @@ func (c *client) relocate() {
 		c.a.slots.relocated(moved)
 	}
 	if len(rl.at) == 0 && rl.table == len(c.regs.list) && !rl.skipped {
-		*rl = relocation{gen: gen, ops: rl.ops, at: rl.at, slots: rl.slots}
+		*rl = relocation{gen: gen, cur: gen, ops: rl.ops, at: rl.at, slots: rl.slots}
 	}
 	if rl.table >= len(c.regs.list) {
 		rl.table = len(c.regs.list)

@@ -67,7 +67,7 @@ type slotPool struct {
 	gen  atomic.Uint64 // bumped when a drain starts
 
 	kick   chan struct{}
-	onRoom func() // called without mu after a short alloc when slots are free again
+	onRoom func() // called without mu after a short alloc when slots are free again, and when a drain starts
 }
 
 type slotView struct {
@@ -441,11 +441,20 @@ func (p *slotPool) shrink(ctx context.Context) {
 	for len(p.slabs) > 0 && p.slabs[len(p.slabs)-1] == nil {
 		p.slabs = p.slabs[:len(p.slabs)-1]
 	}
+	drained := false
 	if p.drain < 0 {
-		p.maybeDrainLocked()
+		drained = p.maybeDrainLocked()
 	}
 	p.publishLocked()
+	if drained {
+		// After the view names the slab: a loop that sees the new
+		// generation sees what to drain.
+		p.gen.Add(1)
+	}
 	p.mu.Unlock()
+	if drained {
+		p.onRoom() // the loops, idle or not, move their pages out
+	}
 	if len(give) == 0 {
 		return
 	}
@@ -462,7 +471,7 @@ func (p *slotPool) shrink(ctx context.Context) {
 // maybeDrainLocked starts draining the slab with the fewest used slots
 // when the space held passes 1.1x the space used plus a slab (and the
 // slack): the loops move their pages out of it, then it is given back.
-func (p *slotPool) maybeDrainLocked() {
+func (p *slotPool) maybeDrainLocked() bool {
 	held := 0
 	for _, s := range p.slabs {
 		if s != nil {
@@ -470,7 +479,7 @@ func (p *slotPool) maybeDrainLocked() {
 		}
 	}
 	if held <= p.used+p.used/10+p.pps+p.low {
-		return
+		return false
 	}
 	best := -1
 	for i, s := range p.slabs {
@@ -480,11 +489,12 @@ func (p *slotPool) maybeDrainLocked() {
 	}
 	// The pages must fit elsewhere without a new slab.
 	if best < 0 || p.free-(p.pps-p.slabs[best].used) < p.slabs[best].used+p.low {
-		return
+		return false
 	}
 	p.drain, p.drainAt = best, time.Now()
 	p.free -= p.pps - p.slabs[best].used
-	p.gen.Add(1)
+	p.log.Debug("draining a slab", zap.Int("slab", best), zap.Int("used", p.slabs[best].used), zap.Int("free", p.free))
+	return true
 }
 
 // slabIDs returns the slabs the pool holds.
