@@ -30,7 +30,11 @@ type LeaseView struct {
 	Lease
 	Slabs    int    `json:"slabs"`
 	Replicas int    `json:"replicas"`
-	Bytes    uint64 `json:"bytes"` // logical bytes (one replica per slab)
+	Bytes    uint64 `json:"bytes"` // logical bytes held (one replica per slab)
+	// Used is what the agent last reported holding pages' data (of
+	// Bytes), and NoRoom whether it is waiting for room.
+	Used   uint64 `json:"used"`
+	NoRoom bool   `json:"no_room,omitempty"`
 }
 
 // ReplicaView is one replica as handed to an agent: everything it needs to
@@ -64,6 +68,7 @@ type Status struct {
 	ServersDown   int    `json:"servers_down"`
 	ServersDrain  int    `json:"servers_draining"`
 	Agents        int    `json:"agents"`
+	AgentsNoRoom  int    `json:"agents_no_room"` // agents whose programs wait for room
 	Slabs         int    `json:"slabs"`
 	SlabsHealthy  int    `json:"slabs_healthy"`  // every replica ok
 	SlabsDegraded int    `json:"slabs_degraded"` // some replica lost, at least one ok
@@ -90,6 +95,18 @@ type AllocateRequest struct {
 // AllocateResponse lists the new slabs.
 type AllocateResponse struct {
 	Slabs []SlabView `json:"slabs"`
+}
+
+// RenewRequest is the optional body of POST /v1/leases/{id}/renew: how the
+// agent uses what it holds, for memd agents and memd status (an empty body
+// reports nothing).
+type RenewRequest struct {
+	// Used is the bytes of the lease's slabs that hold pages' data (the
+	// rest is the agent's free slots).
+	Used uint64 `json:"used"`
+	// NoRoom: the agent's last allocation found no room, and programs
+	// past their budgets wait for it.
+	NoRoom bool `json:"no_room,omitempty"`
 }
 
 // RenewResponse is POST /v1/leases/{id}/renew.

@@ -290,7 +290,7 @@ func TestMemdPool(t *testing.T) {
 			followOut, err = p.cli("drain", "s1", "--json")
 			follow <- err
 		}()
-		r, err := p.cl.Renew(ctx, lease.ID)
+		r, err := p.cl.Renew(ctx, lease.ID, pool.RenewRequest{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -377,7 +377,7 @@ func TestMemdPool(t *testing.T) {
 			return nil
 		})
 		t.Logf("s3 reported dead %v after kill -9 (heartbeat timeout 1s)", took)
-		r, err := p.cl.Renew(ctx, lease.ID)
+		r, err := p.cl.Renew(ctx, lease.ID, pool.RenewRequest{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -417,7 +417,7 @@ func TestMemdPool(t *testing.T) {
 		if len(afterLeases) != 1 || afterLeases[0].ID != beforeLeases[0].ID || afterLeases[0].Slabs != 3 {
 			t.Fatalf("leases after restart %+v", afterLeases)
 		}
-		if _, err := p.cl.Renew(ctx, lease.ID); err != nil {
+		if _, err := p.cl.Renew(ctx, lease.ID, pool.RenewRequest{}); err != nil {
 			t.Fatalf("renew after restart: %v", err)
 		}
 		// The surviving servers keep heartbeating the new process.
@@ -588,7 +588,7 @@ func TestMemdSingleNode(t *testing.T) {
 		}
 		return err
 	})
-	r, err := cl.Renew(ctx, l3.ID)
+	r, err := cl.Renew(ctx, l3.ID, pool.RenewRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -106,7 +106,11 @@ func newStatusCmd(app *cli.App) *cobra.Command {
 			t.Row("free", cli.Size(st.Free))
 			t.Row("slab size", cli.Size(st.SlabSize))
 			t.Row("servers", fmt.Sprintf("%d up, %d down, %d draining", st.ServersUp, st.ServersDown, st.ServersDrain))
-			t.Row("agents", st.Agents)
+			if st.AgentsNoRoom > 0 {
+				t.Row("agents", fmt.Sprintf("%d, %d waiting for room (their programs are at their budgets)", st.Agents, st.AgentsNoRoom))
+			} else {
+				t.Row("agents", st.Agents)
+			}
 			t.Row("slabs", fmt.Sprintf("%d: %d healthy, %d degraded, %d lost", st.Slabs, st.SlabsHealthy, st.SlabsDegraded, st.SlabsLost))
 			return t.Flush()
 		})
@@ -144,7 +148,7 @@ func dash(s string) string {
 }
 
 func newAgentsCmd(app *cli.App) *cobra.Command {
-	return adminCmd(app, "agents", "List the agents' leases, slabs and bytes", cobra.NoArgs,
+	return adminCmd(app, "agents", "List the agents' leases, slabs, bytes held and used", cobra.NoArgs,
 		func(ctx context.Context, c *client.Client, asJSON bool, _ []string) error {
 			ls, err := c.Leases(ctx)
 			if err != nil {
@@ -153,9 +157,13 @@ func newAgentsCmd(app *cli.App) *cobra.Command {
 			if asJSON {
 				return cli.PrintJSON(app.Stdout(), ls)
 			}
-			t := cli.NewTable(app.Stdout(), "AGENT", "NODE", "PID", "LEASE", "SLABS", "REPLICAS", "BYTES", "TTL", "EXPIRES IN")
+			t := cli.NewTable(app.Stdout(), "AGENT", "NODE", "PID", "LEASE", "SLABS", "REPLICAS", "HELD", "USED", "TTL", "EXPIRES IN")
 			for _, l := range ls {
-				t.Row(l.Agent, dash(l.Node), l.PID, l.ID, l.Slabs, l.Replicas, cli.Size(l.Bytes), l.TTL.Std(), time.Until(l.Expires).Round(time.Millisecond))
+				var used any = cli.Size(l.Used)
+				if l.NoRoom {
+					used = fmt.Sprintf("%v (no room)", cli.Size(l.Used))
+				}
+				t.Row(l.Agent, dash(l.Node), l.PID, l.ID, l.Slabs, l.Replicas, cli.Size(l.Bytes), used, l.TTL.Std(), time.Until(l.Expires).Round(time.Millisecond))
 			}
 			return t.Flush()
 		})

@@ -30,6 +30,7 @@ import (
 	"rmem/internal/cpuidle"
 	"rmem/pager"
 	"rmem/pager/poolstore"
+	"rmem/pool"
 	"rmem/userfaultfd"
 )
 
@@ -121,6 +122,10 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 		store.Close(context.Background())
 		return nil, err
 	}
+	store.SetUsage(func() pool.RenewRequest {
+		p := agent.Pool()
+		return pool.RenewRequest{Used: p.UsedBytes, NoRoom: p.NoRoom != ""}
+	})
 	d := &Daemon{Agent: agent, Store: store, Replicas: replicas, Registry: reg, log: log, done: make(chan error, 1),
 		shared: len(opts.AllowUIDs) > 0 || opts.SocketGroup != 0}
 	if opts.AdminSocket != "" {

@@ -24,7 +24,7 @@ type Pool interface {
 	Status(ctx context.Context) (pool.Status, error)
 	CreateLease(ctx context.Context, req pool.CreateLeaseRequest) (pool.Lease, error)
 	Allocate(ctx context.Context, id pool.LeaseID, req pool.AllocateRequest) ([]pool.SlabView, error)
-	Renew(ctx context.Context, id pool.LeaseID) (pool.RenewResponse, error)
+	Renew(ctx context.Context, id pool.LeaseID, req pool.RenewRequest) (pool.RenewResponse, error)
 	Replace(ctx context.Context, id pool.LeaseID, sid pool.SlabID, from pool.ServerID) (pool.ReplicaView, error)
 	Migrated(ctx context.Context, id pool.LeaseID, sid pool.SlabID, from pool.ServerID) error
 	FreeSlab(ctx context.Context, id pool.LeaseID, sid pool.SlabID) error
@@ -86,6 +86,10 @@ type Store struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	once   sync.Once
+
+	usage        atomic.Pointer[func() pool.RenewRequest] // what renewals report (SetUsage)
+	failingSince time.Time                                // renewals fail since (RoutineRenew's)
+	failSaid     time.Time
 
 	allocated, freed, renewals, migrations, migrateErr atomic.Uint64
 }
@@ -213,6 +217,10 @@ func (s *Store) Free(ctx context.Context, ids []pager.SlabID) error {
 	return errors.Join(errs...)
 }
 
+// SetUsage gives the Store what its renewals report to the pool: the
+// bytes of its slabs that hold data, and whether it waits for room.
+func (s *Store) SetUsage(f func() pool.RenewRequest) { s.usage.Store(&f) }
+
 // Stats returns the counters.
 func (s *Store) Stats() Stats {
 	return Stats{
@@ -241,12 +249,30 @@ func (s *Store) RoutineRenew(ctx context.Context) {
 // RenewOnce renews the lease and restores redundancy where the pool's
 // events or failed WRITEs say it is missing.
 func (s *Store) RenewOnce(ctx context.Context) error {
+	var req pool.RenewRequest
+	if f := s.usage.Load(); f != nil {
+		req = (*f)()
+	}
 	rctx, cancel := context.WithTimeout(ctx, s.opts.TTL/3)
-	resp, err := s.opts.Pool.Renew(rctx, s.lease.ID)
+	resp, err := s.opts.Pool.Renew(rctx, s.lease.ID, req)
 	cancel()
 	if err != nil {
-		s.log.Error("lease renewal failed", zap.Error(err))
+		// Said when it begins and once a minute while it lasts, not at
+		// every try.
+		now := time.Now()
+		if s.failingSince.IsZero() {
+			s.failingSince = now
+		}
+		if now.Sub(s.failSaid) >= time.Minute {
+			s.failSaid = now
+			s.log.Warn("lease renewal failed; retrying", zap.Duration("failing_for", now.Sub(s.failingSince).Round(time.Second)),
+				zap.Duration("ttl", s.opts.TTL), zap.Error(err))
+		}
 		return err
+	}
+	if !s.failingSince.IsZero() {
+		s.log.Info("lease renewed again", zap.Duration("after", time.Since(s.failingSince).Round(time.Second)))
+		s.failingSince, s.failSaid = time.Time{}, time.Time{}
 	}
 	s.renewals.Add(1)
 	type work struct {

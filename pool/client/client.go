@@ -201,10 +201,11 @@ func (c *Client) CreateLease(ctx context.Context, req pool.CreateLeaseRequest) (
 	return v, c.Do(ctx, "POST", "/v1/leases", req, &v)
 }
 
-// Renew renews a lease and returns the events about its slabs.
-func (c *Client) Renew(ctx context.Context, id pool.LeaseID) (pool.RenewResponse, error) {
+// Renew renews a lease, reporting how the agent uses it, and returns the
+// events about its slabs.
+func (c *Client) Renew(ctx context.Context, id pool.LeaseID, req pool.RenewRequest) (pool.RenewResponse, error) {
 	var v pool.RenewResponse
-	return v, c.Do(ctx, "POST", "/v1/leases/"+esc(string(id))+"/renew", nil, &v)
+	return v, c.Do(ctx, "POST", "/v1/leases/"+esc(string(id))+"/renew", req, &v)
 }
 
 // DeleteLease ends a lease and frees its slabs.

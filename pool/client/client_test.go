@@ -76,7 +76,7 @@ func TestRoundTrip(t *testing.T) {
 			}
 		}
 	}
-	if r, err := cl.Renew(ctx, l.ID); err != nil || len(r.Events) != 0 || !r.Lease.Expires.After(l.Created) {
+	if r, err := cl.Renew(ctx, l.ID, pool.RenewRequest{}); err != nil || len(r.Events) != 0 || !r.Lease.Expires.After(l.Created) {
 		t.Fatalf("renew %+v %v", r, err)
 	}
 	if ls, _ := cl.Leases(ctx); len(ls) != 1 || ls[0].Slabs != 2 || ls[0].Bytes != 2<<20 {

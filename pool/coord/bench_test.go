@@ -142,7 +142,7 @@ func benchScale(b *testing.B, st store.Store) time.Duration {
 			}
 			held[a] = append(held[a], v[0].ID)
 		case r < 8 || len(held[a]) == 0:
-			if _, err := c.Renew(leases[a]); err != nil {
+			if _, err := c.Renew(leases[a], pool.RenewRequest{}); err != nil {
 				b.Fatal(err)
 			}
 			renews++

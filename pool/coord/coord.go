@@ -152,8 +152,9 @@ func (s *srv) releaseLocked(i pool.SlabIndex) {
 }
 
 type lease struct {
-	rec   pool.Lease
-	slabs map[pool.SlabID]*pool.Slab
+	rec    pool.Lease
+	slabs  map[pool.SlabID]*pool.Slab
+	report pool.RenewRequest // the agent's last (not persisted)
 }
 
 // freeJob asks one server instance to free slabs.

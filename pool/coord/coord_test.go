@@ -232,13 +232,23 @@ func TestLeaseExpiryFrees(t *testing.T) {
 	for range 3 {
 		e.clock.Advance(6 * time.Second)
 		e.heartbeatAll()
-		if _, err := e.c.Renew(l); err != nil {
+		if _, err := e.c.Renew(l, pool.RenewRequest{}); err != nil {
 			t.Fatal(err)
 		}
 		e.c.Tick(context.Background())
 	}
 	if e.liveKeys() != 4 {
 		t.Fatalf("renewed lease lost keys: %d", e.liveKeys())
+	}
+	// What the agent reports with its renewal shows in the views.
+	if _, err := e.c.Renew(l, pool.RenewRequest{Used: 12345, NoRoom: true}); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := e.c.Lease(l); v.Used != 12345 || !v.NoRoom || v.Bytes != 2*slabSize {
+		t.Fatalf("lease view after a report: %+v", v)
+	}
+	if st := e.c.Status(); st.AgentsNoRoom != 1 {
+		t.Fatalf("status after a no-room report: %+v", st)
 	}
 	e.clock.Advance(11 * time.Second)
 	e.heartbeatAll()
@@ -253,7 +263,7 @@ func TestLeaseExpiryFrees(t *testing.T) {
 			}
 		}
 	}
-	if _, err := e.c.Renew(l); !errors.Is(err, pool.ErrNotFound) {
+	if _, err := e.c.Renew(l, pool.RenewRequest{}); !errors.Is(err, pool.ErrNotFound) {
 		t.Fatalf("renewing an expired lease: %v", err)
 	}
 	if st := e.c.Status(); st.Used != 0 || st.Agents != 0 || st.Slabs != 0 {
@@ -266,7 +276,7 @@ func TestExpiredButNotSweptCannotRenew(t *testing.T) {
 	e.addServer("s0", 4, "")
 	l := e.lease("a", time.Second)
 	e.clock.Advance(2 * time.Second)
-	if _, err := e.c.Renew(l); !errors.Is(err, pool.ErrLeaseExpired) {
+	if _, err := e.c.Renew(l, pool.RenewRequest{}); !errors.Is(err, pool.ErrLeaseExpired) {
 		t.Fatalf("got %v", err)
 	}
 	if _, err := e.c.Allocate(context.Background(), l, pool.AllocateRequest{Slabs: 1, Replicas: 1}); !errors.Is(err, pool.ErrLeaseExpired) {
@@ -294,7 +304,7 @@ func TestDeadServerReported(t *testing.T) {
 	if sv.State != pool.ServerDead {
 		t.Fatalf("s1 is %s", sv.State)
 	}
-	r, err := e.c.Renew(l)
+	r, err := e.c.Renew(l, pool.RenewRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -329,7 +339,7 @@ func TestDeadServerReported(t *testing.T) {
 	}
 	// It comes back (same instance): up again, events stop.
 	e.heartbeatAll()
-	if r, _ := e.c.Renew(l); len(r.Events) != 0 {
+	if r, _ := e.c.Renew(l, pool.RenewRequest{}); len(r.Events) != 0 {
 		t.Fatalf("events after recovery: %+v", r.Events)
 	}
 }
@@ -360,7 +370,7 @@ func TestServerRestartLosesReplicas(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.infos["s0"] = info
-	r, _ := e.c.Renew(l)
+	r, _ := e.c.Renew(l, pool.RenewRequest{})
 	if len(r.Events) != 2 {
 		t.Fatalf("want 2 lost replicas, got %+v", r.Events)
 	}
@@ -387,7 +397,7 @@ func TestDrainProgress(t *testing.T) {
 	if d.Done || d.Replicas == 0 {
 		t.Fatalf("drain at start: %+v", d)
 	}
-	r, _ := e.c.Renew(l)
+	r, _ := e.c.Renew(l, pool.RenewRequest{})
 	if len(r.Events) != d.Replicas {
 		t.Fatalf("%d drain events for %d replicas", len(r.Events), d.Replicas)
 	}

@@ -99,7 +99,13 @@ func (c *Coordinator) Routes(mux *http.ServeMux) error {
 		return 200, struct{}{}, c.DeleteLease(r.Context(), pool.LeaseID(r.PathValue("id")))
 	})
 	h("POST /v1/leases/{id}/renew", func(w http.ResponseWriter, r *http.Request) (int, any, error) {
-		v, err := c.Renew(pool.LeaseID(r.PathValue("id")))
+		var req pool.RenewRequest
+		if r.ContentLength != 0 { // agents before the report send no body
+			if err := httpapi.Decode(r, &req); err != nil {
+				return 0, nil, err
+			}
+		}
+		v, err := c.Renew(pool.LeaseID(r.PathValue("id")), req)
 		return 200, v, err
 	})
 	h("GET /v1/leases/{id}/slabs", func(w http.ResponseWriter, r *http.Request) (int, any, error) {

@@ -32,7 +32,8 @@ func (c *Coordinator) CreateLease(req pool.CreateLeaseRequest) (pool.Lease, erro
 // Renew extends a live lease by its TTL and returns the events about its
 // slabs. An expired lease cannot be renewed (pool.ErrLeaseExpired).
 // Renewal is not written to the store (see the package comment).
-func (c *Coordinator) Renew(id pool.LeaseID) (pool.RenewResponse, error) {
+// The agent's report (req) is kept for the views, in memory only.
+func (c *Coordinator) Renew(id pool.LeaseID, req pool.RenewRequest) (pool.RenewResponse, error) {
 	now := c.clock.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -41,6 +42,7 @@ func (c *Coordinator) Renew(id pool.LeaseID) (pool.RenewResponse, error) {
 		return pool.RenewResponse{}, err
 	}
 	l.rec.Expires = now.Add(l.rec.TTL.Std())
+	l.report = req
 	slabs := make([]*pool.Slab, 0, len(l.slabs))
 	for _, sl := range l.slabs {
 		slabs = append(slabs, sl)

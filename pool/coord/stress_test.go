@@ -71,7 +71,7 @@ func TestConcurrentInvariants(t *testing.T) {
 						}
 					}
 				default:
-					if _, err := e.c.Renew(l.ID); err != nil {
+					if _, err := e.c.Renew(l.ID, pool.RenewRequest{}); err != nil {
 						t.Error(err)
 					}
 				}

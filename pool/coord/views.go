@@ -66,7 +66,7 @@ func (c *Coordinator) Server(id pool.ServerID) (pool.ServerView, error) {
 }
 
 func (c *Coordinator) leaseViewLocked(l *lease) pool.LeaseView {
-	v := pool.LeaseView{Lease: l.rec, Slabs: len(l.slabs)}
+	v := pool.LeaseView{Lease: l.rec, Slabs: len(l.slabs), Used: l.report.Used, NoRoom: l.report.NoRoom}
 	for _, sl := range l.slabs {
 		v.Replicas += len(sl.Replicas)
 		v.Bytes += sl.Size
@@ -130,6 +130,11 @@ func (c *Coordinator) Status() pool.Status {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	st := pool.Status{SlabSize: c.opts.SlabSize, Agents: len(c.leases), Slabs: len(c.slabs)}
+	for _, l := range c.leases {
+		if l.report.NoRoom {
+			st.AgentsNoRoom++
+		}
+	}
 	for _, s := range c.servers {
 		if s.rec.State != pool.ServerUp {
 			st.ServersDown++
