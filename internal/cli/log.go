@@ -45,7 +45,10 @@ func NewLogger(level, format string) (*zap.Logger, zap.AtomicLevel, error) {
 	cfg.Level = lvl
 	cfg.OutputPaths = []string{"stderr"}
 	cfg.ErrorOutputPaths = []string{"stderr"}
-	log, err := cfg.Build()
+	// Stack traces are for bugs (DPanic and up), not for expected
+	// conditions logged as errors (a pool out of reach, a lost page).
+	cfg.DisableStacktrace = true
+	log, err := cfg.Build(zap.AddStacktrace(zapcore.DPanicLevel))
 	return log, lvl, err
 }
 
