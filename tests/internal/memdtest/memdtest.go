@@ -141,6 +141,9 @@ func (p *Proc) Stop(timeout time.Duration) error {
 	}
 }
 
+// Pid returns the process id.
+func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+
 // Exited reports whether the process has exited.
 func (p *Proc) Exited() bool {
 	select {

@@ -1,0 +1,90 @@
+package apps
+
+import (
+	"os"
+	"testing"
+)
+
+// batch is a program that runs to completion on its input.
+type batch struct {
+	name     string
+	tool     string   // binary=Debian package, for needs
+	argv     []string // the run
+	stdin    string
+	baseline []string // the same program doing (almost) nothing
+	env      []string // e.g. an allocator preloaded, in both runs
+}
+
+func runBatchApp(t *testing.T, b batch) {
+	needs(t, b.tool)
+	e := newEnv(t)
+	base := runBatch(t, b.baseline, "", b.env...)
+	plain := runBatch(t, b.argv, b.stdin, b.env...)
+	if plain.code != 0 {
+		t.Fatalf("%s failed without rmem (exit %d): %s", b.name, plain.code, tail(plain.stderr))
+	}
+	s := e.watch()
+	rm := runBatch(t, e.wrap(b.argv...), b.stdin, b.env...)
+	peak, agentRSS := s.end()
+	compare(t, b.name, plain, rm, base.hwm, peak, agentRSS)
+}
+
+// CPython: a dict of 600k small objects (keys, tuples, strings: obmalloc's
+// arenas, and the dict's table from malloc), sorted and hashed.
+func TestPythonDict(t *testing.T) {
+	script := `
+import hashlib
+d = {}
+for i in range(600_000):
+    d["k%d" % i] = (i, "v%07d" % (i * 7919 % 10_000_000))
+h = hashlib.sha256()
+for k in sorted(d, key=lambda k: d[k][1])[::1000]:
+    h.update(k.encode())
+print(len(d), sum(v[0] for v in d.values()), h.hexdigest())
+`
+	runBatchApp(t, batch{name: "python3 dict", tool: "/usr/bin/python3=python3",
+		argv: []string{"/usr/bin/python3", "-c", script}, baseline: []string{"/usr/bin/python3", "-c", "pass"}})
+}
+
+const sqliteScript = `
+CREATE TABLE t(id INTEGER PRIMARY KEY, a INTEGER, b TEXT);
+WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x < 2200000)
+INSERT INTO t SELECT x, (x * 7919) % 1000003, printf('row-%08d-%s', x, hex(x * 2654435761 % 4294967296)) FROM c;
+CREATE INDEX ta ON t(a);
+SELECT count(*), sum(a), max(b), min(b) FROM t;
+SELECT a % 7, count(*) FROM t GROUP BY a % 7 ORDER BY 1;
+SELECT sum(length(b)) FROM t WHERE a BETWEEN 1000 AND 900000;
+`
+
+// sqlite3 with glibc's malloc: an in-memory database of 2.2M rows and an
+// index.
+func TestSQLite(t *testing.T) {
+	runBatchApp(t, batch{name: "sqlite3", tool: "sqlite3", argv: []string{"sqlite3", ":memory:"}, stdin: sqliteScript,
+		baseline: []string{"sqlite3", ":memory:", "SELECT 1;"}})
+}
+
+// The same with mimalloc: no Debian program links libmimalloc, which is
+// meant to be preloaded (in both runs here).
+func TestSQLiteMimalloc(t *testing.T) {
+	lib := "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2"
+	needs(t, "sqlite3")
+	if !exists(lib) {
+		t.Skipf("%s is not installed (Debian package libmimalloc2.0)", lib)
+	}
+	runBatchApp(t, batch{name: "sqlite3 + mimalloc", tool: "sqlite3", argv: []string{"sqlite3", ":memory:"}, stdin: sqliteScript,
+		baseline: []string{"sqlite3", ":memory:", "SELECT 1;"}, env: []string{"LD_PRELOAD=" + lib}})
+}
+
+// SWI-Prolog links libtcmalloc_minimal: lists of 1.5M integers mapped,
+// sorted and summed on its own stacks.
+func TestSWIProlog(t *testing.T) {
+	goal := "numlist(1,1500000,L), maplist([X,Y]>>(Y is X*7919 mod 1000003), L, M), msort(M,S), sum_list(S,T), " +
+		"length(S,N), last(S,Z), format('~w ~w ~w~n',[T,N,Z]), halt."
+	runBatchApp(t, batch{name: "swipl (tcmalloc)", tool: "swipl=swi-prolog-core", argv: []string{"swipl", "-g", goal},
+		baseline: []string{"swipl", "-g", "halt."}})
+}
+
+func exists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
