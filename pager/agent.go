@@ -171,6 +171,7 @@ func New(opts Options) (*Agent, error) {
 	}
 	a.cond = newCond(a)
 	a.slots.onRoom = a.wakeAll
+	a.slots.copies = a.poolCopies
 	if opts.Registry != nil {
 		if err := opts.Registry.Register(&collector{a}); err != nil {
 			ln.Close()
@@ -193,6 +194,18 @@ func (a *Agent) wakeAll() {
 	for _, c := range a.clients {
 		c.wake()
 	}
+}
+
+// poolCopies returns how many pages of all clients the pool holds a copy
+// of while they are resident and clean (pool slots named, not remote).
+func (a *Agent) poolCopies() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := int64(0)
+	for _, c := range a.clients {
+		n += max(c.st.pooled.Load()-c.st.remote.Load(), 0)
+	}
+	return int(n)
 }
 
 // Pool returns the agent's pool space: what it holds and what holds data.

@@ -83,6 +83,7 @@ type client struct {
 	noRoomSince time.Time // eviction found no pool slots for dirty pages
 	noRoomRetry time.Time // and tries again from then on (or when room returns)
 	reloc       relocation
+	trimSeen    uint64 // the pool's last trim this client did
 	pfOut       []int64
 	held        []heldFault
 	retry       []heldFault
@@ -279,6 +280,7 @@ func (c *client) RoutineServe() {
 			}
 		}
 		c.relocate()
+		c.trim()
 		c.maybeEvict()
 		c.retryHeld()
 		c.retryWriteBack()

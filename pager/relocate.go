@@ -31,6 +31,33 @@ type relocation struct {
 // pending reports whether a drain is waiting for this client.
 func (rl *relocation) pending(c *client) bool { return c.a.slots.gen.Load() != rl.gen }
 
+// trim lets go of the share of the client's pool copies of clean resident
+// pages that the pool asked for (slots.go, maybeTrimLocked): they become
+// dirty, written to a slot again when evicted. Recently referenced pages
+// go first: they are the likeliest to stay resident until then.
+func (c *client) trim() {
+	gen := c.a.slots.trimGen.Load()
+	if gen == c.trimSeen {
+		return
+	}
+	c.trimSeen = gen
+	want := int(max(c.st.pooled.Load()-c.st.remote.Load(), 0) * int64(c.a.slots.trimShare.Load()) / 1000)
+	for pass := 0; pass < 2 && want > 0; pass++ {
+		for _, r := range c.regs.list {
+			for idx, p := range r.pages {
+				if want == 0 {
+					break
+				}
+				if p.State() == Resident && p&(FlagBusy|FlagFetch|FlagDirty) == 0 && r.slots[idx] != 0 &&
+					(pass == 1 || p.Has(FlagRef)) {
+					c.dirty(r, idx, p)
+					want--
+				}
+			}
+		}
+	}
+}
+
 // relocate moves a batch of the client's pages out of the slab being
 // drained, if any.
 func (c *client) relocate() {

@@ -65,6 +65,14 @@ type slotPool struct {
 	// number, and which is draining; replaced on every change.
 	view atomic.Pointer[slotView]
 	gen  atomic.Uint64 // bumped when a drain starts
+	// A trim asks the loops to let go of a share (trimShare per mille)
+	// of their pool copies of clean resident pages, when those copies
+	// are what makes the space held pass 1.1x the space of remote pages
+	// plus a slab; trimGen is bumped with each.
+	trimGen   atomic.Uint64
+	trimShare atomic.Uint32
+	trimmed   time.Time
+	copies    func() int // the clients' pool copies of clean resident pages (not remote)
 
 	kick   chan struct{}
 	onRoom func() // called without mu after a short alloc when slots are free again, and when a drain starts
@@ -410,7 +418,12 @@ func (p *slotPool) grow(ctx context.Context) bool {
 // lowWater plus one slab), and starts or ends a drain.
 func (p *slotPool) shrink(ctx context.Context) {
 	var give []SlabID
+	copies := 0
+	if p.copies != nil {
+		copies = p.copies()
+	}
 	p.mu.Lock()
+	trim := p.maybeTrimLocked(copies)
 	if p.drain >= 0 {
 		s := p.slabs[p.drain]
 		switch {
@@ -452,8 +465,8 @@ func (p *slotPool) shrink(ctx context.Context) {
 		p.gen.Add(1)
 	}
 	p.mu.Unlock()
-	if drained {
-		p.onRoom() // the loops, idle or not, move their pages out
+	if drained || trim {
+		p.onRoom() // the loops, idle or not, move their pages out or trim
 	}
 	if len(give) == 0 {
 		return
@@ -466,6 +479,32 @@ func (p *slotPool) shrink(ctx context.Context) {
 	p.mu.Lock()
 	p.counts.freed += uint64(len(give))
 	p.mu.Unlock()
+}
+
+// trimEvery spaces trims: copies come back as pages are faulted in, and
+// each trim costs a write for every copy let go whose page is evicted.
+const trimEvery = 5 * time.Second
+
+// maybeTrimLocked asks the loops to let go of pool copies of clean
+// resident pages when they are what puts the space held past 1.1x the
+// remote pages plus a slab (and the slack); the drains then give the
+// space back. It reports whether it asked.
+func (p *slotPool) maybeTrimLocked(copies int) bool {
+	held := 0
+	for _, s := range p.slabs {
+		if s != nil {
+			held += p.pps
+		}
+	}
+	remote := max(p.used-copies, 0)
+	excess := held - (remote + remote/10 + p.pps + p.low)
+	if excess <= 0 || copies == 0 || time.Since(p.trimmed) < trimEvery {
+		return false
+	}
+	p.trimmed = time.Now()
+	p.trimShare.Store(uint32(min(1000, (min(excess, copies)*1000+copies-1)/copies)))
+	p.trimGen.Add(1)
+	return true
 }
 
 // maybeDrainLocked starts draining the slab with the fewest used slots

@@ -233,3 +233,32 @@ func TestSlotPoolNoRoom(t *testing.T) {
 		t.Fatalf("room from the store: woken %d, stats %+v", woken, p.stats())
 	}
 }
+
+// When pool copies of clean resident pages are what puts the space held
+// past 1.1x the remote pages plus a slab, the loops are asked to let go
+// of the share that is too much (then the drains give the space back);
+// not more often than trimEvery.
+func TestSlotPoolTrim(t *testing.T) {
+	const pps = 4096
+	p, _ := newTestPool(t, pps, 64)
+	copies := 0
+	p.copies = func() int { return copies }
+	take(t, p, 6*pps) // 6 slabs' worth used
+	p.step(context.Background(), reservoirTick)
+	if p.trimGen.Load() != 0 {
+		t.Fatalf("a trim with no copies")
+	}
+	copies = 3 * pps // half of it only copies: remote is 3 slabs, held 7
+	p.step(context.Background(), reservoirTick)
+	if p.trimGen.Load() != 1 {
+		t.Fatalf("no trim with held %d slabs for %d pages remote", p.stats().Slabs, 6*pps-copies)
+	}
+	// 7 slabs held, 3 remote: 7 - (3.3 + 1 + low) ≈ 2.6 slabs too much, of 3 in copies.
+	if s := p.trimShare.Load(); s < 800 || s > 900 {
+		t.Errorf("trim share %d per mille, want about 870", s)
+	}
+	p.step(context.Background(), reservoirTick)
+	if p.trimGen.Load() != 1 {
+		t.Errorf("a second trim within %v", trimEvery)
+	}
+}
