@@ -27,26 +27,31 @@
 //   - Eviction (evict.go): CLOCK (pagetable.go says why) picks victims past
 //     the high watermark; they are write-protected, copied out and dropped
 //     by the client's own helper thread (EVICT/EVICTED, so MAP_PRIVATE
-//     semantics hold), and dirty ones written to every replica. A write
-//     racing an eviction waits (held fault) and is served after it.
+//     semantics hold), and dirty ones written to a pool slot of their
+//     own (every replica of its slab). A write racing an eviction waits
+//     (held fault) and is served after it. Past the budget's margin a
+//     fault waits when no eviction can run (back-pressure: the budget
+//     holds while the pool has no room).
+//   - Pool space (slots.go): the agent's slabs carved into page slots
+//     shared by all clients, taken at write-back and let go when the
+//     copy is stale or gone; a reservoir goroutine keeps slabs ahead and
+//     gives empty ones back, and drains scattered slabs (relocate.go),
+//     so the space held follows the data (about 1.1x plus a slab).
 //   - Prefetcher: Leap-style majority-trend detection, on each of up to
 //     4 interleaved fault streams per region and on the jumps between
 //     them (long strides).
 //   - Fork (fork.go): the child's uffd from EVENT_FORK gets a loop of its
-//     own at once; it shares its parent's slabs, copy-on-write (share.go:
-//     a side copies a shared slab before it first writes back there), and
-//     it is paired with the child's HELLO by (parent pid, fork serial). A
+//     own at once; it names its parent's pool slots (counted: a
+//     write-back always takes a slot of its own, so nothing is copied),
+//     and it is paired with the child's HELLO by (parent pid, fork serial). A
 //     child that never says HELLO (forked past fork(3)) is served all the
 //     same and dropped when a probe finds its address space gone.
 //
 // # Limits
 //
-//   - An unshare copies what a region needs of a slab (up to 64 MiB)
-//     before a dirty page is written back there: the cost of a fork is
-//     paid by the first write-backs after it. The copy goes a 256 KiB
-//     chunk per pass of the loop, so faults are served meanwhile, but
-//     the slab's dirty pages stay resident until it ends and the client
-//     may go over budget.
+//   - A program whose pool has no room waits at its budget for as long
+//     as it has none (docs/pager.md, Budget): never over budget, never a
+//     lost page, but it does not run meanwhile.
 //   - If a client's socket closes while an EVICT is in flight and the
 //     process lives on, the batch's pages stay busy: faults on them wait
 //     until the process exits.
