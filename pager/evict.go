@@ -136,7 +136,7 @@ func (c *client) slotsFor(victims []Victim) []Victim {
 	if c.noRoomSince.IsZero() {
 		c.noRoomSince = time.Now()
 		c.st.noRoomSince.Store(c.noRoomSince.UnixNano())
-		c.log.Info("no pool slots for dirty pages: only clean pages are evicted, and faults past the budget wait")
+		c.log.Debug("no pool slots for dirty pages: only clean pages are evicted, and faults past the budget wait")
 	}
 	if len(kept) == 0 {
 		c.noRoomRetry = time.Now().Add(noRoomPause)
@@ -158,7 +158,7 @@ const noRoomPause = 200 * time.Millisecond
 func (c *client) roomAgain() {
 	c.noRoomRetry = time.Time{}
 	if !c.noRoomSince.IsZero() {
-		c.log.Info("pool slots for eviction again", zap.Duration("waited", time.Since(c.noRoomSince)))
+		c.log.Debug("pool slots for eviction again", zap.Duration("waited", time.Since(c.noRoomSince)))
 		c.noRoomSince = time.Time{}
 		c.st.noRoomSince.Store(0)
 	}

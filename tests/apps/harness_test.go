@@ -89,11 +89,14 @@ func build(t *testing.T) string {
 // env is a pool (one memd with both roles, 2 GiB) and a `memagent serve`
 // over it, on this host.
 type env struct {
-	bin, url, socket, admin string
-	agent                   *memdtest.Proc
+	bin, url, socket, admin, dir string
+	agent                        *memdtest.Proc
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t *testing.T) *env { return newEnvWith(t, "--capacity", "2GiB") }
+
+// newEnvWith starts the pool's memd with memdArgs added.
+func newEnvWith(t *testing.T, memdArgs ...string) *env {
 	t.Helper()
 	bin := build(t)
 	dir, err := os.MkdirTemp("", "apps-") // short: socket paths are limited
@@ -102,10 +105,10 @@ func newEnv(t *testing.T) *env {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	addr := memdtest.FreeAddr(t)
-	e := &env{bin: bin, url: "http://" + addr, socket: filepath.Join(dir, "agent.sock"), admin: filepath.Join(dir, "admin.sock")}
-	memdtest.Start(t, "memd", filepath.Join(bin, "memd"), "serve", "--id", "m1", "--listen", addr, "--token", token,
-		"--tcp-listen", "127.0.0.1:0", "--shm-socket", "off", "--capacity", "2GiB",
-		"--data-dir", filepath.Join(dir, "data"), "--runtime-dir", filepath.Join(dir, "run"))
+	e := &env{bin: bin, url: "http://" + addr, socket: filepath.Join(dir, "agent.sock"), admin: filepath.Join(dir, "admin.sock"), dir: dir}
+	memdtest.Start(t, "memd", filepath.Join(bin, "memd"), append([]string{"serve", "--id", "m1", "--listen", addr, "--token", token,
+		"--tcp-listen", "127.0.0.1:0", "--shm-socket", "off", "--heartbeat-interval", "200ms",
+		"--data-dir", filepath.Join(dir, "data"), "--runtime-dir", filepath.Join(dir, "run")}, memdArgs...)...)
 	memdtest.Eventually(t, 30*time.Second, "memd up", func() error {
 		_, _, err := memdtest.Run(filepath.Join(bin, "memd"), nil, "status", "--coordinator", e.url, "--token", token)
 		return err
@@ -120,6 +123,14 @@ func newEnv(t *testing.T) *env {
 		return err
 	})
 	return e
+}
+
+// addServer adds a memory server donating capacity to the pool.
+func (e *env) addServer(t *testing.T, id string, args ...string) {
+	t.Helper()
+	memdtest.Start(t, "memd "+id, filepath.Join(e.bin, "memd"), append([]string{"serve", "--role", "server", "--id", id, "--coordinator", e.url,
+		"--token", token, "--listen", memdtest.FreeAddr(t), "--tcp-listen", "127.0.0.1:0", "--shm-socket", "off",
+		"--heartbeat-interval", "200ms", "--runtime-dir", filepath.Join(e.dir, "run-"+id)}, args...)...)
 }
 
 func (e *env) stats() (agentd.StatsResponse, error) {
@@ -229,6 +240,15 @@ type outcome struct {
 // memagent run --stats reports for its own).
 func runBatch(t *testing.T, argv []string, stdin string, extraEnv ...string) outcome {
 	t.Helper()
+	oc, err := runBatchE(argv, stdin, extraEnv...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return oc
+}
+
+// runBatchE is runBatch for any goroutine: it returns the failure.
+func runBatchE(argv []string, stdin string, extraEnv ...string) (outcome, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), runLimit)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
@@ -243,10 +263,10 @@ func runBatch(t *testing.T, argv []string, stdin string, extraEnv ...string) out
 	err := cmd.Run()
 	var ee *exec.ExitError
 	if err != nil && !errors.As(err, &ee) {
-		t.Fatalf("%s: %v", strings.Join(argv, " "), err)
+		return outcome{}, fmt.Errorf("%s: %v", strings.Join(argv, " "), err)
 	}
 	if ctx.Err() != nil {
-		t.Fatalf("%s: killed after %v\nstderr: %s", strings.Join(argv, " "), runLimit, tail(e.String()))
+		return outcome{}, fmt.Errorf("%s: killed after %v\nstderr: %s", strings.Join(argv, " "), runLimit, tail(e.String()))
 	}
 	oc := outcome{out: o.String(), code: cmd.ProcessState.ExitCode(), stderr: e.String()}
 	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
@@ -255,7 +275,7 @@ func runBatch(t *testing.T, argv []string, stdin string, extraEnv ...string) out
 	if h, ok := statsHWM(e.String()); ok {
 		oc.hwm = h // under memagent run: the program's, not memagent's
 	}
-	return oc
+	return oc, nil
 }
 
 // statsHWM reads "program: peak resident NMiB" from memagent run --stats.
