@@ -22,6 +22,9 @@ import (
 	"rmem/userfaultfd"
 )
 
+// DefaultFaultTimeout is Options.FaultTimeout's default.
+const DefaultFaultTimeout = 60 * time.Second
+
 // ErrOptions: invalid Options; the error names the field.
 var ErrOptions = errors.New("pager: invalid options")
 
@@ -59,6 +62,12 @@ type Options struct {
 	MaxPrefetch int
 	// HandshakeTimeout bounds a client's HELLO (default 5s).
 	HandshakeTimeout time.Duration
+	// FaultTimeout bounds how long a fault waits for a pool that does not
+	// answer (no replica of its page reachable, or write-backs failing
+	// with the client at its budget): then its page is given up (SIGBUS),
+	// or the budget bends. A full pool is waited for however long. Default
+	// 60s; negative: wait forever.
+	FaultTimeout time.Duration
 	// Log receives the agent's logs (default: none).
 	Log *zap.Logger
 	// Registry, when set, gets the agent's Prometheus collector.
@@ -141,6 +150,9 @@ func New(opts Options) (*Agent, error) {
 	}
 	if opts.HandshakeTimeout == 0 {
 		opts.HandshakeTimeout = 5 * time.Second
+	}
+	if opts.FaultTimeout == 0 {
+		opts.FaultTimeout = DefaultFaultTimeout
 	}
 	if opts.Log == nil {
 		opts.Log = zap.NewNop()

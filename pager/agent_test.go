@@ -578,3 +578,39 @@ func TestPoolFollowsFrees(t *testing.T) {
 	waitNoClients(t, a)
 	noSlabsHeld(t, store)
 }
+
+// The whole pool unreachable (every server cut off, its memory intact):
+// a fault on a page in the pool waits FaultTimeout for a replica to
+// answer, then the program gets SIGBUS for it, never zeros and never an
+// endless hang; the agent says so.
+func TestPoolUnreachableSIGBUS(t *testing.T) {
+	skipUnlessUFFD(t)
+	const budget = 256 << 10
+	store := pagertest.New(t, pagertest.Options{Servers: 2, Replicas: 2, SlabSize: 1 << 20, SlabsPerServer: 4})
+	a := startAgentOpts(t, pager.Options{Store: store, LocalMem: budget, FaultTimeout: 2 * time.Second})
+	c := startChild(t, a, childSpec{Bytes: 4 * budget, Order: "reverse", ReadOnly: true, Hold: true})
+	if l := c.line(t); l != "WRITTEN" {
+		t.Fatalf("child said %q", l)
+	}
+	waitStats(t, a, func(st pager.ClientStats) bool { return st.Evictions > 0 && st.ResidentBytes <= budget })
+	store.Kill(0)
+	store.Kill(1)
+	start := time.Now()
+	io.WriteString(c.stdin, "go\n")
+	if l := c.line(t); !strings.HasPrefix(l, "FAULT") {
+		t.Fatalf("child read every page with the pool unreachable: %s", l)
+	}
+	took := time.Since(start)
+	if st := statsOf(t, a); st.Lost == 0 || st.Retries == 0 {
+		t.Fatalf("the page given up is not counted lost after retries: %+v", st)
+	}
+	t.Logf("SIGBUS after %v (fault timeout 2s)", took)
+	if took < 2*time.Second {
+		t.Errorf("gave up after %v, before the fault timeout", took)
+	}
+	err := c.wait(t)
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 7 {
+		t.Fatalf("child ended with %v, want exit status 7 (it faulted)", err)
+	}
+}

@@ -36,7 +36,8 @@ type pageRef struct {
 type readRef struct {
 	pageRef
 	prefetch bool
-	sample   bool // held back (sample.go)
+	sample   bool      // held back (sample.go)
+	since    time.Time // when the fault that wants it began (zero: a prefetch)
 }
 
 type heldFault struct {
@@ -83,7 +84,10 @@ type client struct {
 	noRoomSince time.Time // eviction found no pool slots for dirty pages
 	noRoomRetry time.Time // and tries again from then on (or when room returns)
 	reloc       relocation
-	trimSeen    uint64 // the pool's last trim this client did
+	trimSeen    uint64    // the pool's last trim this client did
+	stuckSaid   time.Time // a fault waited stuckWarn for an unreachable pool (said once)
+	gaveUp      bool      // faults were given up (FaultTimeout): said once
+	bentSaid    bool      // the budget bent for an unreachable pool: said once
 	pfOut       []int64
 	held        []heldFault
 	retry       []heldFault
@@ -329,6 +333,18 @@ func (c *client) throttle(since time.Time) bool {
 	}
 	if c.evictBusy {
 		return time.Since(since) < maxThrottle
+	}
+	if to := c.a.opts.FaultTimeout; to > 0 && time.Since(since) >= to && !c.a.slots.full() {
+		// Not a full pool but an unreachable one (write-backs fail, or
+		// the coordinator does not answer): the program must not hang,
+		// so the budget bends (no page is lost: the evicted ones wait
+		// in their staging slots).
+		if !c.bentSaid {
+			c.bentSaid = true
+			c.log.Warn("the pool does not answer: the program goes over its budget rather than wait any longer",
+				zap.Int("pid", int(c.pidAtm.Load())), zap.Duration("fault_timeout", to))
+		}
+		return false
 	}
 	c.st.waits.Add(1)
 	return true
@@ -656,13 +672,14 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 		}
 	case Remote:
 		if p.Has(FlagFetch) {
-			c.demand(r, idx) // in this batch already: its install wakes the thread
+			c.demand(r, idx, since) // in this batch already: its install wakes the thread
 			return
 		}
 		if p.Has(FlagSampled) && c.sampleHit(r, idx, flags, since) {
 			return
 		}
 		c.addRead(r, idx, false)
+		c.readAt[len(c.readAt)-1].since = since
 		c.prefetch(r, idx)
 	case Staged:
 		if err := c.fromStage(r, idx, 0); userfaultfd.IsMMChanged(err) {
@@ -725,6 +742,19 @@ func (c *client) zeroFill(a userfaultfd.Addr, since time.Time) (mapped bool, err
 }
 
 func (c *client) hold(list *[]heldFault, h heldFault) {
+	// A fault can come again while it is held (a signal interrupted the
+	// thread's wait, and it faulted anew: the Go runtime preempts every
+	// 10 ms): one entry per page, as old as the first fault, so that a
+	// wait is bounded from when it began (FaultTimeout).
+	for i := range *list {
+		if e := &(*list)[i]; e.pageRef == h.pageRef {
+			if h.since.Before(e.since) {
+				e.since = h.since
+			}
+			e.flags |= h.flags
+			return
+		}
+	}
 	if list == &c.held {
 		c.st.held.Add(1)
 	}
@@ -751,10 +781,13 @@ func (c *client) addRead(r *region, idx int, prefetch bool) {
 // demand marks the READ of page idx of r in this batch as wanted by a
 // fault, not only prefetched: if it cannot be installed, the fault is held
 // for a retry rather than left waiting for a wake-up that never comes.
-func (c *client) demand(r *region, idx int) {
+func (c *client) demand(r *region, idx int, since time.Time) {
 	for k := range c.readAt {
 		if c.readAt[k].r == r && c.readAt[k].idx == idx {
 			c.readAt[k].prefetch = false
+			if c.readAt[k].since.IsZero() || since.Before(c.readAt[k].since) {
+				c.readAt[k].since = since
+			}
 			return
 		}
 	}
@@ -861,6 +894,9 @@ func (c *client) copyRun(k, j int, since time.Time) int {
 func (c *client) installRead(k int, since time.Time) {
 	op := &c.reads[k]
 	ref := c.readAt[k]
+	if !ref.since.IsZero() {
+		since = ref.since // a retried fault: its wait began then
+	}
 	r, idx := ref.r, ref.idx
 	p := r.pages[idx] &^ FlagFetch
 	r.pages[idx] = p
@@ -880,12 +916,52 @@ func (c *client) installRead(k int, since time.Time) {
 			c.hold(&c.retry, heldFault{ref.pageRef, 0, since})
 		}
 	default:
-		if !ref.prefetch {
-			c.st.retries.Add(1)
-			c.hold(&c.retry, heldFault{ref.pageRef, 0, since})
+		if ref.prefetch {
+			return
 		}
+		if c.unreachableTooLong(since, op.Err) {
+			// No replica answered for FaultTimeout: the program gets
+			// SIGBUS, never zeros (its page may still exist somewhere,
+			// but it cannot wait forever).
+			c.set(r, idx, p.With(Lost))
+			c.setSlot(r, idx, 0)
+			if err := c.poison(r, idx); err != nil {
+				c.hold(&c.retry, heldFault{ref.pageRef, 0, since})
+			}
+			return
+		}
+		c.st.retries.Add(1)
+		c.hold(&c.retry, heldFault{ref.pageRef, 0, since})
 	}
 }
+
+// unreachableTooLong reports whether a fault waiting since since for a
+// page no replica of which answers (err) has waited FaultTimeout: then it
+// is given up. It says so once per client when a fault first waits 5 s,
+// and when it gives up.
+func (c *client) unreachableTooLong(since time.Time, err error) bool {
+	waited := time.Since(since)
+	limit := c.a.opts.FaultTimeout
+	if waited >= stuckWarn && c.stuckSaid.IsZero() {
+		c.stuckSaid = time.Now()
+		c.log.Warn("a fault waits for the pool: no replica of its page answers; the program gets SIGBUS if none does in time",
+			zap.Int("pid", int(c.pidAtm.Load())), zap.Duration("waited", waited.Round(time.Millisecond)),
+			zap.Duration("fault_timeout", limit), zap.Error(err))
+	}
+	if limit <= 0 || waited < limit {
+		return false
+	}
+	if !c.gaveUp {
+		c.gaveUp = true
+		c.log.Error("PAGES LOST TO THE PROGRAM: no replica answered within the fault timeout; its faults on them get SIGBUS",
+			zap.Int("pid", int(c.pidAtm.Load())), zap.Duration("fault_timeout", limit), zap.Error(err))
+	}
+	return true
+}
+
+// stuckWarn is how long a fault waits for an unreachable pool before the
+// agent says so.
+const stuckWarn = 5 * time.Second
 
 // install maps buf at page idx of r, write-protected (clean until a WP
 // fault says otherwise), and makes p, the page's entry, Resident and

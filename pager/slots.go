@@ -2,6 +2,7 @@ package pager
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -303,6 +304,14 @@ func (p *slotPool) stats() PoolStats {
 		st.NoRoom, st.NoRoomSince = p.noRoom.Error(), p.since
 	}
 	return st
+}
+
+// full reports whether the pool said it has no room (ErrFull), rather
+// than failing to answer.
+func (p *slotPool) full() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.noRoom != nil && errors.Is(p.noRoom, ErrFull)
 }
 
 // hasRoom reports whether the last Store.Alloc worked (or none failed).

@@ -31,6 +31,9 @@ var (
 	ErrUnknownSlab = errors.New("pager: unknown slab")
 	// ErrClosed: the Store or PageIO was closed.
 	ErrClosed = errors.New("pager: closed")
+	// ErrFull: Alloc found the pool without room (as opposed to not
+	// reaching it): programs past their budgets wait for room.
+	ErrFull = errors.New("pager: the pool has no room")
 )
 
 // Store is remote memory as the pager consumes it: slabs of SlabSize bytes,
@@ -39,7 +42,8 @@ var (
 //
 // Contract:
 //   - Alloc returns n new slabs whose every replica reads as zeros, or an
-//     error and no slab.
+//     error and no slab; the error wraps ErrFull when the pool has no
+//     room for them (other errors: it could not be asked).
 //   - Free gives slabs back; their data is gone afterwards. Freeing an
 //     unknown slab is not an error.
 //   - The Store keeps redundancy by itself: when the pool reports a replica

@@ -32,9 +32,10 @@ import (
 // that run starts when none is running.
 func agentFlags(f *pflag.FlagSet) {
 	f.String("socket", proto.DefaultSocket, "Unix socket the programs' shim connects to")
-	f.String("min-alloc", "1MiB", "allocations from this size are paged to the pool; smaller ones stay in libc")
+	f.String("min-alloc", "64KiB", "a program's own anonymous mmaps from this size are paged (its malloc'd memory is, whatever the size)")
 	f.String("network", "tcp", "rdma provider to reach memory servers: tcp, shm (same host) or verbs")
 	f.String("lease-ttl", "30s", "TTL of the agent's lease on its slabs (renewed every third of it)")
+	f.String("fault-timeout", "60s", "how long a fault waits for a pool that does not answer before its page is given up (SIGBUS); 0: forever")
 }
 
 // agentOptions reads the flags of agentFlags. The caller adds the pool
@@ -67,12 +68,22 @@ func agentOptions(app *cli.App, localMem cli.Size) (agentd.Options, error) {
 	if err != nil {
 		return o, err
 	}
+	faultTimeout, err := app.Duration("fault-timeout")
+	if err != nil {
+		return o, err
+	}
+	switch {
+	case faultTimeout < 0 || faultTimeout > 0 && faultTimeout < time.Second:
+		return o, app.Invalid("fault-timeout", "want 0 (forever) or at least 1s")
+	case faultTimeout == 0:
+		faultTimeout = -1 // pager.Options: negative waits forever
+	}
 	if localMem < 64<<10 {
 		return o, app.Invalid("local-mem", "must be at least 64KiB")
 	}
 	return agentd.Options{
 		Socket: app.String("socket"), LocalMem: uint64(localMem), MinAlloc: uint64(minAlloc),
-		Replicas: replicas, Network: network, LeaseTTL: ttl, Log: app.Log(), Lock: true,
+		Replicas: replicas, Network: network, LeaseTTL: ttl, FaultTimeout: faultTimeout, Log: app.Log(), Lock: true,
 	}, nil
 }
 

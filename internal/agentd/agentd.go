@@ -53,7 +53,9 @@ type Options struct {
 	Replicas    int            // 0: 2 when the pool has two servers up or more, else 1
 	Network     string         // rdma provider to reach memory servers (default "tcp")
 	LeaseTTL    time.Duration  // default 30s
-	Log         *zap.Logger
+	// FaultTimeout is pager.Options.FaultTimeout (0: its default).
+	FaultTimeout time.Duration
+	Log          *zap.Logger
 	// Lock, when set, mlockall's the daemon (DESIGN.md pitfall 4: the agent
 	// must not page itself); a failure is logged, not fatal.
 	Lock bool
@@ -116,7 +118,7 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 	agent, err := pager.New(pager.Options{
 		Socket: opts.Socket, SocketMode: socketMode(opts), AllowUIDs: opts.AllowUIDs, SocketGroup: opts.SocketGroup,
 		Store: store, LocalMem: opts.LocalMem, NodeMem: opts.NodeMem,
-		MinAlloc: opts.MinAlloc, Log: log.Named("pager"), Registry: reg,
+		MinAlloc: opts.MinAlloc, FaultTimeout: opts.FaultTimeout, Log: log.Named("pager"), Registry: reg,
 	})
 	if err != nil {
 		store.Close(context.Background())

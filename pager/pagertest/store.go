@@ -2,7 +2,6 @@ package pagertest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -72,8 +71,8 @@ type Store struct {
 	limit   int // slabs held at most (0: the servers' capacity)
 }
 
-// ErrNoCapacity: not enough live servers or free slabs.
-var ErrNoCapacity = errors.New("pagertest: no capacity")
+// ErrNoCapacity: not enough live servers or free slabs (a pager.ErrFull).
+var ErrNoCapacity = fmt.Errorf("pagertest: no capacity: %w", pager.ErrFull)
 
 // New starts the servers; tb.Cleanup stops them.
 func New(tb testing.TB, opts Options) *Store {

@@ -149,6 +149,9 @@ func (s *Store) OpenIO() (pager.PageIO, error) { return s.table.NewIO(), nil }
 // Alloc implements pager.Store.
 func (s *Store) Alloc(ctx context.Context, n int) ([]pager.SlabID, error) {
 	views, err := s.opts.Pool.Allocate(ctx, s.lease.ID, pool.AllocateRequest{Slabs: n, Replicas: s.opts.Replicas})
+	if errors.Is(err, pool.ErrNoCapacity) {
+		return nil, fmt.Errorf("poolstore: allocate %d slabs: %w (%w)", n, pager.ErrFull, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("poolstore: allocate %d slabs: %w", n, err)
 	}
