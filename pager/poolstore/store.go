@@ -29,6 +29,7 @@ type Pool interface {
 	Migrated(ctx context.Context, id pool.LeaseID, sid pool.SlabID, from pool.ServerID) error
 	FreeSlab(ctx context.Context, id pool.LeaseID, sid pool.SlabID) error
 	DeleteLease(ctx context.Context, id pool.LeaseID) error
+	LeaseSlabs(ctx context.Context, id pool.LeaseID) ([]pool.SlabView, error)
 }
 
 // ErrOptions: invalid Options (the error names the field).
@@ -45,6 +46,11 @@ type Options struct {
 	Network  string           // rdma provider used to reach servers (default "tcp")
 	Dial     rdma.DialOptions // for every connection (Depth bounds a batch)
 	Log      *zap.Logger
+	// Adopt, when set, is a lease of a previous agent of this node (one
+	// that was killed or restarted): Open takes it over, with its slabs,
+	// if it is still alive, and creates a new one otherwise (Adopted says
+	// which).
+	Adopt pool.LeaseID
 }
 
 // Validate checks the options, naming the bad field.
@@ -92,6 +98,7 @@ type Store struct {
 	failSaid     time.Time
 
 	allocated, freed, renewals, migrations, migrateErr atomic.Uint64
+	adopted                                            bool
 }
 
 // Open creates a lease and starts renewing it.
@@ -118,21 +125,64 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if st.SlabSize == 0 || st.SlabSize%4096 != 0 {
 		return nil, fmt.Errorf("poolstore: pool slab size %d is not a multiple of 4096", st.SlabSize)
 	}
-	lease, err := opts.Pool.CreateLease(ctx, pool.CreateLeaseRequest{
-		Agent: opts.Agent, Node: opts.Node, PID: opts.PID, TTL: pool.Duration(opts.TTL),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("poolstore: create lease: %w", err)
+	s := &Store{opts: opts, table: slabio.NewTable(st.SlabSize, opts.Dial), done: make(chan struct{})}
+	if opts.Adopt != "" {
+		err = s.adopt(ctx, opts.Adopt)
+		switch {
+		case err == nil:
+			s.adopted = true
+		case errors.Is(err, pool.ErrNotFound) || errors.Is(err, pool.ErrLeaseExpired):
+			opts.Log.Warn("the previous agent's lease is gone: the pages it held are lost to its programs", zap.String("lease", string(opts.Adopt)))
+		default:
+			return nil, fmt.Errorf("poolstore: take over lease %s: %w", opts.Adopt, err)
+		}
 	}
+	if !s.adopted {
+		lease, err := opts.Pool.CreateLease(ctx, pool.CreateLeaseRequest{
+			Agent: opts.Agent, Node: opts.Node, PID: opts.PID, TTL: pool.Duration(opts.TTL),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("poolstore: create lease: %w", err)
+		}
+		s.lease = lease
+	}
+	s.log = opts.Log.With(zap.String("lease", string(s.lease.ID)))
 	rctx, cancel := context.WithCancel(context.Background())
-	s := &Store{
-		opts: opts, lease: lease, log: opts.Log.With(zap.String("lease", string(lease.ID))),
-		table:  slabio.NewTable(st.SlabSize, opts.Dial),
-		cancel: cancel, done: make(chan struct{}),
-	}
+	s.cancel = cancel
 	go s.RoutineRenew(rctx)
 	return s, nil
 }
+
+// adopt takes over lease id: renews it and puts its slabs in the table.
+func (s *Store) adopt(ctx context.Context, id pool.LeaseID) error {
+	resp, err := s.opts.Pool.Renew(ctx, id, pool.RenewRequest{})
+	if err != nil {
+		return err
+	}
+	views, err := s.opts.Pool.LeaseSlabs(ctx, id)
+	if err != nil {
+		return err
+	}
+	for _, v := range views {
+		if v.Size != s.table.SlabSize() {
+			return fmt.Errorf("poolstore: slab %d of lease %s has size %d, want %d", v.ID, id, v.Size, s.table.SlabSize())
+		}
+		reps, err := s.replicas(v.Replicas)
+		if err != nil {
+			return err
+		}
+		s.table.Put(pager.SlabID(v.ID), reps)
+	}
+	s.lease = resp.Lease
+	s.opts.Log.Info("took over the previous agent's lease", zap.String("lease", string(id)), zap.Int("slabs", len(views)))
+	return nil
+}
+
+// Adopted reports whether Open took over the lease of Options.Adopt.
+func (s *Store) Adopted() bool { return s.adopted }
+
+// Slabs returns the slabs the Store holds (its lease's).
+func (s *Store) Slabs() []pager.SlabID { return s.table.IDs() }
 
 // Lease returns the lease the Store holds.
 func (s *Store) Lease() pool.Lease { return s.lease }
@@ -191,6 +241,9 @@ func (s *Store) replicas(views []pool.ReplicaView) ([]slabio.Replica, error) {
 }
 
 func (s *Store) replica(v pool.ReplicaView) (slabio.Replica, error) {
+	if v.State == "lost" { // nothing to reach: kept so that Replace can name it
+		return slabio.Replica{Server: string(v.Server), Network: s.opts.Network, State: slabio.Lost}, nil
+	}
 	addr := v.Addrs[s.opts.Network]
 	if addr == "" {
 		return slabio.Replica{}, fmt.Errorf("poolstore: server %s has no %q address", v.Server, s.opts.Network)
@@ -364,12 +417,24 @@ func (s *Store) migrate(ctx context.Context, id pager.SlabID, from string) error
 // Close stops renewing and ends the lease, which frees every slab. Safe to
 // call twice.
 func (s *Store) Close(ctx context.Context) error {
+	return s.close(ctx, true)
+}
+
+// Abandon stops renewing the lease without ending it, as a killed agent
+// leaves it: an agent started within its TTL takes it over (Options.Adopt)
+// with the pages of the programs it resumes.
+func (s *Store) Abandon() { s.close(context.Background(), false) }
+
+func (s *Store) close(ctx context.Context, end bool) error {
 	var err error
 	s.once.Do(func() {
 		s.cancel()
 		<-s.done
 		for _, id := range s.table.IDs() {
 			s.table.Remove(id)
+		}
+		if !end {
+			return
 		}
 		if e := s.opts.Pool.DeleteLease(ctx, s.lease.ID); e != nil && !errors.Is(e, pool.ErrNotFound) {
 			err = fmt.Errorf("poolstore: end lease: %w", e)

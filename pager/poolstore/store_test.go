@@ -198,3 +198,52 @@ func TestOptionsValidate(t *testing.T) {
 		}
 	}
 }
+
+// An agent killed or restarted leaves its lease alive until its TTL: the
+// next agent takes it over with its slabs, whose data reads back; a lease
+// that is gone gives a new one.
+func TestAdoptLease(t *testing.T) {
+	ctx := context.Background()
+	cl, _ := startPool(t, 2)
+	s1, err := poolstore.Open(ctx, poolstore.Options{Pool: cl, Agent: "memagent-test", PID: 1, TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := s1.Alloc(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io1, _ := s1.OpenIO()
+	page := make([]byte, 4096)
+	pattern(page, 9)
+	ops := []pager.PageOp{{Slab: ids[1], Off: 5 * 4096, Buf: page}}
+	if err := io1.Write(ctx, ops); err != nil || ops[0].Err != nil {
+		t.Fatal(err, ops[0].Err)
+	}
+	io1.Close()
+	s1.Abandon() // killed: the lease lives on
+
+	s2, err := poolstore.Open(ctx, poolstore.Options{Pool: cl, Agent: "memagent-test", PID: 2, TTL: time.Minute, Adopt: s1.Lease().ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close(ctx)
+	if !s2.Adopted() || s2.Lease().ID != s1.Lease().ID || len(s2.Slabs()) != 2 {
+		t.Fatalf("adopted %v lease %s (want %s) slabs %v", s2.Adopted(), s2.Lease().ID, s1.Lease().ID, s2.Slabs())
+	}
+	io2, _ := s2.OpenIO()
+	defer io2.Close()
+	rd := []pager.PageOp{{Slab: ids[1], Off: 5 * 4096, Buf: make([]byte, 4096)}}
+	if err := io2.Read(ctx, rd); err != nil || rd[0].Err != nil || string(rd[0].Buf) != string(page) {
+		t.Fatalf("the adopted slab does not read back: %v %v", err, rd[0].Err)
+	}
+
+	s3, err := poolstore.Open(ctx, poolstore.Options{Pool: cl, Agent: "memagent-test", PID: 3, TTL: time.Minute, Adopt: "no-such-lease"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s3.Close(ctx)
+	if s3.Adopted() || s3.Lease().ID == "" || len(s3.Slabs()) != 0 {
+		t.Fatalf("a gone lease: adopted %v lease %q slabs %v", s3.Adopted(), s3.Lease().ID, s3.Slabs())
+	}
+}
