@@ -26,7 +26,12 @@ func (c *Coordinator) Routes(mux *http.ServeMux) error {
 	h := func(pattern string, fn func(w http.ResponseWriter, r *http.Request) (int, any, error)) {
 		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 			start := time.Now()
-			status, body, err := fn(w, r)
+			var status int
+			var body any
+			err := c.Leading()
+			if err == nil {
+				status, body, err = fn(w, r)
+			}
 			if err != nil {
 				status = httpapi.Status(err)
 				httpapi.WriteError(w, err)

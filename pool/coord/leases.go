@@ -261,6 +261,9 @@ func (c *Coordinator) connLocked(s *srv) (SlabServer, error) {
 // dead, ends expired leases (freeing their slabs), and retries frees that
 // failed. RoutineSweep calls it; tests with a fake clock call it directly.
 func (c *Coordinator) Tick(ctx context.Context) {
+	if c.Leading() != nil {
+		return // a deposed leader decides nothing: its successor sweeps
+	}
 	now := c.clock.Now()
 	c.mu.Lock()
 	live := make([]pool.Liveness, 0, len(c.servers))
