@@ -316,7 +316,14 @@ func Run(ctx context.Context, log *zap.Logger, opts Options) (err error) {
 	}
 	leadCancel()
 	if leadDone != nil {
-		<-leadDone // resigned: another coordinator leads at once
+		select {
+		case <-leadDone: // resigned: another coordinator leads at once
+		case <-time.After(3 * time.Second):
+			// etcd does not answer: a campaign's clean-up waits on the
+			// client's own context, which closing the client ends.
+			ld.st.Close()
+			<-leadDone
+		}
 	}
 	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer scancel()

@@ -34,6 +34,9 @@ type Options struct {
 	// RetryFor bounds how long a request looks for the leader coordinator
 	// (default 15s; negative: one attempt). The context bounds it too.
 	RetryFor time.Duration
+	// DialContext, when set, opens the connections (tests reach
+	// coordinators in network namespaces with it).
+	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // Client talks to the pool's coordinators (or to one memory server's
@@ -91,6 +94,9 @@ func New(base string, opts Options) (*Client, error) {
 	// A coordinator that is down is found in seconds, not at the
 	// default 30s dial timeout.
 	tr.DialContext = (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 15 * time.Second}).DialContext
+	if opts.DialContext != nil {
+		tr.DialContext = opts.DialContext
+	}
 	return &Client{urls: urls, token: opts.Token, retryFor: opts.RetryFor, hc: &http.Client{Transport: tr, Timeout: opts.Timeout}}, nil
 }
 
