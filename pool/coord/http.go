@@ -32,6 +32,10 @@ func (c *Coordinator) Routes(mux *http.ServeMux) error {
 			if err == nil {
 				status, body, err = fn(w, r)
 			}
+			if err == nil && r.Method == http.MethodGet {
+				// A read answered after the term ended may be stale.
+				err = c.Leading()
+			}
 			if err != nil {
 				status = httpapi.Status(err)
 				httpapi.WriteError(w, err)

@@ -41,6 +41,11 @@ func (c *Coordinator) Renew(id pool.LeaseID, req pool.RenewRequest) (pool.RenewR
 	if err != nil {
 		return pool.RenewResponse{}, err
 	}
+	// Checked again under mu (it may have waited on a store write): a
+	// renewal is in memory only, so nothing else fences it.
+	if err := c.Leading(); err != nil {
+		return pool.RenewResponse{}, err
+	}
 	l.rec.Expires = now.Add(l.rec.TTL.Std())
 	l.report = req
 	slabs := make([]*pool.Slab, 0, len(l.slabs))

@@ -201,6 +201,9 @@ type Fence struct {
 	Key   string // the election key
 	Rev   int64  // its creation revision when this term began
 	Owner string // who holds it (written to TermKey)
+	// Ctx, if set, ends with the term: the view's etcd requests are
+	// canceled then, and later Updates fail with ErrFenced.
+	Ctx context.Context
 }
 
 // Fenced returns a Store over s whose Updates commit only while f.Key
@@ -218,7 +221,10 @@ func (v *fencedEtcd) View(fn func(Tx) error) error {
 	if v.closed.Load() {
 		return ErrClosed
 	}
-	return v.s.View(fn)
+	if v.s.closed.Load() {
+		return ErrClosed
+	}
+	return fn(&etcdTx{s: v.s, parent: v.f.Ctx})
 }
 
 func (v *fencedEtcd) Update(fn func(Tx) error) error {
@@ -238,10 +244,17 @@ func (s *Etcd) update(f *Fence, fn func(Tx) error) error {
 	if s.closed.Load() {
 		return ErrClosed
 	}
+	parent := context.Background()
+	if f != nil && f.Ctx != nil {
+		parent = f.Ctx
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for attempt := 0; attempt < maxAttempts; attempt++ {
-		tx := &etcdTx{s: s, writable: true, reads: map[string]int64{}, writes: map[string][]byte{}}
+		if parent.Err() != nil {
+			return fmt.Errorf("%w: the term ended", ErrFenced)
+		}
+		tx := &etcdTx{s: s, parent: parent, writable: true, reads: map[string]int64{}, writes: map[string][]byte{}}
 		if err := fn(tx); err != nil {
 			return err
 		}
@@ -278,10 +291,15 @@ func (s *Etcd) update(f *Fence, fn func(Tx) error) error {
 		if len(ops) > s.opts.MaxTxnOps {
 			return fmt.Errorf("%w: %d operations, etcd takes at most %d (raise etcd's --max-txn-ops and memd's to match)", ErrTxnTooLarge, len(ops), s.opts.MaxTxnOps)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), s.opts.OpTimeout)
+		ctx, cancel := context.WithTimeout(parent, s.opts.OpTimeout)
 		resp, err := s.cli.Txn(ctx).If(cmps...).Then(ops...).Else(orElse...).Commit()
 		cancel()
 		if err != nil {
+			if parent.Err() != nil {
+				// Whether it committed or not, the term is over: report
+				// it as fenced (the caller applies nothing in memory).
+				return fmt.Errorf("%w: the term ended during the commit: %v", ErrFenced, err)
+			}
 			return fmt.Errorf("store: etcd commit: %w", err)
 		}
 		if resp.Succeeded {
@@ -302,11 +320,19 @@ func (s *Etcd) update(f *Fence, fn func(Tx) error) error {
 // etcdTx reads at one revision (the first read's) and buffers writes.
 type etcdTx struct {
 	s        *Etcd
+	parent   context.Context // nil: Background
 	writable bool
 	rev      int64             // read revision; 0 until the first read
 	reads    map[string]int64  // key → mod revision seen (0: missing)
 	ranges   []Bucket          // buckets read whole
 	writes   map[string][]byte // full key → value (nil: deleted)
+}
+
+func (tx *etcdTx) ctx() context.Context {
+	if tx.parent == nil {
+		return context.Background()
+	}
+	return tx.parent
 }
 
 func (tx *etcdTx) get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
@@ -344,7 +370,7 @@ func (tx *etcdTx) Get(b Bucket, key string) ([]byte, error) {
 		}
 		return v, nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), tx.s.opts.OpTimeout)
+	ctx, cancel := context.WithTimeout(tx.ctx(), tx.s.opts.OpTimeout)
 	defer cancel()
 	resp, err := tx.get(ctx, k)
 	if err != nil {
@@ -417,7 +443,7 @@ func (tx *etcdTx) ForEach(b Bucket, fn func(key string, val []byte) error) error
 	}
 	from := base
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), tx.s.opts.OpTimeout)
+		ctx, cancel := context.WithTimeout(tx.ctx(), tx.s.opts.OpTimeout)
 		resp, err := tx.get(ctx, from, clientv3.WithRange(end), clientv3.WithLimit(pageSize),
 			clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
 		cancel()

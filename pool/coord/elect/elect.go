@@ -135,9 +135,10 @@ type Term struct {
 	once       sync.Once
 	done       chan struct{} // closed when the term ends
 	stopped    chan struct{} // closed when RoutineKeepAlive returns
+	ctx        context.Context // canceled when the term ends
 	cancel     context.CancelFunc
-	mu         sync.Mutex
-	err        error // why it ended
+	mu         sync.Mutex // guards err, session, start
+	err        error      // why it ended
 }
 
 // Campaign blocks until this coordinator leads (then returns its term) or
@@ -153,7 +154,7 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 		return nil, fmt.Errorf("elect: etcd lease: %w", err)
 	}
 	tctx, cancel := context.WithCancel(context.Background())
-	t := &Term{e: e, lease: g.ID, done: make(chan struct{}), stopped: make(chan struct{}), cancel: cancel}
+	t := &Term{e: e, lease: g.ID, done: make(chan struct{}), stopped: make(chan struct{}), ctx: tctx, cancel: cancel}
 	t.validUntil.Store(t0.Add(time.Duration(g.TTL) * time.Second).UnixNano())
 	go t.RoutineKeepAlive(tctx)
 	fail := func(err error) (*Term, error) {
@@ -163,11 +164,14 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 	}
 	// The session keeps the lease alive as well (a stream); the term's own
 	// keep-alives are what Valid trusts.
-	t.session, err = concurrency.NewSession(cli, concurrency.WithLease(g.ID), concurrency.WithContext(tctx))
+	session, err := concurrency.NewSession(cli, concurrency.WithLease(g.ID), concurrency.WithContext(tctx))
 	if err != nil {
 		return fail(fmt.Errorf("elect: etcd session: %w", err))
 	}
-	t.election = concurrency.NewElection(t.session, e.pfx)
+	t.mu.Lock()
+	t.session = session
+	t.mu.Unlock()
+	t.election = concurrency.NewElection(session, e.pfx)
 	val, _ := json.Marshal(e.opts.Self)
 	cctx, ccancel := context.WithCancel(ctx)
 	defer ccancel()
@@ -196,7 +200,9 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 	if err := t.Valid(); err != nil {
 		return fail(err)
 	}
+	t.mu.Lock()
 	t.start = time.Now()
+	t.mu.Unlock()
 	e.setHint(e.opts.Self)
 	e.opts.Log.Info("elected leader", zap.String("key", t.key), zap.Int64("epoch", t.rev),
 		zap.Duration("valid_for", time.Until(t.ValidUntil()).Round(time.Millisecond)))
@@ -269,9 +275,11 @@ func (t *Term) Epoch() uint64 { return uint64(t.rev) }
 // Lost implements coord.Term.
 func (t *Term) Lost(err error) { t.end(err, false) }
 
-// Fence is what the term's store writes are conditional on.
+// Fence is what the term's store writes are conditional on; their etcd
+// requests are canceled when the term ends (a deposed leader does not sit
+// on its lock waiting for an etcd it cannot reach).
 func (t *Term) Fence() store.Fence {
-	return store.Fence{Key: t.key, Rev: t.rev, Owner: t.e.opts.Self.ID}
+	return store.Fence{Key: t.key, Rev: t.rev, Owner: t.e.opts.Self.ID, Ctx: t.ctx}
 }
 
 // Done is closed when the term ends (Err says why).
@@ -298,20 +306,21 @@ func (t *Term) end(err error, revoke bool) {
 	t.once.Do(func() {
 		t.mu.Lock()
 		t.err = err
+		session, start := t.session, t.start
 		t.mu.Unlock()
 		close(t.done)
 		t.cancel()
-		if t.session != nil {
-			t.session.Orphan() // stop its keep-alives; the lease is revoked below or expires
+		if session != nil {
+			session.Orphan() // stop its keep-alives; the lease is revoked below or expires
 		}
 		if revoke {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			_, _ = t.e.opts.Client.Revoke(ctx, t.lease)
 			cancel()
 		}
-		if !t.start.IsZero() {
+		if !start.IsZero() {
 			t.e.opts.Log.Warn("leadership ended", zap.Int64("epoch", t.rev), zap.Error(err),
-				zap.Duration("led_for", time.Since(t.start).Round(time.Millisecond)))
+				zap.Duration("led_for", time.Since(start).Round(time.Millisecond)))
 		}
 	})
 }

@@ -52,7 +52,7 @@ type Proxy struct {
 	target string
 	dial   func(ctx context.Context, network, addr string) (net.Conn, error)
 	seed   uint64
-	faults atomic.Pointer[Faults]
+	faults [2]atomic.Pointer[Faults] // client→target, target→client
 
 	conns, chunks, lost, bytes atomic.Uint64
 	delayed                    atomic.Int64
@@ -71,7 +71,8 @@ func New(ln net.Listener, target string, dial func(ctx context.Context, network,
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Proxy{ln: ln, target: target, dial: dial, seed: seed, ctx: ctx, cancel: cancel, open: map[net.Conn]bool{}}
-	p.faults.Store(&Faults{})
+	p.faults[0].Store(&Faults{})
+	p.faults[1].Store(&Faults{})
 	p.wg.Add(1)
 	go p.routineAccept()
 	return p
@@ -80,12 +81,20 @@ func New(ln net.Listener, target string, dial func(ctx context.Context, network,
 // Addr is where the proxy listens.
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
-// SetFaults changes the faults for chunks read from now on.
-func (p *Proxy) SetFaults(f Faults) {
-	if f.RTO == 0 {
-		f.RTO = 200 * time.Millisecond
+// SetFaults changes the faults for chunks read from now on, in both
+// directions.
+func (p *Proxy) SetFaults(f Faults) { p.SetFaultsEach(f, f) }
+
+// SetFaultsEach sets the faults of each direction: up (client to target)
+// and down (target to client). A delay on one direction only adds it to
+// the round trip once, as netem on one interface does.
+func (p *Proxy) SetFaultsEach(up, down Faults) {
+	for i, f := range []Faults{up, down} {
+		if f.RTO == 0 {
+			f.RTO = 200 * time.Millisecond
+		}
+		p.faults[i].Store(&f)
 	}
-	p.faults.Store(&f)
 }
 
 // Stats returns the counters.
@@ -158,8 +167,8 @@ func (p *Proxy) routineConn(c net.Conn, n uint64) {
 	defer p.untrack(up)
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); p.pipe(c, up, rand.New(rand.NewPCG(p.seed, 2*n))) }()
-	go func() { defer wg.Done(); p.pipe(up, c, rand.New(rand.NewPCG(p.seed, 2*n+1))) }()
+	go func() { defer wg.Done(); p.pipe(c, up, &p.faults[0], rand.New(rand.NewPCG(p.seed, 2*n))) }()
+	go func() { defer wg.Done(); p.pipe(up, c, &p.faults[1], rand.New(rand.NewPCG(p.seed, 2*n+1))) }()
 	wg.Wait()
 }
 
@@ -184,7 +193,7 @@ func Schedule(f Faults, rnd *rand.Rand) (time.Duration, bool) {
 
 // pipe copies src to dst, each chunk at its scheduled time, in order.
 // When either side ends, both are closed.
-func (p *Proxy) pipe(src, dst net.Conn, rnd *rand.Rand) {
+func (p *Proxy) pipe(src, dst net.Conn, faults *atomic.Pointer[Faults], rnd *rand.Rand) {
 	q := make(chan chunk, 256)
 	done := make(chan struct{})
 	go func() {
@@ -212,7 +221,7 @@ func (p *Proxy) pipe(src, dst net.Conn, rnd *rand.Rand) {
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
-			f := p.faults.Load()
+			f := faults.Load()
 			d, lost := Schedule(*f, rnd)
 			at := time.Now().Add(d)
 			if at.Before(last) {
