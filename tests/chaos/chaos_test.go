@@ -247,4 +247,3 @@ func sum(ps []*faultproxy.Proxy) faultproxy.Stats {
 	}
 	return s
 }
-

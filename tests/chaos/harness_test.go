@@ -525,8 +525,10 @@ func (c *cluster) heal(h string) {
 
 // linkDown takes host h's link down (a partition from every host), and
 // linkUp brings it back.
-func (c *cluster) linkDown(h string) { run(c.t, "ip", "-n", c.nodes[h].ns, "link", "set", "eth0", "down") }
-func (c *cluster) linkUp(h string)   { run(c.t, "ip", "-n", c.nodes[h].ns, "link", "set", "eth0", "up") }
+func (c *cluster) linkDown(h string) {
+	run(c.t, "ip", "-n", c.nodes[h].ns, "link", "set", "eth0", "down")
+}
+func (c *cluster) linkUp(h string) { run(c.t, "ip", "-n", c.nodes[h].ns, "link", "set", "eth0", "up") }
 
 // program is `memagent run` of churn on a1, at 25% local memory with two
 // replicas per slab.

@@ -133,8 +133,8 @@ type Term struct {
 
 	validUntil atomic.Int64 // unix nanoseconds: the lease lives on etcd until at least then
 	once       sync.Once
-	done       chan struct{} // closed when the term ends
-	stopped    chan struct{} // closed when RoutineKeepAlive returns
+	done       chan struct{}   // closed when the term ends
+	stopped    chan struct{}   // closed when RoutineKeepAlive returns
 	ctx        context.Context // canceled when the term ends
 	cancel     context.CancelFunc
 	mu         sync.Mutex // guards err, session, start
