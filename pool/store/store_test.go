@@ -231,9 +231,9 @@ func contract(t *testing.T, open func(t *testing.T) Store, reopen func(t *testin
 	}
 }
 
-// TestConformance runs the same contract over every Store: in memory,
+// TestStoreConformanceMemBoltEtcd runs the same contract over every Store: in memory,
 // bbolt, and a real etcd.
-func TestConformance(t *testing.T) {
+func TestStoreConformanceMemBoltEtcd(t *testing.T) {
 	t.Run("mem", func(t *testing.T) { contract(t, func(*testing.T) Store { return NewMem() }, nil) })
 	t.Run("bolt", testBolt)
 	t.Run("etcd", testEtcd)

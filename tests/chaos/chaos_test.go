@@ -23,13 +23,13 @@ func standard(t *testing.T, extra ...string) *cluster {
 	return c
 }
 
-// TestChaosLeaderKilled injects kill -9 of the leader coordinator while a
+// TestEtcdChaosLeaderKilled injects kill -9 of the leader coordinator while a
 // program pages through the pool (64 MiB heap, 16 MiB local, 2 replicas;
 // it allocates more slabs after the kill). It asserts: another
 // coordinator leads and answers within newLeaderWithin; the agent's lease
 // and every slab it had survive the change; the program prints exactly
 // the checksums of a clean run; the agent lost no page.
-func TestChaosLeaderKilled(t *testing.T) {
+func TestEtcdChaosLeaderKilled(t *testing.T) {
 	needs(t)
 	c := standard(t)
 	p := c.startProgram(5, c.coordList())
@@ -51,7 +51,7 @@ func TestChaosLeaderKilled(t *testing.T) {
 	record(result{"leader killed", "kill -9 of the leader coordinator mid-run", fmt.Sprintf("new leader answering after %v", took.Round(time.Millisecond)), lost})
 }
 
-// TestChaosLeaderPartitioned injects a partition (nftables drops in the
+// TestEtcdChaosLeaderPartitioned injects a partition (nftables drops in the
 // leader's namespace) between the leader coordinator and the three etcd
 // members, while agents and servers still reach it. It asserts: the old
 // leader answers 503 not-leader within the election TTL (it stepped down
@@ -59,7 +59,7 @@ func TestChaosLeaderKilled(t *testing.T) {
 // terms recorded in etcd's history never interleave (no two leaders
 // wrote), the program is exact with no page lost, and once healed the old
 // leader is a follower.
-func TestChaosLeaderPartitioned(t *testing.T) {
+func TestEtcdChaosLeaderPartitioned(t *testing.T) {
 	needs(t, "nft=nftables")
 	c := standard(t)
 	p := c.startProgram(5, c.coordList())
@@ -122,12 +122,12 @@ func TestChaosLeaderPartitioned(t *testing.T) {
 	record(result{"leader partitioned from etcd", "nftables drop between the leader and 3 etcd members", fmt.Sprintf("stepped down %v, new leader %v", down.Round(time.Millisecond), took.Round(time.Millisecond)), lost})
 }
 
-// TestChaosServerPartitioned injects a partition of the memory server
+// TestEtcdChaosServerPartitioned injects a partition of the memory server
 // holding the most first replicas of the program's slabs (its link
 // down), then heals it. It asserts: every slab gets two healthy replicas
 // off that server (replicas repaired) while the program runs, the server
 // is up again after the heal, and the program is exact with no page lost.
-func TestChaosServerPartitioned(t *testing.T) {
+func TestEtcdChaosServerPartitioned(t *testing.T) {
 	needs(t)
 	c := standard(t)
 	p := c.startProgram(5, c.coordList())
@@ -154,11 +154,11 @@ func TestChaosServerPartitioned(t *testing.T) {
 	record(result{"memory server partitioned", "link down of the busiest memory server, then up", fmt.Sprintf("repaired %v, back up %v after heal", took.Round(time.Millisecond), back.Round(time.Millisecond)), lost})
 }
 
-// TestChaosServerPaused injects SIGSTOP of the busiest memory server for
+// TestEtcdChaosServerPaused injects SIGSTOP of the busiest memory server for
 // longer than the heartbeat timeout, then SIGCONT. It asserts: the slabs
 // are repaired off it while it is stopped, it is up again after it
 // resumes, and the program is exact with no page lost.
-func TestChaosServerPaused(t *testing.T) {
+func TestEtcdChaosServerPaused(t *testing.T) {
 	needs(t)
 	c := standard(t)
 	p := c.startProgram(5, c.coordList())
@@ -173,7 +173,7 @@ func TestChaosServerPaused(t *testing.T) {
 	record(result{"memory server paused", "SIGSTOP of the busiest memory server, then SIGCONT", fmt.Sprintf("repaired %v", took.Round(time.Millisecond)), lost})
 }
 
-// TestChaosLossDelay puts the fault proxy (on host px) on every link of
+// TestEtcdChaosLossDelay puts the fault proxy (on host px) on every link of
 // the agent and the memory servers: the coordinators' control API (they
 // advertise the proxy's addresses) and the servers' data plane. A first
 // run goes through it without faults, a second with 2ms delay on the
@@ -183,7 +183,7 @@ func TestChaosServerPaused(t *testing.T) {
 // smaller here (16 MiB, 4 MiB local, 2 rounds): every remote fault pays
 // the delay. It asserts: both runs are exact with no page lost, and the
 // proxy did inject the faults.
-func TestChaosLossDelay(t *testing.T) {
+func TestEtcdChaosLossDelay(t *testing.T) {
 	needs(t)
 	c := newCluster(t, "e1", "e2", "e3", "c1", "c2", "c3", "s1", "s2", "s3", "a1", "px")
 	px := c.nodes["px"]

@@ -34,11 +34,11 @@ func openStore(t *testing.T, srv *etcdtest.Server) *store.Etcd {
 	return st
 }
 
-// TestLeaderElectionHandover: one of two candidates leads, the other
+// TestEtcdLeaderHandover: one of two candidates leads, the other
 // waits; Members and Leader say so; when the leader resigns the other
 // leads at once with a larger epoch, and the old term's fenced writes
 // fail.
-func TestLeaderElectionHandover(t *testing.T) {
+func TestEtcdLeaderHandover(t *testing.T) {
 	srv := etcdtest.Start(t)
 	sa, sb := openStore(t, srv), openStore(t, srv)
 	a, b := newElector(t, sa, "a"), newElector(t, sb, "b")
@@ -99,10 +99,10 @@ func TestLeaderElectionHandover(t *testing.T) {
 	}
 }
 
-// TestLeaderLeaseLostEndsTerm: when the term's etcd lease goes (revoked
+// TestEtcdLeaderLeaseLostEndsTerm: when the term's etcd lease goes (revoked
 // from outside, as when it expires), the term ends within a keep-alive
 // interval and is invalid from then on.
-func TestLeaderLeaseLostEndsTerm(t *testing.T) {
+func TestEtcdLeaderLeaseLostEndsTerm(t *testing.T) {
 	srv := etcdtest.Start(t)
 	st := openStore(t, srv)
 	e := newElector(t, st, "a")
@@ -127,10 +127,10 @@ func TestLeaderLeaseLostEndsTerm(t *testing.T) {
 	}
 }
 
-// TestLeaderValidStopsWithoutEtcd: with etcd gone (killed), the term
+// TestEtcdLeaderInvalidWithoutEtcd: with etcd gone (killed), the term
 // stops being valid before its lease can have expired on etcd: at most
 // TTL after the last answered keep-alive.
-func TestLeaderValidStopsWithoutEtcd(t *testing.T) {
+func TestEtcdLeaderInvalidWithoutEtcd(t *testing.T) {
 	srv := etcdtest.Start(t)
 	st := openStore(t, srv)
 	e := newElector(t, st, "a")
