@@ -10,6 +10,9 @@ type APIError struct {
 	Error string `json:"error"`
 	// Field names the request field at fault, for 400 responses.
 	Field string `json:"field,omitempty"`
+	// Leader is the leader coordinator's URL, when a coordinator that is
+	// not the leader answers 503 and knows it.
+	Leader string `json:"leader,omitempty"`
 }
 
 // ServerView is a server as the API shows it.
@@ -73,6 +76,30 @@ type Status struct {
 	SlabsHealthy  int    `json:"slabs_healthy"`  // every replica ok
 	SlabsDegraded int    `json:"slabs_degraded"` // some replica lost, at least one ok
 	SlabsLost     int    `json:"slabs_lost"`     // no replica ok
+	// Coordinators is GET /v1/coordinators, added by memd status.
+	Coordinators *Coordinators `json:"coordinators,omitempty"`
+}
+
+// CoordinatorView is one coordinator as GET /v1/coordinators shows it.
+type CoordinatorView struct {
+	ID     string `json:"id"`
+	URL    string `json:"url"`
+	Leader bool   `json:"leader"`
+	// Epoch is its election key's creation revision: the fencing token it
+	// leads (or would lead) with.
+	Epoch int64 `json:"epoch,omitempty"`
+}
+
+// Coordinators is GET /v1/coordinators: the pool's coordinators as the one
+// answering sees them. Any coordinator answers it, leader or not.
+type Coordinators struct {
+	Store        string            `json:"store"`               // "bbolt" or "etcd"
+	Endpoints    []string          `json:"endpoints,omitempty"` // etcd's
+	Self         string            `json:"self"`                // the one answering
+	Leader       *CoordinatorView  `json:"leader,omitempty"`    // none during an election
+	Coordinators []CoordinatorView `json:"coordinators"`
+	// Error says why the list may be incomplete (etcd did not answer).
+	Error string `json:"error,omitempty"`
 }
 
 // RegisterRequest is POST /v1/servers.
@@ -141,6 +168,12 @@ type DrainView struct {
 type GrantRequest struct {
 	Instance string      `json:"instance"`
 	Indexes  []SlabIndex `json:"indexes"`
+	// Epoch is the coordinator leader's term (its election key's creation
+	// revision in etcd; 0 for a single coordinator). A memory server
+	// refuses grants of an epoch older than the newest it has granted for
+	// (pool.ErrStaleLeader): a deposed leader cannot revoke the keys its
+	// successor handed out.
+	Epoch uint64 `json:"epoch,omitempty"`
 }
 
 // GrantResponse carries one key per requested index, in order.

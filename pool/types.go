@@ -157,4 +157,10 @@ var (
 	ErrStaleInstance  = errors.New("pool: stale server instance")
 	ErrGrantFailed    = errors.New("pool: memory server did not grant the slab")
 	ErrCoordinatorOff = errors.New("pool: coordinator stopped")
+	// ErrNotLeader: this coordinator is not the leader (HA over etcd):
+	// ask the leader (the error response names it when known).
+	ErrNotLeader = errors.New("pool: not the leader coordinator")
+	// ErrStaleLeader: a memory server refused a grant from a coordinator
+	// whose term is older than one it has already served (fencing).
+	ErrStaleLeader = errors.New("pool: request from a deposed coordinator leader")
 )

@@ -93,6 +93,12 @@ func newStatusCmd(app *cli.App) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			// Any coordinator answers this; an older memd has no such route.
+			if cv, err := c.Coordinators(ctx); err == nil {
+				st.Coordinators = &cv
+			} else if !errors.Is(err, pool.ErrNotFound) {
+				return err
+			}
 			if asJSON {
 				return cli.PrintJSON(app.Stdout(), st)
 			}
@@ -112,6 +118,33 @@ func newStatusCmd(app *cli.App) *cobra.Command {
 				t.Row("agents", st.Agents)
 			}
 			t.Row("slabs", fmt.Sprintf("%d: %d healthy, %d degraded, %d lost", st.Slabs, st.SlabsHealthy, st.SlabsDegraded, st.SlabsLost))
+			if cv := st.Coordinators; cv != nil {
+				store := cv.Store
+				if len(cv.Endpoints) > 0 {
+					store += " " + strings.Join(cv.Endpoints, ",")
+				}
+				t.Row("store", store)
+				for i, m := range cv.Coordinators {
+					what := "follower"
+					if m.Leader {
+						what = "leader"
+						if m.Epoch != 0 {
+							what = fmt.Sprintf("leader, epoch %d", m.Epoch)
+						}
+					}
+					key := ""
+					if i == 0 {
+						key = "coordinators"
+					}
+					t.Row(key, fmt.Sprintf("%s %s (%s)", m.ID, m.URL, what))
+				}
+				if cv.Leader == nil {
+					t.Row("leader", "none: an election is under way")
+				}
+				if cv.Error != "" {
+					t.Row("warning", cv.Error)
+				}
+			}
 			return t.Flush()
 		})
 }

@@ -21,6 +21,7 @@ import (
 	"rmem/pool"
 	"rmem/pool/client"
 	"rmem/pool/memserver"
+	"rmem/pool/store"
 	"rmem/rdma/verbs"
 )
 
@@ -69,7 +70,7 @@ generated in <runtime-dir>/token for the CLI and memagent on this host.`,
 	f.String("role", "all", "roles to run: all (memory server + coordinator), server, or coordinator")
 	f.String("listen", defaultListen, "control API address (HTTP); a non-loopback address needs a configured token or mTLS")
 	f.String("advertise-url", "", "control URL the coordinator uses to reach this memory server (default http(s)://<listen>)")
-	f.String("coordinator", "", "coordinator URL, for --role server (env MEMD_COORDINATOR)")
+	f.String("coordinator", "", "coordinator URL, or the coordinators' URLs comma-separated, for --role server (env MEMD_COORDINATOR); with --store etcd, other coordinators to find the leader through")
 	f.String("id", "", "this memory server's id in the pool (default: the host name)")
 	f.String("capacity", "1GiB", "memory to donate: a size (4GiB) or a percentage of RAM (25%)")
 	f.String("slab-size", "64MiB", "slab size, the unit of allocation (a multiple of 2MiB; the same on every node)")
@@ -78,7 +79,10 @@ generated in <runtime-dir>/token for the CLI and memagent on this host.`,
 	f.String("tcp-advertise", "", "tcp address registered for agents (default: the listener's address)")
 	f.String("shm-socket", "", "data-plane shm socket (default <runtime-dir>/memd-data.sock; \"off\" disables)")
 	f.String("verbs-listen", "off", "data-plane RDMA verbs set-up address IP:PORT on an RDMA device's IP (needs a memd built with -tags verbs; docs/rdma-hardware.md)")
-	f.String("data-dir", defaultDataDir, "coordinator metadata directory (bbolt file memd.db)")
+	f.String("data-dir", defaultDataDir, "coordinator metadata directory (bbolt file memd.db), with --store bbolt")
+	f.String("store", "bbolt", "coordinator metadata store: bbolt (a file in --data-dir, one coordinator) or etcd://HOST:PORT[,HOST:PORT...][/PREFIX] (several coordinators, one elected leader; docs/ha.md)")
+	f.String("election-ttl", "5s", "coordinator on etcd: TTL of its etcd lease, whole seconds; a dead leader is replaced about this long after it stopped")
+	f.Int("etcd-max-txn-ops", 128, "coordinator on etcd: the etcd servers' --max-txn-ops (the largest transaction they take)")
 	f.String("heartbeat-interval", "2s", "memory server heartbeat interval")
 	f.String("heartbeat-timeout", "10s", "coordinator: a server silent this long is dead")
 	f.String("sweep-interval", "1s", "coordinator: how often to look for dead servers and expired leases")
@@ -139,7 +143,22 @@ func readServeConfig(app *cli.App) (memdd.Options, error) {
 		return o, app.Invalid("runtime-dir", "must be an absolute path")
 	}
 	o.DataDir = app.String("data-dir")
-	if o.CoordRole && !filepath.IsAbs(o.DataDir) {
+	storeURL := strings.TrimSpace(app.String("store"))
+	if o.CoordRole && storeURL != "bbolt" {
+		if o.EtcdEndpoints, o.EtcdPrefix, err = store.ParseEtcdURL(storeURL); err != nil {
+			return o, app.Invalid("store", "want bbolt or etcd://HOST:PORT[,HOST:PORT...][/PREFIX]: %v", err)
+		}
+		if o.ElectionTTL, err = positive(app, "election-ttl"); err != nil {
+			return o, err
+		}
+		if o.ElectionTTL%time.Second != 0 {
+			return o, app.Invalid("election-ttl", "must be a whole number of seconds (etcd leases count in seconds)")
+		}
+		if o.EtcdMaxTxnOps, err = app.Int("etcd-max-txn-ops", 1, 1<<20); err != nil {
+			return o, err
+		}
+	}
+	if o.CoordRole && o.EtcdEndpoints == nil && !filepath.IsAbs(o.DataDir) {
 		return o, app.Invalid("data-dir", "must be an absolute path")
 	}
 	tokenFile := app.String("token-file")
@@ -173,6 +192,23 @@ func readServeConfig(app *cli.App) (memdd.Options, error) {
 	if o.AdvertiseURL != "" {
 		if u, err := url.Parse(o.AdvertiseURL); err != nil || u.Host == "" {
 			return o, app.Invalid("advertise-url", "want http(s)://HOST:PORT")
+		}
+	}
+	if o.EtcdEndpoints != nil {
+		// Clients are sent to the leader at the URL it advertises.
+		if host, _, _ := net.SplitHostPort(o.Listen); o.AdvertiseURL == "" && (host == "" || net.ParseIP(host) != nil && net.ParseIP(host).IsUnspecified()) {
+			return o, app.Invalid("advertise-url", "a coordinator on etcd listening on a wildcard address (%s) needs the URL other nodes reach it at", o.Listen)
+		}
+		if o.ID = app.String("id"); o.ID == "" {
+			if o.ID, err = os.Hostname(); err != nil {
+				return o, app.Invalid("id", "no host name to default to: %v", err)
+			}
+		}
+		if c := app.String("coordinator"); c != "" {
+			if _, err := client.New(c, client.Options{}); err != nil {
+				return o, app.Invalid("coordinator", "%v", err)
+			}
+			o.CoordinatorURL = c
 		}
 	}
 

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,6 +22,7 @@ import (
 	"rmem/pool"
 	"rmem/pool/client"
 	"rmem/pool/coord"
+	"rmem/pool/coord/elect"
 	"rmem/pool/httpapi"
 	"rmem/pool/memserver"
 	"rmem/pool/store"
@@ -55,14 +57,21 @@ type Options struct {
 	SlabSize  uint64 // a positive multiple of 2MiB, the same on every node
 
 	// The coordinator role.
-	CoordRole        bool
-	DataDir          string        // its store's directory (bbolt file memd.db)
+	CoordRole bool
+	DataDir   string // its store's directory (bbolt file memd.db), without EtcdEndpoints
+	// EtcdEndpoints, when set, keep the coordinator's state in etcd under
+	// EtcdPrefix: this coordinator is one of several, elected leader in
+	// turn (ElectionTTL: its etcd lease); ID names it.
+	EtcdEndpoints    []string
+	EtcdPrefix       string
+	EtcdMaxTxnOps    int           // etcd's --max-txn-ops (0: its default, 128)
+	ElectionTTL      time.Duration // whole seconds (0: 5s)
 	HeartbeatTimeout time.Duration // a server silent this long is dead
 	SweepInterval    time.Duration // how often to look for dead servers and expired leases
 
 	// The memory-server role.
 	ServerRole        bool
-	CoordinatorURL    string // the coordinator to join when CoordRole is false
+	CoordinatorURL    string // the coordinators to join (comma-separated), required when CoordRole is false
 	ID                string // this server's id in the pool
 	Capacity          uint64 // bytes donated: whole slabs
 	Domain            string // failure domain
@@ -81,8 +90,10 @@ func (o *Options) validate() error {
 		return fmt.Errorf("%w: neither role", ErrOptions)
 	case o.Listen == "":
 		return fmt.Errorf("%w: no control API address", ErrOptions)
-	case o.CoordRole && o.DataDir == "":
+	case o.CoordRole && o.DataDir == "" && len(o.EtcdEndpoints) == 0:
 		return fmt.Errorf("%w: the coordinator has no data directory", ErrOptions)
+	case o.CoordRole && len(o.EtcdEndpoints) > 0 && o.ID == "":
+		return fmt.Errorf("%w: a coordinator on etcd needs an id", ErrOptions)
 	case o.CoordRole && (o.HeartbeatTimeout <= 0 || o.SweepInterval <= 0):
 		return fmt.Errorf("%w: the coordinator's heartbeat timeout and sweep interval must be positive", ErrOptions)
 	case o.ServerRole && o.HeartbeatInterval <= 0:
@@ -126,7 +137,6 @@ func Run(ctx context.Context, log *zap.Logger, opts Options) (err error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	api := http.NewServeMux()
-	api.HandleFunc("/", httpapi.NotFound)
 	roles := []string{}
 
 	var ms *memserver.Server
@@ -162,14 +172,11 @@ func Run(ctx context.Context, log *zap.Logger, opts Options) (err error) {
 		roles = append(roles, "server")
 	}
 
-	var co *coord.Coordinator
+	var co *coord.Coordinator // the only coordinator (bbolt)
+	var ld *leader            // one of several (etcd)
+	gatherers := prometheus.Gatherers{reg}
 	if opts.CoordRole {
-		st, err := store.OpenBolt(opts.DataDir)
-		if err != nil {
-			return err
-		}
-		defer st.Close()
-		dialOpts := client.Options{Token: opts.Token, TLS: opts.ClientTLS, Timeout: 10 * time.Second}
+		dialOpts := client.Options{Token: opts.Token, TLS: opts.ClientTLS, Timeout: 10 * time.Second, RetryFor: -1}
 		dialer := coord.DialerFunc(func(info *pool.ServerInfo) (coord.SlabServer, error) {
 			if ms != nil && info.ID == pool.ServerID(opts.ID) && info.Instance == ms.Instance() {
 				return ms, nil
@@ -179,20 +186,58 @@ func Run(ctx context.Context, log *zap.Logger, opts Options) (err error) {
 			}
 			return client.NewMemServer(info.ControlURL, dialOpts)
 		})
-		co, err = coord.New(coord.Options{Store: st, Dialer: dialer, SlabSize: opts.SlabSize,
-			HeartbeatTimeout: opts.HeartbeatTimeout, Log: log.Named("coord"), Registry: reg})
-		if err != nil {
-			return err
+		coordOpts := func(st store.Store, term coord.Term, r *prometheus.Registry) coord.Options {
+			return coord.Options{Store: st, Term: term, Dialer: dialer, SlabSize: opts.SlabSize,
+				HeartbeatTimeout: opts.HeartbeatTimeout, Log: log.Named("coord"), Registry: r}
 		}
-		defer co.Close()
-		if err := co.Routes(api); err != nil {
-			return err
+		if len(opts.EtcdEndpoints) == 0 {
+			st, err := store.OpenBolt(opts.DataDir)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			co, err = coord.New(coordOpts(st, nil, reg))
+			if err != nil {
+				return err
+			}
+			defer co.Close()
+			if err := co.Routes(api); err != nil {
+				return err
+			}
+			self := pool.CoordinatorView{ID: opts.ID, URL: opts.AdvertiseURL, Leader: true}
+			api.HandleFunc("GET /v1/coordinators", func(w http.ResponseWriter, r *http.Request) {
+				httpapi.WriteJSON(w, http.StatusOK, pool.Coordinators{Store: "bbolt", Self: opts.ID, Leader: &self, Coordinators: []pool.CoordinatorView{self}})
+			})
+		} else {
+			st, err := store.OpenEtcd(store.EtcdOptions{Endpoints: opts.EtcdEndpoints, Prefix: opts.EtcdPrefix, MaxTxnOps: opts.EtcdMaxTxnOps,
+				Log: log.Named("etcd").WithOptions(zap.IncreaseLevel(zap.WarnLevel))})
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			self := elect.Info{ID: opts.ID, URL: opts.AdvertiseURL}
+			el, err := elect.New(elect.Options{Client: st.Client(), Prefix: st.Prefix(), Self: self, TTL: opts.ElectionTTL, Log: log.Named("elect")})
+			if err != nil {
+				return err
+			}
+			ld = &leader{log: log.Named("coord"), st: st, el: el, self: self, newOpts: coordOpts, sweep: opts.SweepInterval,
+				leading: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "rmem", Subsystem: "pool", Name: "coordinator_leader",
+					Help: "1 while this coordinator leads the pool (etcd), else 0."})}
+			reg.MustRegister(ld.leading)
+			gatherers = append(gatherers, ld)
+			api.HandleFunc("GET /v1/coordinators", func(w http.ResponseWriter, r *http.Request) {
+				httpapi.WriteJSON(w, http.StatusOK, ld.coordinators(r))
+			})
+			api.Handle("/", ld)
 		}
 		roles = append(roles, "coordinator")
 	}
+	if ld == nil {
+		api.HandleFunc("/", httpapi.NotFound)
+	}
 
 	root := http.NewServeMux()
-	root.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	root.Handle("GET /metrics", promhttp.HandlerFor(gatherers, promhttp.HandlerOpts{}))
 	root.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteJSON(w, http.StatusOK, map[string]any{"status": "ok", "roles": roles})
 	})
@@ -201,17 +246,32 @@ func Run(ctx context.Context, log *zap.Logger, opts Options) (err error) {
 		ErrorLog: zap.NewStdLog(log.Named("http"))}
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var sweepDone, joinDone chan struct{}
+	var sweepDone, joinDone, leadDone chan struct{}
 	if co != nil {
 		sweepDone = make(chan struct{})
 		go func() { defer close(sweepDone); co.RoutineSweep(runCtx, opts.SweepInterval) }()
+	}
+	// The lead loop outlives the memory server's leave (it may be the
+	// leader the leave goes to).
+	leadCtx, leadCancel := context.WithCancel(context.Background())
+	defer leadCancel()
+	if ld != nil {
+		leadDone = make(chan struct{})
+		go func() { defer close(leadDone); ld.RoutineLead(leadCtx) }()
 	}
 	if ms != nil {
 		var regr memserver.Registrar
 		if co != nil {
 			regr = localRegistrar{co}
 		} else {
-			cl, err := client.New(opts.CoordinatorURL, client.Options{Token: opts.Token, TLS: opts.ClientTLS, Timeout: 10 * time.Second})
+			// Over etcd this node's own coordinator is one of those to
+			// try: it names the leader when it is not.
+			urls := opts.CoordinatorURL
+			if ld != nil {
+				urls = strings.Trim(opts.AdvertiseURL+","+urls, ",")
+				urls = dedupURLs(urls)
+			}
+			cl, err := client.New(urls, client.Options{Token: opts.Token, TLS: opts.ClientTLS, Timeout: 10 * time.Second})
 			if err != nil {
 				cancel()
 				return err
@@ -254,10 +314,35 @@ func Run(ctx context.Context, log *zap.Logger, opts Options) (err error) {
 	if sweepDone != nil {
 		<-sweepDone
 	}
+	leadCancel()
+	if leadDone != nil {
+		select {
+		case <-leadDone: // resigned: another coordinator leads at once
+		case <-time.After(3 * time.Second):
+			// etcd does not answer: a campaign's clean-up waits on the
+			// client's own context, which closing the client ends.
+			ld.st.Close()
+			<-leadDone
+		}
+	}
 	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer scancel()
 	_ = hs.Shutdown(sctx)
 	return err
+}
+
+// dedupURLs drops repeated entries of a comma-separated URL list.
+func dedupURLs(list string) string {
+	seen := map[string]bool{}
+	var out []string
+	for _, u := range strings.Split(list, ",") {
+		u = strings.TrimRight(strings.TrimSpace(u), "/")
+		if u != "" && !seen[u] {
+			seen[u] = true
+			out = append(out, u)
+		}
+	}
+	return strings.Join(out, ",")
 }
 
 // writeToken creates the token file (0600) atomically; its directory is

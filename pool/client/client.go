@@ -8,11 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"rmem/pool"
@@ -27,33 +30,94 @@ const DefaultURL = "http://127.0.0.1:7470"
 type Options struct {
 	Token   string        // bearer token
 	TLS     *tls.Config   // for https:// URLs (mTLS: set Certificates)
-	Timeout time.Duration // per request; default 30s
+	Timeout time.Duration // per attempt; default 30s
+	// RetryFor bounds how long a request looks for the leader coordinator
+	// (default 15s; negative: one attempt). The context bounds it too.
+	RetryFor time.Duration
+	// DialContext, when set, opens the connections (tests reach
+	// coordinators in network namespaces with it).
+	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
-// Client talks to one coordinator (or memory server) control API.
+// Client talks to the pool's coordinators (or to one memory server's
+// control API). Given several coordinator URLs, it sends each request to
+// the one it believes leads and, when that one is down or answers 503
+// not-leader, to the leader it names or the next one, with bounded
+// back-off (see Do).
 type Client struct {
-	base  *url.URL
-	token string
-	hc    *http.Client
+	token    string
+	hc       *http.Client
+	retryFor time.Duration
+
+	mu   sync.Mutex
+	urls []*url.URL // the coordinators; leader hints add to them
+	cur  int        // the one believed to lead
 }
 
-// New returns a client of the API at base (e.g. "http://127.0.0.1:7470").
+// ParseURLs parses a coordinator URL or a comma-separated list of them,
+// each http(s)://HOST:PORT (a trailing slash is dropped; no path, query
+// or duplicates).
+func ParseURLs(s string) ([]*url.URL, error) {
+	var out []*url.URL
+	seen := map[string]bool{}
+	for _, one := range strings.Split(s, ",") {
+		one = strings.TrimRight(strings.TrimSpace(one), "/")
+		u, err := url.Parse(one)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Path != "" || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+			return nil, fmt.Errorf("client: coordinator URL %q: want http://HOST:PORT or https://HOST:PORT (several: comma-separated)", one)
+		}
+		if seen[u.String()] {
+			return nil, fmt.Errorf("client: coordinator URL %q is listed twice", one)
+		}
+		seen[u.String()] = true
+		out = append(out, u)
+	}
+	return out, nil
+}
+
+// New returns a client of the API at base: one URL (e.g.
+// "http://127.0.0.1:7470") or a comma-separated list of the coordinators'.
 func New(base string, opts Options) (*Client, error) {
-	u, err := url.Parse(strings.TrimRight(base, "/"))
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("client: coordinator URL %q: want http://HOST:PORT or https://HOST:PORT", base)
+	urls, err := ParseURLs(base)
+	if err != nil {
+		return nil, err
 	}
 	if opts.Timeout == 0 {
 		opts.Timeout = 30 * time.Second
 	}
+	if opts.RetryFor == 0 {
+		opts.RetryFor = 15 * time.Second
+	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = opts.TLS
 	tr.MaxIdleConnsPerHost = 64
-	return &Client{base: u, token: opts.Token, hc: &http.Client{Transport: tr, Timeout: opts.Timeout}}, nil
+	// A coordinator that is down is found in seconds, not at the
+	// default 30s dial timeout.
+	tr.DialContext = (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 15 * time.Second}).DialContext
+	if opts.DialContext != nil {
+		tr.DialContext = opts.DialContext
+	}
+	return &Client{urls: urls, token: opts.Token, retryFor: opts.RetryFor, hc: &http.Client{Transport: tr, Timeout: opts.Timeout}}, nil
 }
 
-// URL returns the base URL.
-func (c *Client) URL() string { return c.base.String() }
+// URL returns the base URL the client sends to now (the leader, as far as
+// it knows).
+func (c *Client) URL() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.urls[c.cur].String()
+}
+
+// URLs returns every coordinator URL the client knows.
+func (c *Client) URLs() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]string, len(c.urls))
+	for i, u := range c.urls {
+		out[i] = u.String()
+	}
+	return out
+}
 
 // CloseIdleConnections closes idle keep-alive connections.
 func (c *Client) CloseIdleConnections() { c.hc.CloseIdleConnections() }
@@ -64,6 +128,8 @@ type Error struct {
 	Status  int
 	Message string
 	Field   string // for 400: the request field at fault
+	Leader  string // for 503 not-leader: the leader's URL, when known
+	URL     string // the coordinator that answered
 	err     error
 }
 
@@ -89,21 +155,146 @@ func LoadToken(path string) (string, error) {
 }
 
 // Do sends method path with body (nil: none) as JSON and decodes the
-// response into out (nil: discard).
+// response into out (nil: discard). GET, PUT, DELETE and HEAD are taken as
+// idempotent (see DoIdempotent).
+//
+// Leader following: a 503 not-leader answer is retried on the leader it
+// names (added to the known URLs) or on the next coordinator; a
+// coordinator that cannot be reached is skipped for the next one when the
+// client knows several (after a request was sent, only for idempotent
+// requests: a POST that may have been applied is not sent twice). After a
+// round over every coordinator it backs off (50ms doubling to 1s) and
+// tries again, for at most Options.RetryFor; then the error says what
+// each coordinator answered.
 func (c *Client) Do(ctx context.Context, method, path string, body, out any) error {
-	var rd io.Reader
+	idem := method == "GET" || method == "PUT" || method == "DELETE" || method == "HEAD"
+	return c.do(ctx, method, path, body, out, idem)
+}
+
+// DoIdempotent is Do for a request that may be applied twice (a renewal,
+// a heartbeat): it is retried elsewhere even after it was sent.
+func (c *Client) DoIdempotent(ctx context.Context, method, path string, body, out any) error {
+	return c.do(ctx, method, path, body, out, true)
+}
+
+func (c *Client) do(ctx context.Context, method, path string, body, out any, idem bool) error {
+	var payload []byte
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
 			return err
 		}
-		rd = bytes.NewReader(b)
+		payload = b
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base.String()+path, rd)
+	deadline := time.Now().Add(c.retryFor)
+	backoff := 50 * time.Millisecond
+	tried := map[string]bool{} // this round
+	var seen []string          // what each answered, for the final error
+	var hint string
+	for attempt := 1; ; attempt++ {
+		u := c.pick(hint, tried)
+		hint = ""
+		tried[u] = true
+		err := c.once(ctx, u, method, path, body != nil, payload, out)
+		if err == nil {
+			return nil
+		}
+		retry := false
+		var ae *Error
+		var oe *net.OpError
+		switch {
+		case errors.As(err, &ae) && errors.Is(ae, pool.ErrNotLeader):
+			retry, hint = true, ae.Leader
+		case errors.As(err, &ae):
+		case ctx.Err() != nil:
+		case errors.As(err, &oe) && oe.Op == "dial":
+			retry = c.count() > 1
+		default:
+			retry = idem && c.count() > 1
+		}
+		seen = append(seen, fmt.Sprintf("%s: %v", u, err))
+		if !retry || c.retryFor < 0 {
+			if len(seen) > 1 {
+				return fmt.Errorf("client: %s %s: no leader coordinator answered in %d tries (%s): %w", method, path, attempt, strings.Join(last(seen, 4), "; "), err)
+			}
+			return err
+		}
+		if hint != "" && tried[hint] {
+			hint = "" // told to go where we were refused this round: wait
+		}
+		if hint == "" && c.allTried(tried) {
+			wait := backoff + time.Duration(rand.Int64N(int64(backoff/2+1)))
+			if time.Now().Add(wait).After(deadline) {
+				return fmt.Errorf("client: %s %s: no leader coordinator answered within %v (%d tries: %s): %w", method, path, c.retryFor, attempt, strings.Join(last(seen, 4), "; "), err)
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("client: %s %s: %w (looking for the leader: %s)", method, path, ctx.Err(), strings.Join(last(seen, 4), "; "))
+			case <-time.After(wait):
+			}
+			backoff = min(2*backoff, time.Second)
+			clear(tried)
+		}
+	}
+}
+
+func last(s []string, n int) []string { return s[max(0, len(s)-n):] }
+
+func (c *Client) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.urls)
+}
+
+func (c *Client) allTried(tried map[string]bool) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, u := range c.urls {
+		if !tried[u.String()] {
+			return false
+		}
+	}
+	return true
+}
+
+// pick returns the URL to try: the hint (learnt if new), else the current
+// one, else the next untried one.
+func (c *Client) pick(hint string, tried map[string]bool) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if hint != "" {
+		if hu, err := ParseURLs(hint); err == nil && len(hu) == 1 {
+			for i, u := range c.urls {
+				if u.String() == hu[0].String() {
+					c.cur = i
+					return u.String()
+				}
+			}
+			c.urls = append(c.urls, hu[0])
+			c.cur = len(c.urls) - 1
+			return hu[0].String()
+		}
+	}
+	for n := range c.urls {
+		i := (c.cur + n) % len(c.urls)
+		if !tried[c.urls[i].String()] {
+			c.cur = i
+			return c.urls[i].String()
+		}
+	}
+	return c.urls[c.cur].String()
+}
+
+func (c *Client) once(ctx context.Context, base, method, path string, hasBody bool, payload []byte, out any) error {
+	var rd io.Reader
+	if hasBody {
+		rd = bytes.NewReader(payload)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, base+path, rd)
 	if err != nil {
 		return err
 	}
-	if body != nil {
+	if hasBody {
 		req.Header.Set("Content-Type", "application/json")
 	}
 	if c.token != "" {
@@ -126,7 +317,11 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 				ae.Error = resp.Status
 			}
 		}
-		return &Error{Status: resp.StatusCode, Message: ae.Error, Field: ae.Field, err: httpapi.ErrorFor(resp.StatusCode)}
+		sentinel := httpapi.ErrorFor(resp.StatusCode)
+		if resp.StatusCode == http.StatusServiceUnavailable && !strings.Contains(ae.Error, pool.ErrNotLeader.Error()) {
+			sentinel = pool.ErrCoordinatorOff
+		}
+		return &Error{Status: resp.StatusCode, Message: ae.Error, Field: ae.Field, Leader: ae.Leader, URL: base, err: sentinel}
 	}
 	if out == nil {
 		return nil
@@ -145,6 +340,12 @@ func (c *Client) Status(ctx context.Context) (pool.Status, error) {
 	return v, c.Do(ctx, "GET", "/v1/status", nil, &v)
 }
 
+// Coordinators lists the pool's coordinators and says which leads.
+func (c *Client) Coordinators(ctx context.Context) (pool.Coordinators, error) {
+	var v pool.Coordinators
+	return v, c.Do(ctx, "GET", "/v1/coordinators", nil, &v)
+}
+
 // Servers lists the memory servers.
 func (c *Client) Servers(ctx context.Context) ([]pool.ServerView, error) {
 	var v []pool.ServerView
@@ -160,12 +361,12 @@ func (c *Client) Server(ctx context.Context, id pool.ServerID) (pool.ServerView,
 // Register registers (or re-registers) a memory server.
 func (c *Client) Register(ctx context.Context, info pool.ServerInfo) (pool.Server, error) {
 	var v pool.Server
-	return v, c.Do(ctx, "POST", "/v1/servers", info, &v)
+	return v, c.DoIdempotent(ctx, "POST", "/v1/servers", info, &v)
 }
 
 // Heartbeat reports a memory server's state.
 func (c *Client) Heartbeat(ctx context.Context, id pool.ServerID, hb pool.Heartbeat) error {
-	return c.Do(ctx, "POST", "/v1/servers/"+esc(string(id))+"/heartbeat", hb, nil)
+	return c.DoIdempotent(ctx, "POST", "/v1/servers/"+esc(string(id))+"/heartbeat", hb, nil)
 }
 
 // Leave takes a memory server out of the pool.
@@ -180,7 +381,7 @@ func (c *Client) Drain(ctx context.Context, id pool.ServerID, on bool) (pool.Dra
 	if !on {
 		op = "/undrain"
 	}
-	return v, c.Do(ctx, "POST", "/v1/servers/"+esc(string(id))+op, nil, &v)
+	return v, c.DoIdempotent(ctx, "POST", "/v1/servers/"+esc(string(id))+op, nil, &v)
 }
 
 // DrainStatus returns a server's drain progress.
@@ -205,7 +406,7 @@ func (c *Client) CreateLease(ctx context.Context, req pool.CreateLeaseRequest) (
 // events about its slabs.
 func (c *Client) Renew(ctx context.Context, id pool.LeaseID, req pool.RenewRequest) (pool.RenewResponse, error) {
 	var v pool.RenewResponse
-	return v, c.Do(ctx, "POST", "/v1/leases/"+esc(string(id))+"/renew", req, &v)
+	return v, c.DoIdempotent(ctx, "POST", "/v1/leases/"+esc(string(id))+"/renew", req, &v)
 }
 
 // DeleteLease ends a lease and frees its slabs.
@@ -286,9 +487,9 @@ func NewMemServer(controlURL string, opts Options) (*MemServer, error) {
 }
 
 // Grant asks for fresh keys on slabs.
-func (m *MemServer) Grant(ctx context.Context, instance string, idx []pool.SlabIndex) ([]pool.Key, error) {
+func (m *MemServer) Grant(ctx context.Context, instance string, epoch uint64, idx []pool.SlabIndex) ([]pool.Key, error) {
 	var v pool.GrantResponse
-	if err := m.c.Do(ctx, "POST", "/v1/memserver/grant", pool.GrantRequest{Instance: instance, Indexes: idx}, &v); err != nil {
+	if err := m.c.Do(ctx, "POST", "/v1/memserver/grant", pool.GrantRequest{Instance: instance, Indexes: idx, Epoch: epoch}, &v); err != nil {
 		return nil, err
 	}
 	if len(v.Keys) != len(idx) {

@@ -96,6 +96,14 @@ func (c *Coordinator) releaseJobsLocked(jobs []*grantJob) {
 
 // grant runs the jobs in parallel, without c.mu.
 func (c *Coordinator) grant(ctx context.Context, jobs []*grantJob) error {
+	if err := c.Leading(); err != nil {
+		// Deposed since the reservation: grant nothing (a grant revokes
+		// whatever key the slab had, perhaps the new leader's).
+		for _, j := range jobs {
+			j.err = err
+		}
+		return err
+	}
 	var wg sync.WaitGroup
 	for _, j := range jobs {
 		wg.Add(1)
@@ -103,7 +111,7 @@ func (c *Coordinator) grant(ctx context.Context, jobs []*grantJob) error {
 			defer wg.Done()
 			cctx, cancel := context.WithTimeout(ctx, c.opts.CallTimeout)
 			defer cancel()
-			keys, err := j.conn.Grant(cctx, j.instance, j.indexes)
+			keys, err := j.conn.Grant(cctx, j.instance, c.epoch(), j.indexes)
 			if err == nil && len(keys) != len(j.indexes) {
 				err = fmt.Errorf("server returned %d keys for %d slabs", len(keys), len(j.indexes))
 			}
@@ -175,7 +183,7 @@ func (c *Coordinator) Allocate(ctx context.Context, id pool.LeaseID, req pool.Al
 		return nil, err
 	}
 	views, failed, err := c.allocate(ctx, id, req, nil)
-	if len(failed) > 0 {
+	if len(failed) > 0 && !errors.Is(err, pool.ErrNotLeader) {
 		// A server that failed to grant (dead but not yet past the
 		// heartbeat timeout, or unreachable from here) gets no part of a
 		// second try (nor, where labelled, its failure domain); if that

@@ -30,13 +30,14 @@ func (realClock) Now() time.Time { return time.Now() }
 // Grant issues a fresh read/write key for each index (in order) on the
 // server instance named; a slab that already has a key has it revoked and
 // is zeroed first. It fails with pool.ErrStaleInstance if the server is
-// another instance. Free revokes each key and zeroes its slab; an entry
+// another instance, and with pool.ErrStaleLeader if epoch (the leader's
+// term, see pool.GrantRequest) is older than one it granted for already. Free revokes each key and zeroes its slab; an entry
 // whose key is not the slab's current key is skipped without error (freed
 // already, or granted again since: never zero another tenant's slab), and a
 // request for another instance does nothing. Both must be safe for
 // concurrent use.
 type SlabServer interface {
-	Grant(ctx context.Context, instance string, indexes []pool.SlabIndex) ([]pool.Key, error)
+	Grant(ctx context.Context, instance string, epoch uint64, indexes []pool.SlabIndex) ([]pool.Key, error)
 	Free(ctx context.Context, instance string, slabs []pool.FreeEntry) error
 }
 
@@ -52,10 +53,30 @@ type DialerFunc func(info *pool.ServerInfo) (SlabServer, error)
 // SlabServer implements Dialer.
 func (f DialerFunc) SlabServer(info *pool.ServerInfo) (SlabServer, error) { return f(info) }
 
+// Term is the leadership a coordinator serves under when several share a
+// store (etcd; pool/coord/elect implements it). The coordinator answers
+// requests, sweeps and grants only while Valid returns nil; its store must
+// be fenced on the same term (store.Etcd.Fenced), so that a write after
+// the term ended fails with store.ErrFenced, which the coordinator reports
+// to Lost.
+type Term interface {
+	// Valid returns nil while the term leads, else an error wrapping
+	// pool.ErrNotLeader.
+	Valid() error
+	// Epoch is the term's fencing token for memory servers
+	// (pool.GrantRequest.Epoch): larger for every later term.
+	Epoch() uint64
+	// Lost ends the term: the store found it fenced off.
+	Lost(err error)
+}
+
 // Options configure a Coordinator.
 type Options struct {
-	Store  store.Store // required; the caller closes it after the coordinator stops
-	Dialer Dialer      // required
+	Store store.Store // required; the caller closes it after the coordinator stops
+	// Term is the leadership this coordinator acts under; nil: it is the
+	// pool's only coordinator (bbolt, in memory), always leading.
+	Term   Term
+	Dialer Dialer // required
 	// SlabSize is the pool's slab size; servers registering another size
 	// are refused. Required.
 	SlabSize uint64
@@ -188,6 +209,9 @@ func New(opts Options) (*Coordinator, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
+	if opts.Term != nil {
+		opts.Store = termStore{opts.Store, opts.Term}
+	}
 	c := &Coordinator{
 		opts: opts, log: opts.Log, clock: opts.Clock,
 		servers:  map[pool.ServerID]*srv{},
@@ -205,6 +229,37 @@ func New(opts Options) (*Coordinator, error) {
 	}
 	c.m = m
 	return c, nil
+}
+
+// termStore reports fenced writes to the term.
+type termStore struct {
+	store.Store
+	term Term
+}
+
+func (s termStore) Update(fn func(store.Tx) error) error {
+	err := s.Store.Update(fn)
+	if errors.Is(err, store.ErrFenced) {
+		s.term.Lost(err)
+		err = fmt.Errorf("%w: %w", pool.ErrNotLeader, err)
+	}
+	return err
+}
+
+// Leading returns nil while this coordinator may act (see Term), else an
+// error wrapping pool.ErrNotLeader.
+func (c *Coordinator) Leading() error {
+	if c.opts.Term == nil {
+		return nil
+	}
+	return c.opts.Term.Valid()
+}
+
+func (c *Coordinator) epoch() uint64 {
+	if c.opts.Term == nil {
+		return 0
+	}
+	return c.opts.Term.Epoch()
 }
 
 // Registry returns the coordinator's Prometheus registry.

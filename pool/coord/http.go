@@ -26,7 +26,16 @@ func (c *Coordinator) Routes(mux *http.ServeMux) error {
 	h := func(pattern string, fn func(w http.ResponseWriter, r *http.Request) (int, any, error)) {
 		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 			start := time.Now()
-			status, body, err := fn(w, r)
+			var status int
+			var body any
+			err := c.Leading()
+			if err == nil {
+				status, body, err = fn(w, r)
+			}
+			if err == nil && r.Method == http.MethodGet {
+				// A read answered after the term ended may be stale.
+				err = c.Leading()
+			}
 			if err != nil {
 				status = httpapi.Status(err)
 				httpapi.WriteError(w, err)

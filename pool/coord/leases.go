@@ -41,6 +41,11 @@ func (c *Coordinator) Renew(id pool.LeaseID, req pool.RenewRequest) (pool.RenewR
 	if err != nil {
 		return pool.RenewResponse{}, err
 	}
+	// Checked again under mu (it may have waited on a store write): a
+	// renewal is in memory only, so nothing else fences it.
+	if err := c.Leading(); err != nil {
+		return pool.RenewResponse{}, err
+	}
 	l.rec.Expires = now.Add(l.rec.TTL.Std())
 	l.report = req
 	slabs := make([]*pool.Slab, 0, len(l.slabs))
@@ -261,6 +266,9 @@ func (c *Coordinator) connLocked(s *srv) (SlabServer, error) {
 // dead, ends expired leases (freeing their slabs), and retries frees that
 // failed. RoutineSweep calls it; tests with a fake clock call it directly.
 func (c *Coordinator) Tick(ctx context.Context) {
+	if c.Leading() != nil {
+		return // a deposed leader decides nothing: its successor sweeps
+	}
 	now := c.clock.Now()
 	c.mu.Lock()
 	live := make([]pool.Liveness, 0, len(c.servers))

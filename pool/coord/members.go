@@ -94,6 +94,9 @@ func (c *Coordinator) Heartbeat(id pool.ServerID, hb pool.Heartbeat) error {
 		s.rec = rec
 		c.log.Info("server back up", zap.String("server", string(id)))
 	}
+	if err := c.Leading(); err != nil {
+		return err // in memory only: see Renew
+	}
 	s.lastHB, s.hb = now, hb
 	return nil
 }

@@ -106,6 +106,8 @@ var statusOf = []struct {
 	{pool.ErrServerDead, http.StatusConflict},
 	{pool.ErrStaleInstance, http.StatusConflict},
 	{pool.ErrGrantFailed, http.StatusBadGateway},
+	{pool.ErrNotLeader, http.StatusServiceUnavailable},
+	{pool.ErrStaleLeader, http.StatusConflict},
 	{pool.ErrCoordinatorOff, http.StatusServiceUnavailable},
 }
 

@@ -82,7 +82,7 @@ func (s *Server) Routes(mux *http.ServeMux) {
 			httpapi.WriteError(w, err)
 			return
 		}
-		keys, err := s.Grant(r.Context(), req.Instance, req.Indexes)
+		keys, err := s.Grant(r.Context(), req.Instance, req.Epoch, req.Indexes)
 		if err != nil {
 			httpapi.WriteError(w, err)
 			return

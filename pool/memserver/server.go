@@ -81,6 +81,7 @@ type Server struct {
 	keys  []rdma.Key   // by slab index; zero: not granted
 	live  atomic.Int64 // granted slabs; read without mu by heartbeats
 	close bool
+	epoch uint64 // the newest coordinator leader's epoch granted for
 
 	hbMu     sync.Mutex // guards lastOps, lastTime: heartbeats never wait behind zeroing
 	lastOps  uint64
@@ -214,7 +215,7 @@ func (s *Server) revokeAndZeroLocked(ctx context.Context, i pool.SlabIndex) erro
 }
 
 // Grant issues a read/write key for each slab (see coord.SlabServer).
-func (s *Server) Grant(ctx context.Context, instance string, idx []pool.SlabIndex) ([]pool.Key, error) {
+func (s *Server) Grant(ctx context.Context, instance string, epoch uint64, idx []pool.SlabIndex) ([]pool.Key, error) {
 	if instance != s.instance {
 		return nil, fmt.Errorf("%w: this server is instance %s, not %s", pool.ErrStaleInstance, s.instance, instance)
 	}
@@ -222,6 +223,11 @@ func (s *Server) Grant(ctx context.Context, instance string, idx []pool.SlabInde
 	defer s.mu.Unlock()
 	if s.close {
 		return nil, fmt.Errorf("memserver: %w", rdma.ErrClosed)
+	}
+	if epoch < s.epoch {
+		// A deposed leader (its grant delayed past its successor's) must
+		// not revoke the successor's keys.
+		return nil, fmt.Errorf("%w: grant for leader epoch %d, this server has granted for epoch %d", pool.ErrStaleLeader, epoch, s.epoch)
 	}
 	for n, i := range idx {
 		if int(i) >= len(s.keys) {
@@ -246,6 +252,7 @@ func (s *Server) Grant(ctx context.Context, instance string, idx []pool.SlabInde
 		s.live.Add(1)
 		out[n] = pool.Key(k.String())
 	}
+	s.epoch = epoch
 	return out, nil
 }
 

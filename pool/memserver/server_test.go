@@ -62,7 +62,7 @@ func TestGrantFreeZero(t *testing.T) {
 	if info.Slabs != 4 || info.Addrs["tcp"] == "" || info.Addrs["shm"] != "" {
 		t.Fatalf("info %+v", info)
 	}
-	keys, err := s.Grant(ctx, s.Instance(), []pool.SlabIndex{1, 3})
+	keys, err := s.Grant(ctx, s.Instance(), 0, []pool.SlabIndex{1, 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +95,7 @@ func TestGrantFreeZero(t *testing.T) {
 	if err := rdma.Read(ctx, c, key(t, keys[0]), 0, got[:8]); !errors.Is(err, rdma.ErrRevokedKey) {
 		t.Fatalf("read with a freed key: %v", err)
 	}
-	keys2, err := s.Grant(ctx, s.Instance(), []pool.SlabIndex{1})
+	keys2, err := s.Grant(ctx, s.Instance(), 0, []pool.SlabIndex{1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,12 +111,12 @@ func TestGrantFreeZero(t *testing.T) {
 func TestRegrantRevokes(t *testing.T) {
 	ctx := context.Background()
 	s := newServer(t)
-	k1, _ := s.Grant(ctx, s.Instance(), []pool.SlabIndex{0})
+	k1, _ := s.Grant(ctx, s.Instance(), 0, []pool.SlabIndex{0})
 	c := dial(t, s)
 	if err := rdma.Write(ctx, c, key(t, k1[0]), 0, []byte("old")); err != nil {
 		t.Fatal(err)
 	}
-	k2, err := s.Grant(ctx, s.Instance(), []pool.SlabIndex{0})
+	k2, err := s.Grant(ctx, s.Instance(), 0, []pool.SlabIndex{0})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,16 +129,38 @@ func TestRegrantRevokes(t *testing.T) {
 	}
 }
 
+// TestGrantEpochFencesDeposedLeader: once a grant of leader epoch 9 was
+// served, a grant of epoch 5 (a deposed coordinator's, delayed) is refused
+// and leaves the successor's key working.
+func TestGrantEpochFencesDeposedLeader(t *testing.T) {
+	ctx := context.Background()
+	s := newServer(t)
+	k9, err := s.Grant(ctx, s.Instance(), 9, []pool.SlabIndex{0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Grant(ctx, s.Instance(), 5, []pool.SlabIndex{0}); !errors.Is(err, pool.ErrStaleLeader) {
+		t.Fatalf("grant of an older epoch: %v, want ErrStaleLeader", err)
+	}
+	c := dial(t, s)
+	if err := rdma.Write(ctx, c, key(t, k9[0]), 0, []byte("new")); err != nil {
+		t.Fatalf("the successor's key after the stale grant: %v", err)
+	}
+	if _, err := s.Grant(ctx, s.Instance(), 9, []pool.SlabIndex{1}); err != nil {
+		t.Fatalf("same epoch again: %v", err)
+	}
+}
+
 func TestBadInput(t *testing.T) {
 	ctx := context.Background()
 	s := newServer(t)
-	if _, err := s.Grant(ctx, "other", []pool.SlabIndex{0}); !errors.Is(err, pool.ErrStaleInstance) {
+	if _, err := s.Grant(ctx, "other", 0, []pool.SlabIndex{0}); !errors.Is(err, pool.ErrStaleInstance) {
 		t.Errorf("grant for another instance: %v", err)
 	}
-	if _, err := s.Grant(ctx, s.Instance(), []pool.SlabIndex{4}); !errors.Is(err, pool.ErrInvalid) {
+	if _, err := s.Grant(ctx, s.Instance(), 0, []pool.SlabIndex{4}); !errors.Is(err, pool.ErrInvalid) {
 		t.Errorf("grant out of range: %v", err)
 	}
-	if _, err := s.Grant(ctx, s.Instance(), []pool.SlabIndex{1, 2, 1}); !errors.Is(err, pool.ErrInvalid) {
+	if _, err := s.Grant(ctx, s.Instance(), 0, []pool.SlabIndex{1, 2, 1}); !errors.Is(err, pool.ErrInvalid) {
 		t.Errorf("grant of one slab twice: %v", err)
 	}
 	if hb := s.Heartbeat(); hb.Granted != 0 {

@@ -54,6 +54,7 @@ type Server struct {
 	keys     map[pool.SlabIndex]pool.Key
 	zeroed   map[pool.SlabIndex]int // times each slab was zeroed
 	failNext error                  // returned by every call while set
+	epoch    uint64                 // newest leader epoch granted for
 	calls    int
 }
 
@@ -135,7 +136,7 @@ func (s *Server) Calls() int {
 }
 
 // Grant implements coord.SlabServer.
-func (s *Server) Grant(ctx context.Context, instance string, idx []pool.SlabIndex) ([]pool.Key, error) {
+func (s *Server) Grant(ctx context.Context, instance string, epoch uint64, idx []pool.SlabIndex) ([]pool.Key, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.calls++
@@ -145,6 +146,10 @@ func (s *Server) Grant(ctx context.Context, instance string, idx []pool.SlabInde
 	if instance != s.instance {
 		return nil, fmt.Errorf("%w: %s is instance %s", pool.ErrStaleInstance, s.ID, s.instance)
 	}
+	if epoch < s.epoch {
+		return nil, fmt.Errorf("%w: epoch %d, granted for %d already", pool.ErrStaleLeader, epoch, s.epoch)
+	}
+	s.epoch = epoch
 	keys := make([]pool.Key, len(idx))
 	for i, x := range idx {
 		if _, ok := s.keys[x]; ok {

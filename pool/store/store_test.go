@@ -124,6 +124,86 @@ func contract(t *testing.T, open func(t *testing.T) Store, reopen func(t *testin
 			t.Fatalf("%d keys, want 160", n)
 		}
 	})
+	t.Run("foreach over many keys", func(t *testing.T) {
+		s := open(t)
+		defer s.Close()
+		// More than one etcd page, written in transactions etcd accepts.
+		for i := 0; i < 2500; i += 100 {
+			err := s.Update(func(tx Tx) error {
+				for j := i; j < i+100; j++ {
+					if err := tx.Put(Slabs, fmt.Sprintf("%016x", j), []byte(fmt.Sprint(j))); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		n := 0
+		err := s.View(func(tx Tx) error {
+			return tx.ForEach(Slabs, func(k string, v []byte) error {
+				if k != fmt.Sprintf("%016x", n) || string(v) != fmt.Sprint(n) {
+					return fmt.Errorf("key %d: %s=%s", n, k, v)
+				}
+				n++
+				return nil
+			})
+		})
+		if err != nil || n != 2500 {
+			t.Fatalf("ForEach saw %d keys: %v", n, err)
+		}
+		// Own writes interleave in order with the stored keys.
+		var got []string
+		s.Update(func(tx Tx) error {
+			tx.Delete(Slabs, fmt.Sprintf("%016x", 1))
+			tx.Put(Slabs, fmt.Sprintf("%016x", 2), []byte("two"))
+			tx.Put(Slabs, fmt.Sprintf("%016x", 1)+"a", []byte("1a"))
+			return tx.ForEach(Slabs, func(k string, v []byte) error {
+				if len(got) < 4 {
+					got = append(got, string(v))
+				}
+				return nil
+			})
+		})
+		if fmt.Sprint(got) != "[0 1a two 3]" {
+			t.Fatalf("ForEach with own writes saw %v", got)
+		}
+	})
+	t.Run("views see whole updates", func(t *testing.T) {
+		s := open(t)
+		defer s.Close()
+		done := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 50 {
+				s.Update(func(tx Tx) error {
+					tx.Put(Leases, "a", []byte(fmt.Sprint(i)))
+					return tx.Put(Leases, "b", []byte(fmt.Sprint(i)))
+				})
+			}
+			close(done)
+		}()
+		for {
+			select {
+			case <-done:
+				wg.Wait()
+				return
+			default:
+			}
+			s.View(func(tx Tx) error {
+				a, errA := tx.Get(Leases, "a")
+				b, errB := tx.Get(Leases, "b")
+				if (errA == nil) != (errB == nil) || string(a) != string(b) {
+					t.Errorf("a view saw half an update: a=%q (%v) b=%q (%v)", a, errA, b, errB)
+				}
+				return nil
+			})
+		}
+	})
 	t.Run("closed", func(t *testing.T) {
 		s := open(t)
 		s.Close()
@@ -151,11 +231,15 @@ func contract(t *testing.T, open func(t *testing.T) Store, reopen func(t *testin
 	}
 }
 
-func TestMem(t *testing.T) {
-	contract(t, func(*testing.T) Store { return NewMem() }, nil)
+// TestStoreConformanceMemBoltEtcd runs the same contract over every Store: in memory,
+// bbolt, and a real etcd.
+func TestStoreConformanceMemBoltEtcd(t *testing.T) {
+	t.Run("mem", func(t *testing.T) { contract(t, func(*testing.T) Store { return NewMem() }, nil) })
+	t.Run("bolt", testBolt)
+	t.Run("etcd", testEtcd)
 }
 
-func TestBolt(t *testing.T) {
+func testBolt(t *testing.T) {
 	dirs := map[Store]string{}
 	open := func(t *testing.T) Store {
 		dir := t.TempDir()

@@ -98,7 +98,7 @@ func TestMemserver(t *testing.T) {
 	defer srv.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	keys, err := srv.Grant(ctx, srv.Instance(), []pool.SlabIndex{1, 3})
+	keys, err := srv.Grant(ctx, srv.Instance(), 0, []pool.SlabIndex{1, 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +151,7 @@ func TestMemserver(t *testing.T) {
 	if err := rdma.Read(ctx, c, k3, 4096, in[:4096]); err != nil || !bytes.Equal(in[:4096], out[4096:8192]) {
 		t.Fatalf("read of slab 3 after freeing slab 1: %v", err)
 	}
-	again, err := srv.Grant(ctx, srv.Instance(), []pool.SlabIndex{1})
+	again, err := srv.Grant(ctx, srv.Instance(), 0, []pool.SlabIndex{1})
 	if err != nil {
 		t.Fatal(err)
 	}
