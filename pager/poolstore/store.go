@@ -286,10 +286,20 @@ func (s *Store) Stats() Stats {
 	}
 }
 
-// RoutineRenew renews the lease every TTL/3 and acts on its events until
-// ctx ends. Open starts it.
+// RoutineRenew renews the lease every TTL/3 until ctx ends, and hands its
+// events to a second goroutine that restores redundancy. Open starts it.
+// Renewals never wait for repairs: a repair waits on the servers involved
+// (a stopped one holds a call for its whole timeout), and a lease not
+// renewed in time frees every slab.
 func (s *Store) RoutineRenew(ctx context.Context) {
 	defer close(s.done)
+	events := make(chan []pool.Event, 1)
+	repaired := make(chan struct{})
+	go func() {
+		defer close(repaired)
+		s.routineRepair(ctx, events)
+	}()
+	defer func() { <-repaired }()
 	t := time.NewTicker(s.opts.TTL / 3)
 	defer t.Stop()
 	for {
@@ -298,13 +308,43 @@ func (s *Store) RoutineRenew(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		s.RenewOnce(ctx)
+		ev, err := s.renew(ctx)
+		if err != nil {
+			continue
+		}
+		select { // the latest events replace those not acted on yet
+		case <-events:
+		default:
+		}
+		events <- ev
+	}
+}
+
+// routineRepair restores redundancy after each renewal's events.
+func (s *Store) routineRepair(ctx context.Context, events <-chan []pool.Event) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev := <-events:
+			s.repair(ctx, ev)
+		}
 	}
 }
 
 // RenewOnce renews the lease and restores redundancy where the pool's
-// events or failed WRITEs say it is missing.
+// events or failed WRITEs say it is missing, in turn.
 func (s *Store) RenewOnce(ctx context.Context) error {
+	ev, err := s.renew(ctx)
+	if err != nil {
+		return err
+	}
+	return s.repair(ctx, ev)
+}
+
+// renew renews the lease, reporting the agent's usage, and returns the
+// pool's events about its slabs.
+func (s *Store) renew(ctx context.Context) ([]pool.Event, error) {
 	var req pool.RenewRequest
 	if f := s.usage.Load(); f != nil {
 		req = (*f)()
@@ -324,20 +364,26 @@ func (s *Store) RenewOnce(ctx context.Context) error {
 			s.log.Warn("lease renewal failed; retrying", zap.Duration("failing_for", now.Sub(s.failingSince).Round(time.Second)),
 				zap.Duration("ttl", s.opts.TTL), zap.Error(err))
 		}
-		return err
+		return nil, err
 	}
 	if !s.failingSince.IsZero() {
 		s.log.Info("lease renewed again", zap.Duration("after", time.Since(s.failingSince).Round(time.Second)))
 		s.failingSince, s.failSaid = time.Time{}, time.Time{}
 	}
 	s.renewals.Add(1)
+	return resp.Events, nil
+}
+
+// repair marks the replicas events say are lost and copies every lost or
+// draining replica to a new one.
+func (s *Store) repair(ctx context.Context, events []pool.Event) error {
 	type work struct {
 		slab pager.SlabID
 		from string
 	}
 	var todo []work
 	seen := map[work]bool{}
-	for _, ev := range resp.Events {
+	for _, ev := range events {
 		w := work{pager.SlabID(ev.Slab), string(ev.Server)}
 		if ev.Type == pool.EventReplicaLost {
 			if s.table.SetState(w.slab, w.from, slabio.Lost) == nil {
@@ -364,7 +410,7 @@ func (s *Store) RenewOnce(ctx context.Context) error {
 	for _, w := range todo {
 		if err := s.migrate(ctx, w.slab, w.from); err != nil {
 			s.migrateErr.Add(1)
-			s.log.Error("restoring a replica failed; retrying at the next renewal",
+			s.log.Warn("restoring a replica failed; retrying at the next renewal",
 				zap.Uint64("slab", uint64(w.slab)), zap.String("from", w.from), zap.Error(err))
 			errs = append(errs, err)
 		}

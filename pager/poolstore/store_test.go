@@ -247,3 +247,49 @@ func TestAdoptLease(t *testing.T) {
 		t.Fatalf("a gone lease: adopted %v lease %q slabs %v", s3.Adopted(), s3.Lease().ID, s3.Slabs())
 	}
 }
+
+// slowReplace is a pool whose Replace waits, as one involving a stopped
+// memory server does.
+type slowReplace struct {
+	*client.Client
+	wait time.Duration
+}
+
+func (p slowReplace) Replace(ctx context.Context, id pool.LeaseID, sid pool.SlabID, from pool.ServerID) (pool.ReplicaView, error) {
+	select {
+	case <-time.After(p.wait):
+	case <-ctx.Done():
+		return pool.ReplicaView{}, ctx.Err()
+	}
+	return p.Client.Replace(ctx, id, sid, from)
+}
+
+// Renewals go on while a repair waits on a server: before, they waited
+// behind it in one loop, and a lease not renewed within its TTL lost every
+// slab (seen with a memory server stopped by SIGSTOP).
+func TestRenewalsDoNotWaitForRepairs(t *testing.T) {
+	ctx := context.Background()
+	cl, _ := startPool(t, 3)
+	const ttl = 300 * time.Millisecond
+	s, err := poolstore.Open(ctx, poolstore.Options{Pool: slowReplace{cl, 4 * ttl}, Agent: "memagent-test", PID: 1, TTL: ttl, Replicas: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(ctx)
+	ids, err := s.Alloc(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps, _ := s.Table().Replicas(ids[0])
+	if _, err := cl.Drain(ctx, pool.ServerID(reps[0].Server), true); err != nil {
+		t.Fatal(err)
+	}
+	before := s.Stats().Renewals
+	time.Sleep(3 * ttl) // the repair waits 4 TTLs in Replace
+	if got := s.Stats().Renewals - before; got < 5 {
+		t.Fatalf("%d renewals in 3 TTLs while a repair waited (want about 9)", got)
+	}
+	if _, err := cl.LeaseSlabs(ctx, s.Lease().ID); err != nil {
+		t.Fatalf("the lease did not survive the slow repair: %v", err)
+	}
+}
