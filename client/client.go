@@ -3,7 +3,6 @@ package client
 import (
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"runtime"
@@ -32,10 +31,13 @@ type region struct {
 
 // Client is one process's connection to memagent.
 type Client struct {
-	conn    *net.UnixConn
-	uffd    *userfaultfd.UFFD
-	staging []byte
-	id      uint64
+	conn      *net.UnixConn
+	path      string
+	uffd      *userfaultfd.UFFD
+	features  userfaultfd.Feature
+	staging   []byte
+	stagingFD int // kept: a resuming HELLO hands it to the next agent
+	id        uint64
 
 	mu      sync.Mutex
 	regions map[uintptr]*region // by start address
@@ -69,8 +71,8 @@ func Connect(path string) (*Client, error) {
 		conn.Close()
 		return nil, err
 	}
-	c := &Client{conn: conn, uffd: u, regions: map[uintptr]*region{}, waiters: map[uint32]chan error{},
-		sendBuf: make([]byte, 0, proto.MaxPacket), done: make(chan struct{})}
+	c := &Client{conn: conn, path: path, uffd: u, features: want, stagingFD: -1, regions: map[uintptr]*region{},
+		waiters: map[uint32]chan error{}, sendBuf: make([]byte, 0, proto.MaxPacket), done: make(chan struct{})}
 	if err := c.hello(want); err != nil {
 		conn.Close()
 		u.Close()
@@ -153,23 +155,27 @@ func (c *Client) hello(features userfaultfd.Feature) error {
 	if err != nil {
 		return fmt.Errorf("client: waiting for WELCOME: %w", err)
 	}
-	defer func() {
-		for _, fd := range fds[:nfds] {
+	var w proto.Welcome
+	if _, err = proto.Expect(pkt, &w); err != nil {
+		err = fmt.Errorf("client: agent refused: %w", err)
+	} else if nfds != w.FDs() || nfds < 1 {
+		err = fmt.Errorf("client: WELCOME carried %d descriptors, want %d", nfds, w.FDs())
+	}
+	var st []byte
+	if err == nil {
+		if st, err = unix.Mmap(fds[0], 0, int(w.StagingSlots)*pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
+			err = fmt.Errorf("client: map staging area: %w", err)
+		}
+	}
+	for i, fd := range fds[:nfds] {
+		if i != 0 || err != nil {
 			unix.Close(fd)
 		}
-	}()
-	var w proto.Welcome
-	if _, err := proto.Expect(pkt, &w); err != nil {
-		return fmt.Errorf("client: agent refused: %w", err)
 	}
-	if nfds != w.FDs() || nfds < 1 {
-		return fmt.Errorf("client: WELCOME carried %d descriptors, want %d", nfds, w.FDs())
-	}
-	st, err := unix.Mmap(fds[0], 0, int(w.StagingSlots)*pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		return fmt.Errorf("client: map staging area: %w", err)
+		return err
 	}
-	c.staging, c.id = st, w.ClientID
+	c.staging, c.stagingFD, c.id = st, fds[0], w.ClientID
 	return nil
 }
 
@@ -288,11 +294,19 @@ func (c *Client) routineHelper() {
 			unix.Close(fd)
 		}
 		if err != nil {
-			if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
-				err = ErrClosed
+			if c.isClosed() {
+				c.fail(ErrClosed)
+				return
 			}
-			c.fail(err)
-			return
+			// The agent went away: requests in flight fail, the memory
+			// stays; a next agent resumes us, or our faults end in
+			// SIGBUS after proto.AgentWait (resume.go).
+			c.fail(fmt.Errorf("client: lost the agent: %w", err))
+			if err := c.resume(); err != nil {
+				c.fail(err)
+				return
+			}
+			continue
 		}
 		h, body, err := proto.Parse(pkt)
 		if err != nil {
@@ -419,6 +433,12 @@ func (c *Client) fail(err error) {
 	}
 }
 
+func (c *Client) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
 // Close unmaps every region, disconnects and closes the uffd. Safe to
 // call twice.
 func (c *Client) Close() error {
@@ -438,9 +458,14 @@ func (c *Client) Close() error {
 	c.mu.Lock()
 	c.closed = true
 	c.mu.Unlock()
+	c.sendMu.Lock()
 	c.conn.Close()
+	c.sendMu.Unlock()
 	<-c.done
 	unix.Munmap(c.staging)
+	if c.stagingFD >= 0 {
+		unix.Close(c.stagingFD)
+	}
 	return c.uffd.Close()
 }
 

@@ -60,6 +60,13 @@ type Options struct {
 	// MaxPrefetch is the deepest prefetch in pages (default 128; negative
 	// disables prefetching).
 	MaxPrefetch int
+	// StateDir, when set, keeps what a next agent needs to resume this
+	// one's clients if it dies (journal.go; memagent serve: /run/rmem/agent),
+	// and this agent resumes the clients a previous one left there.
+	StateDir string
+	// ResumeWait is how long a previous agent's clients have to come back
+	// before their pages are dropped (default 1 minute).
+	ResumeWait time.Duration
 	// HandshakeTimeout bounds a client's HELLO (default 5s).
 	HandshakeTimeout time.Duration
 	// FaultTimeout bounds how long a fault waits for a pool that does not
@@ -117,6 +124,10 @@ type Agent struct {
 	exited   []ClientStats         // final stats of the last maxExited clients
 	closed   bool
 	nclients atomic.Int64
+
+	journal *journal        // StateDir's (nil: none)
+	orphans map[int]*orphan // a previous agent's clients waiting to resume, by pid
+	leaked  []SlabID        // slabs the lease holds that no journal names
 }
 
 type forkKey struct {
@@ -154,6 +165,9 @@ func New(opts Options) (*Agent, error) {
 	if opts.FaultTimeout == 0 {
 		opts.FaultTimeout = DefaultFaultTimeout
 	}
+	if opts.ResumeWait == 0 {
+		opts.ResumeWait = DefaultResumeWait
+	}
 	if opts.Log == nil {
 		opts.Log = zap.NewNop()
 	}
@@ -184,6 +198,14 @@ func New(opts Options) (*Agent, error) {
 	a.cond = newCond(a)
 	a.slots.onRoom = a.wakeAll
 	a.slots.copies = a.poolCopies
+	a.orphans = map[int]*orphan{}
+	if opts.StateDir != "" {
+		if err := a.loadJournal(); err != nil {
+			ln.Close()
+			cancel()
+			return nil, fmt.Errorf("pager: state dir %s: %w", opts.StateDir, err)
+		}
+	}
 	if opts.Registry != nil {
 		if err := opts.Registry.Register(&collector{a}); err != nil {
 			ln.Close()
@@ -194,6 +216,7 @@ func New(opts Options) (*Agent, error) {
 	a.wg.Add(1)
 	go func() {
 		defer a.wg.Done()
+		a.freeLeaked()
 		a.slots.RoutineReservoir(ctx)
 	}()
 	return a, nil
@@ -285,6 +308,13 @@ func (a *Agent) Close() error {
 		c.shutdown()
 	}
 	a.wg.Wait()
+	a.mu.Lock()
+	for _, o := range a.orphans { // left for the agent after this one
+		o.cj.detach(o.regions)
+	}
+	a.orphans = nil
+	a.mu.Unlock()
+	a.journal.close()
 	return nil
 }
 
@@ -341,6 +371,13 @@ func (a *Agent) handshake(conn *net.UnixConn) {
 	}
 	var hello proto.Hello
 	h, err := proto.Expect(pkt, &hello)
+	if err == nil && hello.Flags&proto.HelloResume != 0 && a.allowed(cred) && hello.PID == cred.Pid && hello.PageSize == pageSize {
+		conn.SetDeadline(time.Now().Add(resumeTimeout))
+		n := nfds
+		nfds = 0 // owned by resume from here
+		ok = a.resume(conn, cred, h, &hello, fds[:n], buf, oob, refuse)
+		return
+	}
 	switch {
 	case err != nil:
 		refuse(h, unix.EPROTO, err.Error())

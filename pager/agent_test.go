@@ -614,3 +614,48 @@ func TestPoolUnreachableSIGBUS(t *testing.T) {
 		t.Fatalf("child ended with %v, want exit status 7 (it faulted)", err)
 	}
 }
+
+// An agent that stops while its clients run (killed, restarted) leaves a
+// journal in its StateDir; the next agent on the socket takes it over: the
+// client (the Go client library here) reconnects with a resuming HELLO,
+// and every page it had in the pool reads back exactly.
+func TestAgentRestartResumes(t *testing.T) {
+	skipUnlessUFFD(t)
+	const budget = 1 << 20
+	store := pagertest.New(t, pagertest.Options{Servers: 2, Replicas: 1, SlabSize: 1 << 20, SlabsPerServer: 16})
+	dir := t.TempDir()
+	opts := pager.Options{Store: store, LocalMem: budget, StateDir: filepath.Join(dir, "state"), Socket: filepath.Join(dir, "agent.sock")}
+	a1 := startAgentOpts(t, opts)
+	c := startChild(t, a1, childSpec{Bytes: 4 * budget, Passes: 2, Order: "random", ReadOnly: true, Hold: true})
+	if l := c.line(t); l != "WRITTEN" {
+		t.Fatalf("child said %q", l)
+	}
+	before := waitStats(t, a1, func(st pager.ClientStats) bool { return st.RemoteBytes >= 2*budget })
+	a1.Close() // as if killed: its client keeps its uffd and regions
+	a2 := startAgentOpts(t, opts)
+	var st pager.ClientStats
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if sts := a2.Stats(); len(sts) == 1 {
+			st = sts[0]
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the client did not resume with the new agent")
+		}
+	}
+	t.Logf("before %+v\nresumed %+v", before, st)
+	if st.RemoteBytes < before.RemoteBytes/2 {
+		t.Errorf("resumed with %d bytes remote, had %d", st.RemoteBytes, before.RemoteBytes)
+	}
+	io.WriteString(c.stdin, "go\n")
+	res := c.result(t)
+	if res.Bad != 0 || res.Pages != 1024 {
+		t.Fatalf("after the agent restarted: %d bad words of %d pages; first: %s", res.Bad, res.Pages, res.First)
+	}
+	if c.line(t) != "DONE" {
+		t.Fatal("child did not finish")
+	}
+	if s := statsOf(t, a2); s.RemoteReads == 0 || s.Lost != 0 {
+		t.Fatalf("the new agent did not read the pages back from the pool: %+v", s)
+	}
+}

@@ -94,6 +94,7 @@ func (c *client) removeRegion(r *region) {
 	c.clock = Clock{}
 	c.st.regions.Add(-1)
 	c.a.freeRegions([]*region{r})
+	c.cj.delRegion(r)
 }
 
 // remap follows a region moved whole by mremap. Moves of part of a region
@@ -236,6 +237,7 @@ func (c *client) addRegion(m *proto.RegionAdd) error {
 	}
 	n := int(rng.Len / pageSize)
 	r := &region{id: m.ID, start: rng.Start, kind: m.Kind, pages: make(PageTable, n), slots: make([]Slot, n)}
+	c.journalRegion(r)
 	if c.a.opts.MaxPrefetch > 0 {
 		r.pf = NewPrefetcher(32, c.a.opts.MaxPrefetch)
 	}

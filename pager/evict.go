@@ -74,6 +74,9 @@ func (c *client) maybeEvict() {
 				stage = c.stageFree[len(c.stageFree)-1]
 				c.stageFree = c.stageFree[:len(c.stageFree)-1]
 				c.stageOwner[stage] = pageRef{r, v.Page}
+				// Journal order (journal.go): the staging slot, then the
+				// pool slot, both before the EVICT that drops the page.
+				c.cj.stage(int(stage), r.id, v.Page, true)
 				c.setSlot(r, v.Page, c.newSlots[ns]) // written when the helper has copied it
 				ns++
 			}

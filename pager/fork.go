@@ -23,6 +23,7 @@ import (
 // The child is paired with its HELLO by (parent pid, fork serial).
 func (c *client) fork(fd int) {
 	c.forks++
+	c.forked()
 	serial := c.forks
 	u, err := userfaultfd.FromFD(fd, c.features)
 	if err != nil {

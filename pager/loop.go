@@ -102,6 +102,8 @@ type client struct {
 	features    userfaultfd.Feature
 	closed      bool
 
+	cj *clientJournal // what a next agent needs to resume it (journal.go); nil: none
+
 	// Staging and eviction.
 	stagingFD  int
 	staging    []byte
@@ -126,6 +128,12 @@ type client struct {
 // newClient prepares a client for uffd (owned from now on); the loop
 // starts with run.
 func (a *Agent) newClient(u *userfaultfd.UFFD, features userfaultfd.Feature) (*client, error) {
+	return a.newClientWith(u, features, -1, a.opts.StagingSlots, 0)
+}
+
+// newClientWith is newClient with a staging memfd of slots pages (sfd, owned
+// from now on; -1: a new one) and client id (0: a new one).
+func (a *Agent) newClientWith(u *userfaultfd.UFFD, features userfaultfd.Feature, sfd, slots int, id uint64) (*client, error) {
 	io, err := a.opts.Store.OpenIO()
 	if err != nil {
 		return nil, fmt.Errorf("pager: open page I/O: %w", err)
@@ -133,12 +141,16 @@ func (a *Agent) newClient(u *userfaultfd.UFFD, features userfaultfd.Feature) (*c
 	wfd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
 	if err != nil {
 		io.Close()
+		if sfd >= 0 {
+			unix.Close(sfd)
+		}
 		return nil, fmt.Errorf("pager: eventfd: %w", err)
 	}
-	slots := a.opts.StagingSlots
-	sfd, err := unix.MemfdCreate("rmem-staging", unix.MFD_CLOEXEC)
-	if err == nil {
-		err = unix.Ftruncate(sfd, int64(slots)*pageSize)
+	if sfd < 0 {
+		sfd, err = unix.MemfdCreate("rmem-staging", unix.MFD_CLOEXEC)
+		if err == nil {
+			err = unix.Ftruncate(sfd, int64(slots)*pageSize)
+		}
 	}
 	var staging []byte
 	if err == nil {
@@ -152,8 +164,11 @@ func (a *Agent) newClient(u *userfaultfd.UFFD, features userfaultfd.Feature) (*c
 		}
 		return nil, fmt.Errorf("pager: staging memfd: %w", err)
 	}
+	if id == 0 {
+		id = a.nextID.Add(1)
+	}
 	c := &client{
-		a: a, id: a.nextID.Add(1), uffd: gatedUFFD{UFFD: u}, io: io, features: features,
+		a: a, id: id, uffd: gatedUFFD{UFFD: u}, io: io, features: features,
 		wakefd: wfd, done: make(chan struct{}), sockfd: -1, pidfd: -1,
 		msgs:  make([]userfaultfd.Msg, maxMsgs),
 		pfds:  make([]unix.PollFd, 0, 4),
@@ -373,6 +388,7 @@ func (c *client) control() bool {
 	}
 	if conn != nil {
 		c.setConn(conn, pid)
+		c.startJournal(pid, c.uid.Load()) // now that the pid is known (a forked child's)
 	}
 	return false
 }
@@ -406,6 +422,9 @@ func (c *client) teardown() {
 	c.mu.Unlock()
 	if !agentStop {
 		c.a.freeRegions(c.regs.list)
+		c.cj.remove()
+	} else {
+		c.cj.detach(c.regs.list) // for the agent after this one
 	}
 	c.io.Close()
 	c.uffd.Close()
@@ -1069,6 +1088,7 @@ func (c *client) stageOf(r *region, idx int) int {
 
 func (c *client) freeStage(s int) {
 	c.stageOwner[s] = pageRef{}
+	c.cj.stage(s, 0, 0, false)
 	c.stageFree = append(c.stageFree, uint32(s))
 }
 

@@ -19,6 +19,9 @@ type region struct {
 	kind  proto.Kind
 	pf    *Prefetcher
 	gone  bool // deleted while an eviction of its pages was in flight
+	// mapped: slots is a mapping of the region's journal file
+	// (journal.go), unmapped when the region goes.
+	mapped bool
 }
 
 func (r *region) end() userfaultfd.Addr {

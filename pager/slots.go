@@ -75,6 +75,8 @@ type slotPool struct {
 	trimmed   time.Time
 	copies    func() int // the clients' pool copies of clean resident pages (not remote)
 
+	journal *journal // records which slab is which slot number (nil: none)
+
 	kick   chan struct{}
 	onRoom func() // called without mu after a short alloc when slots are free again, and when a drain starts
 }
@@ -408,6 +410,9 @@ func (p *slotPool) grow(ctx context.Context) bool {
 	} else {
 		p.slabs[i] = s
 	}
+	if err := p.journal.slabEvent(opAdd, i, s.id); err != nil {
+		p.log.Warn("recording a slab in the journal failed: a next agent would not find the pages in it", zap.Error(err))
+	}
 	p.free += p.pps
 	p.counts.allocated++
 	wasShort, hadNoRoom, since := p.short, p.noRoom != nil, p.since
@@ -458,6 +463,7 @@ func (p *slotPool) shrink(ctx context.Context) {
 			give = append(give, s.id)
 			p.slabs[i] = nil
 			p.free -= p.pps
+			p.journal.slabEvent(opFree, i, 0)
 		}
 	}
 	for len(p.slabs) > 0 && p.slabs[len(p.slabs)-1] == nil {
@@ -543,6 +549,58 @@ func (p *slotPool) maybeDrainLocked() bool {
 	p.free -= p.pps - p.slabs[best].used
 	p.log.Debug("draining a slab", zap.Int("slab", best), zap.Int("used", p.slabs[best].used), zap.Int("free", p.free))
 	return true
+}
+
+// restore puts back the slabs a previous agent left, by slab number, with
+// no slot taken (claim takes the journaled ones).
+func (p *slotPool) restore(nums map[int]SlabID) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for num, id := range nums {
+		for len(p.slabs) <= num {
+			p.slabs = append(p.slabs, nil)
+		}
+		p.slabs[num] = &poolSlab{id: id, refs: make([]uint8, p.pps)}
+		p.free += p.pps
+	}
+	p.publishLocked()
+}
+
+// claim takes a reference to slot s for a client a previous agent served
+// (free or not: a fork's sides share slots); false if its slab is gone.
+func (p *slotPool) claim(s Slot) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	sl, pg := p.locLocked(s)
+	if sl == nil {
+		return false
+	}
+	switch {
+	case sl.refs[pg] == 0:
+		sl.refs[pg] = 1
+		sl.used++
+		p.used++
+		if int(s-1)/p.pps != p.drain {
+			p.free--
+		}
+	case sl.refs[pg] < slotRefMax:
+		sl.refs[pg]++
+	default:
+		if sl.over == nil {
+			sl.over = map[int]uint32{}
+		}
+		sl.over[pg]++
+	}
+	return true
+}
+
+// freeSlabs gives slabs back to the Store (they were never the pool's).
+func (p *slotPool) freeSlabs(ctx context.Context, ids []SlabID) {
+	cctx, cancel := context.WithTimeout(ctx, storeCallLimit)
+	defer cancel()
+	if err := p.store.Free(cctx, ids); err != nil {
+		p.log.Warn("giving slabs back to the pool failed", zap.Int("slabs", len(ids)), zap.Error(err))
+	}
 }
 
 // slabIDs returns the slabs the pool holds.

@@ -153,6 +153,9 @@ func (s *Store) SetLimit(slabs int) {
 	s.mu.Unlock()
 }
 
+// Slabs returns the slabs the Store holds.
+func (s *Store) Slabs() []pager.SlabID { return s.table.IDs() }
+
 // Allocated returns the slabs allocated so far and currently held.
 func (s *Store) Allocated() (total, held int) {
 	s.mu.Lock()

@@ -11,16 +11,17 @@ import (
 
 // Body sizes.
 const (
-	helloSize     = 40
-	welcomeSize   = 24
-	regionAddSize = 32
-	regionDelSize = 24
-	ackSize       = 8
-	errorFixed    = 8
-	evictFixed    = 16
-	evictEntry    = 16
-	evictedSize   = 16
-	forkSize      = 16
+	helloSize      = 40
+	welcomeSize    = 24
+	regionAddSize  = 32
+	regionDelSize  = 24
+	ackSize        = 8
+	errorFixed     = 8
+	evictFixed     = 16
+	evictEntry     = 16
+	evictedSize    = 16
+	forkSize       = 16
+	resumeDoneSize = 8
 )
 
 // HelloFlags are bits of Hello.Flags.
@@ -33,6 +34,15 @@ type HelloFlags uint32
 // own, and the agent pairs it with the parent's FORK_PREPARE. A child
 // forked with a FORK event sends no uffd: the agent has it from the event.
 const HelloUFFD HelloFlags = 1 << 0
+
+// HelloResume: the process's agent went away (killed, restarted) and it
+// says HELLO again, to whichever agent serves the socket now, keeping its
+// uffd and regions: HelloUFFD is set too, and its staging memfd rides as a
+// second descriptor. The agent answers WELCOME (with WelcomeResumed if it
+// took over the journal the previous agent left), then the shim
+// re-announces its regions (REGION_ADD with RegionResumed) and sends
+// RESUME_DONE; the agent serves no fault of the process before that.
+const HelloResume HelloFlags = 1 << 1
 
 // Hello is the shim's first message on a connection.
 type Hello struct {
@@ -83,6 +93,10 @@ func (m *Hello) Decode(body []byte) error {
 		return fmt.Errorf("%w: HELLO page size %d", ErrMalformed, h.PageSize)
 	case h.ForkSerial == 0 && h.Flags&HelloUFFD == 0:
 		return fmt.Errorf("%w: HELLO of a top-level process (fork serial 0) without its uffd", ErrMalformed)
+	case h.Flags&HelloResume != 0 && (h.Flags&HelloUFFD == 0 || h.ForkSerial != 0):
+		return fmt.Errorf("%w: a resuming HELLO carries the uffd, with fork serial 0", ErrMalformed)
+	case h.Flags&^(HelloUFFD|HelloResume) != 0:
+		return fmt.Errorf("%w: HELLO flags %#x", ErrMalformed, uint32(h.Flags))
 	}
 	*m = h
 	return nil
@@ -96,6 +110,12 @@ type WelcomeFlags uint32
 // the child keeps a reference of its own (no silent zeros if the agent
 // dies).
 const WelcomeUFFD WelcomeFlags = 1 << 0
+
+// WelcomeResumed answers a resuming HELLO: the agent took over the
+// journal of the process's previous agent, so its pages in the pool come
+// back. Without it, the agent knows nothing of them: touching a page of
+// the process's regions that is not resident raises SIGBUS (never zeros).
+const WelcomeResumed WelcomeFlags = 1 << 1
 
 // Welcome accepts a HELLO. The staging memfd (StagingSlots pages of the
 // client's page size) rides as SCM_RIGHTS, then the child's uffd if
@@ -168,7 +188,16 @@ type RegionAdd struct {
 	ID    uint64 // unique among the client's live regions
 	Range userfaultfd.Range
 	Kind  Kind
+	Flags RegionFlags
 }
+
+// RegionFlags are bits of RegionAdd.Flags.
+type RegionFlags uint32
+
+// RegionResumed: a region re-announced after a resuming HELLO: it is
+// registered already, and its pages may be resident, in the pool or
+// staged.
+const RegionResumed RegionFlags = 1 << 0
 
 func (*RegionAdd) Type() Type { return TypeRegionAdd }
 
@@ -178,7 +207,7 @@ func (m *RegionAdd) Encode(b []byte, seq uint32) []byte {
 	b = le.AppendUint64(b, uint64(m.Range.Start))
 	b = le.AppendUint64(b, m.Range.Len)
 	b = le.AppendUint32(b, uint32(m.Kind))
-	return le.AppendUint32(b, 0)
+	return le.AppendUint32(b, uint32(m.Flags))
 }
 
 func (m *RegionAdd) Decode(body []byte) error {
@@ -189,6 +218,7 @@ func (m *RegionAdd) Decode(body []byte) error {
 		ID:    le.Uint64(body),
 		Range: userfaultfd.Range{Start: userfaultfd.Addr(le.Uint64(body[8:])), Len: le.Uint64(body[16:])},
 		Kind:  Kind(le.Uint32(body[24:])),
+		Flags: RegionFlags(le.Uint32(body[28:])),
 	}
 	if err := checkRange(TypeRegionAdd, r.Range); err != nil {
 		return err
@@ -196,10 +226,36 @@ func (m *RegionAdd) Decode(body []byte) error {
 	if r.Kind != KindHeap && r.Kind != KindMmap {
 		return fmt.Errorf("%w: REGION_ADD %v", ErrMalformed, r.Kind)
 	}
-	if err := reserved(TypeRegionAdd, "reserved", le.Uint32(body[28:])); err != nil {
-		return err
+	if r.Flags&^RegionResumed != 0 {
+		return fmt.Errorf("%w: REGION_ADD flags %#x", ErrMalformed, uint32(r.Flags))
 	}
 	*m = r
+	return nil
+}
+
+// ResumeDone ends the re-announcement of a resuming process's regions
+// (Regions of them); the agent answers ACK once it serves the process, or
+// ERROR.
+type ResumeDone struct {
+	Regions uint32
+}
+
+func (*ResumeDone) Type() Type { return TypeResumeDone }
+
+func (m *ResumeDone) Encode(b []byte, seq uint32) []byte {
+	b = appendHeader(b, TypeResumeDone, seq, resumeDoneSize)
+	b = le.AppendUint32(b, m.Regions)
+	return le.AppendUint32(b, 0)
+}
+
+func (m *ResumeDone) Decode(body []byte) error {
+	if err := checkLen(TypeResumeDone, body, resumeDoneSize); err != nil {
+		return err
+	}
+	if err := reserved(TypeResumeDone, "reserved", le.Uint32(body[4:])); err != nil {
+		return err
+	}
+	*m = ResumeDone{Regions: le.Uint32(body)}
 	return nil
 }
 

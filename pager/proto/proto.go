@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
+	"time"
 )
 
 // Wire constants (mirrored in preload/proto.h).
@@ -56,6 +58,28 @@ const (
 	DefaultMinAlloc = 1 << 20
 )
 
+// EnvAgentWait is how long a client whose agent went away waits for an
+// agent to resume it (a duration: "60s", or seconds), reconnecting; when
+// a fault of it has waited that long the process gets SIGBUS. Unset:
+// DefaultAgentWait.
+const EnvAgentWait = "RMEM_AGENT_WAIT"
+
+// DefaultAgentWait is EnvAgentWait's default.
+const DefaultAgentWait = 60 * time.Second
+
+// AgentWait returns $RMEM_AGENT_WAIT, or DefaultAgentWait when it is unset
+// or not a positive duration.
+func AgentWait() time.Duration {
+	v := os.Getenv(EnvAgentWait)
+	if d, err := time.ParseDuration(v); err == nil && d > 0 {
+		return d
+	}
+	if n, err := strconv.Atoi(v); err == nil && n > 0 {
+		return time.Duration(n) * time.Second
+	}
+	return DefaultAgentWait
+}
+
 // SocketPath returns the agent socket a client should use: $RMEM_AGENT_SOCK
 // if set, else DefaultSocket.
 func SocketPath() string {
@@ -94,10 +118,11 @@ const (
 	TypeUFFDDevice  Type = 10 // shim → agent, before HELLO: lend me /dev/userfaultfd; reply ACK with the descriptor, or ERROR
 	TypeForkPrepare Type = 11 // shim → agent, before fork(2) without FORK events: copy my pooled pages for the child; reply ACK or ERROR
 	TypeForkDone    Type = 12 // shim → agent, after that fork(2) returned in the parent; no reply
-	typeMax              = TypeForkDone
+	TypeResumeDone  Type = 13 // shim → agent, after a resuming HELLO's REGION_ADDs; reply ACK or ERROR
+	typeMax              = TypeResumeDone
 )
 
-var typeNames = [...]string{"", "HELLO", "WELCOME", "REGION_ADD", "REGION_DEL", "ACK", "ERROR", "EVICT", "EVICTED", "REGION_ZAP", "UFFD_DEVICE", "FORK_PREPARE", "FORK_DONE"}
+var typeNames = [...]string{"", "HELLO", "WELCOME", "REGION_ADD", "REGION_DEL", "ACK", "ERROR", "EVICT", "EVICTED", "REGION_ZAP", "UFFD_DEVICE", "FORK_PREPARE", "FORK_DONE", "RESUME_DONE"}
 
 func (t Type) String() string {
 	if t >= 1 && t <= typeMax {
@@ -186,6 +211,8 @@ func New(t Type) Message {
 		return new(ForkPrepare)
 	case TypeForkDone:
 		return new(ForkDone)
+	case TypeResumeDone:
+		return new(ResumeDone)
 	}
 	return nil
 }
