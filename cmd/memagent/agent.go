@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"os/user"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -118,6 +119,12 @@ does. Needs root. Programs of other users are paged when --allow-user or
 				return err
 			}
 			opts.NodeMem, opts.AdminSocket = uint64(nodeMem), app.String("admin-socket")
+			switch opts.StateDir = app.String("state-dir"); opts.StateDir {
+			case "auto": // one per socket: agents on other sockets are other agents
+				opts.StateDir = opts.Socket + ".state"
+			case "none":
+				opts.StateDir = ""
+			}
 			if opts.AllowUIDs, opts.SocketGroup, err = allowOptions(app); err != nil {
 				return err
 			}
@@ -138,6 +145,7 @@ does. Needs root. Programs of other users are paged when --allow-user or
 	}
 	f := cmd.Flags()
 	agentFlags(f)
+	f.String("state-dir", "auto", "where the agent leaves its lease and its programs' page journal (tmpfs), so that an agent started after it (killed, restarted) resumes them without losing a page; auto: SOCKET.state; none: no restart")
 	poolFlags(f)
 	f.String("local-mem", "512MiB", "resident memory each program may keep")
 	f.String("node-mem", "0", "resident memory all programs together may keep (0: no node-wide limit)")
@@ -293,6 +301,7 @@ func runUffd(ctx context.Context, app *cli.App, args []string) (int, error) {
 		log.Info("using the agent already running", zap.String("socket", socket), zap.Bool("own-local-mem", askBudget))
 	} else {
 		// A private socket, so that this agent never takes over another's.
+		removeStaleRunSockets(filepath.Dir(socket), log)
 		socket = filepath.Join(filepath.Dir(socket), "memagent-run-"+strconv.Itoa(os.Getpid())+".sock")
 		opts.Socket = socket
 		if opts.Pool, err = swapPoolClient(app); err != nil {
@@ -311,6 +320,16 @@ func runUffd(ctx context.Context, app *cli.App, args []string) (int, error) {
 	if askBudget {
 		cmd.Env = append(cmd.Env, proto.EnvLocalMem+"="+strconv.FormatUint(uint64(localMem), 10))
 	}
+	if d != nil {
+		// CMD's pages in the pool live and die with this private agent
+		// (it keeps no journal): if memagent run is killed, CMD is killed
+		// with it rather than left to fault on pages no agent has. The
+		// death signal follows the thread that forked CMD: it stays
+		// locked, waiting, for the whole run.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+	}
 	code, err := catcher.Run(ctx, cmd)
 	if err != nil {
 		return code, err
@@ -324,6 +343,21 @@ func runUffd(ctx context.Context, app *cli.App, args []string) (int, error) {
 		}
 	}
 	return code, nil
+}
+
+// removeStaleRunSockets removes the private sockets of `memagent run`s
+// that are gone (killed: nothing removed theirs).
+func removeStaleRunSockets(dir string, log *zap.Logger) {
+	names, _ := filepath.Glob(filepath.Join(dir, "memagent-run-*.sock"))
+	for _, name := range names {
+		pid, err := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(filepath.Base(name), "memagent-run-"), ".sock"))
+		if err != nil || syscall.Kill(pid, 0) == nil || !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
+			continue
+		}
+		if os.Remove(name) == nil {
+			log.Info("removed the socket of a memagent run that is gone", zap.String("socket", name))
+		}
+	}
 }
 
 // withPreload returns env with shim first in LD_PRELOAD.

@@ -55,7 +55,11 @@ type Options struct {
 	LeaseTTL    time.Duration  // default 30s
 	// FaultTimeout is pager.Options.FaultTimeout (0: its default).
 	FaultTimeout time.Duration
-	Log          *zap.Logger
+	// StateDir is pager.Options.StateDir: with it, the lease and a
+	// journal outlive the agent, and an agent started after it (within
+	// the lease's TTL) takes them over and resumes its programs.
+	StateDir string
+	Log      *zap.Logger
 	// Lock, when set, mlockall's the daemon (DESIGN.md pitfall 4: the agent
 	// must not page itself); a failure is logged, not fatal.
 	Lock bool
@@ -68,11 +72,12 @@ type Daemon struct {
 	Replicas int
 	Registry *prometheus.Registry
 
-	log    *zap.Logger
-	shared bool // serves users besides root: the admin socket is open to them (their own stats)
-	admin  *http.Server
-	adml   net.Listener
-	done   chan error
+	log      *zap.Logger
+	stateDir string
+	shared   bool // serves users besides root: the admin socket is open to them (their own stats)
+	admin    *http.Server
+	adml     net.Listener
+	done     chan error
 }
 
 // Start takes a lease, opens the agent's socket and starts serving.
@@ -100,12 +105,27 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 	}
 	replicas := ChooseReplicas(st.ServersUp, opts.Replicas, log)
 	host, _ := os.Hostname()
+	var adopt pool.LeaseID
+	if opts.StateDir != "" {
+		adopt = pool.LeaseID(pager.PreviousLease(opts.StateDir))
+	}
 	store, err := poolstore.Open(ctx, poolstore.Options{
 		Pool: opts.Pool, Agent: "memagent@" + host, Node: host, PID: os.Getpid(),
-		TTL: opts.LeaseTTL, Replicas: replicas, Network: opts.Network, Log: log.Named("store"),
+		TTL: opts.LeaseTTL, Replicas: replicas, Network: opts.Network, Log: log.Named("store"), Adopt: adopt,
 	})
 	if err != nil {
 		return nil, err
+	}
+	if opts.StateDir != "" {
+		if !store.Adopted() {
+			// The journal of a lease that is gone names slabs no one
+			// holds: the next agent must not resume from it.
+			os.RemoveAll(opts.StateDir)
+		}
+		if err := pager.SaveLease(opts.StateDir, string(store.Lease().ID)); err != nil {
+			store.Close(context.Background())
+			return nil, fmt.Errorf("agentd: state dir: %w", err)
+		}
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -118,7 +138,7 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 	agent, err := pager.New(pager.Options{
 		Socket: opts.Socket, SocketMode: socketMode(opts), AllowUIDs: opts.AllowUIDs, SocketGroup: opts.SocketGroup,
 		Store: store, LocalMem: opts.LocalMem, NodeMem: opts.NodeMem,
-		MinAlloc: opts.MinAlloc, FaultTimeout: opts.FaultTimeout, Log: log.Named("pager"), Registry: reg,
+		MinAlloc: opts.MinAlloc, FaultTimeout: opts.FaultTimeout, StateDir: opts.StateDir, Log: log.Named("pager"), Registry: reg,
 	})
 	if err != nil {
 		store.Close(context.Background())
@@ -128,7 +148,7 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 		p := agent.Pool()
 		return pool.RenewRequest{Used: p.UsedBytes, NoRoom: p.NoRoom != ""}
 	})
-	d := &Daemon{Agent: agent, Store: store, Replicas: replicas, Registry: reg, log: log, done: make(chan error, 1),
+	d := &Daemon{Agent: agent, Store: store, stateDir: opts.StateDir, Replicas: replicas, Registry: reg, log: log, done: make(chan error, 1),
 		shared: len(opts.AllowUIDs) > 0 || opts.SocketGroup != 0}
 	if opts.AdminSocket != "" {
 		if err := d.serveAdmin(opts.AdminSocket); err != nil {
@@ -259,13 +279,25 @@ func (st StatsResponse) Of(uid uint32) StatsResponse {
 // Done is sent the agent's end (nil after Close).
 func (d *Daemon) Done() <-chan error { return d.done }
 
-// Close stops the admin endpoint and the agent and ends the lease. Safe to
-// call once.
+// Close stops the admin endpoint and the agent. With a StateDir and
+// programs still served, it leaves the lease and the journal to the agent
+// started after it (they resume); else it ends the lease. Safe to call
+// once.
 func (d *Daemon) Close() error {
 	if d.admin != nil {
 		d.admin.Close()
 	}
+	live := len(d.Agent.Stats())
 	err := d.Agent.Close()
+	if d.stateDir != "" && live > 0 {
+		d.log.Info("programs still run: their pages and the lease are left to the next agent (it resumes them within the lease's TTL)",
+			zap.Int("programs", live), zap.String("state_dir", d.stateDir))
+		d.Store.Abandon()
+		return err
+	}
+	if d.stateDir != "" {
+		os.RemoveAll(d.stateDir)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if e := d.Store.Close(ctx); e != nil && err == nil {
