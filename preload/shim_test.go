@@ -502,3 +502,23 @@ func TestAtforkHandlersAllocate(t *testing.T) {
 		t.Errorf("stderr %q", p.Stderr.String())
 	}
 }
+
+// TestForkThenUnmap: a region unmapped right after fork() in both
+// processes. The agent must take the FORK event (and copy the regions for
+// the child) before the parent's REGION_DEL: the kernel returns from fork
+// in the parent only once the event is read. The test agent's uffd reader
+// is made slow to hand events over (eventDelay), as a busy machine under
+// GOMAXPROCS=1 once made it, when TestAtforkHandlersAllocate failed with
+// "REGION_DEL of unknown region" (the child's, of a region its copy
+// lacked).
+func TestForkThenUnmap(t *testing.T) {
+	needUFFD(t)
+	a := newTestAgent(t)
+	a.eventDelay.Store(int64(50 * time.Millisecond))
+	p := start(t, a.path, []string{"forkunmap"})
+	p.Expect("ok")
+	p.Wait()
+	if s := a.Stats(p.Pid()); s.ForkEvents != 1 || s.Deletes < 1 {
+		t.Errorf("stats %+v: want a FORK event and the parent's REGION_DEL", s)
+	}
+}
