@@ -52,6 +52,12 @@ type forkedChild struct {
 	regions  []region
 	saved    map[userfaultfd.Addr][]byte
 	resident map[userfaultfd.Addr]bool
+	key      forkKey
+	// The eviction batch out when the FORK event came: the helper may
+	// have dropped those pages before fork(2) copied the page tables, so
+	// the child lacks them too. They come from the staging slots once the
+	// batch's EVICTED arrives, and until then the child's HELLO waits.
+	wait []userfaultfd.Addr
 }
 
 type region struct {
@@ -98,6 +104,7 @@ type agentClient struct {
 	// but the two readers may deliver them in either order.
 	expectRemove map[userfaultfd.Addr]bool
 	forks        uint64
+	forkWait     []*forkedChild // copies waiting for the batch in flight
 	seq          uint32
 	sbuf         []byte
 
@@ -511,6 +518,9 @@ func (c *agentClient) serve() {
 		}
 	}()
 	defer func() {
+		for _, f := range c.forkWait {
+			f.uffd.Close()
+		}
 		close(quit)
 		unix.Write(c.stopfd, []byte{1, 0, 0, 0, 0, 0, 0, 0})
 		c.conn.Close()
@@ -790,20 +800,31 @@ func (c *agentClient) handleEvent(e userfaultfd.Event, ev *eviction) (again bool
 		for k := range c.resident {
 			f.resident[k] = true
 		}
+		f.key = forkKey{c.pid, c.forks}
 		c.smu.Lock()
 		c.stats.ForkEvents++
 		c.smu.Unlock()
-		c.a.mu.Lock()
-		if c.a.closed {
-			child.Close()
+		if ev != nil && len(ev.batch) > 0 {
+			f.wait = slices.Clone(ev.batch)
+			c.forkWait = append(c.forkWait, f)
 		} else {
-			c.a.forks[forkKey{c.pid, c.forks}] = f
+			c.publishFork(f)
 		}
-		c.a.mu.Unlock()
 	default:
 		c.a.t.Errorf("agent: unexpected event %v", e.Kind)
 	}
 	return false
+}
+
+// publishFork leaves f for the child's HELLO.
+func (c *agentClient) publishFork(f *forkedChild) {
+	c.a.mu.Lock()
+	defer c.a.mu.Unlock()
+	if c.a.closed {
+		f.uffd.Close()
+		return
+	}
+	c.a.forks[f.key] = f
 }
 
 func (c *agentClient) startEviction(cmd evictCmd) *eviction {
@@ -822,10 +843,11 @@ func (c *agentClient) nextBatch(ev *eviction) *eviction {
 		for len(ev.pending) > 0 && m.N < testSlots {
 			p := ev.pending[0]
 			ev.pending = ev.pending[1:]
-			if !c.inRegion(p) {
+			if !c.inRegion(p) || !c.resident[p] {
 				// Its region was deleted since the eviction started (the
 				// shim unmaps after our ACK, and refuses an EVICT of
-				// memory no longer in its table with EFAULT).
+				// memory no longer in its table with EFAULT), or its page
+				// was dropped (REGION_ZAP: the allocator purged it).
 				continue
 			}
 			err := c.uffd.WriteProtect(userfaultfd.Range{Start: p, Len: userfaultfd.PageSize})
@@ -881,6 +903,16 @@ func (c *agentClient) finishBatch(m *proto.Evicted, ev *eviction) *eviction {
 	c.smu.Lock()
 	c.stats.Evicted += int(m.Done)
 	c.smu.Unlock()
+	for _, f := range c.forkWait {
+		for i, p := range ev.batch[:m.Done] {
+			if slices.Contains(f.wait, p) {
+				f.saved[p] = slices.Clone(c.stage[i*ps : (i+1)*ps])
+				delete(f.resident, p)
+			}
+		}
+		c.publishFork(f)
+	}
+	c.forkWait = nil
 	for _, p := range ev.batch[m.Done:] {
 		// Not evicted: let writers through again.
 		c.uffd.Unprotect(userfaultfd.Range{Start: p, Len: userfaultfd.PageSize}, 0)
