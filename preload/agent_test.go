@@ -108,8 +108,9 @@ type agentClient struct {
 	seq          uint32
 	sbuf         []byte
 
-	smu   sync.Mutex
-	stats agentStats
+	smu     sync.Mutex
+	stats   agentStats
+	regSnap []region // c.regions as of the last change, for Regions
 }
 
 type evictCmd struct {
@@ -263,6 +264,25 @@ func (a *testAgent) Stats(pid int32) agentStats {
 	return s
 }
 
+// Regions returns pid's regions as the agent has them.
+func (a *testAgent) Regions(pid int32) []region {
+	c, err := a.client(pid)
+	if err != nil {
+		a.t.Errorf("regions: %v", err)
+		return nil
+	}
+	c.smu.Lock()
+	defer c.smu.Unlock()
+	return slices.Clone(c.regSnap)
+}
+
+// publishRegions makes c.regions visible to Regions.
+func (c *agentClient) publishRegions() {
+	c.smu.Lock()
+	c.regSnap = slices.Clone(c.regions)
+	c.smu.Unlock()
+}
+
 func maps(m map[proto.Kind]int) map[proto.Kind]int {
 	out := map[proto.Kind]int{}
 	for k, v := range m {
@@ -338,6 +358,7 @@ func (a *testAgent) routineClient(conn *net.UnixConn) {
 		}
 		c.uffd, c.regions, c.saved, c.resident = f.uffd, f.regions, f.saved, f.resident
 		c.stats.ForkChild = true
+		c.publishRegions()
 	}
 	defer c.uffd.Close()
 	if err := c.setupStaging(); err != nil {
@@ -636,6 +657,7 @@ func (c *agentClient) handleMsg(sm sockMsg, ev *eviction) *eviction {
 		}
 		c.forget(m.Range) // nothing of an earlier region at these addresses holds
 		c.regions = append(c.regions, region{m.ID, m.Range, m.Kind})
+		c.publishRegions()
 		c.smu.Lock()
 		c.stats.Regions[m.Kind]++
 		c.smu.Unlock()
@@ -662,6 +684,7 @@ func (c *agentClient) handleMsg(sm sockMsg, ev *eviction) *eviction {
 			c.a.t.Errorf("agent: REGION_DEL of unknown region %d %v", m.ID, m.Range)
 		}
 		c.regions = out
+		c.publishRegions()
 		c.forget(m.Range)
 		c.smu.Lock()
 		c.stats.Deletes++
