@@ -320,7 +320,7 @@ func TestProtNoneReservation(t *testing.T) {
 	p.Wait()
 	s := a.Stats(p.Pid())
 	t.Logf("stats %+v", s)
-	if s.Regions[proto.KindMmap] != 1 || s.Zaps < 1 || s.Restores < 4096+6144 {
+	if s.Regions[proto.KindMmap] != 1 || s.Zaps < 1 || s.Restores < 3072+6144 {
 		t.Errorf("stats %+v: want one mmap region, a REGION_ZAP for the decommit, every evicted page restored", s)
 	}
 }

@@ -325,9 +325,10 @@ func TestOtherAllocators(t *testing.T) {
 	}
 }
 
-// TestBadCommandsFromAgent: an EVICT naming memory the shim does not have
-// (or a slot beyond the staging area) is refused page by page and the
-// connection goes on; a malformed packet drops the connection, the shim
+// TestBadCommandsFromAgent: an EVICT naming memory the shim does not have,
+// a page that is not resident (copying it would fault, and the fault wait
+// for the agent, which waits for the EVICTED), or a slot beyond the staging
+// area is refused page by page and the connection goes on; a malformed packet drops the connection, the shim
 // says so once, and new allocations use ordinary memory.
 func TestBadCommandsFromAgent(t *testing.T) {
 	needUFFD(t)
@@ -351,6 +352,7 @@ func TestBadCommandsFromAgent(t *testing.T) {
 	}{
 		{"unmapped address", 0x10000, 0, "bad address"},
 		{"beyond the region", region + 2<<20, 0, "bad address"},
+		{"not resident", region + 2<<20 - 4096, 0, "bad address"},
 		{"unaligned", region + 8, 0, "invalid argument"},
 		{"slot beyond staging", region, testSlots, "invalid argument"},
 		{"drop-only entry, unmapped address", 0x10000, proto.NoSlot, "bad address"},
@@ -364,8 +366,9 @@ func TestBadCommandsFromAgent(t *testing.T) {
 			t.Errorf("%s: EVICTED %+v, want 0 done and %q", c.name, m, c.errno)
 		}
 	}
-	// Still connected: a good eviction works.
-	evict(t, a, p.Pid(), 512)
+	// Still connected: a good eviction works (the region's pages but the
+	// dropped one).
+	evict(t, a, p.Pid(), 511)
 
 	bad := (&proto.Ack{Seq: 1}).Encode(nil, 1)
 	bad[0] = 'X'
