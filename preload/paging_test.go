@@ -57,6 +57,23 @@ func progFor(t *testing.T, src string, i int) string {
 	return shimtest.ProgAs(t, src, name, args...)
 }
 
+// python returns Debian's python3 (not a wrapper found first in PATH,
+// such as pyenv's shim script, whose every exec and subprocess is a
+// client of its own under the shim), or skips.
+func python(t *testing.T) string {
+	t.Helper()
+	for _, p := range []string{"/usr/bin/python3"} {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	p, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not installed")
+	}
+	return p
+}
+
 // inRegion reports whether addr lies in one of regs of kind.
 func inRegion(regs []region, addr uint64, kind proto.Kind) bool {
 	for _, r := range regs {
@@ -430,9 +447,7 @@ func TestExec(t *testing.T) {
 // back whole and compared.
 func TestPythonDict(t *testing.T) {
 	needUFFD(t)
-	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("python3 not installed")
-	}
+	py := python(t)
 	a := newTestAgent(t)
 	script := `
 import sys
@@ -444,7 +459,7 @@ assert len(d) == n
 assert all(d[i] == str(i) for i in range(n)), "dict changed"
 print("ok", sum(len(v) for v in d.values()), flush=True)
 `
-	p := start(t, a.path, []string{"python3", "-c", script})
+	p := start(t, a.path, []string{py, "-c", script})
 	p.Expect("ready")
 	n := evict(t, a, p.Pid(), 50000)
 	p.Send("g")

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -211,9 +210,7 @@ func TestRefusedHelloFallsBack(t *testing.T) {
 
 func TestPython(t *testing.T) {
 	needUFFD(t)
-	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("python3 not installed")
-	}
+	py := python(t)
 	a := newTestAgent(t)
 	script := `
 import sys
@@ -236,7 +233,7 @@ assert os.waitpid(pid, 0)[1] == 0, "child failed"
 assert subprocess.run(["true"]).returncode == 0
 print("ok", flush=True)
 `
-	p := start(t, a.path, []string{"python3", "-c", script})
+	p := start(t, a.path, []string{py, "-c", script})
 	p.Expect("ready")
 	evict(t, a, p.Pid(), 16384)
 	p.Send("g")

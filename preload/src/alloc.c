@@ -28,6 +28,8 @@
 #include "rmem.h"
 
 #include <dlfcn.h>
+#include <elf.h>
+#include <link.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,6 +111,23 @@ static void *base_of(void *sym)
 	return sym && dladdr(sym, &di) ? di.dli_fbase : NULL;
 }
 
+/* The object that defines the function at p, as dlsym found it: NULL when
+ * p is no definition but a non-PIE executable's PLT entry for a function
+ * it only uses (its dynamic symbol is undefined with the PLT address as
+ * value, the function's canonical address: /usr/bin/python3 on Debian).
+ * Such an entry calls whatever the lookup order binds, not an allocator
+ * of the executable's own. */
+static void *definer_of(void *p)
+{
+	Dl_info di;
+	const ElfW(Sym) *sym = NULL;
+	if (!p || !dladdr1(p, &di, (void **)&sym, RTLD_DL_SYMENT))
+		return NULL;
+	if (sym && sym->st_shndx == SHN_UNDEF)
+		return NULL;
+	return di.dli_fbase;
+}
+
 /* The symbol name from handle if the object at base defines it. Only
  * names that some object after us defines (libc.so.6 defines all these;
  * with RTLD_DEFAULT we do): dlsym's failure path allocates its error
@@ -156,8 +175,8 @@ static int decide(void)
 	void *me = base_of((void *)decide);
 	void *libc_base = base_of(dlsym(RTLD_NEXT, "gnu_get_libc_version"));
 	LOOKUP(&libc, RTLD_NEXT, libc_base);
-	void *handle = RTLD_DEFAULT, *base = base_of(dlsym(RTLD_DEFAULT, "malloc"));
-	if (base == me) {
+	void *handle = RTLD_DEFAULT, *base = definer_of(dlsym(RTLD_DEFAULT, "malloc"));
+	if (base == me || base == NULL) { /* ours first (or a PLT entry that binds to ours) */
 		handle = RTLD_NEXT;
 		base = base_of(dlsym(RTLD_NEXT, "malloc"));
 	}
