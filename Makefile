@@ -18,14 +18,17 @@ build: shim
 	$(GO) build -o $(BIN)/ ./cmd/...
 
 # The LD_PRELOAD shim, installed beside the binaries (memagent run finds it
-# there). Same flags as preload's tests use.
-SHIM_CC     ?= gcc
-SHIM_CFLAGS := -O2 -fPIC -shared -pthread -fvisibility=hidden -Wall -Wextra -Werror
+# there). preload/build.sh is its one build (preload's tests use it too): it
+# links in jemalloc from libjemalloc-dev's libjemalloc_pic.a, and installs
+# that package with apt-get when it is missing and we are root (else it
+# says which package to install).
+SHIM_CC  ?= gcc
+SHIM_SRC := preload/build.sh preload/proto.h $(wildcard preload/src/*.c preload/src/*.h preload/src/*.syms)
 shim: $(BIN)/librmem.so
 
-$(BIN)/librmem.so: preload/src/rmem.c preload/proto.h
+$(BIN)/librmem.so: $(SHIM_SRC)
 	@mkdir -p $(BIN)
-	$(SHIM_CC) $(SHIM_CFLAGS) -o $@ preload/src/rmem.c -ldl
+	CC=$(SHIM_CC) ./preload/build.sh $@
 
 # The main job, end to end on this host: memd + memagent run on a program
 # using 4x its local-memory budget (scripts/demo.sh).

@@ -36,6 +36,8 @@ type testAgent struct {
 	hellos   int
 	refuse   bool   // answer HELLO with ERROR
 	badHello []byte // answer HELLO with these bytes (no descriptors)
+
+	eventDelay atomic.Int64 // ns the uffd reader sleeps after a FORK event, before the loop may look
 }
 
 type forkKey struct {
@@ -50,6 +52,12 @@ type forkedChild struct {
 	regions  []region
 	saved    map[userfaultfd.Addr][]byte
 	resident map[userfaultfd.Addr]bool
+	key      forkKey
+	// The eviction batch out when the FORK event came: the helper may
+	// have dropped those pages before fork(2) copied the page tables, so
+	// the child lacks them too. They come from the staging slots once the
+	// batch's EVICTED arrives, and until then the child's HELLO waits.
+	wait []userfaultfd.Addr
 }
 
 type region struct {
@@ -80,7 +88,7 @@ type agentClient struct {
 	ppid   int32
 	conn   *net.UnixConn
 	uffd   *userfaultfd.UFFD
-	poller *userfaultfd.Poller
+	stopfd int // eventfd: stops the uffd reader
 	memfd  int
 	stage  []byte
 	done   chan struct{}
@@ -96,11 +104,13 @@ type agentClient struct {
 	// but the two readers may deliver them in either order.
 	expectRemove map[userfaultfd.Addr]bool
 	forks        uint64
+	forkWait     []*forkedChild // copies waiting for the batch in flight
 	seq          uint32
 	sbuf         []byte
 
-	smu   sync.Mutex
-	stats agentStats
+	smu     sync.Mutex
+	stats   agentStats
+	regSnap []region // c.regions as of the last change, for Regions
 }
 
 type evictCmd struct {
@@ -254,6 +264,25 @@ func (a *testAgent) Stats(pid int32) agentStats {
 	return s
 }
 
+// Regions returns pid's regions as the agent has them.
+func (a *testAgent) Regions(pid int32) []region {
+	c, err := a.client(pid)
+	if err != nil {
+		a.t.Errorf("regions: %v", err)
+		return nil
+	}
+	c.smu.Lock()
+	defer c.smu.Unlock()
+	return slices.Clone(c.regSnap)
+}
+
+// publishRegions makes c.regions visible to Regions.
+func (c *agentClient) publishRegions() {
+	c.smu.Lock()
+	c.regSnap = slices.Clone(c.regions)
+	c.smu.Unlock()
+}
+
 func maps(m map[proto.Kind]int) map[proto.Kind]int {
 	out := map[proto.Kind]int{}
 	for k, v := range m {
@@ -329,6 +358,7 @@ func (a *testAgent) routineClient(conn *net.UnixConn) {
 		}
 		c.uffd, c.regions, c.saved, c.resident = f.uffd, f.regions, f.saved, f.resident
 		c.stats.ForkChild = true
+		c.publishRegions()
 	}
 	defer c.uffd.Close()
 	if err := c.setupStaging(); err != nil {
@@ -347,12 +377,12 @@ func (a *testAgent) routineClient(conn *net.UnixConn) {
 		a.t.Errorf("agent: WELCOME: %v", err)
 		return
 	}
-	c.poller, err = userfaultfd.NewPoller(c.uffd)
+	c.stopfd, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
 		a.t.Errorf("agent: %v", err)
 		return
 	}
-	defer c.poller.Close()
+	defer unix.Close(c.stopfd)
 	a.mu.Lock()
 	if a.closed {
 		a.mu.Unlock()
@@ -421,12 +451,21 @@ type sockMsg struct {
 // REGION_DEL must come after the FORK copied the regions for the child).
 // readSeq counts the event batches the uffd reader has read, handled those
 // the loop has handled: before a socket message, the loop handles the
-// batches read so far.
+// batches read so far. The reader reads and counts under readMu, and the
+// loop takes readMu to look at the count: a read the kernel has done is
+// counted by then. (Counted after the read, without the lock, the loop
+// could take a REGION_DEL the parent sent right after fork() returned
+// before the FORK event, whose reader had not counted it yet: the child's
+// copy of the regions then lacked the region, and the child's own
+// REGION_DEL of it was "of unknown region" (TestAtforkHandlersAllocate,
+// once, under GOMAXPROCS=1 on a busy machine; TestForkThenUnmap makes the
+// reader that slow).)
 func (c *agentClient) serve() {
 	msgs := make(chan sockMsg)
 	events := make(chan []userfaultfd.Event)
 	quit := make(chan struct{})
 	var readSeq atomic.Uint64
+	var readMu sync.Mutex
 	handled := uint64(0)
 	var wg sync.WaitGroup
 	wg.Add(2)
@@ -455,11 +494,16 @@ func (c *agentClient) serve() {
 		defer wg.Done()
 		raw := make([]userfaultfd.Msg, 64)
 		for {
-			n, err := c.poller.Wait(raw)
-			if err != nil {
+			fds := []unix.PollFd{{Fd: int32(c.uffd.Fd()), Events: unix.POLLIN}, {Fd: int32(c.stopfd), Events: unix.POLLIN}}
+			if _, err := unix.Poll(fds, -1); err != nil && err != unix.EINTR {
+				c.a.t.Errorf("agent: poll: %v", err)
 				return
 			}
-			readSeq.Add(1)
+			if fds[1].Revents != 0 || fds[0].Revents&(unix.POLLERR|unix.POLLHUP|unix.POLLNVAL) != 0 {
+				return
+			}
+			readMu.Lock()
+			n, err := c.uffd.ReadEvents(raw)
 			evs := make([]userfaultfd.Event, 0, n)
 			for i := range n {
 				ev, err := raw[i].Decode()
@@ -468,6 +512,19 @@ func (c *agentClient) serve() {
 					continue
 				}
 				evs = append(evs, ev)
+				if d := c.a.eventDelay.Load(); d > 0 && ev.Kind == userfaultfd.EventFork {
+					time.Sleep(time.Duration(d)) // a reader slow to publish a FORK (TestForkThenUnmap)
+				}
+			}
+			if err == nil && n > 0 {
+				readSeq.Add(1)
+			}
+			readMu.Unlock()
+			if err == unix.EAGAIN || (err == nil && n == 0) {
+				continue
+			}
+			if err != nil {
+				return
 			}
 			select {
 			case events <- evs:
@@ -482,8 +539,11 @@ func (c *agentClient) serve() {
 		}
 	}()
 	defer func() {
+		for _, f := range c.forkWait {
+			f.uffd.Close()
+		}
 		close(quit)
-		c.poller.Stop()
+		unix.Write(c.stopfd, []byte{1, 0, 0, 0, 0, 0, 0, 0})
 		c.conn.Close()
 		wg.Wait()
 	}()
@@ -515,7 +575,10 @@ func (c *agentClient) serve() {
 				}
 				return
 			}
-			for handled < readSeq.Load() {
+			readMu.Lock()
+			read := readSeq.Load()
+			readMu.Unlock()
+			for handled < read {
 				evs := <-events
 				handled++
 				for _, e := range evs {
@@ -594,6 +657,7 @@ func (c *agentClient) handleMsg(sm sockMsg, ev *eviction) *eviction {
 		}
 		c.forget(m.Range) // nothing of an earlier region at these addresses holds
 		c.regions = append(c.regions, region{m.ID, m.Range, m.Kind})
+		c.publishRegions()
 		c.smu.Lock()
 		c.stats.Regions[m.Kind]++
 		c.smu.Unlock()
@@ -620,6 +684,7 @@ func (c *agentClient) handleMsg(sm sockMsg, ev *eviction) *eviction {
 			c.a.t.Errorf("agent: REGION_DEL of unknown region %d %v", m.ID, m.Range)
 		}
 		c.regions = out
+		c.publishRegions()
 		c.forget(m.Range)
 		c.smu.Lock()
 		c.stats.Deletes++
@@ -758,20 +823,31 @@ func (c *agentClient) handleEvent(e userfaultfd.Event, ev *eviction) (again bool
 		for k := range c.resident {
 			f.resident[k] = true
 		}
+		f.key = forkKey{c.pid, c.forks}
 		c.smu.Lock()
 		c.stats.ForkEvents++
 		c.smu.Unlock()
-		c.a.mu.Lock()
-		if c.a.closed {
-			child.Close()
+		if ev != nil && len(ev.batch) > 0 {
+			f.wait = slices.Clone(ev.batch)
+			c.forkWait = append(c.forkWait, f)
 		} else {
-			c.a.forks[forkKey{c.pid, c.forks}] = f
+			c.publishFork(f)
 		}
-		c.a.mu.Unlock()
 	default:
 		c.a.t.Errorf("agent: unexpected event %v", e.Kind)
 	}
 	return false
+}
+
+// publishFork leaves f for the child's HELLO.
+func (c *agentClient) publishFork(f *forkedChild) {
+	c.a.mu.Lock()
+	defer c.a.mu.Unlock()
+	if c.a.closed {
+		f.uffd.Close()
+		return
+	}
+	c.a.forks[f.key] = f
 }
 
 func (c *agentClient) startEviction(cmd evictCmd) *eviction {
@@ -790,10 +866,11 @@ func (c *agentClient) nextBatch(ev *eviction) *eviction {
 		for len(ev.pending) > 0 && m.N < testSlots {
 			p := ev.pending[0]
 			ev.pending = ev.pending[1:]
-			if !c.inRegion(p) {
+			if !c.inRegion(p) || !c.resident[p] {
 				// Its region was deleted since the eviction started (the
 				// shim unmaps after our ACK, and refuses an EVICT of
-				// memory no longer in its table with EFAULT).
+				// memory no longer in its table with EFAULT), or its page
+				// was dropped (REGION_ZAP: the allocator purged it).
 				continue
 			}
 			err := c.uffd.WriteProtect(userfaultfd.Range{Start: p, Len: userfaultfd.PageSize})
@@ -849,6 +926,16 @@ func (c *agentClient) finishBatch(m *proto.Evicted, ev *eviction) *eviction {
 	c.smu.Lock()
 	c.stats.Evicted += int(m.Done)
 	c.smu.Unlock()
+	for _, f := range c.forkWait {
+		for i, p := range ev.batch[:m.Done] {
+			if slices.Contains(f.wait, p) {
+				f.saved[p] = slices.Clone(c.stage[i*ps : (i+1)*ps])
+				delete(f.resident, p)
+			}
+		}
+		c.publishFork(f)
+	}
+	c.forkWait = nil
 	for _, p := range ev.batch[m.Done:] {
 		// Not evicted: let writers through again.
 		c.uffd.Unprotect(userfaultfd.Range{Start: p, Len: userfaultfd.PageSize}, 0)

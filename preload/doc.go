@@ -1,34 +1,47 @@
-// Package preload holds librmem.so, rmem's LD_PRELOAD shim (rmem.c, the
-// C mirror of the protocol in proto.h), and the Go tests that build it
-// with gcc and run C programs and python3 under it against a small test
-// agent. `make` builds bin/librmem.so; `memagent run` preloads it.
+// Package preload holds librmem.so, rmem's LD_PRELOAD shim (src/: one
+// internal header, rmem.h, with the lock order, and a file per concern;
+// proto.h is the C mirror of pager/proto), and the Go tests that build it
+// with build.sh and run C programs, python3 and redis-server under it
+// against a small test agent. `make` builds bin/librmem.so; `memagent run`
+// preloads it. build.sh is the only build: it links the jemalloc of
+// Debian's libjemalloc_pic.a (package libjemalloc-dev) into the shim,
+// renamed and hidden.
 //
-// What the shim does: allocations of at least min-alloc bytes (the
-// RMEM_MIN_ALLOC environment variable, else the agent's WELCOME, else
-// 1 MiB) made with malloc, calloc, realloc, reallocarray, posix_memalign,
-// aligned_alloc, memalign, valloc, pvalloc, or as private read/write
-// anonymous mmaps, become their own mappings registered MISSING|WP with
-// the process's userfaultfd and announced to memagent (REGION_ADD, then
-// the memory is returned). Smaller ones go to glibc. A helper thread
+// What the shim does: it pages the process's memory through the agent.
+// Memory becomes regions, registered MISSING|WP with the process's
+// userfaultfd and announced to memagent (REGION_ADD); a helper thread
 // serves the agent's EVICT commands (copy to the staging memfd, then
 // MADV_DONTNEED, inside the process: private-memory semantics hold, also
 // across fork). With no agent the shim says so once on stderr and uses
-// ordinary memory.
+// ordinary memory. How malloc is paged depends on a mode, decided once per
+// process at its first call into the shim:
 //
-// What it is NOT: an allocator (glibc keeps small blocks; a large block is
-// a whole mapping), a pager (the agent decides what to fetch and evict),
-// nor a way to page shared, file-backed, MAP_FIXED, MAP_POPULATE, locked
-// or PROT_NONE mappings: those pass through untouched (rmem.c says why).
+//   - glibc mode: the program's malloc is the shim's and the next one is
+//     glibc's. The shim is then the process's allocator: every
+//     allocation, of any size, comes from the embedded jemalloc, whose
+//     memory lives in one reserved range (1 TiB of address space, no
+//     memory) whose 64 MiB segments in use are regions (kind heap). So
+//     small allocations are paged too. A pointer in that range goes back
+//     to jemalloc, any other to glibc (the shim's own allocations, and
+//     those made inside a fork, come from glibc).
+//   - foreign mode: another allocator is the program's (jemalloc, tcmalloc
+//     or mimalloc linked after the shim, as redis-server links jemalloc;
+//     or one in the executable). Every malloc-family call the shim
+//     exports goes to it, those it lacks are built on those it has, and
+//     its memory is paged where it arrives, through mmap or sbrk.
 //
-// Other allocators: one linked statically into the program, or preloaded
-// in front of the shim (jemalloc), keeps its malloc and gets its chunks
-// from mmap, which the shim pages (their munmap trims and MADV_DONTNEED
-// work). tcmalloc ships its own mmap wrapper: in front of the shim its
-// chunks never reach the shim (nothing is paged, the program works);
-// behind it the shim's malloc wins. When another malloc is in front, the
-// helper thread is created by the shim's constructor (creating a thread
-// allocates, which would deadlock inside that allocator's mmap), and mmaps
-// made before the constructor ran stay ordinary memory.
+// In both modes private anonymous mmaps of min-alloc bytes (the
+// RMEM_MIN_ALLOC environment variable, else the agent's WELCOME, else
+// 64 KiB) up to 64 GiB, of any protection (PROT_NONE reservations too),
+// and sbrk'd heaps of that size, become regions (kind mmap); MAP_FIXED
+// mappings over a region keep the memory in it (REGION_ZAP: the contents
+// are gone), munmap is REGION_DEL, madvise(MADV_DONTNEED or MADV_FREE) is
+// REGION_ZAP and then MADV_DONTNEED, MADV_HUGEPAGE is ignored there.
+//
+// What it is NOT: a pager (the agent decides what to fetch and evict),
+// nor a way to page shared, file-backed, MAP_POPULATE, MAP_LOCKED or
+// huge-page mappings: those pass through untouched. It is not a choice
+// of allocator either: a program linked with another allocator keeps it.
 //
 // # Deadlocks
 //
@@ -36,38 +49,58 @@
 // them waits for the agent. The shim keeps its own reference to its
 // userfaultfd, so if the agent dies those accesses block (never read as
 // zeros), and so does fork() of a process that holds regions (the kernel
-// waits for the agent to read the FORK event). New allocations after the
-// agent is lost use ordinary memory.
+// waits for the agent to read the FORK event). New memory after the agent
+// is lost is ordinary memory. Regions are unregistered before they are
+// unmapped or mapped over, so that munmap never waits for an agent
+// reading an UNMAP event.
 //
 // Inside the process: the helper thread is the only reader of the agent
 // socket; program threads make one request at a time (req_mu) and the
 // helper hands them their reply. The helper holds the region table lock
 // while it copies and drops victims, so a region cannot be unmapped under
-// it. The shim asks for no REMOVE events (each would block the helper's
-// MADV_DONTNEED until the agent read it); the program's own dropping
-// madvise calls reach the agent as REGION_ZAP before the kernel drops the
-// pages (docs/pager.md).
+// it, and it touches no memory that could fault then: it checks that its
+// victims are resident (mincore) and reads mprotect-ed ones through
+// /proc/self/mem. Allocators call the shim's mmap, munmap and madvise
+// holding their own locks, so nothing on those paths (nor on the connect
+// and handshake path they may take) allocates, and the helper thread is
+// created by the constructor, never on an allocation path (creating a
+// thread allocates). A fork takes the allocators' locks before the
+// shim's: the shim's atfork handlers are registered at its first call,
+// before the allocators that call it register theirs, so that its prepare
+// handler runs after theirs (and it calls the embedded jemalloc's
+// handlers itself); the lock order is in src/rmem.h.
 //
 // fork() is wrapped, and forks inside the C library (daemon()'s) are
-// caught by atfork handlers: either holds the shim's locks across the real
-// fork, so the region set is frozen while other libraries' atfork handlers
-// run (their big allocations go to glibc, their unmaps of regions wait
-// until fork returns) and the FORK event, the fork serial and the child
-// agree.
+// caught by the same atfork handlers: they hold the shim's locks across
+// fork(2), so the region set is frozen while the handlers of libraries
+// registered before the shim run (their allocations come from glibc,
+// their frees and unmaps of the heap wait until fork returns) and the
+// FORK event, the fork serial and the child agree. The wrapper adds the
+// child's pid or the failure to FORK_DONE, which an atfork handler cannot
+// know.
 //
 // # Known limits
 //
-// Growing a region with realloc or mremap copies it (page faults served by
-// the agent), it is not moved by the kernel. A fork that fails after the
-// kernel raised its FORK event (a pids-cgroup limit) is not counted, and
-// the serials of later children are then off by one (the shim warns on
-// stderr when a fork fails in a process holding regions); so is a fork
-// inside the C library (glibc's daemon()), seen by atfork handlers, which
-// cannot tell a failed fork. A child made past fork(3) and its atfork
-// handlers (_Fork(), a raw clone) does not inherit the regions: they are
-// MADV_DONTFORK except across the forks the shim sees, so touching one in
-// such a child raises SIGSEGV (never zeros), and no FORK event is raised
-// whose serial the shim would not count. The child notices at its first
-// call into the shim that it is not the process that connected, reserves
-// the regions' addresses inaccessible and uses ordinary memory.
+// Growing a region with mremap copies it (page faults served by the
+// agent), it is not moved by the kernel; a region with pages mprotect-ed
+// or mapped without read and write access is not moved (ENOMEM). A fork
+// that fails after the kernel raised its FORK event (a pids-cgroup limit)
+// is not counted, and the serials of later children are then off by one
+// (the shim warns on stderr when a fork fails in a process holding
+// regions); so is a fork inside the C library (glibc's daemon()), seen by
+// atfork handlers, which cannot tell a failed fork. A child made past
+// fork(3) and its atfork handlers (_Fork(), a raw clone) does not inherit
+// the regions: they are MADV_DONTFORK except across the forks the shim
+// sees, so touching one in such a child raises SIGSEGV (never zeros), and
+// no FORK event is raised whose serial the shim would not count. The
+// child notices at its first call into the shim, reserves the regions'
+// addresses inaccessible and uses ordinary memory; in glibc mode its heap
+// is gone with its regions, and its allocations come from glibc. tcmalloc
+// preloaded in front of the shim brings its own mmap and sbrk: nothing it
+// maps reaches the shim. An allocator whose atfork handlers were
+// registered before the shim's first call can deadlock a fork against a
+// thread inside its mmap. Pages an allocator touched before the agent was
+// connected (before the constructor) stay resident outside the agent's
+// view. The embedded jemalloc reads RMEM_MALLOC_CONF, not MALLOC_CONF, and
+// has no heap profiler.
 package preload

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -77,21 +76,26 @@ func TestAllocationsEvictedAndRestored(t *testing.T) {
 	a := newTestAgent(t)
 	p := start(t, a.path, []string{"alloc"})
 	p.Expect("ready")
-	// 8+8+4+4+2+2+2 MiB of the malloc family, 6+3+2 of realloc, 1+8 of mmap.
-	n := evict(t, a, p.Pid(), 40*256)
+	// 8+8+4+4+2+2+2 MiB of the malloc family, 6+3+2 of realloc, 1+1+8 of
+	// mmap, all checked after the eviction: 12,032 pages at least come
+	// back from the agent. The heap's other pages (jemalloc's metadata,
+	// freed blocks) are evicted too, and need not be read again.
+	n := evict(t, a, p.Pid(), 47*256)
 	p.Send("g")
 	p.Expect("ok")
 	p.Wait()
 	s := a.Stats(p.Pid())
 	t.Logf("evicted %d pages; stats %+v", n, s)
-	if s.Restores < n {
-		t.Errorf("%d pages restored from the agent, want all %d evicted", s.Restores, n)
+	if s.Restores < 47*256 {
+		t.Errorf("%d pages restored from the agent, want the %d the program checks", s.Restores, 47*256)
 	}
-	if s.Regions[proto.KindHeap] < 10 || s.Regions[proto.KindMmap] < 2 {
-		t.Errorf("regions by kind %v: want >= 10 heap and >= 2 mmap", s.Regions)
+	// The heap's chunks (jemalloc's) and alloc's two mmaps; the mmaps'
+	// munmaps of a head, a hole, mremap's source and tail, their ends.
+	if s.Regions[proto.KindHeap] < 1 || s.Regions[proto.KindMmap] < 2 {
+		t.Errorf("regions by kind %v: want heap and >= 2 mmap", s.Regions)
 	}
-	if s.Deletes < 10 {
-		t.Errorf("%d REGION_DELs, want >= 10", s.Deletes)
+	if s.Deletes < 6 || s.Zaps < 1 {
+		t.Errorf("%d REGION_DELs and %d REGION_ZAPs, want >= 6 and >= 1 (MAP_FIXED over a region)", s.Deletes, s.Zaps)
 	}
 	if strings.Contains(p.Stderr.String(), "rmem:") {
 		t.Errorf("shim complained: %s", p.Stderr.String())
@@ -108,8 +112,8 @@ func TestAllocatorChunks(t *testing.T) {
 	p.Expect("ok")
 	p.Wait()
 	s := a.Stats(p.Pid())
-	if s.Regions[proto.KindMmap] != 4 || s.Zaps < 2 || s.RemoveEvts != 0 {
-		t.Errorf("stats %+v: want 4 mmap regions, REGION_ZAPs for both madvise calls and no REMOVE event", s)
+	if s.Regions[proto.KindMmap] != 4 || s.Zaps < 4 || s.RemoveEvts != 0 {
+		t.Errorf("stats %+v: want 4 mmap regions, REGION_ZAPs for the four MADV_DONTNEED and MADV_FREE calls and no REMOVE event", s)
 	}
 }
 
@@ -206,9 +210,7 @@ func TestRefusedHelloFallsBack(t *testing.T) {
 
 func TestPython(t *testing.T) {
 	needUFFD(t)
-	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("python3 not installed")
-	}
+	py := python(t)
 	a := newTestAgent(t)
 	script := `
 import sys
@@ -231,7 +233,7 @@ assert os.waitpid(pid, 0)[1] == 0, "child failed"
 assert subprocess.run(["true"]).returncode == 0
 print("ok", flush=True)
 `
-	p := start(t, a.path, []string{"python3", "-c", script})
+	p := start(t, a.path, []string{py, "-c", script})
 	p.Expect("ready")
 	evict(t, a, p.Pid(), 16384)
 	p.Send("g")
@@ -242,46 +244,49 @@ print("ok", flush=True)
 	}
 }
 
+// TestMinAllocFromEnv: the threshold concerns direct mmaps only (malloc
+// is paged whole, in heap regions): with 64 MiB, alloc's 12 MiB mmap is
+// ordinary memory while its heap is still paged.
 func TestMinAllocFromEnv(t *testing.T) {
 	needUFFD(t)
 	a := newTestAgent(t)
-	// With a 64 MiB threshold, none of alloc's blocks is paged, but its
-	// mmap of 12 MiB neither: no region at all, and no HELLO either.
 	p := start(t, a.path, []string{"alloc"}, proto.EnvMinAlloc+"=64MiB")
 	p.Expect("ready")
 	p.Send("g")
 	p.Expect("ok")
 	p.Wait()
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.hellos != 0 {
-		t.Fatalf("%d HELLOs with RMEM_MIN_ALLOC=64MiB, want 0", a.hellos)
+	if s := a.Stats(p.Pid()); s.Regions[proto.KindMmap] != 0 || s.Regions[proto.KindHeap] == 0 {
+		t.Fatalf("regions %v with RMEM_MIN_ALLOC=64MiB, want heap ones only", s.Regions)
 	}
 }
 
-// TestOtherAllocators runs programs with jemalloc or tcmalloc preloaded
-// beside the shim. jemalloc in front (as if linked statically): its malloc
-// wins, its chunks come from mmap, which the shim pages. tcmalloc brings
-// its own mmap wrapper: in front, its chunks never reach the shim (the
-// program works, nothing is paged); behind, the shim's malloc wins.
+// TestOtherAllocators runs blocks (24 blocks of 2.5 MiB) with jemalloc,
+// tcmalloc or mimalloc preloaded beside the shim. Either way the shim is
+// in foreign mode: the allocator's malloc serves every call (the shim's,
+// behind it, forwards to it), its memory comes from mmap (or sbrk), which
+// the shim pages: mmap regions only. tcmalloc brings its own mmap and
+// sbrk: in front of the shim its memory never reaches the shim (the
+// program works, nothing is paged).
 func TestOtherAllocators(t *testing.T) {
 	needUFFD(t)
 	const libdir = "/usr/lib/x86_64-linux-gnu"
 	cases := []struct {
 		name, lib string
 		front     bool
-		kind      proto.Kind // 0: nothing paged
+		paged     bool
 	}{
-		{"jemalloc in front", "libjemalloc.so.2", true, proto.KindMmap},
-		{"jemalloc behind", "libjemalloc.so.2", false, proto.KindHeap},
-		{"tcmalloc in front", "libtcmalloc_minimal.so.4", true, 0},
-		{"tcmalloc behind", "libtcmalloc_minimal.so.4", false, proto.KindHeap},
+		{"jemalloc in front", "libjemalloc.so.2", true, true},
+		{"jemalloc behind", "libjemalloc.so.2", false, true},
+		{"tcmalloc in front", "libtcmalloc_minimal.so.4", true, false},
+		{"tcmalloc behind", "libtcmalloc_minimal.so.4", false, true},
+		{"mimalloc in front", "libmimalloc.so.2", true, true},
+		{"mimalloc behind", "libmimalloc.so.2", false, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			lib := filepath.Join(libdir, c.lib)
 			if _, err := os.Stat(lib); err != nil {
-				t.Skipf("%s is not installed (Debian: libjemalloc2, libtcmalloc-minimal4)", lib)
+				t.Skipf("%s is not installed (Debian: libjemalloc2, libtcmalloc-minimal4, libmimalloc2.0)", lib)
 			}
 			a := newTestAgent(t)
 			shim := filepath.Join(build(t), "librmem.so")
@@ -292,13 +297,13 @@ func TestOtherAllocators(t *testing.T) {
 			p := start(t, a.path, []string{"blocks"}, "LD_PRELOAD="+preload)
 			p.Expect("ready")
 			n := 0
-			if c.kind != 0 {
+			if c.paged {
 				n = evict(t, a, p.Pid(), 24*640/2)
 			}
 			p.Send("g")
 			p.Expect("ok")
 			p.Wait()
-			if c.kind == 0 {
+			if !c.paged {
 				a.mu.Lock()
 				defer a.mu.Unlock()
 				if a.hellos != 0 {
@@ -309,23 +314,18 @@ func TestOtherAllocators(t *testing.T) {
 			s := a.Stats(p.Pid())
 			t.Logf("evicted %d pages; stats %+v", n, s)
 			// The program reads back every page of its blocks (and checks
-			// them). An allocator in front also has chunk pages outside the
-			// blocks that it may purge (REMOVE) instead of reading again, so
-			// there only the blocks' pages must come back.
-			want := n
-			if c.front {
-				want = min(n, 24*640)
-			}
-			if s.Regions[c.kind] == 0 || len(s.Regions) != 1 || s.Restores < want {
-				t.Errorf("stats %+v: want %v regions only, all evicted pages restored", s, c.kind)
+			// them); the allocator's other pages need not come back.
+			if s.Regions[proto.KindMmap] == 0 || len(s.Regions) != 1 || s.Restores < min(n, 24*640) {
+				t.Errorf("stats %+v: want mmap regions only, the blocks' evicted pages restored", s)
 			}
 		})
 	}
 }
 
-// TestBadCommandsFromAgent: an EVICT naming memory the shim does not have
-// (or a slot beyond the staging area) is refused page by page and the
-// connection goes on; a malformed packet drops the connection, the shim
+// TestBadCommandsFromAgent: an EVICT naming memory the shim does not have,
+// a page that is not resident (copying it would fault, and the fault wait
+// for the agent, which waits for the EVICTED), or a slot beyond the staging
+// area is refused page by page and the connection goes on; a malformed packet drops the connection, the shim
 // says so once, and new allocations use ordinary memory.
 func TestBadCommandsFromAgent(t *testing.T) {
 	needUFFD(t)
@@ -349,6 +349,7 @@ func TestBadCommandsFromAgent(t *testing.T) {
 	}{
 		{"unmapped address", 0x10000, 0, "bad address"},
 		{"beyond the region", region + 2<<20, 0, "bad address"},
+		{"not resident", region + 2<<20 - 4096, 0, "bad address"},
 		{"unaligned", region + 8, 0, "invalid argument"},
 		{"slot beyond staging", region, testSlots, "invalid argument"},
 		{"drop-only entry, unmapped address", 0x10000, proto.NoSlot, "bad address"},
@@ -362,8 +363,9 @@ func TestBadCommandsFromAgent(t *testing.T) {
 			t.Errorf("%s: EVICTED %+v, want 0 done and %q", c.name, m, c.errno)
 		}
 	}
-	// Still connected: a good eviction works.
-	evict(t, a, p.Pid(), 512)
+	// Still connected: a good eviction works (the region's pages but the
+	// dropped one).
+	evict(t, a, p.Pid(), 511)
 
 	bad := (&proto.Ack{Seq: 1}).Encode(nil, 1)
 	bad[0] = 'X'
@@ -428,10 +430,10 @@ func TestForkInsideLibc(t *testing.T) {
 	if strings.Contains(p.Stderr.String(), "rmem:") {
 		t.Errorf("stderr %q, want nothing from the shim", p.Stderr.String())
 	}
-	if s := a.Stats(p.Pid()); s.Regions[proto.KindHeap] != 1 {
-		t.Errorf("parent's regions %v, want 1", s.Regions)
+	if s := a.Stats(p.Pid()); s.Regions[proto.KindMmap] != 1 {
+		t.Errorf("parent's regions %v, want 1 mmap region", s.Regions)
 	}
-	if s := a.Stats(child); !s.ForkChild || s.Regions[proto.KindHeap] != 1 || s.Deletes != 1 {
+	if s := a.Stats(child); !s.ForkChild || s.Regions[proto.KindMmap] != 1 || s.Deletes != 1 {
 		t.Errorf("child's stats %+v, want a forked child that added and deleted its 4 MiB region", s)
 	}
 }
@@ -500,5 +502,25 @@ func TestAtforkHandlersAllocate(t *testing.T) {
 	}
 	if p.Stderr.String() != "" {
 		t.Errorf("stderr %q", p.Stderr.String())
+	}
+}
+
+// TestForkThenUnmap: a region unmapped right after fork() in both
+// processes. The agent must take the FORK event (and copy the regions for
+// the child) before the parent's REGION_DEL: the kernel returns from fork
+// in the parent only once the event is read. The test agent's uffd reader
+// is made slow to hand events over (eventDelay), as a busy machine under
+// GOMAXPROCS=1 once made it, when TestAtforkHandlersAllocate failed with
+// "REGION_DEL of unknown region" (the child's, of a region its copy
+// lacked).
+func TestForkThenUnmap(t *testing.T) {
+	needUFFD(t)
+	a := newTestAgent(t)
+	a.eventDelay.Store(int64(50 * time.Millisecond))
+	p := start(t, a.path, []string{"forkunmap"})
+	p.Expect("ok")
+	p.Wait()
+	if s := a.Stats(p.Pid()); s.ForkEvents != 1 || s.Deletes < 1 {
+		t.Errorf("stats %+v: want a FORK event and the parent's REGION_DEL", s)
 	}
 }

@@ -52,10 +52,12 @@ const (
 	// EnvMinAlloc sets the shim's threshold (bytes, or with a K/M/G,
 	// KiB/MiB/GiB suffix); it wins over WELCOME's MinAlloc.
 	EnvMinAlloc = "RMEM_MIN_ALLOC"
-	// DefaultMinAlloc is the shim's threshold when neither RMEM_MIN_ALLOC
-	// nor the agent says otherwise (see preload/src/rmem.c for the
-	// measurement behind it).
-	DefaultMinAlloc = 1 << 20
+	// DefaultMinAlloc is the shim's threshold for direct mmaps (and sbrk)
+	// when neither RMEM_MIN_ALLOC nor the agent says otherwise: 64 KiB,
+	// the pieces allocators that map their own memory map. It does not
+	// concern malloc, which the shim pages whole in glibc mode (see
+	// preload/src/rmem.h).
+	DefaultMinAlloc = 64 << 10
 )
 
 // EnvAgentWait is how long a client whose agent went away waits for an

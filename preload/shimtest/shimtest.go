@@ -1,6 +1,7 @@
-// Package shimtest builds the LD_PRELOAD shim (preload/src/rmem.c) and C
-// test programs with gcc, and runs programs under the shim, for the tests
-// of preload and of the packages that serve it (pager).
+// Package shimtest builds the LD_PRELOAD shim (with preload/build.sh, the
+// build every other one uses) and C test programs with gcc, and runs
+// programs under the shim, for the tests of preload and of the packages
+// that serve it (pager).
 //
 // It is for tests only: it compiles into a temporary directory once per
 // test binary and fails or skips the calling test on any problem.
@@ -25,9 +26,6 @@ import (
 
 	"rmem/pager/proto"
 )
-
-// CFlags are the shim's compiler flags (the Makefile uses the same).
-var CFlags = []string{"-O2", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror"}
 
 // preloadDir is the preload directory, found from this file.
 func preloadDir() string {
@@ -56,9 +54,7 @@ func Build(t testing.TB) string {
 			return
 		}
 		src := preloadDir()
-		args := append(append([]string{}, CFlags...), "-o", filepath.Join(buildDir, "librmem.so"), filepath.Join(src, "src", "rmem.c"), "-ldl")
-		if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("gcc librmem.so: %v\n%s", err, out)
+		if buildErr = BuildShim(filepath.Join(buildDir, "librmem.so")); buildErr != nil {
 			return
 		}
 		progs, _ := filepath.Glob(filepath.Join(src, "testdata", "*.c"))
@@ -75,6 +71,15 @@ func Build(t testing.TB) string {
 	return buildDir
 }
 
+// BuildShim builds librmem.so at out with preload/build.sh.
+func BuildShim(out string) error {
+	cmd := exec.Command("/bin/sh", filepath.Join(preloadDir(), "build.sh"), out)
+	if o, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("preload/build.sh: %v\n%s", err, o)
+	}
+	return nil
+}
+
 // RemoveBuild removes what Build compiled; call it from TestMain after
 // the tests ran.
 func RemoveBuild() {
@@ -85,13 +90,36 @@ func RemoveBuild() {
 
 // compile builds the test program src into the build directory.
 func compile(src string) error {
-	bin := filepath.Join(buildDir, strings.TrimSuffix(filepath.Base(src), ".c"))
-	out, err := exec.Command("gcc", "-O2", "-Wall", "-Wextra", "-Werror", "-pthread",
-		"-I", filepath.Join(preloadDir(), "testdata"), "-o", bin, src).CombinedOutput()
+	return compileAs(src, strings.TrimSuffix(filepath.Base(src), ".c"))
+}
+
+// compileAs builds src into the build directory as name, with extra gcc
+// arguments after the source (libraries to link, -shared).
+func compileAs(src, name string, extra ...string) error {
+	args := []string{"-O2", "-Wall", "-Wextra", "-Werror", "-pthread",
+		"-I", filepath.Join(preloadDir(), "testdata"), "-o", filepath.Join(buildDir, name), src}
+	out, err := exec.Command("gcc", append(args, extra...)...).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("gcc %s: %v\n%s", src, err, out)
 	}
 	return nil
+}
+
+// ProgAs compiles preload/testdata's program src (a path there; lib/
+// holds the ones Build leaves to their tests: libraries, and programs
+// linked with them) into
+// the build directory as name, with extra gcc arguments after the source
+// (a library to link, such as /usr/lib/x86_64-linux-gnu/libjemalloc.so.2,
+// or -shared -fPIC for a library to dlopen), and returns name for Start.
+func ProgAs(t testing.TB, src, name string, extra ...string) string {
+	t.Helper()
+	Build(t)
+	progMu.Lock()
+	defer progMu.Unlock()
+	if err := compileAs(filepath.Join(preloadDir(), "testdata", src), name, extra...); err != nil {
+		t.Fatal(err)
+	}
+	return name
 }
 
 // Prog compiles another package's test program src (which may include

@@ -1,6 +1,8 @@
 /* An allocator that maps its own chunks, as jemalloc and tcmalloc do:
  * over-map, trim to 4 MiB alignment with munmap, hand out pieces, give
- * pages back with MADV_DONTNEED, before and after they were evicted. */
+ * pages back with MADV_DONTNEED and MADV_FREE (which the shim does as
+ * MADV_DONTNEED: they read as zeros at once), before and after they were
+ * evicted; ask for huge pages (ignored on paged memory). */
 #include "common.h"
 #include <sys/mman.h>
 
@@ -19,6 +21,24 @@ static char *chunk_alloc(void)
 	return (char *)a;
 }
 
+/* The words [off, off+n) of a chunk filled whole with seed's pattern. */
+static int check_at(const char *base, size_t off, size_t n, uint64_t seed)
+{
+	const uint64_t *w = (const uint64_t *)(base + off);
+	for (size_t i = 0; i < n / 8; i++)
+		if (w[i] != seed * 0x9e3779b97f4a7c15ull + off / 8 + i)
+			return 0;
+	return 1;
+}
+
+static int zeros(const char *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (p[i])
+			return 0;
+	return 1;
+}
+
 int main(void)
 {
 	char *c[4];
@@ -31,22 +51,30 @@ int main(void)
 		die("madvise");
 	say("ready\n");
 	wait_go();
-	/* The agent evicted the pages: give back the last quarter of chunk 2,
-	 * which is in the pool now. It must read as zeros too, not as the
-	 * evicted contents. */
+	/* The agent evicted the pages: give back the last quarter of chunk 2
+	 * and the first half of chunk 3, which are in the pool now. They must
+	 * read as zeros too, not as the evicted contents. */
 	if (madvise(c[2] + 3 * CHUNK / 4, CHUNK / 4, MADV_DONTNEED))
 		die("madvise of evicted pages");
-	for (int i = 0; i < 4; i++) {
-		size_t n = i == 1 ? CHUNK / 2 : i == 2 ? 3 * CHUNK / 4 : CHUNK;
-		if (!check(c[i], n, 20 + i))
-			die("chunk contents after eviction");
-	}
-	for (size_t i = CHUNK / 2; i < CHUNK; i++)
-		if (c[1][i])
-			die("MADV_DONTNEED pages are not zero");
-	for (size_t i = 3 * CHUNK / 4; i < CHUNK; i++)
-		if (c[2][i])
-			die("MADV_DONTNEED of evicted pages: not zero");
+	if (madvise(c[3], CHUNK / 2, MADV_FREE))
+		die("madvise MADV_FREE of evicted pages");
+	/* And the second quarter of chunk 0, resident again. */
+	if (!check(c[0], CHUNK, 20) || madvise(c[0] + CHUNK / 4, CHUNK / 4, MADV_FREE))
+		die("madvise MADV_FREE");
+	if (madvise(c[1], CHUNK, MADV_HUGEPAGE))
+		die("madvise MADV_HUGEPAGE");
+	if (!check_at(c[0], 0, CHUNK / 4, 20) || !check_at(c[0], CHUNK / 2, CHUNK / 2, 20) ||
+	    !check_at(c[1], 0, CHUNK / 2, 21) || !check_at(c[2], 0, 3 * CHUNK / 4, 22) ||
+	    !check_at(c[3], CHUNK / 2, CHUNK / 2, 23))
+		die("chunk contents after eviction");
+	if (!zeros(c[1] + CHUNK / 2, CHUNK / 2))
+		die("MADV_DONTNEED pages are not zero");
+	if (!zeros(c[2] + 3 * CHUNK / 4, CHUNK / 4))
+		die("MADV_DONTNEED of evicted pages: not zero");
+	if (!zeros(c[3], CHUNK / 2))
+		die("MADV_FREE of evicted pages: not zero");
+	if (!zeros(c[0] + CHUNK / 4, CHUNK / 4))
+		die("MADV_FREE pages are not zero");
 	for (int i = 0; i < 4; i++)
 		munmap(c[i], CHUNK);
 	say("ok\n");

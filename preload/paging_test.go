@@ -1,0 +1,502 @@
+package preload
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"rmem/pager/proto"
+	"rmem/preload/shimtest"
+	"rmem/userfaultfd"
+)
+
+const libdir = "/usr/lib/x86_64-linux-gnu"
+
+// needLib skips unless the shared library name is installed.
+func needLib(t *testing.T, name, pkg string) string {
+	t.Helper()
+	lib := filepath.Join(libdir, name)
+	if _, err := os.Stat(lib); err != nil {
+		t.Skipf("%s is not installed (Debian: %s)", lib, pkg)
+	}
+	return lib
+}
+
+// allocators are the builds of a test program against each allocator:
+// glibc's (the shim is the allocator, glibc mode) and three others
+// (foreign mode), linked as programs link them (DT_NEEDED, after the shim
+// in the lookup order).
+var allocators = []struct {
+	name, lib, pkg string
+	flags          []string
+}{
+	{"glibc", "", "", nil},
+	{"jemalloc", "libjemalloc.so.2", "libjemalloc2, libjemalloc-dev", []string{"-DJEMALLOC"}},
+	{"tcmalloc", "libtcmalloc_minimal.so.4", "libtcmalloc-minimal4", nil},
+	{"mimalloc", "libmimalloc.so.2", "libmimalloc2.0", nil},
+}
+
+// progFor builds testdata/src linked with allocator i, and returns its name.
+func progFor(t *testing.T, src string, i int) string {
+	t.Helper()
+	a := allocators[i]
+	name := strings.TrimSuffix(src, ".c") + "-" + a.name
+	args := slices.Clone(a.flags)
+	if a.lib != "" {
+		args = append(args, needLib(t, a.lib, a.pkg))
+	}
+	return shimtest.ProgAs(t, src, name, args...)
+}
+
+// python returns Debian's python3 (not a wrapper found first in PATH,
+// such as pyenv's shim script, whose every exec and subprocess is a
+// client of its own under the shim), or skips.
+func python(t *testing.T) string {
+	t.Helper()
+	for _, p := range []string{"/usr/bin/python3"} {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	p, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not installed")
+	}
+	return p
+}
+
+// inRegion reports whether addr lies in one of regs of kind.
+func inRegion(regs []region, addr uint64, kind proto.Kind) bool {
+	for _, r := range regs {
+		if r.kind == kind && r.r.Contains(userfaultfd.Addr(addr)) {
+			return true
+		}
+	}
+	return false
+}
+
+// parseAddrs reads the hex addresses of a line "addrs 0x... 0x...".
+func parseAddrs(t *testing.T, line string) []uint64 {
+	t.Helper()
+	var out []uint64
+	for _, f := range strings.Fields(strings.TrimPrefix(line, "addrs ")) {
+		v, err := strconv.ParseUint(strings.TrimPrefix(f, "0x"), 16, 64)
+		if err != nil {
+			t.Fatalf("bad address %q in %q", f, line)
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+// TestAllocators runs allocs (the malloc family's corners, then 192
+// blocks of 1 MiB and 2,000,000 of 56 bytes) linked with glibc, jemalloc,
+// tcmalloc and mimalloc, with no agent and under the test agent, which
+// evicts everything before the program checks it all. glibc mode pages the
+// heap itself (heap regions only, small blocks in them); the others page
+// the allocator's mmaps (mmap regions only). The jemalloc build calls
+// malloc_usable_size, sallocx and sdallocx on memory from malloc and
+// strdup: redis-server's calls, which crashed at start with the old shim
+// (its malloc won over jemalloc's and handed out glibc's blocks).
+func TestAllocators(t *testing.T) {
+	for i, al := range allocators {
+		t.Run(al.name, func(t *testing.T) {
+			prog := progFor(t, "allocs.c", i)
+			t.Run("no agent", func(t *testing.T) {
+				p := start(t, filepath.Join(t.TempDir(), "none.sock"), []string{prog})
+				p.Expect("addrs")
+				p.Expect("ready")
+				p.Send("g")
+				p.Expect("ok")
+				p.Wait()
+			})
+			t.Run("agent", func(t *testing.T) {
+				needUFFD(t)
+				a := newTestAgent(t)
+				p := start(t, a.path, []string{prog})
+				addrs := parseAddrs(t, p.Expect("addrs"))
+				p.Expect("ready")
+				const data = 192*256 + 2000000*56/4096 // pages holding what the program checks
+				n := evict(t, a, p.Pid(), data)
+				regs := a.Regions(p.Pid())
+				p.Send("g")
+				p.Expect("ok")
+				p.Wait()
+				s := a.Stats(p.Pid())
+				t.Logf("evicted %d pages; stats %+v", n, s)
+				if s.Restores < data {
+					t.Errorf("%d pages restored, want the %d that hold what the program checked", s.Restores, data)
+				}
+				if al.lib == "" {
+					if len(s.Regions) != 1 || s.Regions[proto.KindHeap] == 0 {
+						t.Errorf("regions %v: want heap regions only", s.Regions)
+					}
+					for _, addr := range addrs {
+						if !inRegion(regs, addr, proto.KindHeap) {
+							t.Errorf("block %#x is in no heap region %v", addr, regs)
+						}
+					}
+				} else if len(s.Regions) != 1 || s.Regions[proto.KindMmap] == 0 {
+					t.Errorf("regions %v: want mmap regions only (foreign mode)", s.Regions)
+				}
+				if strings.Contains(p.Stderr.String(), "rmem:") {
+					t.Errorf("shim complained: %s", p.Stderr.String())
+				}
+			})
+		})
+	}
+}
+
+// TestRedisServer runs Debian's redis-server (linked with
+// libjemalloc.so.2) under the shim: with no agent it used to die of
+// SIGSEGV at start; under the test agent it keeps 20,000 keys exactly
+// across an eviction of everything, and a BGSAVE forks and writes them.
+func TestRedisServer(t *testing.T) {
+	redis, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Skip("redis-server is not installed (Debian: redis-server)")
+	}
+	build(t)
+	for _, agent := range []bool{false, true} {
+		t.Run(map[bool]string{false: "no agent", true: "agent"}[agent], func(t *testing.T) {
+			sock := filepath.Join(t.TempDir(), "none.sock")
+			var a *testAgent
+			if agent {
+				needUFFD(t)
+				a = newTestAgent(t)
+				sock = a.path
+			}
+			dir := t.TempDir()
+			rsock := filepath.Join(dir, "redis.sock")
+			p := start(t, sock, []string{redis, "--port", "0", "--unixsocket", rsock, "--save", "",
+				"--appendonly", "no", "--dir", dir, "--daemonize", "no", "--logfile", ""})
+			for l := p.Expect(""); !strings.Contains(l, "ready to accept connections"); l = p.Expect("") {
+			}
+			c, err := net.Dial("unix", rsock)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			rd := bufio.NewReader(c)
+			cmd := func(args ...string) string {
+				t.Helper()
+				var b strings.Builder
+				fmt.Fprintf(&b, "*%d\r\n", len(args))
+				for _, a := range args {
+					fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+				}
+				if _, err := c.Write([]byte(b.String())); err != nil {
+					t.Fatal(err)
+				}
+				l, err := rd.ReadString('\n')
+				if err != nil {
+					t.Fatalf("%v: %v; stderr:\n%s", args, err, p.Stderr.String())
+				}
+				if strings.HasPrefix(l, "$") && l != "$-1\r\n" {
+					n, _ := strconv.Atoi(strings.TrimSpace(l[1:]))
+					buf := make([]byte, n+2)
+					if _, err := io.ReadFull(rd, buf); err != nil {
+						t.Fatal(err)
+					}
+					return string(buf[:n])
+				}
+				return strings.TrimSpace(l)
+			}
+			const keys = 20000
+			val := func(i int) string { return strings.Repeat(strconv.Itoa(i), 1+i%40) }
+			for i := range keys {
+				if r := cmd("SET", "k"+strconv.Itoa(i), val(i)); r != "+OK" {
+					t.Fatalf("SET: %q", r)
+				}
+			}
+			if agent {
+				evict(t, a, p.Pid(), 1000)
+			}
+			for i := range keys {
+				if r := cmd("GET", "k"+strconv.Itoa(i)); r != val(i) {
+					t.Fatalf("GET k%d: %q, want %q", i, r, val(i))
+				}
+			}
+			if r := cmd("BGSAVE"); !strings.HasPrefix(r, "+Background saving started") {
+				t.Fatalf("BGSAVE: %q", r)
+			}
+			deadline := time.Now().Add(30 * time.Second)
+			for !strings.Contains(cmd("INFO", "persistence"), "rdb_bgsave_in_progress:0") {
+				if time.Now().After(deadline) {
+					t.Fatal("BGSAVE did not finish")
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if st, err := os.Stat(filepath.Join(dir, "dump.rdb")); err != nil || st.Size() < keys*3 {
+				t.Fatalf("dump.rdb: %v %v", st, err)
+			}
+			c.Write([]byte("*2\r\n$8\r\nSHUTDOWN\r\n$6\r\nNOSAVE\r\n")) // no reply: it exits
+			p.Wait()
+			if agent {
+				s := a.Stats(p.Pid())
+				t.Logf("stats %+v", s)
+				if s.Restores == 0 || s.Regions[proto.KindMmap] == 0 || s.ForkEvents != 1 {
+					t.Errorf("stats %+v: want jemalloc's memory in mmap regions, pages restored, one FORK event", s)
+				}
+			}
+			if strings.Contains(p.Stderr.String(), "rmem: ") && agent {
+				t.Errorf("shim complained: %s", p.Stderr.String())
+			}
+		})
+	}
+}
+
+// TestGlibcPointersGoBackToGlibc: in glibc mode, blocks glibc's malloc
+// made (here from __libc_malloc; in real programs the shim's own and those
+// made during a fork) reach the shim's free, realloc and
+// malloc_usable_size and go back to glibc, and libc's allocations for the
+// program (threads' TLS, dlerror, stdio, getline) work.
+func TestGlibcPointersGoBackToGlibc(t *testing.T) {
+	build(t)
+	t.Run("no agent", func(t *testing.T) {
+		p := start(t, filepath.Join(t.TempDir(), "none.sock"), []string{"ownership"})
+		p.Expect("ok")
+		p.Wait()
+	})
+	t.Run("agent", func(t *testing.T) {
+		needUFFD(t)
+		a := newTestAgent(t)
+		p := start(t, a.path, []string{"ownership"})
+		p.Expect("ok")
+		p.Wait()
+	})
+}
+
+// TestForkHandlersBeforeTheShim: a library whose atfork handlers were
+// registered before the shim's (libearly.c) runs them inside the shim's
+// fork window, where the embedded jemalloc's locks are held: their
+// allocations come from glibc (outside the heap), their frees of the heap's
+// blocks wait for the handlers, and the program later reallocs and frees
+// those blocks; none of it may deadlock.
+func TestForkHandlersBeforeTheShim(t *testing.T) {
+	dir := build(t)
+	shimtest.ProgAs(t, "lib/libearly.c", "libearly.so", "-shared", "-fPIC")
+	prog := shimtest.ProgAs(t, "lib/early.c", "early", filepath.Join(dir, "libearly.so"), "-Wl,-rpath,"+dir)
+	for _, agent := range []bool{false, true} {
+		t.Run(map[bool]string{false: "no agent", true: "agent"}[agent], func(t *testing.T) {
+			sock := filepath.Join(t.TempDir(), "none.sock")
+			var a *testAgent
+			if agent {
+				needUFFD(t)
+				a = newTestAgent(t)
+				sock = a.path
+			}
+			p := start(t, sock, []string{prog})
+			p.Expect("child ok")
+			addrs := parseAddrs(t, p.Expect("addrs"))
+			var regs []region
+			if agent {
+				regs = a.Regions(p.Pid())
+			}
+			p.Expect("parent ok")
+			p.Wait()
+			if agent {
+				if inRegion(regs, addrs[0], proto.KindHeap) || !inRegion(regs, addrs[1], proto.KindHeap) {
+					t.Errorf("the prepare handler's block %#x should be glibc's and the program's %#x the heap's: %v",
+						addrs[0], addrs[1], regs)
+				}
+			}
+		})
+	}
+}
+
+// TestProtNoneReservation: a 64 MiB PROT_NONE reservation is a region;
+// pieces mprotect-ed read/write are paged (the registration survives
+// mprotect); a mimalloc-style decommit (MAP_FIXED PROT_NONE over 4 MiB of
+// it) keeps them in the region and they read as zeros when committed
+// again, never as their evicted contents; a resident piece made PROT_NONE
+// is evicted without killing the program (the helper reads it through
+// /proc/self/mem); and mremap of the region is refused.
+func TestProtNoneReservation(t *testing.T) {
+	needUFFD(t)
+	a := newTestAgent(t)
+	p := start(t, a.path, []string{"protnone"})
+	p.Expect("ready")
+	evict(t, a, p.Pid(), 4096) // the 16 MiB committed
+	p.Send("g")
+	p.Expect("ready2")
+	// All 24 MiB resident now: [4, 8) recommitted and refilled (paged
+	// only if registered again), [8, 9) PROT_NONE.
+	evict(t, a, p.Pid(), 6144)
+	p.Send("g")
+	p.Expect("ok")
+	p.Wait()
+	s := a.Stats(p.Pid())
+	t.Logf("stats %+v", s)
+	if s.Regions[proto.KindMmap] != 1 || s.Zaps < 1 || s.Restores < 3072+6144 {
+		t.Errorf("stats %+v: want one mmap region, a REGION_ZAP for the decommit, every evicted page restored", s)
+	}
+}
+
+// TestMinAllocDefault: direct mmaps of 64 KiB (the default min-alloc) and
+// more become regions, smaller ones, shared ones and ones over the 64 GiB
+// cap do not.
+func TestMinAllocDefault(t *testing.T) {
+	needUFFD(t)
+	a := newTestAgent(t)
+	p := start(t, a.path, []string{"mapsizes"})
+	p.Expect("ok")
+	p.Wait()
+	if s := a.Stats(p.Pid()); s.Regions[proto.KindMmap] != 2 {
+		t.Errorf("regions %v: want 2 mmap regions (64 KiB and 1 MiB)", s.Regions)
+	}
+	if proto.DefaultMinAlloc != 64<<10 {
+		t.Errorf("pager/proto.DefaultMinAlloc %d, the shim's default is 64 KiB", proto.DefaultMinAlloc)
+	}
+}
+
+// TestForkWhileAllocating forks 40 times while 3 threads allocate and
+// free small and big blocks (the allocator maps, purges and unmaps, the
+// shim talks to the agent for it) and the agent evicts: with the shim's
+// heap (glibc mode) and with jemalloc and tcmalloc linked (foreign mode).
+// A fork that took the shim's locks before the allocator's would deadlock
+// against a thread inside the allocator waiting for the shim.
+func TestForkWhileAllocating(t *testing.T) {
+	needUFFD(t)
+	for i, al := range allocators[:3] {
+		t.Run(al.name, func(t *testing.T) {
+			prog := progFor(t, "forkstress.c", i)
+			a := newTestAgent(t)
+			p := start(t, a.path, []string{prog})
+			done := make(chan string, 1)
+			go func() {
+				l, ok := <-p.Lines
+				if !ok {
+					l = "EOF"
+				}
+				done <- l
+			}()
+			evictions := 0
+			deadline := time.After(90 * time.Second)
+			for {
+				select {
+				case l := <-done:
+					if l != "ok" {
+						t.Fatalf("program said %q; stderr:\n%s", l, p.Stderr.String())
+					}
+					p.Wait()
+					t.Logf("%d pages evicted while forking; stats %+v", evictions, a.Stats(p.Pid()))
+					return
+				case <-time.After(20 * time.Millisecond):
+					if n, err := a.Evict(p.Pid()); err == nil {
+						evictions += n
+					}
+				case <-deadline:
+					t.Fatalf("no \"ok\" after 90 s (a deadlock?); stderr:\n%s", p.Stderr.String())
+				}
+			}
+		})
+	}
+}
+
+// TestDlopen: a library loaded by dlopen allocates in its constructor and
+// registers atfork handlers; the program frees its memory (also after
+// dlclose) and forks with and without its handlers; libm loads too.
+func TestDlopen(t *testing.T) {
+	dir := build(t)
+	shimtest.ProgAs(t, "lib/libplug.c", "libplug.so", "-shared", "-fPIC")
+	for _, agent := range []bool{false, true} {
+		t.Run(map[bool]string{false: "no agent", true: "agent"}[agent], func(t *testing.T) {
+			sock := filepath.Join(t.TempDir(), "none.sock")
+			if agent {
+				needUFFD(t)
+				sock = newTestAgent(t).path
+			}
+			p := start(t, sock, []string{"dlopen", filepath.Join(dir, "libplug.so")})
+			p.Expect("ok")
+			p.Wait()
+		})
+	}
+}
+
+// TestExec: an image exec'd by a shimmed process is a new client of its
+// own (its uffd was close-on-exec), with a heap of its own.
+func TestExec(t *testing.T) {
+	needUFFD(t)
+	a := newTestAgent(t)
+	p := start(t, a.path, []string{"exec"})
+	p.Expect("ready")
+	evict(t, a, p.Pid(), 1000)
+	p.Send("g")
+	p.Expect("child ok")
+	p.Wait()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.hellos != 2 {
+		t.Errorf("%d HELLOs, want 2 (the program and the image it exec'd)", a.hellos)
+	}
+}
+
+// TestPythonDict pages CPython building a dict of 3,000,000 small
+// objects: its obmalloc arenas (1 MiB mmaps) are mmap regions, its big
+// tables come from the heap; every page is evicted, then the dict is read
+// back whole and compared.
+func TestPythonDict(t *testing.T) {
+	needUFFD(t)
+	py := python(t)
+	a := newTestAgent(t)
+	script := `
+import sys
+n = 3_000_000
+d = {i: str(i) for i in range(n)}
+print("ready", flush=True)
+sys.stdin.read(1)
+assert len(d) == n
+assert all(d[i] == str(i) for i in range(n)), "dict changed"
+print("ok", sum(len(v) for v in d.values()), flush=True)
+`
+	p := start(t, a.path, []string{py, "-c", script})
+	p.Expect("ready")
+	n := evict(t, a, p.Pid(), 50000)
+	p.Send("g")
+	want := 0
+	for i := range 3000000 {
+		want += len(strconv.Itoa(i))
+	}
+	if l := p.Expect("ok"); l != "ok "+strconv.Itoa(want) {
+		t.Errorf("python said %q, want ok %d", l, want)
+	}
+	p.Wait()
+	s := a.Stats(p.Pid())
+	t.Logf("evicted %d pages; stats %+v", n, s)
+	if s.Regions[proto.KindMmap] < 100 || s.Regions[proto.KindHeap] == 0 || s.Restores < 50000 {
+		t.Errorf("stats %+v: want obmalloc's arenas as mmap regions, heap regions, the dict's pages restored", s)
+	}
+}
+
+// TestExports: librmem.so exports the shim's own functions and nothing
+// else (the embedded jemalloc's symbols are hidden).
+func TestExports(t *testing.T) {
+	dir := build(t)
+	out, err := exec.Command("nm", "-D", "--defined-only", filepath.Join(dir, "librmem.so")).Output()
+	if err != nil {
+		t.Skipf("nm: %v", err)
+	}
+	var got []string
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if f := strings.Fields(l); len(f) == 3 {
+			got = append(got, f[2])
+		}
+	}
+	slices.Sort(got)
+	want := []string{"aligned_alloc", "calloc", "cfree", "fork", "free", "madvise", "malloc", "malloc_usable_size",
+		"memalign", "mmap", "mmap64", "mprotect", "mremap", "munmap", "posix_memalign", "pvalloc", "realloc",
+		"reallocarray", "sbrk", "valloc"}
+	if !slices.Equal(got, want) {
+		t.Errorf("librmem.so exports %v, want %v", got, want)
+	}
+}

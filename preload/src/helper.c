@@ -1,0 +1,191 @@
+/* The helper thread: the only reader of the agent socket. It hands the
+ * program threads their replies and serves EVICT: copy each dirty victim
+ * to its staging slot, then MADV_DONTNEED the victims, inside the process
+ * (private-memory semantics hold, also across fork).
+ *
+ * It is created by our constructor, in every mode, and again in a forked
+ * child by fork.c: creating a thread allocates (glibc callocs the new
+ * thread's TLS vector through the malloc in front), which would deadlock
+ * inside another allocator's mmap call (jemalloc holds its locks there).
+ * It waits on g_conn_sem for a connection. */
+#include "rmem.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+sem_t g_conn_sem;
+int g_helper_exists;
+
+/* Whether each victim is resident (mincore, one call per run of
+ * neighbours): a victim that is not (an agent that takes a dropped page for
+ * resident) would fault in the copy below, and the fault waits for the
+ * agent, which waits for this batch. */
+static void resident(const struct rmem_evict *ev, unsigned char *in)
+{
+	uint32_t i = 0;
+	while (i < ev->n) {
+		uintptr_t start = (uintptr_t)ev->pages[i].addr;
+		uint32_t j = i + 1;
+		while (j < ev->n && (uintptr_t)ev->pages[j].addr == start + (j - i) * g_page)
+			j++;
+		if ((start & (g_page - 1)) || mincore((void *)start, (j - i) * g_page, in + i) != 0)
+			memset(in + i, 0, j - i);
+		for (uint32_t k = i; k < j; k++)
+			in[k] &= 1;
+		i = j;
+	}
+}
+
+/* Copies the victims into their staging slots and drops them. Runs under
+ * table_mu so that no region goes away meanwhile (and an EVICT naming
+ * memory we do not have is refused, not followed). A victim of a region
+ * that may have inaccessible pages (R_UNREADABLE: mprotect-ed) is read
+ * through /proc/self/mem, which reads such pages without a signal:
+ * reading one directly would kill the process. */
+static void evict(const struct rmem_evict *ev, struct rmem_evicted *out)
+{
+	uint32_t done = 0;
+	int err = 0;
+	unsigned char in[RMEM_MAX_EVICT_BATCH];
+	pthread_mutex_lock(&table_mu);
+	resident(ev, in);
+	for (; done < ev->n; done++) {
+		uintptr_t a = (uintptr_t)ev->pages[done].addr;
+		uint32_t s = ev->pages[done].slot;
+		if ((a & (g_page - 1)) || (s >= g_slots && s != RMEM_NO_SLOT)) {
+			err = EINVAL;
+			break;
+		}
+		int i = table_covers_locked(a, g_page);
+		if (i < 0) {
+			err = EFAULT;
+			break;
+		}
+		if (s == RMEM_NO_SLOT)
+			continue;
+		if (!in[done]) {
+			err = EFAULT; /* copying it would fault, and wait for the agent waiting for us */
+			break;
+		}
+		char *dst = g_staging + (size_t)s * g_page;
+		if (!(g_regions[i].flags & R_UNREADABLE)) {
+			memcpy(dst, (void *)a, g_page);
+		} else if (g_mem_fd < 0 || pread(g_mem_fd, dst, g_page, (off_t)a) != (ssize_t)g_page) {
+			err = EFAULT; /* the agent keeps the page resident */
+			break;
+		}
+	}
+	/* Drop the pages, one madvise per run of neighbours (the agent sorts
+	 * its victims). No REMOVE event: the shim does not ask for them. */
+	uint32_t i = 0;
+	while (i < done) {
+		uintptr_t start = (uintptr_t)ev->pages[i].addr;
+		uint32_t j = i + 1;
+		while (j < done && (uintptr_t)ev->pages[j].addr == start + (j - i) * g_page)
+			j++;
+		if (raw_madvise((void *)start, (j - i) * g_page, MADV_DONTNEED) != 0) {
+			err = errno;
+			done = i;
+			break;
+		}
+		i = j;
+	}
+	pthread_mutex_unlock(&table_mu);
+	out->batch = ev->batch;
+	out->done = done;
+	out->err = done < ev->n ? (uint32_t)err : 0;
+}
+
+/* Serves one connection until it ends. It must not allocate through the
+ * shim (in_shim stays set) and runs with every signal blocked so that the
+ * program's handlers never run on it. */
+static void serve(int sock)
+{
+	static union {
+		char buf[RMEM_MAX_PACKET];
+		uint64_t align;
+	} pkt;
+	for (;;) {
+		struct rmem_hdr h;
+		int n = recv_packet(sock, pkt.buf, &h, NULL, NULL);
+		if (n < 0) {
+			lost_agent(n == -EPROTO ? EPROTO : -n);
+			return;
+		}
+		const char *body = pkt.buf + sizeof h;
+		switch (h.type) {
+		case RMEM_ACK:
+			if (n != sizeof(struct rmem_ack))
+				goto bad;
+			deliver_reply(((const struct rmem_ack *)body)->seq, 0);
+			break;
+		case RMEM_ERROR: {
+			if (n < 8)
+				goto bad;
+			struct rmem_error e;
+			memcpy(&e, body, 8);
+			deliver_reply(e.seq, e.err ? (int)e.err : EIO);
+			break;
+		}
+		case RMEM_EVICT: {
+			struct rmem_evict ev;
+			if (n < 16)
+				goto bad;
+			memcpy(&ev, body, 16);
+			if (ev.n == 0 || ev.n > RMEM_MAX_EVICT_BATCH || (size_t)n != 16 + ev.n * sizeof ev.pages[0])
+				goto bad;
+			memcpy(ev.pages, body + 16, ev.n * sizeof ev.pages[0]);
+			struct rmem_evicted out;
+			evict(&ev, &out);
+			int err = send_packet(RMEM_EVICTED, 0, &out, sizeof out, -1);
+			if (err) {
+				lost_agent(-err);
+				return;
+			}
+			break;
+		}
+		default:
+			goto bad;
+		}
+		continue;
+	bad:
+		lost_agent(EPROTO);
+		shutdown(sock, SHUT_RDWR);
+		return;
+	}
+}
+
+static void *helper_main(void *arg)
+{
+	(void)arg;
+	in_shim = 1;
+	for (;;) {
+		while (sem_wait(&g_conn_sem) != 0)
+			;
+		serve(g_sock);
+	}
+	return NULL;
+}
+
+/* Starts the helper thread. Returns 0 or an errno. */
+int start_helper(void)
+{
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	pthread_attr_t attr;
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	pthread_attr_setstacksize(&attr, 256 << 10);
+	pthread_t t;
+	int err = pthread_create(&t, &attr, helper_main, NULL);
+	pthread_attr_destroy(&attr);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (!err)
+		g_helper_exists = 1;
+	return err;
+}

@@ -1,0 +1,120 @@
+/* Configuration, messages and raw system calls: nothing here allocates. */
+#include "rmem.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+size_t g_page = 4096;
+size_t g_min_alloc = DEFAULT_MIN_ALLOC;
+int g_min_from_env;
+uint64_t g_local_mem; /* RMEM_LOCAL_MEM; 0: the agent's budget */
+char g_sock_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+pid_t (*real_fork)(void);
+void *(*real_sbrk)(intptr_t);
+
+/* One line on stderr, the pieces concatenated (NULL ends them). */
+void say(const char *first, ...)
+{
+	char buf[512];
+	size_t n = 0;
+	va_list ap;
+	va_start(ap, first);
+	for (const char *s = first; s; s = va_arg(ap, const char *))
+		for (; *s && n < sizeof buf - 1; s++)
+			buf[n++] = *s;
+	va_end(ap);
+	buf[n++] = '\n';
+	ssize_t w = write(2, buf, n);
+	(void)w;
+}
+
+/* strerror without its allocation: glibc's strerror may translate the
+ * message through gettext, which allocates (and so may re-enter an
+ * allocator whose mmap we are serving). */
+const char *errstr(int err)
+{
+	const char *s = strerrordesc_np(err);
+	return s ? s : "unknown error";
+}
+
+void *raw_mmap(void *a, size_t len, int prot, int flags, int fd, off_t off)
+{
+	return (void *)syscall(SYS_mmap, a, len, prot, flags, fd, off);
+}
+
+int raw_munmap(void *a, size_t len) { return (int)syscall(SYS_munmap, a, len); }
+int raw_madvise(void *a, size_t len, int advice) { return (int)syscall(SYS_madvise, a, len, advice); }
+int raw_mprotect(void *a, size_t len, int prot) { return (int)syscall(SYS_mprotect, a, len, prot); }
+
+size_t parse_size(const char *s, int *ok)
+{
+	char *end;
+	errno = 0;
+	unsigned long long v = strtoull(s, &end, 10);
+	*ok = 0;
+	if (errno || end == s)
+		return 0;
+	unsigned long long mul = 1;
+	switch (*end) {
+	case 'k': case 'K': mul = 1ull << 10; end++; break;
+	case 'm': case 'M': mul = 1ull << 20; end++; break;
+	case 'g': case 'G': mul = 1ull << 30; end++; break;
+	}
+	if (mul > 1 && (*end == 'i' || *end == 'I'))
+		end++;
+	if (mul > 1 && (*end == 'b' || *end == 'B'))
+		end++;
+	if (*end || v > (~0ull) / mul)
+		return 0;
+	*ok = 1;
+	return (size_t)(v * mul);
+}
+
+/* Reads the environment; idempotent. Called when the mode is decided, at
+ * the process's first call into the shim (constructors of other
+ * libraries may run before ours). getenv, strtoull and dlsym's success
+ * path allocate nothing. */
+void init_config(void)
+{
+	static int done;
+	if (__atomic_load_n(&done, __ATOMIC_ACQUIRE))
+		return;
+	long ps = sysconf(_SC_PAGESIZE);
+	if (ps > 0)
+		g_page = (size_t)ps;
+	const char *s = getenv(RMEM_ENV_MIN_ALLOC);
+	if (s && *s) {
+		int ok;
+		size_t v = parse_size(s, &ok);
+		if (ok && v > 0) {
+			g_min_alloc = v;
+			g_min_from_env = 1;
+		} else {
+			say("rmem: ignoring " RMEM_ENV_MIN_ALLOC "=", s,
+			    " (want bytes, optionally with K, M, G, KiB, MiB or GiB)", NULL);
+		}
+	}
+	const char *lm = getenv(RMEM_ENV_LOCAL_MEM);
+	if (lm && *lm) {
+		int ok;
+		size_t v = parse_size(lm, &ok);
+		if (ok && v > 0)
+			g_local_mem = v;
+		else
+			say("rmem: ignoring " RMEM_ENV_LOCAL_MEM "=", lm,
+			    " (want bytes, optionally with K, M, G, KiB, MiB or GiB)", NULL);
+	}
+	const char *p = getenv(RMEM_ENV_SOCKET);
+	if (!p || !*p)
+		p = RMEM_DEFAULT_SOCKET;
+	strncpy(g_sock_path, p, sizeof g_sock_path - 1);
+	real_fork = (pid_t(*)(void))dlsym(RTLD_NEXT, "fork");
+	real_sbrk = (void *(*)(intptr_t))dlsym(RTLD_NEXT, "sbrk");
+	__atomic_store_n(&done, 1, __ATOMIC_RELEASE);
+}
