@@ -22,6 +22,7 @@
 #define RMEM_ENV_SOCKET "RMEM_AGENT_SOCK"
 #define RMEM_ENV_MIN_ALLOC "RMEM_MIN_ALLOC"
 #define RMEM_ENV_LOCAL_MEM "RMEM_LOCAL_MEM"
+#define RMEM_ENV_AGENT_WAIT "RMEM_AGENT_WAIT" /* how long to wait for an agent to resume us (resume.c) */
 
 enum rmem_type {
 	RMEM_HELLO = 1,      /* shim -> agent; fd: the uffd (top-level only) */
@@ -36,6 +37,7 @@ enum rmem_type {
 	RMEM_UFFD_DEVICE = 10, /* shim -> agent before HELLO, no body; reply ACK with /dev/userfaultfd */
 	RMEM_FORK_PREPARE = 11, /* shim -> agent, struct rmem_fork (pid 0); reply ACK or ERROR */
 	RMEM_FORK_DONE = 12,    /* shim -> agent, struct rmem_fork; no reply */
+	RMEM_RESUME_DONE = 13,  /* shim -> agent after a resuming HELLO's REGION_ADDs; reply ACK or ERROR */
 };
 
 struct rmem_hdr {
@@ -50,6 +52,10 @@ struct rmem_hdr {
  * for a child forked without FORK events, its own uffd (paired with the
  * parent's FORK_PREPARE by ppid and fork_serial). */
 #define RMEM_HELLO_UFFD 1u
+/* Resuming: the process lost its agent and says HELLO to the next one,
+ * with its uffd and its staging memfd (2 fds), then re-announces its
+ * regions (REGION_ADD, RMEM_REGION_RESUMED) and sends RESUME_DONE. */
+#define RMEM_HELLO_RESUME 2u
 struct rmem_hello {
 	int32_t pid;
 	int32_t ppid;
@@ -60,7 +66,8 @@ struct rmem_hello {
 	uint64_t local_mem; /* resident budget asked for (RMEM_LOCAL_MEM); 0: the agent's */
 };
 
-#define RMEM_WELCOME_UFFD 1u /* second fd: the forked child's own uffd */
+#define RMEM_WELCOME_UFFD 1u    /* second fd: the forked child's own uffd */
+#define RMEM_WELCOME_RESUMED 2u /* the agent has the journal of this process's pages */
 struct rmem_welcome {
 	uint64_t client_id;
 	uint64_t min_alloc;
@@ -75,6 +82,15 @@ struct rmem_region_add {
 	uint64_t start;
 	uint64_t len;
 	uint32_t kind;
+	uint32_t flags; /* RMEM_REGION_RESUMED */
+};
+
+/* A region re-announced after a resuming HELLO: registered already, its
+ * pages resident, in the pool or staged. */
+#define RMEM_REGION_RESUMED 1u
+
+struct rmem_resume_done {
+	uint32_t regions;  /* REGION_ADDs sent before it */
 	uint32_t reserved; /* 0 */
 };
 
@@ -128,6 +144,7 @@ _Static_assert(sizeof(struct rmem_hello) == 40, "HELLO layout");
 _Static_assert(sizeof(struct rmem_welcome) == 24, "WELCOME layout");
 _Static_assert(sizeof(struct rmem_region_add) == 32, "REGION_ADD layout");
 _Static_assert(sizeof(struct rmem_region_del) == 24, "REGION_DEL layout");
+_Static_assert(sizeof(struct rmem_resume_done) == 8, "RESUME_DONE layout");
 _Static_assert(sizeof(struct rmem_ack) == 8, "ACK layout");
 _Static_assert(sizeof(struct rmem_evict_page) == 16, "EVICT entry layout");
 _Static_assert(sizeof(struct rmem_evict) == 16 + RMEM_MAX_EVICT_BATCH * 16, "EVICT layout");

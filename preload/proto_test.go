@@ -39,6 +39,9 @@ func TestCLayoutMatchesGo(t *testing.T) {
 		&proto.ForkPrepare{Serial: 3},
 		&proto.ForkDone{Serial: 3, PID: -int32(unix.EAGAIN)},
 		&proto.Hello{PID: 1235, PPID: 1234, ForkSerial: 3, Features: 0x1ca, PageSize: 4096, Flags: proto.HelloUFFD},
+		&proto.Hello{PID: 1236, PPID: 1, Features: 0x1cb, PageSize: 4096, Flags: proto.HelloUFFD | proto.HelloResume},
+		&proto.RegionAdd{ID: 8, Range: userfaultfd.Range{Start: 0x7f0000100000, Len: 1 << 21}, Kind: proto.KindHeap, Flags: proto.RegionResumed},
+		&proto.ResumeDone{Regions: 1},
 	}
 	for i, w := range want {
 		if len(out) < 4 {

@@ -38,6 +38,7 @@ static int g_uffd_dev = -1; /* /dev/userfaultfd lent by the agent (UFFD_DEVICE),
 int g_sock = -1;
 int g_mem_fd = -1;
 char *g_staging;
+int g_staging_fd = -1;
 uint32_t g_slots;
 uint64_t g_features;
 uint64_t g_fork_serial; /* forks with regions: FORK events, or FORK_PREPAREs */
@@ -55,22 +56,28 @@ static void set_off(void) { __atomic_store_n(&g_state, ST_OFF, __ATOMIC_RELEASE)
 
 int send_packet(uint16_t type, uint32_t seq, const void *body, uint32_t len, int fd)
 {
+	return send_packet_fds(type, seq, body, len, &fd, fd >= 0 ? 1 : 0);
+}
+
+/* Sends one packet with nfds (0..RMEM_MAX_FDS) descriptors on g_sock. */
+int send_packet_fds(uint16_t type, uint32_t seq, const void *body, uint32_t len, const int *fds, int nfds)
+{
 	struct rmem_hdr h = {RMEM_MAGIC, RMEM_VERSION, type, seq, len};
 	struct iovec iov[2] = {{&h, sizeof h}, {(void *)body, len}};
 	union {
-		char buf[CMSG_SPACE(sizeof(int))];
+		char buf[CMSG_SPACE(RMEM_MAX_FDS * sizeof(int))];
 		struct cmsghdr align;
 	} u;
 	struct msghdr m = {.msg_iov = iov, .msg_iovlen = len ? 2 : 1};
-	if (fd >= 0) {
+	if (nfds > 0) {
 		memset(&u, 0, sizeof u);
 		m.msg_control = u.buf;
-		m.msg_controllen = sizeof u.buf;
+		m.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
 		struct cmsghdr *c = CMSG_FIRSTHDR(&m);
 		c->cmsg_level = SOL_SOCKET;
 		c->cmsg_type = SCM_RIGHTS;
-		c->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(c), &fd, sizeof fd);
+		c->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+		memcpy(CMSG_DATA(c), fds, nfds * sizeof(int));
 	}
 	ssize_t n;
 	do
@@ -129,23 +136,35 @@ int recv_packet(int sock, void *buf, struct rmem_hdr *h, int *fds, int *nfds)
 }
 
 /* The connection is gone: wake the requester, say so once. Memory the
- * agent paged out stays out: its faults wait (we hold the uffd). */
+ * agent paged out stays out: its faults wait (we hold the uffd). A process
+ * with regions looks for the next agent to resume it (the helper, in
+ * resume.c); requests wait for that. A malformed packet is not an agent
+ * that went away: no resuming then. */
 void lost_agent(int err)
 {
+	int resume = err != EPROTO && getpid() == g_pid && __atomic_load_n(&g_nregions, __ATOMIC_ACQUIRE) > 0 &&
+		     __atomic_load_n(&g_state, __ATOMIC_ACQUIRE) == ST_CONNECTED;
 	pthread_mutex_lock(&reply_mu);
 	g_reply.dead = 1;
+	__atomic_store_n(&g_state, resume ? ST_RESUMING : ST_OFF, __ATOMIC_RELEASE);
 	pthread_cond_broadcast(&reply_cv);
 	pthread_mutex_unlock(&reply_mu);
-	set_off();
-	if (!__atomic_exchange_n(&g_lost_said, 1, __ATOMIC_ACQ_REL))
-		say("rmem: lost the agent (", errstr(err),
-		    "): new allocations use ordinary memory; paged-out memory waits for an agent", NULL);
+	if (!__atomic_exchange_n(&g_lost_said, 1, __ATOMIC_ACQ_REL)) {
+		if (resume)
+			say("rmem: lost the agent (", errstr(err),
+			    "): waiting for an agent to resume this process; meanwhile faults on paged-out memory wait",
+			    NULL);
+		else
+			say("rmem: lost the agent (", errstr(err),
+			    "): new allocations use ordinary memory; paged-out memory waits for an agent", NULL);
+	}
 }
 
 /* Sends a request and waits for its ACK or ERROR. Returns 0 or -errno.
  * Preconditions: req_mu held, state connected. */
 int request_locked(uint16_t type, const void *body, uint32_t len)
 {
+	wait_resumed();
 	uint32_t seq = ++g_seq;
 	pthread_mutex_lock(&reply_mu);
 	if (g_reply.dead) {
@@ -404,7 +423,9 @@ int handshake(enum hs mode, const char **why)
 		}
 		return n;
 	}
-	close(fds[0]);
+	if (g_staging_fd >= 0)
+		close(g_staging_fd);
+	g_staging_fd = fds[0];
 	if (mode == HS_FORK_EVENT)
 		g_uffd = fds[1];
 	else if (nfds == 2)

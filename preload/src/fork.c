@@ -169,6 +169,8 @@ static void child_after_fork(int had_regions)
 	g_uffd = -1;
 	raw_munmap(g_staging, (size_t)g_slots * g_page);
 	g_staging = NULL;
+	close(g_staging_fd);
+	g_staging_fd = -1;
 	if (!had_regions) {
 		g_state = ST_UNINIT; /* starts over as a top-level process */
 		g_fork_serial = 0;
@@ -191,6 +193,10 @@ static void atfork_prepare(void)
 	if (in_shim)
 		return; /* the shim's own fork (none), or a fork of ours in_shim */
 	int e = errno;
+	/* A fork while the agent is away waits for the next one (bounded,
+	 * resume.c): the child's regions need a FORK event or FORK_PREPARE
+	 * served. Before any lock: the helper that resumes takes table_mu. */
+	wait_resumed();
 	pthread_mutex_lock(&fork_mu);
 	heap_prefork();
 	pthread_mutex_lock(&init_mu);

@@ -166,7 +166,12 @@ static void *helper_main(void *arg)
 	for (;;) {
 		while (sem_wait(&g_conn_sem) != 0)
 			;
-		serve(g_sock);
+		for (;;) {
+			serve(g_sock);
+			if (__atomic_load_n(&g_state, __ATOMIC_ACQUIRE) != ST_RESUMING)
+				break;
+			resume_loop(); /* until an agent resumes us */
+		}
 	}
 	return NULL;
 }

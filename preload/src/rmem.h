@@ -75,7 +75,10 @@
 /* Region table capacity; past it new memory is ordinary (said once). */
 #define MAX_REGIONS 16384
 
-enum state { ST_UNINIT, ST_CONNECTED, ST_OFF };
+/* ST_RESUMING: the agent went away and the helper looks for the next one
+ * (resume.c): requests wait. ST_ORPHANED: none came in time: requests fail,
+ * faults get SIGBUS, the helper still looks. */
+enum state { ST_UNINIT, ST_CONNECTED, ST_OFF, ST_RESUMING, ST_ORPHANED };
 enum kind { KIND_HEAP = RMEM_KIND_HEAP, KIND_MMAP = RMEM_KIND_MMAP };
 
 /* Region flags. R_UNREADABLE: some page was mprotect-ed without read
@@ -157,6 +160,7 @@ HIDDEN extern int g_uffd;  /* our own reference: a dead agent blocks, never zero
 HIDDEN extern int g_sock;
 HIDDEN extern int g_mem_fd; /* /proc/self/mem of g_pid, for R_UNREADABLE victims */
 HIDDEN extern char *g_staging;
+HIDDEN extern int g_staging_fd; /* kept: a resuming HELLO hands it to the next agent */
 HIDDEN extern uint32_t g_slots;
 HIDDEN extern uint64_t g_features;
 HIDDEN extern uint64_t g_fork_serial;
@@ -178,6 +182,7 @@ enum hs {
 			  registers the regions with it, sends it */
 };
 HIDDEN int send_packet(uint16_t type, uint32_t seq, const void *body, uint32_t len, int fd);
+HIDDEN int send_packet_fds(uint16_t type, uint32_t seq, const void *body, uint32_t len, const int *fds, int nfds);
 HIDDEN int recv_packet(int sock, void *buf, struct rmem_hdr *h, int *fds, int *nfds);
 HIDDEN int request_locked(uint16_t type, const void *body, uint32_t len);
 HIDDEN void deliver_reply(uint32_t seq, int err);
@@ -189,6 +194,10 @@ HIDDEN int connected(void);
 HIDDEN int is_connected(void);
 HIDDEN void req_lock(void);
 HIDDEN void req_unlock(void);
+
+/* ---- resume.c ---- */
+HIDDEN void wait_resumed(void);
+HIDDEN void resume_loop(void);
 
 /* ---- helper.c ---- */
 HIDDEN extern sem_t g_conn_sem;

@@ -186,6 +186,10 @@ void zap_locked(uintptr_t a, size_t len)
 	uintptr_t end = a + len, at = a;
 	struct region r;
 	uintptr_t lo, hi;
+	/* Without an agent hearing it, a page it journaled in the pool would
+	 * come back with its old contents after the drop: wait for the next
+	 * one (bounded: resume.c). */
+	wait_resumed();
 	while (is_connected() && next_piece(at, end, &r, &lo, &hi)) {
 		struct rmem_region_del m = {r.id, lo, hi - lo};
 		int err = request_locked(RMEM_REGION_ZAP, &m, sizeof m);

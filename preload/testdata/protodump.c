@@ -49,5 +49,13 @@ int main(void)
 	struct rmem_hello child = {.pid = 1235, .ppid = 1234, .fork_serial = 3, .features = 0x1ca,
 				   .page_size = 4096, .flags = RMEM_HELLO_UFFD};
 	emit(RMEM_HELLO, 13, &child, sizeof child);
+	struct rmem_hello back = {.pid = 1236, .ppid = 1, .features = 0x1cb, .page_size = 4096,
+				  .flags = RMEM_HELLO_UFFD | RMEM_HELLO_RESUME};
+	emit(RMEM_HELLO, 14, &back, sizeof back);
+	struct rmem_region_add again = {.id = 8, .start = 0x7f0000100000ull, .len = 1 << 21, .kind = RMEM_KIND_HEAP,
+					.flags = RMEM_REGION_RESUMED};
+	emit(RMEM_REGION_ADD, 15, &again, sizeof again);
+	struct rmem_resume_done rd = {.regions = 1};
+	emit(RMEM_RESUME_DONE, 16, &rd, sizeof rd);
 	return 0;
 }
