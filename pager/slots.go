@@ -362,8 +362,18 @@ func (p *slotPool) RoutineReservoir(ctx context.Context) {
 // step does one round of the reservoir and returns how long to wait for
 // the next (backing off while the pool has no room).
 func (p *slotPool) step(ctx context.Context, backoff time.Duration) time.Duration {
+	copies := 0
+	if p.copies != nil {
+		copies = p.copies()
+	}
 	p.mu.Lock()
 	need := p.free < p.low || p.short
+	if need && !p.short && p.trimForRoomLocked(copies) {
+		// Copies give the room back sooner than a slab would be right.
+		p.mu.Unlock()
+		p.onRoom()
+		return trimSoon
+	}
 	p.mu.Unlock()
 	if need {
 		if !p.grow(ctx) {
@@ -489,7 +499,12 @@ func (p *slotPool) shrink(ctx context.Context) {
 	cctx, cancel := context.WithTimeout(ctx, storeCallLimit)
 	defer cancel()
 	if err := p.store.Free(cctx, give); err != nil {
-		p.log.Warn("giving slabs back to the pool failed", zap.Int("slabs", len(give)), zap.Error(err))
+		if ctx.Err() != nil {
+			// Stopping: the lease's end gives them back.
+			p.log.Debug("giving slabs back to the pool cut short by the agent's stop", zap.Int("slabs", len(give)))
+		} else {
+			p.log.Warn("giving slabs back to the pool failed", zap.Int("slabs", len(give)), zap.Error(err))
+		}
 	}
 	p.mu.Lock()
 	p.counts.freed += uint64(len(give))
@@ -518,6 +533,40 @@ func (p *slotPool) maybeTrimLocked(copies int) bool {
 	}
 	p.trimmed = time.Now()
 	p.trimShare.Store(uint32(min(1000, (min(excess, copies)*1000+copies-1)/copies)))
+	p.trimGen.Add(1)
+	return true
+}
+
+// trimSoon spaces the trims that stand in for a new slab: the loops let go
+// of the copies within a round or two of their loop.
+const trimSoon = 50 * time.Millisecond
+
+// trimForRoomLocked asks the loops to let go of pool copies of clean
+// resident pages instead of taking a slab for free slots, when a slab more
+// would put the space held past 1.1x the remote pages plus one slab (the
+// copies are what fills it: a budget's worth of them over a slab of remote
+// pages). It reports whether it asked or one asked lately is under way;
+// while evictions find no slot (short) the reservoir grows instead.
+func (p *slotPool) trimForRoomLocked(copies int) bool {
+	if copies == 0 {
+		return false
+	}
+	held := 0
+	for _, s := range p.slabs {
+		if s != nil {
+			held += p.pps
+		}
+	}
+	remote := max(p.used-copies, 0)
+	if held <= remote+remote/10 {
+		return false
+	}
+	if time.Since(p.trimmed) < trimSoon {
+		return true
+	}
+	want := p.low - p.free + maxEvictBatch
+	p.trimmed = time.Now()
+	p.trimShare.Store(uint32(min(1000, (min(want, copies)*1000+copies-1)/copies)))
 	p.trimGen.Add(1)
 	return true
 }

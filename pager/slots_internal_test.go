@@ -262,3 +262,55 @@ func TestSlotPoolTrim(t *testing.T) {
 		t.Errorf("a second trim within %v", trimEvery)
 	}
 }
+
+// When free slots run low and the pool copies of clean resident pages are
+// what fills the slabs (a budget's worth of copies over a slab of remote
+// pages), the reservoir asks for copies back rather than a slab that would
+// put the space held past 1.1x the remote pages plus one slab; once
+// evictions find no slot at all it takes the slab.
+func TestSlotPoolTrimBeforeGrow(t *testing.T) {
+	const pps = 4096
+	p, _ := newTestPool(t, pps, 8)
+	copies := 0
+	p.copies = func() int { return copies }
+	take(t, p, pps-p.low/2) // one slab, nearly full
+	copies = pps / 4        // a quarter of it copies: 0.75 slab remote
+	p.step(context.Background(), reservoirTick)
+	if n := p.stats().Slabs; n != 1 || p.trimGen.Load() != 1 {
+		t.Fatalf("%d slabs, %d trims: want the copies asked for, no slab", n, p.trimGen.Load())
+	}
+	if s := p.trimShare.Load(); s == 0 || s > 1000 {
+		t.Errorf("trim share %d per mille", s)
+	}
+	p.step(context.Background(), reservoirTick)
+	if p.trimGen.Load() != 1 || p.stats().Slabs != 1 {
+		t.Errorf("a trim under way: %d trims, %d slabs; want it waited for", p.trimGen.Load(), p.stats().Slabs)
+	}
+	copies = 0 // nothing to let go: a slab is right
+	p.step(context.Background(), reservoirTick)
+	if n := p.stats().Slabs; n != 2 {
+		t.Errorf("%d slabs with no copies to let go, want 2", n)
+	}
+	// Remote pages alone fill a slab: the next slab keeps the rule.
+	p2, _ := newTestPool(t, pps, 8)
+	p2.copies = func() int { return 16 }
+	take(t, p2, pps-p2.low/2)
+	p2.step(context.Background(), reservoirTick)
+	if n := p2.stats().Slabs; n != 2 || p2.trimGen.Load() != 0 {
+		t.Errorf("remote pages near a slab: %d slabs, %d trims; want a second slab", n, p2.trimGen.Load())
+	}
+	// Evictions short of slots: the slab, copies or not.
+	p3, _ := newTestPool(t, pps, 8)
+	p3.copies = func() int { return pps / 4 }
+	ss := take(t, p3, pps)
+	if n := p3.alloc(ss[:1]); n != 0 {
+		t.Fatalf("a full slab gave a slot")
+	}
+	p3.mu.Lock()
+	p3.short = true
+	p3.mu.Unlock()
+	p3.step(context.Background(), reservoirTick)
+	if n := p3.stats().Slabs; n != 2 {
+		t.Errorf("short of slots: %d slabs, want 2", n)
+	}
+}

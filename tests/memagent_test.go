@@ -424,9 +424,11 @@ func TestMemagentRun(t *testing.T) {
 	})
 
 	t.Run("python3", func(t *testing.T) {
-		py, err := exec.LookPath("python3")
-		if err != nil {
-			t.Skip("python3 not installed")
+		// Debian's python3, not a wrapper first in PATH (pyenv's shim
+		// script runs bash and pyenv first, each a client of its own).
+		py := "/usr/bin/python3"
+		if _, err := os.Stat(py); err != nil {
+			t.Skip("python3 not installed (/usr/bin/python3)")
 		}
 		script := filepath.Join(t.TempDir(), "pattern.py")
 		if err := os.WriteFile(script, []byte(maPythonProgram), 0o644); err != nil {
@@ -707,27 +709,35 @@ func maTableRows(t *testing.T, text string) []maRow {
 	t.Helper()
 	var rows []maRow
 	sc := bufio.NewScanner(strings.NewReader(text))
-	header := false
+	var cols map[string]int // column name -> field index
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
 		if len(f) > 0 && f[0] == "PID" {
-			header = true
+			// "PREFETCH HITS" is one column of two words.
+			cols = map[string]int{}
+			for i, name := range strings.Fields(strings.ReplaceAll(sc.Text(), "PREFETCH HITS", "PREFETCH-HITS")) {
+				cols[name] = i
+			}
 			continue
 		}
-		if !header || len(f) != 11 {
+		if cols == nil || len(f) != len(cols) {
 			continue
 		}
-		var n [11]int
-		for _, i := range []int{0, 4, 7, 8, 10} {
+		num := func(name string) int {
+			i, ok := cols[name]
+			if !ok {
+				t.Fatalf("stats table has no %s column: %q", name, text)
+			}
 			v, err := strconv.Atoi(f[i])
 			if err != nil {
-				t.Fatalf("stats row %q: column %d: %v", sc.Text(), i, err)
+				t.Fatalf("stats row %q: column %s: %v", sc.Text(), name, err)
 			}
-			n[i] = v
+			return v
 		}
-		rows = append(rows, maRow{pid: n[0], faults: n[4], evictions: n[7], writeBacks: n[8], lost: n[10], budget: f[3]})
+		rows = append(rows, maRow{pid: num("PID"), faults: num("FAULTS"), evictions: num("EVICTIONS"),
+			writeBacks: num("WRITE-BACKS"), lost: num("LOST"), budget: f[cols["BUDGET"]]})
 	}
-	if !header {
+	if cols == nil {
 		t.Fatalf("no stats table in %q", text)
 	}
 	return rows

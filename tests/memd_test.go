@@ -234,7 +234,7 @@ func TestMemdPool(t *testing.T) {
 			name     string
 			volatile []string
 		}{
-			{[]string{"status", "--json"}, "memd_status", nil},
+			{[]string{"status", "--json"}, "memd_status", []string{"url"}},
 			{[]string{"agents", "--json"}, "memd_agents", []string{"id", "created", "expires"}},
 			{[]string{"slabs", "--json", "--agent", "agent-1"}, "memd_slabs", []string{"lease", "created", "server", "index", "addrs"}},
 		} {

@@ -141,9 +141,12 @@ func (e *env) stats() (agentd.StatsResponse, error) {
 
 // wrap returns argv run under `memagent run` at the budget, served by the
 // env's agent.
-func (e *env) wrap(argv ...string) []string {
+func (e *env) wrap(argv ...string) []string { return e.wrapAt(budget, argv...) }
+
+// wrapAt is wrap at a budget of its own.
+func (e *env) wrapAt(budget uint64, argv ...string) []string {
 	return append([]string{filepath.Join(e.bin, "memagent"), "run", "--socket", e.socket, "--admin-socket", e.admin,
-		"--local-mem", strconv.Itoa(budget), "--stats", "--"}, argv...)
+		"--local-mem", strconv.FormatUint(budget, 10), "--stats", "--"}, argv...)
 }
 
 // sample is the agent's state at one moment.
@@ -302,8 +305,8 @@ func tail(s string) string {
 // exit status, peak resident within the budget plus the margin over the
 // program's baseline (what it holds with no data), and, at the peak of its
 // paging, pool space held <= 1.1x its remote bytes plus one slab. It
-// returns a line for the suite's table.
-func compare(t *testing.T, name string, plain, rm outcome, baseline uint64, peak sample, agentRSS uint64) {
+// returns a line for the suite's table. budget is the run's --local-mem.
+func compare(t *testing.T, name string, budget uint64, plain, rm outcome, baseline uint64, peak sample, agentRSS uint64) {
 	t.Helper()
 	if rm.out != plain.out || rm.code != plain.code {
 		t.Errorf("%s under memagent: exit %d, output\n%s\nplain: exit %d, output\n%s\nstderr under memagent:\n%s",
