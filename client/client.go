@@ -52,10 +52,24 @@ type Client struct {
 	done chan struct{}
 }
 
+// Options are Connect's choices beyond the socket.
+type Options struct {
+	// UserModeOnly takes a uffd for faults from user mode only
+	// (userfaultfd.OpenUserMode), which any user may create: the kernel's
+	// own accesses to missing pages of mapped memory (read(2) into it,
+	// futexes in it) fail with EFAULT instead of waiting for the page.
+	// For programs that touch their mapped memory only from Go code, such
+	// as the pager's tests run without root.
+	UserModeOnly bool
+}
+
 // Connect connects to the agent at path ("" means proto.SocketPath()),
 // opens a userfaultfd (through the agent's /dev/userfaultfd if the kernel
 // gives this user none: see proto.UFFDDevice) and starts the EVICT helper.
-func Connect(path string) (*Client, error) {
+func Connect(path string) (*Client, error) { return ConnectWith(path, Options{}) }
+
+// ConnectWith is Connect with opts.
+func ConnectWith(path string, opts Options) (*Client, error) {
 	if path == "" {
 		path = proto.SocketPath()
 	}
@@ -66,7 +80,7 @@ func Connect(path string) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("client: %w", err)
 	}
-	u, want, err := openUFFD(conn)
+	u, want, err := openUFFD(conn, opts.UserModeOnly)
 	if err != nil {
 		conn.Close()
 		return nil, err
@@ -85,10 +99,15 @@ func Connect(path string) (*Client, error) {
 // openUFFD makes this process's uffd, through /dev/userfaultfd lent by
 // the agent on conn (UFFD_DEVICE, before HELLO) if the kernel gives this
 // user none of its own, and returns it with the features enabled.
-func openUFFD(conn *net.UnixConn) (*userfaultfd.UFFD, userfaultfd.Feature, error) {
+// userMode: a uffd of userfaultfd.OpenUserMode instead (Options).
+func openUFFD(conn *net.UnixConn, userMode bool) (*userfaultfd.UFFD, userfaultfd.Feature, error) {
 	dev := -1
-	avail, _, err := userfaultfd.Probe()
-	if errors.Is(err, userfaultfd.ErrUnavailable) && (errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES)) {
+	probe, open := userfaultfd.Probe, userfaultfd.Open
+	if userMode {
+		probe, open = userfaultfd.ProbeUserMode, userfaultfd.OpenUserMode
+	}
+	avail, _, err := probe()
+	if !userMode && errors.Is(err, userfaultfd.ErrUnavailable) && (errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES)) {
 		if dev, err = borrowDevice(conn); err == nil {
 			defer unix.Close(dev)
 			avail, _, err = userfaultfd.ProbeDevice(dev)
@@ -111,7 +130,7 @@ func openUFFD(conn *net.UnixConn) (*userfaultfd.UFFD, userfaultfd.Feature, error
 	if dev >= 0 {
 		u, err = userfaultfd.OpenDevice(dev, want)
 	} else {
-		u, err = userfaultfd.Open(want)
+		u, err = open(want)
 	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("client: %w", err)

@@ -219,7 +219,9 @@ func TestForkDaemon(t *testing.T) {
 }
 
 // A Go program of an ordinary user, through the client package: it has no
-// userfaultfd of its own and borrows /dev/userfaultfd from the agent.
+// userfaultfd of its own and borrows /dev/userfaultfd from the agent (when
+// the tests run as such a user already, it takes a user-mode-only one:
+// userMode).
 func TestGoClientUnprivileged(t *testing.T) {
 	skipUnlessUFFD(t)
 	uid, gid := shimtest.Nobody(t)
@@ -274,6 +276,9 @@ func exitedStats(a *pager.Agent, pid int) pager.ClientStats {
 // events (skipped if the kernel lacks them), and as user nobody, without.
 func forkModes(t *testing.T, prog string, run func(*testing.T, *pagertest.Store, *pager.Agent, *shimtest.Proc)) {
 	t.Run("root", func(t *testing.T) {
+		if os.Geteuid() != 0 {
+			t.Skip("FORK events need CAP_SYS_PTRACE")
+		}
 		avail, _, _ := userfaultfd.Probe()
 		if !avail.Has(userfaultfd.FeatureEventFork | userfaultfd.FeatureThreadID) {
 			t.Skip("kernel lacks EVENT_FORK or THREAD_ID")

@@ -66,6 +66,15 @@ const (
 // DefaultAgentWait.
 const EnvAgentWait = "RMEM_AGENT_WAIT"
 
+// EnvUFFDUserMode, set to 1, makes the shim take a uffd for faults from
+// user mode only (UFFD_USER_MODE_ONLY), which any user may create, when
+// it may have no other: the kernel's own accesses to missing pages
+// (read(2) into a paged buffer) then fail with EFAULT instead of waiting
+// for the page, so it is for test programs that touch their memory only
+// from their own code (the pager's tests without root), never for real
+// programs. The Go client's equivalent is client.Options.UserModeOnly.
+const EnvUFFDUserMode = "RMEM_UFFD_USER_MODE"
+
 // DefaultAgentWait is EnvAgentWait's default.
 const DefaultAgentWait = 60 * time.Second
 

@@ -186,14 +186,23 @@ func StartAs(t testing.TB, uid, gid uint32, sock string, argv []string, env ...s
 	if err := os.Chmod(Build(t), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	return start(t, &syscall.Credential{Uid: uid, Gid: gid}, sock, argv, env)
+	var cred *syscall.Credential
+	if uid != uint32(os.Geteuid()) {
+		cred = &syscall.Credential{Uid: uid, Gid: gid}
+	}
+	return start(t, cred, sock, argv, env)
 }
 
 // Nobody returns the uid and gid of user nobody, the ordinary user that
 // tests run programs as (StartAs). It skips the test without that user,
 // or without a /dev/userfaultfd for the agent to lend such a program.
+// When the tests run as an ordinary user already, it returns that user:
+// its programs take user-mode-only uffds (see start).
 func Nobody(t testing.TB) (uid, gid uint32) {
 	t.Helper()
+	if os.Geteuid() != 0 {
+		return uint32(os.Geteuid()), uint32(os.Getegid())
+	}
 	u, err := user.Lookup("nobody")
 	if err != nil {
 		t.Skipf("no user nobody: %v", err)
@@ -216,6 +225,12 @@ func start(t testing.TB, cred *syscall.Credential, sock string, argv []string, e
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), "LD_PRELOAD="+filepath.Join(dir, "librmem.so"), proto.EnvSocket+"="+sock)
+	if os.Geteuid() != 0 {
+		// Tests without root: a uffd for faults from user mode only,
+		// the one kind such a user may create (the test programs touch
+		// their memory from their own code).
+		cmd.Env = append(cmd.Env, proto.EnvUFFDUserMode+"=1")
+	}
 	cmd.Env = append(cmd.Env, env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: cred}
 	p := &Proc{t: t, Cmd: cmd, Lines: make(chan string, 16), waited: make(chan error, 1)}

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/userfaultfd.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
@@ -200,12 +201,28 @@ void deliver_reply(uint32_t seq, int err)
  * system call (both need privileges or the administrator's leave: the
  * device's mode, vm.unprivileged_userfaultfd), else through the device the
  * agent lent us. UFFD_USER_MODE_ONLY, which any user may have, is not
- * used: the kernel's own accesses to our memory (read(2) into a buffer
+ * used but for tests (RMEM_UFFD_USER_MODE): the kernel's own accesses to our memory (read(2) into a buffer
  * whose pages are in the pool) would fail with EFAULT instead of faulting
  * them in. Returns the fd or -errno. */
+/* RMEM_UFFD_USER_MODE=1: test programs without root, which touch their
+ * memory from their own code only (proto.h). Read once. */
+static int uffd_user_mode(void)
+{
+	static int user_mode = -1;
+	if (user_mode < 0) {
+		const char *um = getenv(RMEM_ENV_UFFD_USER_MODE);
+		user_mode = um && strcmp(um, "1") == 0;
+	}
+	return user_mode;
+}
+
 static int new_uffd(void)
 {
 	int fd = -1, e = EPERM;
+	if (uffd_user_mode()) {
+		fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY);
+		return fd >= 0 ? fd : -errno;
+	}
 	int dev = open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
 	if (dev >= 0) {
 		fd = ioctl(dev, USERFAULTFD_IOC_NEW, O_CLOEXEC | O_NONBLOCK);
@@ -299,7 +316,7 @@ static int open_uffd(int s, uint64_t *features, const char **why)
 	uint64_t want = UFFD_FEATURES;
 	int fd = uffd_with(want);
 	*why = "cannot create a userfaultfd";
-	if ((fd == -EPERM || fd == -EACCES) && g_uffd_dev < 0 && s >= 0) {
+	if ((fd == -EPERM || fd == -EACCES) && g_uffd_dev < 0 && s >= 0 && !uffd_user_mode()) {
 		int err = borrow_uffd_device(s, why);
 		fd = err ? err : uffd_with(want);
 	}
