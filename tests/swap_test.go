@@ -816,3 +816,95 @@ func TestSwapRunsShare(t *testing.T) {
 	}
 	swapNoLeftovers(t, dir, b.cmd.Process.Pid)
 }
+
+// swapState reads the runs' shared state (swaprun's default runtime dir).
+func swapState(t *testing.T) swaprun.State {
+	t.Helper()
+	b, err := os.ReadFile("/run/rmem/swaprun.json")
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	st, err := swaprun.ParseState(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// swapDaemonOf returns the pid of the mount daemon serving dir, from the
+// runs' state.
+func swapDaemonOf(t *testing.T, dir string) int {
+	t.Helper()
+	for _, s := range swapState(t).Swaps {
+		if s.Dir == dir {
+			return s.PID
+		}
+	}
+	t.Fatalf("no swap of %s in the runs' state %+v", dir, swapState(t))
+	return 0
+}
+
+// swapNoState checks that the runs' state lists neither dir nor the run,
+// and that the daemon process is gone.
+func swapNoState(t *testing.T, dir string, runPID, daemon int) {
+	t.Helper()
+	st := swapState(t)
+	for _, s := range st.Swaps {
+		if s.Dir == dir {
+			t.Errorf("state entry of %s left: %+v", dir, s)
+		}
+	}
+	for _, r := range st.Runs {
+		if r == runPID {
+			t.Errorf("state entry of run %d left: %+v", runPID, r)
+		}
+	}
+	if daemon != 0 && syscall.Kill(daemon, 0) == nil {
+		t.Errorf("mount daemon %d still running", daemon)
+	}
+}
+
+// TestSwapDaemonKilled injects a kill -9 of the `memagent mount` daemon
+// that `memagent run --mode swap` started, while the workload (256 MiB in
+// a 64 MiB cgroup, ≥ 192 MiB of it in swap) waits between writing and
+// verifying. It asserts that run exits with the workload's own status,
+// 128+SIGBUS (its first swap-in fails with an I/O error and the kernel
+// sends SIGBUS), says on stderr that the daemon died and what killed the
+// workload, and leaves nothing: no loop device or swap area on the file,
+// no mount, no cgroup, no state entry, no daemon.
+func TestSwapDaemonKilled(t *testing.T) {
+	swapNeeds(t)
+	p := swapStartPool(t, 1)
+	dir := t.TempDir()
+	swapCleanup(t, dir)
+	work := swapWorkload(t)
+	args := append([]string{"run", "--mode", "swap", "--local-mem", "64MiB", "--swap-size", "1GiB", "--swap-dir", dir}, p.args()...)
+	r := swapStartRun(t, append(args, "--", work, "256", "wait")...)
+	r.expect(t, "written")
+	daemon := swapDaemonOf(t, dir)
+	if err := syscall.Kill(daemon, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintln(r.stdin, "go")
+	code := r.wait(t)
+	out := r.output()
+	if want := 128 + int(syscall.SIGBUS); code != want {
+		t.Errorf("run exited %d, want %d (the workload's SIGBUS)", code, want)
+	}
+	for _, want := range []string{
+		fmt.Sprintf("the swap daemon (`memagent mount %s`, pid %d) died while the command ran (signal: killed)", dir, daemon),
+		"was killed by signal 7 (SIGBUS): exit code 135",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("run's stderr lacks %q", want)
+		}
+	}
+	if strings.Contains(out, "mount daemon: signal: killed") {
+		t.Errorf("run reported the daemon's death as its own error")
+	}
+	swapNoLeftovers(t, dir, r.cmd.Process.Pid)
+	swapNoState(t, dir, r.cmd.Process.Pid, daemon)
+	if t.Failed() {
+		t.Logf("--- memagent run:\n%s", out)
+	}
+}

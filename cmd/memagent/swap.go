@@ -130,6 +130,12 @@ for the duration.`,
 					return err
 				}
 				code, err = swaprun.Run(cmd.Context(), opts)
+				if err != nil && code >= 0 {
+					// CMD ran: its status is run's, whatever went wrong in
+					// the teardown.
+					fmt.Fprintf(os.Stderr, "memagent: %v\n", err)
+					err = nil
+				}
 			}
 			if err != nil {
 				return err

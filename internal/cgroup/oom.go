@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 )
 
@@ -45,4 +46,23 @@ func (g *Group) UnderOOM() (bool, error) {
 		}
 	}
 	return false, fmt.Errorf("cgroup: %s/memory.oom_control has no under_oom", g.Path)
+}
+
+// OOMKills returns how many processes of the group the kernel's OOM killer
+// has killed (v1 memory.oom_control oom_kill, v2 memory.events oom_kill).
+func (g *Group) OOMKills() (uint64, error) {
+	file := "memory.events"
+	if g.Version == V1 {
+		file = "memory.oom_control"
+	}
+	b, err := os.ReadFile(filepath.Join(g.Path, file))
+	if err != nil {
+		return 0, fmt.Errorf("cgroup: %w", err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(l, " "); ok && k == "oom_kill" {
+			return strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("cgroup: %s/%s has no oom_kill", g.Path, file)
 }

@@ -37,5 +37,8 @@
 // signal N, as shells report it); SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1
 // and SIGUSR2 received by the caller's process while CMD runs are
 // forwarded to it. The cgroup is removed, killing what CMD left in it,
-// when CMD exits.
+// when CMD exits. Once CMD has run, its exit code is Run's whatever goes
+// wrong in the teardown, and a CMD ended by a signal is reported on
+// Options.Stderr. A mount daemon of the run that dies under CMD is
+// reported at once; CMD then gets SIGBUS at its next swap-in (EIO).
 package swaprun

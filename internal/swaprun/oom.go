@@ -12,8 +12,10 @@ import (
 // RoutineWatchOOM turns the group's OOM killer back on when its processes
 // have waited under OOM for grace without interruption: the swap is then
 // not keeping up (full, or the pool unreachable) and waiting longer would
-// hang CMD instead of failing it. It polls until ctx ends.
-func RoutineWatchOOM(ctx context.Context, g *cgroup.Group, grace time.Duration, log *zap.Logger) {
+// hang CMD instead of failing it. It does so at once when swapDead is
+// closed (the swap daemon died: nothing will be written out any more).
+// It polls until ctx ends.
+func RoutineWatchOOM(ctx context.Context, g *cgroup.Group, grace time.Duration, swapDead <-chan struct{}, log *zap.Logger) {
 	const every = 100 * time.Millisecond
 	tick := time.NewTicker(every)
 	defer tick.Stop()
@@ -21,6 +23,12 @@ func RoutineWatchOOM(ctx context.Context, g *cgroup.Group, grace time.Duration, 
 	for {
 		select {
 		case <-ctx.Done():
+			return
+		case <-swapDead:
+			log.Warn("the swap daemon died; letting the OOM killer act", zap.String("cgroup", g.Path))
+			if err := g.SetOOMKill(true); err != nil {
+				log.Error("turning the OOM killer back on", zap.Error(err))
+			}
 			return
 		case now := <-tick.C:
 			under, err := g.UnderOOM()

@@ -104,10 +104,19 @@ func (o *Options) defaults() error {
 }
 
 // Run runs opts.Command in a memory cgroup limited to opts.LocalMem, with a
-// pool swap file active, and returns its exit code. err is set when Run
-// could not run it (setup) or could not tear down; the exit code is then
-// -1 if the command did not run. If ctx ends first, the command is
-// killed.
+// pool swap file active, and returns its exit code: the status it exited
+// with, or 128+N when signal N ended it (then Run also says so on
+// opts.Stderr, and whether the OOM killer did it). err is set when Run
+// could not run the command (the exit code is then -1) or could not tear
+// everything down afterwards: the exit code is then still the command's,
+// and the caller should report err and exit with it. If ctx ends first,
+// the command is killed.
+//
+// If the mount daemon Run started dies while the command runs, Run says
+// so on opts.Stderr at once and turns the group's OOM killer back on
+// (nothing will be written out any more); the command's pages in swap are
+// lost and its next swap-in fails with an I/O error, for which the kernel
+// kills it with SIGBUS. Teardown then removes the dead mount too.
 func Run(ctx context.Context, opts Options) (exitCode int, err error) {
 	if err := opts.Validate(); err != nil {
 		return -1, err
@@ -127,8 +136,8 @@ func Run(ctx context.Context, opts Options) (exitCode int, err error) {
 		return -1, err
 	}
 	defer func() {
-		if e := leaveSwap(&opts, sw); e != nil && err == nil {
-			err = e
+		if e := leaveSwap(&opts, sw); e != nil {
+			err = errors.Join(err, e)
 		}
 	}()
 
@@ -138,10 +147,31 @@ func Run(ctx context.Context, opts Options) (exitCode int, err error) {
 	}
 	log.Info("cgroup created", zap.String("path", g.Path), zap.Int("version", int(g.Version)), zap.Uint64("limit", opts.LocalMem))
 	defer func() {
-		if e := g.Remove(10 * time.Second); e != nil && err == nil {
-			err = e
+		if e := g.Remove(10 * time.Second); e != nil {
+			err = errors.Join(err, e)
 		}
 	}()
+
+	// swapDead is closed when the daemon this run started dies while CMD
+	// runs.
+	swapDead := make(chan struct{})
+	running, monitored := make(chan struct{}), make(chan struct{})
+	// Before leaveSwap stops the daemon on purpose.
+	defer func() { close(running); <-monitored }()
+	if sw == nil {
+		close(monitored)
+	} else {
+		go func() {
+			defer close(monitored)
+			select {
+			case <-sw.done:
+				fmt.Fprintf(opts.Stderr, "memagent run: the swap daemon (`memagent mount %s`, pid %d) died while the command ran (%v): "+
+					"the command's pages in swap are lost, its swap-ins fail with I/O errors (SIGBUS)\n", sw.dir, sw.daemon.Process.Pid, sw.waitErr)
+				close(swapDead)
+			case <-running:
+			}
+		}()
+	}
 
 	// v1 reclaim does not wait for swap writeback and OOM-kills what a
 	// slow swap device would serve a moment later: wait instead, within
@@ -152,7 +182,7 @@ func Run(ctx context.Context, opts Options) (exitCode int, err error) {
 		}
 		wctx, stop := context.WithCancel(ctx)
 		watched := make(chan struct{})
-		go func() { RoutineWatchOOM(wctx, g, opts.OOMGrace, log); close(watched) }()
+		go func() { RoutineWatchOOM(wctx, g, opts.OOMGrace, swapDead, log); close(watched) }()
 		defer func() { stop(); <-watched }()
 	}
 
@@ -162,7 +192,24 @@ func Run(ctx context.Context, opts Options) (exitCode int, err error) {
 	if err != nil {
 		return code, fmt.Errorf("swaprun: %w", err)
 	}
+	reportEnd(opts.Stderr, opts.Command[0], cmd, g)
 	return code, nil
+}
+
+// reportEnd says on w how cmd ended when a signal ended it, naming the
+// OOM killer when it acted in g.
+func reportEnd(w io.Writer, name string, cmd *exec.Cmd, g *cgroup.Group) {
+	ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
+	if !ok || !ws.Signaled() {
+		return
+	}
+	sig := ws.Signal()
+	why := ""
+	if n, err := g.OOMKills(); err == nil && n > 0 && sig == syscall.SIGKILL {
+		why = " by the kernel's OOM killer"
+	}
+	fmt.Fprintf(w, "memagent run: %s (pid %d) was killed by signal %d (%s)%s: exit code %d\n",
+		name, cmd.Process.Pid, int(sig), unix.SignalName(sig), why, 128+int(sig))
 }
 
 // joinSwap makes sure a pool swap file is active, setting one up if none
@@ -261,12 +308,13 @@ func teardown(s OwnedSwap, log *zap.Logger) error {
 type swap struct {
 	dir, made string // made: a directory Run created
 	daemon    *exec.Cmd
-	exited    chan error
+	done      chan struct{} // closed when the daemon has exited
+	waitErr   error         // the daemon's Wait result; set before done is closed
 	log       *zap.Logger
 }
 
 func startSwap(ctx context.Context, o *Options) (sw *swap, err error) {
-	sw = &swap{dir: o.Dir, log: o.Log, exited: make(chan error, 1)}
+	sw = &swap{dir: o.Dir, log: o.Log, done: make(chan struct{})}
 	if sw.dir == "" {
 		if sw.dir, err = os.MkdirTemp(o.RuntimeDir, "swap-"); err != nil {
 			return nil, fmt.Errorf("swaprun: %w", err)
@@ -283,7 +331,7 @@ func startSwap(ctx context.Context, o *Options) (sw *swap, err error) {
 		sw.removeDir()
 		return nil, fmt.Errorf("swaprun: start %s mount: %w", o.Memagent, err)
 	}
-	go func() { sw.exited <- sw.daemon.Wait() }()
+	go func() { sw.waitErr = sw.daemon.Wait(); close(sw.done) }()
 	defer func() {
 		if err != nil {
 			sw.stop()
@@ -300,9 +348,8 @@ func startSwap(ctx context.Context, o *Options) (sw *swap, err error) {
 			break
 		}
 		select {
-		case err := <-sw.exited:
-			sw.exited <- err
-			return sw, fmt.Errorf("swaprun: `%s %v` exited before mounting: %v", o.Memagent, args, err)
+		case <-sw.done:
+			return sw, fmt.Errorf("swaprun: `%s %v` exited before mounting: %v", o.Memagent, args, sw.waitErr)
 		case <-ctx.Done():
 			return sw, ctx.Err()
 		case <-time.After(20 * time.Millisecond):
@@ -320,26 +367,51 @@ func startSwap(ctx context.Context, o *Options) (sw *swap, err error) {
 }
 
 // stop turns the swap off, stops the daemon (which unmounts) and removes
-// the directory Run made.
+// the directory Run made. A daemon that died earlier is no error of stop
+// (Run reported it when it happened): stop then unmounts its dead mount.
 func (sw *swap) stop() error {
 	var errs []error
 	file := filepath.Join(sw.dir, swapfs.SwapName)
 	if err := swapdev.Off(context.Background(), file); err != nil && !errors.Is(err, swapdev.ErrNotSwap) {
 		errs = append(errs, err)
 	}
-	sw.daemon.Process.Signal(syscall.SIGTERM)
 	select {
-	case err := <-sw.exited:
-		if err != nil {
-			errs = append(errs, fmt.Errorf("swaprun: mount daemon: %w", err))
+	case <-sw.done:
+		sw.log.Info("the mount daemon had already exited", zap.Int("pid", sw.daemon.Process.Pid), zap.Error(sw.waitErr))
+	default:
+		sw.daemon.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-sw.done:
+			if sw.waitErr != nil {
+				errs = append(errs, fmt.Errorf("swaprun: mount daemon after SIGTERM: %w", sw.waitErr))
+			}
+		case <-time.After(30 * time.Second):
+			sw.daemon.Process.Kill()
+			<-sw.done
+			errs = append(errs, fmt.Errorf("swaprun: mount daemon did not stop within 30s"))
 		}
-	case <-time.After(30 * time.Second):
-		sw.daemon.Process.Kill()
-		<-sw.exited
-		errs = append(errs, fmt.Errorf("swaprun: mount daemon did not stop within 30s"))
+	}
+	// A daemon that died (or was killed above) leaves its mount behind,
+	// its connection aborted.
+	if err := unmountDead(sw.dir, sw.log); err != nil {
+		errs = append(errs, err)
 	}
 	sw.removeDir()
 	return errors.Join(errs...)
+}
+
+// unmountDead unmounts dir if it is still a pool swap mount; its daemon
+// is gone.
+func unmountDead(dir string, log *zap.Logger) error {
+	ok, err := SwapMounted(dir)
+	if err != nil || !ok {
+		return err
+	}
+	if err := unix.Unmount(dir, 0); err != nil {
+		return fmt.Errorf("swaprun: umount %s: %w", dir, err)
+	}
+	log.Info("unmounted the dead daemon's mount", zap.String("dir", dir))
+	return nil
 }
 
 func (sw *swap) removeDir() {

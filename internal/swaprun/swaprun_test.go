@@ -150,7 +150,7 @@ func TestWatchOOM(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	watched := make(chan struct{})
-	go func() { RoutineWatchOOM(ctx, g, 300*time.Millisecond, zap.NewNop()); close(watched) }()
+	go func() { RoutineWatchOOM(ctx, g, 300*time.Millisecond, nil, zap.NewNop()); close(watched) }()
 	start := time.Now()
 	cmd := hogCommand(g)
 	err = cmd.Run()
