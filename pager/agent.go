@@ -424,7 +424,7 @@ func (a *Agent) handshake(conn *net.UnixConn) {
 		}
 		c.uid.Store(cred.Uid)
 		welcome.ClientID = c.id
-		if err := proto.Send(conn, buf, 1, &welcome, c.stagingFD); err != nil {
+		if err := proto.Send(conn, buf, 1, &welcome, c.ev.stagingFD); err != nil {
 			a.log.Warn("sending WELCOME failed", zap.Error(err))
 			c.teardownUnstarted()
 			return
@@ -444,7 +444,7 @@ func (a *Agent) handshake(conn *net.UnixConn) {
 		}
 		welcome.ClientID = c.id
 		welcome.Flags = proto.WelcomeUFFD
-		if err := proto.Send(conn, buf, 1, &welcome, c.stagingFD, c.uffd.Fd()); err != nil {
+		if err := proto.Send(conn, buf, 1, &welcome, c.ev.stagingFD, c.uffd.Fd()); err != nil {
 			a.log.Warn("sending WELCOME failed", zap.Error(err))
 			return
 		}
@@ -686,8 +686,8 @@ func (a *Agent) statsOf(c *client) ClientStats {
 func (c *client) teardownUnstarted() {
 	c.io.Close()
 	c.uffd.Close()
-	unix.Munmap(c.staging)
-	unix.Close(c.stagingFD)
+	unix.Munmap(c.ev.staging)
+	unix.Close(c.ev.stagingFD)
 	unix.Close(c.wakefd)
 	close(c.done)
 }

@@ -63,12 +63,12 @@ func TestForkPause(t *testing.T) {
 	if c.forkStalled() {
 		t.Fatal("paused without a fork")
 	}
-	c.forking, c.forkedAt = 3, time.Now()
+	c.fk.forking, c.fk.forkedAt = 3, time.Now()
 	if !c.forkStalled() {
 		t.Fatal("not paused during a fork")
 	}
-	c.forkedAt = time.Now().Add(-maxForkPause - time.Second)
-	if c.forkStalled() || c.forking != 0 {
+	c.fk.forkedAt = time.Now().Add(-maxForkPause - time.Second)
+	if c.forkStalled() || c.fk.forking != 0 {
 		t.Fatalf("still paused %v after FORK_PREPARE without FORK_DONE", maxForkPause)
 	}
 }

@@ -66,7 +66,7 @@ func (c *client) dropRange(rng userfaultfd.Range, unmap bool) {
 func (c *client) dropPage(r *region, idx int) {
 	p := r.pages[idx]
 	if p.State() == Staged {
-		c.staged--
+		c.ev.staged--
 		if s := c.stageOf(r, idx); s >= 0 {
 			c.freeStage(s)
 		}
@@ -79,7 +79,7 @@ func (c *client) dropPage(r *region, idx int) {
 func (c *client) removeRegion(r *region) {
 	for idx, p := range r.pages {
 		if p.State() == Staged {
-			c.staged--
+			c.ev.staged--
 			if s := c.stageOf(r, idx); s >= 0 {
 				c.freeStage(s)
 			}
@@ -116,10 +116,10 @@ func (c *client) remap(from, to userfaultfd.Addr, length uint64) {
 // dropConn forgets the client's socket: faults are still served, eviction
 // stops.
 func (c *client) dropConn() {
-	if c.conn != nil {
-		c.conn.Close()
+	if c.sock.conn != nil {
+		c.sock.conn.Close()
 	}
-	c.conn, c.sockfd = nil, -1
+	c.sock.conn, c.sock.sockfd = nil, -1
 }
 
 // readable reports whether fd has input (or a hang-up) now.
@@ -133,7 +133,7 @@ func readable(fd int) bool {
 // the client is gone (socket closed and no pidfd to tell).
 func (c *client) serveSocket() bool {
 	var fds [proto.MaxFDs]int
-	pkt, nfds, err := proto.Recv(c.conn, c.recvBuf, c.oob, fds[:])
+	pkt, nfds, err := proto.Recv(c.sock.conn, c.sock.recvBuf, c.sock.oob, fds[:])
 	for _, fd := range fds[:nfds] {
 		unix.Close(fd) // the client sends none after HELLO
 	}
@@ -148,7 +148,7 @@ func (c *client) serveSocket() bool {
 			c.log.Warn("client socket failed", zap.Error(err))
 		}
 		c.dropConn()
-		return c.pidfd >= 0
+		return c.sock.pidfd >= 0
 	}
 	h, body, err := proto.Parse(pkt)
 	if err == nil {
@@ -157,7 +157,7 @@ func (c *client) serveSocket() bool {
 	if err != nil {
 		c.log.Warn("bad message from client; closing its connection", zap.Error(err))
 		c.dropConn()
-		return c.pidfd >= 0
+		return c.sock.pidfd >= 0
 	}
 	return true
 }
@@ -208,15 +208,15 @@ func (c *client) message(h proto.Header, body []byte) error {
 
 // reply answers request seq with ACK, or ERROR carrying err's errno.
 func (c *client) reply(seq uint32, err error) error {
-	c.seq++
+	c.sock.seq++
 	if err == nil {
-		return proto.Send(c.conn, c.sendBuf, c.seq, &proto.Ack{Seq: seq})
+		return proto.Send(c.sock.conn, c.sock.sendBuf, c.sock.seq, &proto.Ack{Seq: seq})
 	}
 	var errno unix.Errno
 	if !errors.As(err, &errno) {
 		errno = unix.EINVAL
 	}
-	return proto.Send(c.conn, c.sendBuf, c.seq, &proto.Error{Seq: seq, Errno: errno, Text: err.Error()})
+	return proto.Send(c.sock.conn, c.sock.sendBuf, c.sock.seq, &proto.Error{Seq: seq, Errno: errno, Text: err.Error()})
 }
 
 // Region limits.

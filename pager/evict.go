@@ -21,7 +21,7 @@ import (
 // together). A dirty victim for which the pool has no slot stays resident:
 // clean ones are still evicted, and faults past the budget wait (throttle).
 func (c *client) maybeEvict() {
-	if c.conn == nil || c.evictBusy || c.forkStalled() || len(c.stageFree) == 0 || time.Now().Before(c.noRoomRetry) {
+	if c.sock.conn == nil || c.ev.evictBusy || c.forkStalled() || len(c.ev.stageFree) == 0 || time.Now().Before(c.room.noRoomRetry) {
 		return
 	}
 	w := WatermarksFor(c.budgetPages())
@@ -29,12 +29,12 @@ func (c *client) maybeEvict() {
 	if need <= 0 {
 		return
 	}
-	need = min(need, proto.MaxEvictBatch, len(c.stageFree))
-	n := c.clock.Victims(c.regs.tables, c.victims[:need])
+	need = min(need, proto.MaxEvictBatch, len(c.ev.stageFree))
+	n := c.clock.Victims(c.regs.tables, c.ev.victims[:need])
 	if n == 0 {
 		return
 	}
-	victims := c.victims[:n]
+	victims := c.ev.victims[:n]
 	slices.SortFunc(victims, func(a, b Victim) int {
 		if a.Table != b.Table {
 			return a.Table - b.Table
@@ -64,24 +64,24 @@ func (c *client) maybeEvict() {
 			if err != nil {
 				r.pages[v.Page] &^= FlagBusy
 				if dirty {
-					c.a.slots.release(c.newSlots[ns])
+					c.a.slots.release(c.ev.newSlots[ns])
 					ns++
 				}
 				continue
 			}
 			stage := proto.NoSlot
 			if dirty {
-				stage = c.stageFree[len(c.stageFree)-1]
-				c.stageFree = c.stageFree[:len(c.stageFree)-1]
-				c.stageOwner[stage] = pageRef{r, v.Page}
+				stage = c.ev.stageFree[len(c.ev.stageFree)-1]
+				c.ev.stageFree = c.ev.stageFree[:len(c.ev.stageFree)-1]
+				c.ev.stageOwner[stage] = pageRef{r, v.Page}
 				// Journal order (journal.go): the staging slot, then the
 				// pool slot, both before the EVICT that drops the page.
 				c.cj.stage(int(stage), r.id, v.Page, true)
-				c.setSlot(r, v.Page, c.newSlots[ns]) // written when the helper has copied it
+				c.setSlot(r, v.Page, c.ev.newSlots[ns]) // written when the helper has copied it
 				ns++
 			}
-			c.evict.Pages[k] = proto.EvictPage{Addr: r.addr(v.Page), Slot: stage}
-			c.evictRefs[k] = pageRef{r, v.Page}
+			c.ev.evict.Pages[k] = proto.EvictPage{Addr: r.addr(v.Page), Slot: stage}
+			c.ev.evictRefs[k] = pageRef{r, v.Page}
 			k++
 		}
 		i = j
@@ -89,15 +89,15 @@ func (c *client) maybeEvict() {
 	if k == 0 {
 		return
 	}
-	c.evictSeq++
-	c.evict.Batch, c.evict.N = c.evictSeq, k
-	c.seq++
-	if err := proto.Send(c.conn, c.sendBuf, c.seq, &c.evict); err != nil {
+	c.ev.evictSeq++
+	c.ev.evict.Batch, c.ev.evict.N = c.ev.evictSeq, k
+	c.sock.seq++
+	if err := proto.Send(c.sock.conn, c.sock.sendBuf, c.sock.seq, &c.ev.evict); err != nil {
 		c.log.Warn("sending EVICT failed; eviction stops until the client reconnects", zap.Error(err))
 		for i := 0; i < k; i++ {
-			ref := c.evictRefs[i]
+			ref := c.ev.evictRefs[i]
 			ref.r.pages[ref.idx] &^= FlagBusy
-			if s := c.evict.Pages[i].Slot; s != proto.NoSlot {
+			if s := c.ev.evict.Pages[i].Slot; s != proto.NoSlot {
 				c.freeStage(int(s))
 				c.setSlot(ref.r, ref.idx, 0)
 			}
@@ -105,10 +105,10 @@ func (c *client) maybeEvict() {
 		c.dropConn()
 		return
 	}
-	c.evictBusy = true
+	c.ev.evictBusy = true
 }
 
-// slotsFor takes a pool slot for each dirty victim, in c.newSlots in the
+// slotsFor takes a pool slot for each dirty victim, in c.ev.newSlots in the
 // victims' order, and returns the victims that can be evicted: all of
 // them, or without the dirty ones beyond the slots the pool had (they stay
 // resident; their reference bit is spent). With none left, eviction pauses
@@ -120,7 +120,7 @@ func (c *client) slotsFor(victims []Victim) []Victim {
 			dirty++
 		}
 	}
-	got := c.a.slots.alloc(c.newSlots[:dirty])
+	got := c.a.slots.alloc(c.ev.newSlots[:dirty])
 	if got == dirty {
 		c.roomAgain()
 		return victims
@@ -136,13 +136,13 @@ func (c *client) slotsFor(victims []Victim) []Victim {
 		}
 		kept = append(kept, v)
 	}
-	if c.noRoomSince.IsZero() {
-		c.noRoomSince = time.Now()
-		c.st.noRoomSince.Store(c.noRoomSince.UnixNano())
+	if c.room.noRoomSince.IsZero() {
+		c.room.noRoomSince = time.Now()
+		c.st.noRoomSince.Store(c.room.noRoomSince.UnixNano())
 		c.log.Debug("no pool slots for dirty pages: only clean pages are evicted, and faults past the budget wait")
 	}
 	if len(kept) == 0 {
-		c.noRoomRetry = time.Now().Add(noRoomPause)
+		c.room.noRoomRetry = time.Now().Add(noRoomPause)
 	}
 	return kept
 }
@@ -159,10 +159,10 @@ const noRoomPause = 200 * time.Millisecond
 
 // roomAgain notes that the pool gave slots again after it had none.
 func (c *client) roomAgain() {
-	c.noRoomRetry = time.Time{}
-	if !c.noRoomSince.IsZero() {
-		c.log.Debug("pool slots for eviction again", zap.Duration("waited", time.Since(c.noRoomSince)))
-		c.noRoomSince = time.Time{}
+	c.room.noRoomRetry = time.Time{}
+	if !c.room.noRoomSince.IsZero() {
+		c.log.Debug("pool slots for eviction again", zap.Duration("waited", time.Since(c.room.noRoomSince)))
+		c.room.noRoomSince = time.Time{}
 		c.st.noRoomSince.Store(0)
 	}
 }
@@ -172,28 +172,28 @@ func (c *client) roomAgain() {
 // to every replica; then held faults are served (from the slots while they
 // still hold the data) and the slots are freed.
 func (c *client) evicted(m *proto.Evicted) {
-	if !c.evictBusy || m.Batch != c.evict.Batch {
+	if !c.ev.evictBusy || m.Batch != c.ev.evict.Batch {
 		c.log.Warn("EVICTED for a batch not in flight", zap.Uint64("batch", m.Batch))
 		return
 	}
 	// A client that asked for REMOVE events (the shim and the Go client
 	// do not): the batch's REMOVE events (its madvise) were read before it
-	// sent EVICTED, but may wait in c.early (read ahead by again): handle
+	// sent EVICTED, but may wait in c.fq.early (read ahead by again): handle
 	// them while the pages are still busy, so they do not drop the
 	// contents just saved.
-	if len(c.early) > 0 {
+	if len(c.fq.early) > 0 {
 		c.serveUFFD()
 	}
-	c.evictBusy = false
-	done := min(int(m.Done), c.evict.N)
+	c.ev.evictBusy = false
+	done := min(int(m.Done), c.ev.evict.N)
 	if m.Errno != 0 {
-		c.log.Warn("client could not evict every page", zap.Int("done", done), zap.Int("of", c.evict.N), zap.Error(m.Errno))
+		c.log.Warn("client could not evict every page", zap.Int("done", done), zap.Int("of", c.ev.evict.N), zap.Error(m.Errno))
 	}
-	c.wb, c.wbRef = c.wb[:0], c.wbRef[:0]
-	for i := 0; i < c.evict.N; i++ {
-		ref := c.evictRefs[i]
-		slot := int(c.evict.Pages[i].Slot)
-		hasSlot := c.evict.Pages[i].Slot != proto.NoSlot
+	c.ev.wb, c.ev.wbRef = c.ev.wb[:0], c.ev.wbRef[:0]
+	for i := 0; i < c.ev.evict.N; i++ {
+		ref := c.ev.evictRefs[i]
+		slot := int(c.ev.evict.Pages[i].Slot)
+		hasSlot := c.ev.evict.Pages[i].Slot != proto.NoSlot
 		r, idx := ref.r, ref.idx
 		if r.gone {
 			if hasSlot {
@@ -215,35 +215,35 @@ func (c *client) evicted(m *proto.Evicted) {
 		c.st.evictions.Add(1)
 		if hasSlot { // dirty when chosen (busy since: no write got in)
 			c.set(r, idx, (p &^ (FlagDirty | FlagRef)).With(Staged))
-			c.staged++
+			c.ev.staged++
 			slab, off := c.a.slots.where(r.slots[idx])
-			c.wb = append(c.wb, PageOp{Slab: slab, Off: off, Buf: c.staging[slot*pageSize : (slot+1)*pageSize]})
-			c.wbRef = append(c.wbRef, i)
+			c.ev.wb = append(c.ev.wb, PageOp{Slab: slab, Off: off, Buf: c.ev.staging[slot*pageSize : (slot+1)*pageSize]})
+			c.ev.wbRef = append(c.ev.wbRef, i)
 		} else {
 			c.set(r, idx, (p &^ FlagRef).With(Remote))
 		}
 	}
-	if len(c.wb) > 0 {
-		c.io.Write(c.a.ctx, c.wb)
-		for j := range c.wb {
-			ref := c.evictRefs[c.wbRef[j]]
-			if err := c.wb[j].Err; err != nil {
+	if len(c.ev.wb) > 0 {
+		c.io.Write(c.a.ctx, c.ev.wb)
+		for j := range c.ev.wb {
+			ref := c.ev.evictRefs[c.ev.wbRef[j]]
+			if err := c.ev.wb[j].Err; err != nil {
 				c.log.Warn("write-back failed; page kept in its staging slot and retried", zap.Error(err))
 				continue
 			}
-			c.staged--
+			c.ev.staged--
 			c.st.writeBacks.Add(1)
 			c.set(ref.r, ref.idx, ref.r.pages[ref.idx].With(Remote))
 		}
 	}
 	c.resolveHeld()
 	for i := 0; i < done; i++ {
-		ref := c.evictRefs[i]
-		if c.evict.Pages[i].Slot == proto.NoSlot {
+		ref := c.ev.evictRefs[i]
+		if c.ev.evict.Pages[i].Slot == proto.NoSlot {
 			continue
 		}
-		slot := int(c.evict.Pages[i].Slot)
-		if c.stageOwner[slot] == ref && !ref.r.gone && ref.r.pages[ref.idx].State() == Remote {
+		slot := int(c.ev.evict.Pages[i].Slot)
+		if c.ev.stageOwner[slot] == ref && !ref.r.gone && ref.r.pages[ref.idx].State() == Remote {
 			c.freeStage(slot)
 		}
 	}
@@ -252,8 +252,8 @@ func (c *client) evicted(m *proto.Evicted) {
 // resolveHeld serves the faults that waited for the eviction.
 func (c *client) resolveHeld() {
 	now := time.Now()
-	keep := c.held[:0]
-	for _, h := range c.held {
+	keep := c.fq.held[:0]
+	for _, h := range c.fq.held {
 		r, idx := h.r, h.idx
 		if r.gone {
 			c.uffd.Wake(pageRange(r.addr(idx)))
@@ -266,7 +266,7 @@ func (c *client) resolveHeld() {
 		case p.State() == Remote && c.stageOf(r, idx) >= 0:
 			// The slot still holds the data the pool now has.
 			if err := c.fromStage(r, idx, userfaultfd.WriteProtected); userfaultfd.IsMMChanged(err) {
-				c.hold(&c.retry, h) // served from the pool then
+				c.hold(&c.fq.retry, h) // served from the pool then
 			} else {
 				c.st.latency.Observe(time.Since(h.since))
 			}
@@ -274,38 +274,38 @@ func (c *client) resolveHeld() {
 			c.fault(r.addr(idx), h.flags, h.since)
 		}
 	}
-	c.held = keep
+	c.fq.held = keep
 	c.flushReads(now)
 }
 
 // retryWriteBack writes Staged pages whose write-back failed.
 func (c *client) retryWriteBack() {
-	if c.staged == 0 {
+	if c.ev.staged == 0 {
 		return
 	}
-	c.wb, c.wbRef = c.wb[:0], c.wbRef[:0]
-	for s, o := range c.stageOwner {
+	c.ev.wb, c.ev.wbRef = c.ev.wb[:0], c.ev.wbRef[:0]
+	for s, o := range c.ev.stageOwner {
 		if o.r == nil || o.r.gone || o.r.pages[o.idx].State() != Staged || o.r.pages[o.idx].Has(FlagBusy) {
 			continue
 		}
-		if len(c.wb) == cap(c.wb) {
+		if len(c.ev.wb) == cap(c.ev.wb) {
 			break
 		}
 		slab, off := c.a.slots.where(o.r.slots[o.idx])
-		c.wb = append(c.wb, PageOp{Slab: slab, Off: off, Buf: c.staging[s*pageSize : (s+1)*pageSize]})
-		c.wbRef = append(c.wbRef, s)
+		c.ev.wb = append(c.ev.wb, PageOp{Slab: slab, Off: off, Buf: c.ev.staging[s*pageSize : (s+1)*pageSize]})
+		c.ev.wbRef = append(c.ev.wbRef, s)
 	}
-	if len(c.wb) == 0 {
+	if len(c.ev.wb) == 0 {
 		return
 	}
-	c.io.Write(c.a.ctx, c.wb)
-	for j := range c.wb {
-		if c.wb[j].Err != nil {
+	c.io.Write(c.a.ctx, c.ev.wb)
+	for j := range c.ev.wb {
+		if c.ev.wb[j].Err != nil {
 			continue
 		}
-		s := c.wbRef[j]
-		o := c.stageOwner[s]
-		c.staged--
+		s := c.ev.wbRef[j]
+		o := c.ev.stageOwner[s]
+		c.ev.staged--
 		c.st.writeBacks.Add(1)
 		c.set(o.r, o.idx, o.r.pages[o.idx].With(Remote))
 		c.freeStage(s)

@@ -56,15 +56,15 @@ func (a *Agent) ForkRegionForTest(pages []Page, slots []Slot, staged map[int][]b
 		return nil, nil, err
 	}
 	defer io.Close()
-	c := &client{a: a, log: a.log, io: io, staging: make([]byte, len(staged)*pageSize), stageOwner: make([]pageRef, len(staged))}
+	c := &client{a: a, log: a.log, io: io, ev: evictState{staging: make([]byte, len(staged)*pageSize), stageOwner: make([]pageRef, len(staged))}}
 	if forkEvents {
 		c.features = userfaultfd.FeatureEventFork
 	}
 	r := &region{id: 1, start: 1 << 30, pages: PageTable(pages), slots: slots}
 	stage := 0
 	for idx, data := range staged {
-		copy(c.staging[stage*pageSize:], data)
-		c.stageOwner[stage] = pageRef{r, idx}
+		copy(c.ev.staging[stage*pageSize:], data)
+		c.ev.stageOwner[stage] = pageRef{r, idx}
 		stage++
 	}
 	cr, err := c.forkRegion(r)

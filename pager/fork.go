@@ -22,9 +22,9 @@ import (
 // HELLO). Its page tables start as copies of the parent's (copyRegions).
 // The child is paired with its HELLO by (parent pid, fork serial).
 func (c *client) fork(fd int) {
-	c.forks++
+	c.fk.forks++
 	c.forked()
-	serial := c.forks
+	serial := c.fk.forks
 	u, err := userfaultfd.FromFD(fd, c.features)
 	if err != nil {
 		unix.Close(fd)
@@ -169,7 +169,7 @@ func (c *client) writeStaged(r, cr *region, idxs []int) error {
 			continue
 		}
 		slab, off := c.a.slots.where(slots[k])
-		ops = append(ops, PageOp{Slab: slab, Off: off, Buf: c.staging[stage*pageSize : (stage+1)*pageSize]})
+		ops = append(ops, PageOp{Slab: slab, Off: off, Buf: c.ev.staging[stage*pageSize : (stage+1)*pageSize]})
 		at = append(at, k)
 	}
 	for try := 0; ; try++ {
@@ -239,16 +239,16 @@ const forkCopyTTL = time.Minute
 // batch is in flight any more. The helper answers on the socket without
 // needing anything from this loop.
 func (c *client) settleEviction() bool {
-	if !c.evictBusy || c.conn == nil {
-		return !c.evictBusy
+	if !c.ev.evictBusy || c.sock.conn == nil {
+		return !c.ev.evictBusy
 	}
-	c.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-	for c.evictBusy && c.conn != nil && c.serveSocket() {
+	c.sock.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for c.ev.evictBusy && c.sock.conn != nil && c.serveSocket() {
 	}
-	if c.conn != nil {
-		c.conn.SetReadDeadline(time.Time{})
+	if c.sock.conn != nil {
+		c.sock.conn.SetReadDeadline(time.Time{})
 	}
-	return !c.evictBusy
+	return !c.ev.evictBusy
 }
 
 // forkPrepare handles FORK_PREPARE (step 1 above).
@@ -256,24 +256,24 @@ func (c *client) forkPrepare(m *proto.ForkPrepare) error {
 	switch {
 	case c.features&userfaultfd.FeatureEventFork != 0:
 		return errWithErrno(unix.EINVAL, "FORK_PREPARE from a client whose uffd has FORK events")
-	case c.forking != 0:
-		return errWithErrno(unix.EBUSY, fmt.Sprintf("FORK_PREPARE %d while fork %d is not done", m.Serial, c.forking))
+	case c.fk.forking != 0:
+		return errWithErrno(unix.EBUSY, fmt.Sprintf("FORK_PREPARE %d while fork %d is not done", m.Serial, c.fk.forking))
 	}
-	c.forking, c.forkedAt = m.Serial, time.Now()
+	c.fk.forking, c.fk.forkedAt = m.Serial, time.Now()
 	if !c.settleEviction() {
-		c.forking = 0
+		c.fk.forking = 0
 		return errWithErrno(unix.EIO, "the eviction in flight did not finish")
 	}
 	regs, err := c.copyRegions()
 	if err != nil {
 		c.a.freeRegions(regs)
-		c.forking = 0
+		c.fk.forking = 0
 		return errWithErrno(unix.ENOMEM, "copying the pooled pages for the child: "+err.Error())
 	}
 	c.a.addForkCopy(forkKey{int(c.pidAtm.Load()), m.Serial}, &forkCopy{
 		regs: regs, uid: c.uid.Load(), localMem: c.localMem.Load(), made: time.Now(),
 	})
-	c.forkedAt = time.Now() // the pause counts from the ACK
+	c.fk.forkedAt = time.Now() // the pause counts from the ACK
 	c.log.Debug("pages copied for a fork", zap.Uint64("serial", m.Serial), zap.Int("regions", len(regs)))
 	return nil
 }
@@ -286,12 +286,12 @@ const maxForkPause = 10 * time.Second
 // whose FORK_DONE never came ends after maxForkPause, so that a shim that
 // failed to send it does not leave the process over budget for good.
 func (c *client) forkStalled() bool {
-	if c.forking == 0 {
+	if c.fk.forking == 0 {
 		return false
 	}
-	if time.Since(c.forkedAt) > maxForkPause {
-		c.log.Warn("no FORK_DONE after FORK_PREPARE; evictions resume", zap.Uint64("serial", c.forking))
-		c.forking = 0
+	if time.Since(c.fk.forkedAt) > maxForkPause {
+		c.log.Warn("no FORK_DONE after FORK_PREPARE; evictions resume", zap.Uint64("serial", c.fk.forking))
+		c.fk.forking = 0
 		return false
 	}
 	return true
@@ -299,10 +299,10 @@ func (c *client) forkStalled() bool {
 
 // forkDone handles FORK_DONE (step 4 above).
 func (c *client) forkDone(m *proto.ForkDone) {
-	if m.Serial != c.forking {
-		c.log.Warn("FORK_DONE of a fork not prepared", zap.Uint64("serial", m.Serial), zap.Uint64("preparing", c.forking))
+	if m.Serial != c.fk.forking {
+		c.log.Warn("FORK_DONE of a fork not prepared", zap.Uint64("serial", m.Serial), zap.Uint64("preparing", c.fk.forking))
 	}
-	c.forking = 0
+	c.fk.forking = 0
 	c.a.forkReturned(forkKey{int(c.pidAtm.Load()), m.Serial}, int(m.PID))
 }
 

@@ -56,10 +56,8 @@ type client struct {
 	io   PageIO
 	st   counters
 
-	mu      sync.Mutex
-	pid     int
-	pending *net.UnixConn // a connection handed over by the agent (forked child)
-	stop    bool
+	mu  sync.Mutex
+	ctl control // guarded by mu
 
 	wakefd   int
 	done     chan struct{}
@@ -67,20 +65,65 @@ type client struct {
 	uid      atomic.Uint32 // the client's user (SO_PEERCRED)
 	localMem atomic.Uint64 // the budget its HELLO asked for (0: the agent's)
 
-	// Loop state.
-	conn     *net.UnixConn
-	sockfd   int
-	pidfd    int
+	// Loop state, by concern.
+	sock     socketState // the process: its socket, pidfd and packets
 	regs     regions
 	clock    Clock
-	msgs     []userfaultfd.Msg
-	pfds     []unix.PollFd
-	reads    []PageOp
-	readAt   []readRef
-	merged   []PageOp // reads joined into runs (merge)
-	mergedAt []int    // first read of each merged op
-	bufs     []byte
+	fq       faultQueue // faults read, reads in flight, faults held
+	room     roomState  // the pool's room and what was said about it
+	fk       forkState
+	ev       evictState // staging slots and the eviction in flight
+	sample   samples
+	features userfaultfd.Feature
+	closed   bool
 
+	cj *clientJournal // what a next agent needs to resume it (journal.go); nil: none
+}
+
+// control is what the agent's goroutines hand the loop (client.mu).
+type control struct {
+	pid     int
+	pending *net.UnixConn // a connection handed over by the agent (forked child)
+	stop    bool
+}
+
+// socketState is the client's connection: the socket, the process's
+// pidfd, the packet buffers and the sequence of requests.
+type socketState struct {
+	conn    *net.UnixConn
+	sockfd  int
+	pidfd   int
+	sendBuf []byte
+	recvBuf []byte
+	oob     []byte
+	seq     uint32
+	probed  time.Time // last liveness probe (gone)
+}
+
+// faultQueue is the fault path's state: uffd messages read, the reads of
+// a batch and where they go, prefetches out, faults held for room or a
+// page in flight, and messages read ahead.
+type faultQueue struct {
+	msgs       []userfaultfd.Msg
+	pfds       []unix.PollFd
+	reads      []PageOp
+	readAt     []readRef
+	merged     []PageOp // reads joined into runs (merge)
+	mergedAt   []int    // first read of each merged op
+	bufs       []byte
+	pfOut      []int64
+	held       []heldFault
+	retry      []heldFault
+	retrySpare []heldFault
+	early      []userfaultfd.Msg // messages read ahead by again
+	earlySpare []userfaultfd.Msg
+	zeros      []byte
+}
+
+// roomState is what the client knows of the pool's room: since when
+// evictions found no slots, drains and trims it took part in, and what it
+// has said about an unreachable pool (once each).
+type roomState struct {
 	noRoomSince time.Time // eviction found no pool slots for dirty pages
 	noRoomRetry time.Time // and tries again from then on (or when room returns)
 	reloc       relocation
@@ -88,23 +131,17 @@ type client struct {
 	stuckSaid   time.Time // a fault waited stuckWarn for an unreachable pool (said once)
 	gaveUp      bool      // faults were given up (FaultTimeout): said once
 	bentSaid    bool      // the budget bent for an unreachable pool: said once
-	pfOut       []int64
-	held        []heldFault
-	retry       []heldFault
-	retrySpare  []heldFault
-	early       []userfaultfd.Msg // messages read ahead by again
-	earlySpare  []userfaultfd.Msg
-	victims     []Victim
-	zeros       []byte
-	forks       uint64
-	forking     uint64    // serial of a FORK_PREPARE until its FORK_DONE: no evictions meanwhile
-	forkedAt    time.Time // when that FORK_PREPARE was answered (see forkStalled)
-	features    userfaultfd.Feature
-	closed      bool
+}
 
-	cj *clientJournal // what a next agent needs to resume it (journal.go); nil: none
+// forkState follows the process's forks.
+type forkState struct {
+	forks    uint64
+	forking  uint64    // serial of a FORK_PREPARE until its FORK_DONE: no evictions meanwhile
+	forkedAt time.Time // when that FORK_PREPARE was answered (see forkStalled)
+}
 
-	// Staging and eviction.
+// evictState is the staging area and the eviction in flight.
+type evictState struct {
 	stagingFD  int
 	staging    []byte
 	stageFree  []uint32
@@ -117,12 +154,7 @@ type client struct {
 	staged     int // pages in Staged state waiting for a write-back retry
 	wb         []PageOp
 	wbRef      []int
-	sendBuf    []byte
-	recvBuf    []byte
-	oob        []byte
-	seq        uint32
-	sample     samples
-	probed     time.Time // last liveness probe (gone)
+	victims    []Victim
 }
 
 // newClient prepares a client for uffd (owned from now on); the loop
@@ -169,31 +201,33 @@ func (a *Agent) newClientWith(u *userfaultfd.UFFD, features userfaultfd.Feature,
 	}
 	c := &client{
 		a: a, id: id, uffd: gatedUFFD{UFFD: u}, io: io, features: features,
-		wakefd: wfd, done: make(chan struct{}), sockfd: -1, pidfd: -1,
-		msgs:  make([]userfaultfd.Msg, maxMsgs),
-		pfds:  make([]unix.PollFd, 0, 4),
-		reads: make([]PageOp, 0, maxBatch), readAt: make([]readRef, 0, maxBatch),
-		merged: make([]PageOp, 0, maxBatch), mergedAt: make([]int, 0, maxBatch),
-		bufs:  make([]byte, maxBatch*pageSize),
-		pfOut: make([]int64, a.opts.MaxPrefetch),
-		held:  make([]heldFault, 0, maxHeld), retry: make([]heldFault, 0, maxHeld),
-		retrySpare: make([]heldFault, 0, maxHeld),
-		early:      make([]userfaultfd.Msg, 0, maxMsgs), earlySpare: make([]userfaultfd.Msg, 0, maxMsgs),
-		victims:   make([]Victim, proto.MaxEvictBatch),
-		zeros:     make([]byte, pageSize),
-		sample:    samples{buf: make([]byte, sampleSlots*pageSize)},
-		stagingFD: sfd, staging: staging,
-		stageFree: make([]uint32, 0, slots), stageOwner: make([]pageRef, slots),
-		wb: make([]PageOp, 0, proto.MaxEvictBatch), wbRef: make([]int, 0, proto.MaxEvictBatch),
-		sendBuf: make([]byte, 0, proto.MaxPacket), recvBuf: make([]byte, proto.MaxPacket),
-		oob: make([]byte, proto.OOBSize),
+		wakefd: wfd, done: make(chan struct{}),
+		sock: socketState{sockfd: -1, pidfd: -1,
+			sendBuf: make([]byte, 0, proto.MaxPacket), recvBuf: make([]byte, proto.MaxPacket),
+			oob: make([]byte, proto.OOBSize)},
+		fq: faultQueue{
+			msgs:  make([]userfaultfd.Msg, maxMsgs),
+			pfds:  make([]unix.PollFd, 0, 4),
+			reads: make([]PageOp, 0, maxBatch), readAt: make([]readRef, 0, maxBatch),
+			merged: make([]PageOp, 0, maxBatch), mergedAt: make([]int, 0, maxBatch),
+			bufs:  make([]byte, maxBatch*pageSize),
+			pfOut: make([]int64, a.opts.MaxPrefetch),
+			held:  make([]heldFault, 0, maxHeld), retry: make([]heldFault, 0, maxHeld),
+			retrySpare: make([]heldFault, 0, maxHeld),
+			early:      make([]userfaultfd.Msg, 0, maxMsgs), earlySpare: make([]userfaultfd.Msg, 0, maxMsgs),
+			zeros: make([]byte, pageSize)},
+		sample: samples{buf: make([]byte, sampleSlots*pageSize)},
+		ev: evictState{stagingFD: sfd, staging: staging,
+			stageFree: make([]uint32, 0, slots), stageOwner: make([]pageRef, slots),
+			wb: make([]PageOp, 0, proto.MaxEvictBatch), wbRef: make([]int, 0, proto.MaxEvictBatch),
+			victims: make([]Victim, proto.MaxEvictBatch)},
 	}
 	for s := slots - 1; s >= 0; s-- {
-		c.stageFree = append(c.stageFree, uint32(s))
+		c.ev.stageFree = append(c.ev.stageFree, uint32(s))
 	}
 	c.log = a.log.With(zap.Uint64("client", c.id))
 	if lr, ok := io.(localRegistrar); ok {
-		for _, mem := range [][]byte{c.bufs, c.staging} {
+		for _, mem := range [][]byte{c.fq.bufs, c.ev.staging} {
 			if err := lr.RegisterLocal(mem); err != nil {
 				c.log.Warn("registering page buffers for zero-copy transfers failed; pages go through the transport's bounce buffer", zap.Error(err))
 			}
@@ -213,7 +247,7 @@ type localRegistrar interface {
 // goroutine) and wakes the loop.
 func (c *client) attach(conn *net.UnixConn, pid int) {
 	c.mu.Lock()
-	c.pending, c.pid = conn, pid
+	c.ctl.pending, c.ctl.pid = conn, pid
 	c.mu.Unlock()
 	c.pidAtm.Store(int64(pid))
 	c.wake()
@@ -222,7 +256,7 @@ func (c *client) attach(conn *net.UnixConn, pid int) {
 // shutdown asks the loop to stop and waits for it.
 func (c *client) shutdown() {
 	c.mu.Lock()
-	c.stop = true
+	c.ctl.stop = true
 	c.mu.Unlock()
 	c.wake()
 	<-c.done
@@ -246,31 +280,31 @@ func (c *client) RoutineServe() {
 		if c.control() {
 			return
 		}
-		if len(c.early) > 0 { // read ahead outside serveUFFD
+		if len(c.fq.early) > 0 { // read ahead outside serveUFFD
 			c.serveUFFD()
 		}
-		c.pfds = c.pfds[:0]
-		c.pfds = append(c.pfds, unix.PollFd{Fd: int32(c.uffd.Fd()), Events: unix.POLLIN})
-		c.pfds = append(c.pfds, unix.PollFd{Fd: int32(c.wakefd), Events: unix.POLLIN})
-		if c.sockfd >= 0 {
-			c.pfds = append(c.pfds, unix.PollFd{Fd: int32(c.sockfd), Events: unix.POLLIN})
+		c.fq.pfds = c.fq.pfds[:0]
+		c.fq.pfds = append(c.fq.pfds, unix.PollFd{Fd: int32(c.uffd.Fd()), Events: unix.POLLIN})
+		c.fq.pfds = append(c.fq.pfds, unix.PollFd{Fd: int32(c.wakefd), Events: unix.POLLIN})
+		if c.sock.sockfd >= 0 {
+			c.fq.pfds = append(c.fq.pfds, unix.PollFd{Fd: int32(c.sock.sockfd), Events: unix.POLLIN})
 		}
-		if c.pidfd >= 0 {
-			c.pfds = append(c.pfds, unix.PollFd{Fd: int32(c.pidfd), Events: unix.POLLIN})
+		if c.sock.pidfd >= 0 {
+			c.fq.pfds = append(c.fq.pfds, unix.PollFd{Fd: int32(c.sock.pidfd), Events: unix.POLLIN})
 		}
 		timeout := -1
-		if c.pidfd < 0 && len(c.regs.list) > 0 {
+		if c.sock.pidfd < 0 && len(c.regs.list) > 0 {
 			timeout = int(probePeriod / time.Millisecond) // see gone
 		}
-		if len(c.retry) > 0 || c.staged > 0 || c.reloc.pending(c) {
+		if len(c.fq.retry) > 0 || c.ev.staged > 0 || c.room.reloc.pending(c) {
 			timeout = int(retryPeriod / time.Millisecond)
 		}
-		_, err := unix.Poll(c.pfds, timeout)
+		_, err := unix.Poll(c.fq.pfds, timeout)
 		if err != nil && !errors.Is(err, unix.EINTR) {
 			c.log.Error("poll failed; dropping client", zap.Error(err))
 			return
 		}
-		for _, p := range c.pfds {
+		for _, p := range c.fq.pfds {
 			switch {
 			case p.Revents == 0:
 			case int(p.Fd) == c.wakefd:
@@ -282,18 +316,18 @@ func (c *client) RoutineServe() {
 					return
 				}
 				c.serveUFFD()
-			case int(p.Fd) == c.sockfd:
+			case int(p.Fd) == c.sock.sockfd:
 				// Handling the uffd may have read the socket already
 				// (a fork waits for EVICTED): a stale POLLIN must not
 				// block the loop in a read.
-				if !readable(c.sockfd) {
+				if !readable(c.sock.sockfd) {
 					continue
 				}
 				if !c.serveSocket() {
 					c.log.Info("client closed its connection")
 					return
 				}
-			case int(p.Fd) == c.pidfd:
+			case int(p.Fd) == c.sock.pidfd:
 				c.log.Info("client exited", zap.Int("pid", int(c.pidAtm.Load())))
 				return
 			}
@@ -304,7 +338,7 @@ func (c *client) RoutineServe() {
 		c.retryHeld()
 		c.retryWriteBack()
 		c.maybeEvict()
-		if c.pidfd < 0 && c.gone() {
+		if c.sock.pidfd < 0 && c.gone() {
 			c.log.Info("client without HELLO exited")
 			return
 		}
@@ -322,10 +356,10 @@ func (c *client) gone() bool {
 		return false
 	}
 	now := time.Now()
-	if now.Sub(c.probed) < probePeriod {
+	if now.Sub(c.sock.probed) < probePeriod {
 		return false
 	}
-	c.probed = now
+	c.sock.probed = now
 	err := c.uffd.WriteProtect(pageRange(c.regs.list[0].start))
 	return errors.Is(err, unix.ESRCH)
 }
@@ -340,13 +374,13 @@ func (c *client) gone() bool {
 // failed): the fault waits until one can, however long (back-pressure:
 // the budget holds and nothing is lost; docs/pager.md, Budget).
 func (c *client) throttle(since time.Time) bool {
-	if c.conn == nil || c.forkStalled() {
+	if c.sock.conn == nil || c.forkStalled() {
 		return false // nothing evicts this client now
 	}
-	if int(c.st.resident.Load())+len(c.reads) < c.budgetPages()+budgetMargin {
+	if int(c.st.resident.Load())+len(c.fq.reads) < c.budgetPages()+budgetMargin {
 		return false
 	}
-	if c.evictBusy {
+	if c.ev.evictBusy {
 		return time.Since(since) < maxThrottle
 	}
 	if to := c.a.opts.FaultTimeout; to > 0 && time.Since(since) >= to && !c.a.slots.full() {
@@ -354,8 +388,8 @@ func (c *client) throttle(since time.Time) bool {
 		// the coordinator does not answer): the program must not hang,
 		// so the budget bends (no page is lost: the evicted ones wait
 		// in their staging slots).
-		if !c.bentSaid {
-			c.bentSaid = true
+		if !c.room.bentSaid {
+			c.room.bentSaid = true
 			c.log.Warn("the pool does not answer: the program goes over its budget rather than wait any longer",
 				zap.Int("pid", int(c.pidAtm.Load())), zap.Duration("fault_timeout", to))
 		}
@@ -380,8 +414,8 @@ func (c *client) budgetPages() int { return c.a.budgetPages(c.localMem.Load()) }
 // control applies what the agent asked for; it reports whether to stop.
 func (c *client) control() bool {
 	c.mu.Lock()
-	stop, conn, pid := c.stop, c.pending, c.pid
-	c.pending = nil
+	stop, conn, pid := c.ctl.stop, c.ctl.pending, c.ctl.pid
+	c.ctl.pending = nil
 	c.mu.Unlock()
 	if stop {
 		return true
@@ -394,19 +428,19 @@ func (c *client) control() bool {
 }
 
 func (c *client) setConn(conn *net.UnixConn, pid int) {
-	if c.conn != nil {
-		c.conn.Close()
+	if c.sock.conn != nil {
+		c.sock.conn.Close()
 	}
-	c.conn, c.sockfd = conn, -1
+	c.sock.conn, c.sock.sockfd = conn, -1
 	if rc, err := conn.SyscallConn(); err == nil {
-		rc.Control(func(fd uintptr) { c.sockfd = int(fd) })
+		rc.Control(func(fd uintptr) { c.sock.sockfd = int(fd) })
 	}
-	if c.pidfd < 0 && pid > 0 {
+	if c.sock.pidfd < 0 && pid > 0 {
 		fd, err := unix.PidfdOpen(pid, 0)
 		if err != nil {
 			c.log.Warn("pidfd_open failed: exit is seen only through the socket", zap.Int("pid", pid), zap.Error(err))
 		} else {
-			c.pidfd = fd
+			c.sock.pidfd = fd
 		}
 	}
 }
@@ -418,7 +452,7 @@ func (c *client) setConn(conn *net.UnixConn, pid int) {
 // reading zeros.
 func (c *client) teardown() {
 	c.mu.Lock()
-	agentStop := c.stop
+	agentStop := c.ctl.stop
 	c.mu.Unlock()
 	if !agentStop {
 		c.a.freeRegions(c.regs.list)
@@ -428,20 +462,20 @@ func (c *client) teardown() {
 	}
 	c.io.Close()
 	c.uffd.Close()
-	if c.conn != nil {
-		c.conn.Close()
+	if c.sock.conn != nil {
+		c.sock.conn.Close()
 	}
 	c.mu.Lock()
-	if c.pending != nil {
-		c.pending.Close()
-		c.pending = nil
+	if c.ctl.pending != nil {
+		c.ctl.pending.Close()
+		c.ctl.pending = nil
 	}
 	c.mu.Unlock()
-	if c.pidfd >= 0 {
-		unix.Close(c.pidfd)
+	if c.sock.pidfd >= 0 {
+		unix.Close(c.sock.pidfd)
 	}
-	unix.Munmap(c.staging)
-	unix.Close(c.stagingFD)
+	unix.Munmap(c.ev.staging)
+	unix.Close(c.ev.stagingFD)
 	unix.Close(c.wakefd)
 	c.closed = true
 	c.a.dropClient(c)
@@ -510,21 +544,21 @@ func pageRange(a userfaultfd.Addr) userfaultfd.Range {
 // serveUFFD reads and handles pending uffd messages in batches.
 func (c *client) serveUFFD() {
 	for {
-		if len(c.early) > 0 {
-			batch := c.early
-			c.early, c.earlySpare = c.earlySpare[:0], batch
+		if len(c.fq.early) > 0 {
+			batch := c.fq.early
+			c.fq.early, c.fq.earlySpare = c.fq.earlySpare[:0], batch
 			c.handleMsgs(batch)
 			continue
 		}
-		n, err := c.uffd.ReadEvents(c.msgs)
+		n, err := c.uffd.ReadEvents(c.fq.msgs)
 		if err != nil {
 			if !errors.Is(err, unix.EAGAIN) {
 				c.log.Error("reading uffd failed", zap.Error(err))
 			}
 			return
 		}
-		c.handleMsgs(c.msgs[:n])
-		if n < len(c.msgs) && len(c.early) == 0 {
+		c.handleMsgs(c.fq.msgs[:n])
+		if n < len(c.fq.msgs) && len(c.fq.early) == 0 {
 			return
 		}
 	}
@@ -605,19 +639,19 @@ func (g *gatedUFFD) Poison(r userfaultfd.Range, flags userfaultfd.Flags) (int, e
 // (handled later, in order, by serveUFFD) lifts that, so the page just
 // fetched is installed instead of being fetched again on a later retry.
 func (c *client) again(err error) bool {
-	if !userfaultfd.IsMMChanged(err) || c.uffd.forkAhead || len(c.early) == cap(c.early) {
+	if !userfaultfd.IsMMChanged(err) || c.uffd.forkAhead || len(c.fq.early) == cap(c.fq.early) {
 		return false
 	}
-	n, rerr := c.uffd.ReadEvents(c.early[len(c.early):cap(c.early)])
+	n, rerr := c.uffd.ReadEvents(c.fq.early[len(c.fq.early):cap(c.fq.early)])
 	if rerr != nil || n == 0 {
 		return false
 	}
-	for i := len(c.early); i < len(c.early)+n; i++ {
-		if c.early[:cap(c.early)][i].Kind() == userfaultfd.EventFork {
+	for i := len(c.fq.early); i < len(c.fq.early)+n; i++ {
+		if c.fq.early[:cap(c.fq.early)][i].Kind() == userfaultfd.EventFork {
 			c.uffd.forkAhead = true // see errForkAhead
 		}
 	}
-	c.early = c.early[:len(c.early)+n]
+	c.fq.early = c.fq.early[:len(c.fq.early)+n]
 	return !c.uffd.forkAhead
 }
 
@@ -634,7 +668,7 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 	}
 	p := r.pages[idx]
 	if p.Has(FlagBusy) {
-		c.hold(&c.held, heldFault{pageRef{r, idx}, flags, since})
+		c.hold(&c.fq.held, heldFault{pageRef{r, idx}, flags, since})
 		return
 	}
 	if flags&userfaultfd.FaultWP != 0 {
@@ -646,7 +680,7 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 			}
 			if err != nil && !userfaultfd.IsGone(err) {
 				if userfaultfd.IsMMChanged(err) {
-					c.hold(&c.retry, heldFault{pageRef{r, idx}, flags, since})
+					c.hold(&c.fq.retry, heldFault{pageRef{r, idx}, flags, since})
 					return
 				}
 				c.log.Error("unprotect failed", zap.Stringer("addr", a), zap.Error(err))
@@ -667,7 +701,7 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 		return
 	}
 	if st := p.State(); (st == Absent || st == Remote || st == Staged) && c.throttle(since) {
-		c.hold(&c.retry, heldFault{pageRef{r, idx}, flags, since})
+		c.hold(&c.fq.retry, heldFault{pageRef{r, idx}, flags, since})
 		return
 	}
 	switch p.State() {
@@ -677,7 +711,7 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 		case err == nil:
 			c.set(r, idx, p.With(Resident)|FlagDirty|FlagRef)
 		case userfaultfd.IsMMChanged(err):
-			c.hold(&c.retry, heldFault{pageRef{r, idx}, flags, since})
+			c.hold(&c.fq.retry, heldFault{pageRef{r, idx}, flags, since})
 		}
 	case Resident:
 		// A repeated fault (EEXIST: woken), or the page was dropped
@@ -687,7 +721,7 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 		case mapped:
 			c.dirty(r, idx, p|FlagRef)
 		case userfaultfd.IsMMChanged(err):
-			c.hold(&c.retry, heldFault{pageRef{r, idx}, flags, since})
+			c.hold(&c.fq.retry, heldFault{pageRef{r, idx}, flags, since})
 		}
 	case Remote:
 		if p.Has(FlagFetch) {
@@ -698,17 +732,17 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 			return
 		}
 		c.addRead(r, idx, false)
-		c.readAt[len(c.readAt)-1].since = since
+		c.fq.readAt[len(c.fq.readAt)-1].since = since
 		c.prefetch(r, idx)
 	case Staged:
 		if err := c.fromStage(r, idx, 0); userfaultfd.IsMMChanged(err) {
-			c.hold(&c.retry, heldFault{pageRef{r, idx}, flags, since})
+			c.hold(&c.fq.retry, heldFault{pageRef{r, idx}, flags, since})
 			return
 		}
 		c.st.latency.Observe(time.Since(since))
 	case Lost:
 		if err := c.poison(r, idx); userfaultfd.IsMMChanged(err) {
-			c.hold(&c.retry, heldFault{pageRef{r, idx}, flags, since})
+			c.hold(&c.fq.retry, heldFault{pageRef{r, idx}, flags, since})
 		}
 	}
 }
@@ -719,10 +753,10 @@ func (c *client) prefetch(r *region, idx int) {
 	if r.pf == nil {
 		return
 	}
-	n := r.pf.Fault(int64(idx), int64(len(r.pages)), c.pfOut)
+	n := r.pf.Fault(int64(idx), int64(len(r.pages)), c.fq.pfOut)
 	// Prefetching stops at the budget's margin, as faults do (throttle).
-	room := c.budgetPages() + budgetMargin - int(c.st.resident.Load()) - len(c.reads)
-	for _, q := range c.pfOut[:n] {
+	room := c.budgetPages() + budgetMargin - int(c.st.resident.Load()) - len(c.fq.reads)
+	for _, q := range c.fq.pfOut[:n] {
 		qp := r.pages[q]
 		if room <= 0 {
 			break
@@ -774,7 +808,7 @@ func (c *client) hold(list *[]heldFault, h heldFault) {
 			return
 		}
 	}
-	if list == &c.held {
+	if list == &c.fq.held {
 		c.st.held.Add(1)
 	}
 	if len(*list) == cap(*list) {
@@ -787,13 +821,13 @@ func (c *client) hold(list *[]heldFault, h heldFault) {
 
 // addRead queues a READ of page idx of r into the batch.
 func (c *client) addRead(r *region, idx int, prefetch bool) {
-	if len(c.reads) == cap(c.reads) {
+	if len(c.fq.reads) == cap(c.fq.reads) {
 		c.flushReads(time.Now())
 	}
-	k := len(c.reads)
+	k := len(c.fq.reads)
 	slab, off := c.a.slots.where(r.slots[idx])
-	c.reads = append(c.reads, PageOp{Slab: slab, Off: off, Buf: c.bufs[k*pageSize : (k+1)*pageSize]})
-	c.readAt = append(c.readAt, readRef{pageRef: pageRef{r, idx}, prefetch: prefetch})
+	c.fq.reads = append(c.fq.reads, PageOp{Slab: slab, Off: off, Buf: c.fq.bufs[k*pageSize : (k+1)*pageSize]})
+	c.fq.readAt = append(c.fq.readAt, readRef{pageRef: pageRef{r, idx}, prefetch: prefetch})
 	r.pages[idx] |= FlagFetch
 }
 
@@ -801,11 +835,11 @@ func (c *client) addRead(r *region, idx int, prefetch bool) {
 // fault, not only prefetched: if it cannot be installed, the fault is held
 // for a retry rather than left waiting for a wake-up that never comes.
 func (c *client) demand(r *region, idx int, since time.Time) {
-	for k := range c.readAt {
-		if c.readAt[k].r == r && c.readAt[k].idx == idx {
-			c.readAt[k].prefetch = false
-			if c.readAt[k].since.IsZero() || since.Before(c.readAt[k].since) {
-				c.readAt[k].since = since
+	for k := range c.fq.readAt {
+		if c.fq.readAt[k].r == r && c.fq.readAt[k].idx == idx {
+			c.fq.readAt[k].prefetch = false
+			if c.fq.readAt[k].since.IsZero() || since.Before(c.fq.readAt[k].since) {
+				c.fq.readAt[k].since = since
 			}
 			return
 		}
@@ -814,35 +848,35 @@ func (c *client) demand(r *region, idx int, since time.Time) {
 
 // flushReads posts the batch of READs and installs what arrived.
 func (c *client) flushReads(since time.Time) {
-	if len(c.reads) == 0 {
+	if len(c.fq.reads) == 0 {
 		return
 	}
 	c.merge()
-	c.io.Read(c.a.ctx, c.merged)
-	for m, op := range c.merged {
-		end := len(c.reads)
-		if m+1 < len(c.mergedAt) {
-			end = c.mergedAt[m+1]
+	c.io.Read(c.a.ctx, c.fq.merged)
+	for m, op := range c.fq.merged {
+		end := len(c.fq.reads)
+		if m+1 < len(c.fq.mergedAt) {
+			end = c.fq.mergedAt[m+1]
 		}
-		for k := c.mergedAt[m]; k < end; k++ {
-			c.reads[k].Err = op.Err
+		for k := c.fq.mergedAt[m]; k < end; k++ {
+			c.fq.reads[k].Err = op.Err
 		}
 	}
 	// The sample, when one is due, is the batch's last prefetched page:
 	// a stream's next fault comes past it anyway, and its hit (sampleHit)
 	// prefetches on as that fault would.
 	last, due := -1, false
-	for k := range c.reads {
-		if c.reads[k].Err == nil && c.readAt[k].prefetch {
+	for k := range c.fq.reads {
+		if c.fq.reads[k].Err == nil && c.fq.readAt[k].prefetch {
 			last = k
 			due = c.sample.sampleNow() || due
 		}
 	}
 	if due {
-		c.readAt[last].sample = true
+		c.fq.readAt[last].sample = true
 	}
-	for k := 0; k < len(c.reads); {
-		if c.readAt[k].sample {
+	for k := 0; k < len(c.fq.reads); {
+		if c.fq.readAt[k].sample {
 			c.holdSample(k)
 			k++
 			continue
@@ -851,8 +885,8 @@ func (c *client) flushReads(since time.Time) {
 		// installed with one UFFDIO_COPY (their buffers are adjacent too):
 		// the ioctl costs ~5.5 µs for one page, ~1.5 µs a page for 64.
 		j := k + 1
-		for j < len(c.reads) && c.reads[k].Err == nil && c.reads[j].Err == nil && !c.readAt[j].sample &&
-			c.readAt[j].r == c.readAt[k].r && c.readAt[j].idx == c.readAt[j-1].idx+1 {
+		for j < len(c.fq.reads) && c.fq.reads[k].Err == nil && c.fq.reads[j].Err == nil && !c.fq.readAt[j].sample &&
+			c.fq.readAt[j].r == c.fq.readAt[k].r && c.fq.readAt[j].idx == c.fq.readAt[j-1].idx+1 {
 			j++
 		}
 		if j-k > 1 {
@@ -862,11 +896,11 @@ func (c *client) flushReads(since time.Time) {
 			c.installRead(k, since)
 		}
 	}
-	c.reads = c.reads[:0]
-	c.readAt = c.readAt[:0]
+	c.fq.reads = c.fq.reads[:0]
+	c.fq.readAt = c.fq.readAt[:0]
 }
 
-// merge joins the batch's reads into c.merged: a run of reads of adjacent
+// merge joins the batch's reads into c.fq.merged: a run of reads of adjacent
 // pages of one region whose slots are adjacent in one slab (an eviction
 // batch takes consecutive slots for the sorted victims, so a run evicted
 // together is one run in the pool; their buffers are adjacent too) is one
@@ -874,15 +908,15 @@ func (c *client) flushReads(since time.Time) {
 // than many 4 KiB ones (measured on the sequential benchmark: a 32-page
 // batch took ~150 µs as 32 READs).
 func (c *client) merge() {
-	c.merged, c.mergedAt = c.merged[:0], c.mergedAt[:0]
-	for k := 0; k < len(c.reads); {
+	c.fq.merged, c.fq.mergedAt = c.fq.merged[:0], c.fq.mergedAt[:0]
+	for k := 0; k < len(c.fq.reads); {
 		j := k + 1
-		for j < len(c.reads) && c.readAt[j].r == c.readAt[k].r && c.readAt[j].idx == c.readAt[j-1].idx+1 &&
-			c.reads[j].Slab == c.reads[k].Slab && c.reads[j].Off == c.reads[j-1].Off+pageSize {
+		for j < len(c.fq.reads) && c.fq.readAt[j].r == c.fq.readAt[k].r && c.fq.readAt[j].idx == c.fq.readAt[j-1].idx+1 &&
+			c.fq.reads[j].Slab == c.fq.reads[k].Slab && c.fq.reads[j].Off == c.fq.reads[j-1].Off+pageSize {
 			j++
 		}
-		c.merged = append(c.merged, PageOp{Slab: c.reads[k].Slab, Off: c.reads[k].Off, Buf: c.bufs[k*pageSize : j*pageSize]})
-		c.mergedAt = append(c.mergedAt, k)
+		c.fq.merged = append(c.fq.merged, PageOp{Slab: c.fq.reads[k].Slab, Off: c.fq.reads[k].Off, Buf: c.fq.bufs[k*pageSize : j*pageSize]})
+		c.fq.mergedAt = append(c.fq.mergedAt, k)
 		k = j
 	}
 }
@@ -891,14 +925,14 @@ func (c *client) merge() {
 // Copy, and returns how many it installed: all, or the pages before the
 // one where the Copy stopped (the caller installs the rest one by one).
 func (c *client) copyRun(k, j int, since time.Time) int {
-	first := c.readAt[k]
-	n, err := c.uffd.Copy(first.r.addr(first.idx), c.bufs[k*pageSize:j*pageSize], userfaultfd.WriteProtected)
+	first := c.fq.readAt[k]
+	n, err := c.uffd.Copy(first.r.addr(first.idx), c.fq.bufs[k*pageSize:j*pageSize], userfaultfd.WriteProtected)
 	done := j - k
 	if err != nil {
 		done = min(max(n, 0)/pageSize, j-k)
 	}
 	for m := k; m < k+done; m++ {
-		ref := c.readAt[m]
+		ref := c.fq.readAt[m]
 		p := ref.r.pages[ref.idx] &^ FlagFetch
 		c.st.remoteReads.Add(1)
 		c.set(ref.r, ref.idx, p.With(Resident)|FlagRef)
@@ -911,8 +945,8 @@ func (c *client) copyRun(k, j int, since time.Time) int {
 
 // installRead installs read k of the batch, or poisons or retries it.
 func (c *client) installRead(k int, since time.Time) {
-	op := &c.reads[k]
-	ref := c.readAt[k]
+	op := &c.fq.reads[k]
+	ref := c.fq.readAt[k]
 	if !ref.since.IsZero() {
 		since = ref.since // a retried fault: its wait began then
 	}
@@ -923,7 +957,7 @@ func (c *client) installRead(k int, since time.Time) {
 	case op.Err == nil:
 		c.st.remoteReads.Add(1)
 		if err := c.install(r, idx, p, op.Buf); err != nil && !ref.prefetch {
-			c.hold(&c.retry, heldFault{ref.pageRef, 0, since})
+			c.hold(&c.fq.retry, heldFault{ref.pageRef, 0, since})
 		}
 		if !ref.prefetch {
 			c.st.latency.Observe(time.Since(since))
@@ -932,7 +966,7 @@ func (c *client) installRead(k int, since time.Time) {
 		c.set(r, idx, p.With(Lost))
 		c.setSlot(r, idx, 0) // its data is gone
 		if err := c.poison(r, idx); err != nil && !ref.prefetch {
-			c.hold(&c.retry, heldFault{ref.pageRef, 0, since})
+			c.hold(&c.fq.retry, heldFault{ref.pageRef, 0, since})
 		}
 	default:
 		if ref.prefetch {
@@ -945,12 +979,12 @@ func (c *client) installRead(k int, since time.Time) {
 			c.set(r, idx, p.With(Lost))
 			c.setSlot(r, idx, 0)
 			if err := c.poison(r, idx); err != nil {
-				c.hold(&c.retry, heldFault{ref.pageRef, 0, since})
+				c.hold(&c.fq.retry, heldFault{ref.pageRef, 0, since})
 			}
 			return
 		}
 		c.st.retries.Add(1)
-		c.hold(&c.retry, heldFault{ref.pageRef, 0, since})
+		c.hold(&c.fq.retry, heldFault{ref.pageRef, 0, since})
 	}
 }
 
@@ -961,8 +995,8 @@ func (c *client) installRead(k int, since time.Time) {
 func (c *client) unreachableTooLong(since time.Time, err error) bool {
 	waited := time.Since(since)
 	limit := c.a.opts.FaultTimeout
-	if waited >= stuckWarn && c.stuckSaid.IsZero() {
-		c.stuckSaid = time.Now()
+	if waited >= stuckWarn && c.room.stuckSaid.IsZero() {
+		c.room.stuckSaid = time.Now()
 		c.log.Warn("a fault waits for the pool: no replica of its page answers; the program gets SIGBUS if none does in time",
 			zap.Int("pid", int(c.pidAtm.Load())), zap.Duration("waited", waited.Round(time.Millisecond)),
 			zap.Duration("fault_timeout", limit), zap.Error(err))
@@ -970,8 +1004,8 @@ func (c *client) unreachableTooLong(since time.Time, err error) bool {
 	if limit <= 0 || waited < limit {
 		return false
 	}
-	if !c.gaveUp {
-		c.gaveUp = true
+	if !c.room.gaveUp {
+		c.room.gaveUp = true
 		c.log.Error("PAGES LOST TO THE PROGRAM: no replica answered within the fault timeout; its faults on them get SIGBUS",
 			zap.Int("pid", int(c.pidAtm.Load())), zap.Duration("fault_timeout", limit), zap.Error(err))
 	}
@@ -1051,7 +1085,7 @@ func (c *client) fromStage(r *region, idx int, flags userfaultfd.Flags) error {
 		return nil
 	}
 	a := r.addr(idx)
-	_, err := c.uffd.Copy(a, c.staging[slot*pageSize:(slot+1)*pageSize], flags)
+	_, err := c.uffd.Copy(a, c.ev.staging[slot*pageSize:(slot+1)*pageSize], flags)
 	exist := userfaultfd.IsExist(err)
 	switch {
 	case err == nil:
@@ -1066,7 +1100,7 @@ func (c *client) fromStage(r *region, idx int, flags userfaultfd.Flags) error {
 	}
 	p := r.pages[idx]
 	if p.State() == Staged {
-		c.staged--
+		c.ev.staged--
 	}
 	if p.State() == Staged || exist { // mapped already, not by us: see installRead
 		c.dirty(r, idx, p.With(Resident)|FlagRef) // a Staged page's slot was never written
@@ -1078,7 +1112,7 @@ func (c *client) fromStage(r *region, idx int, flags userfaultfd.Flags) error {
 }
 
 func (c *client) stageOf(r *region, idx int) int {
-	for s, o := range c.stageOwner {
+	for s, o := range c.ev.stageOwner {
 		if o.r == r && o.idx == idx {
 			return s
 		}
@@ -1087,19 +1121,19 @@ func (c *client) stageOf(r *region, idx int) int {
 }
 
 func (c *client) freeStage(s int) {
-	c.stageOwner[s] = pageRef{}
+	c.ev.stageOwner[s] = pageRef{}
 	c.cj.stage(s, 0, 0, false)
-	c.stageFree = append(c.stageFree, uint32(s))
+	c.ev.stageFree = append(c.ev.stageFree, uint32(s))
 }
 
 // retryHeld serves again the faults whose READ found no replica reachable.
 func (c *client) retryHeld() {
-	if len(c.retry) == 0 {
+	if len(c.fq.retry) == 0 {
 		return
 	}
 	now := time.Now()
-	pending := c.retry
-	c.retry, c.retrySpare = c.retrySpare[:0], pending
+	pending := c.fq.retry
+	c.fq.retry, c.fq.retrySpare = c.fq.retrySpare[:0], pending
 	for _, h := range pending {
 		if !h.r.gone {
 			c.fault(h.r.addr(h.idx), h.flags, h.since)

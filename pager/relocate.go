@@ -37,10 +37,10 @@ func (rl *relocation) pending(c *client) bool { return c.a.slots.gen.Load() != r
 // go first: they are the likeliest to stay resident until then.
 func (c *client) trim() {
 	gen := c.a.slots.trimGen.Load()
-	if gen == c.trimSeen {
+	if gen == c.room.trimSeen {
 		return
 	}
-	c.trimSeen = gen
+	c.room.trimSeen = gen
 	want := int(max(c.st.pooled.Load()-c.st.remote.Load(), 0) * int64(c.a.slots.trimShare.Load()) / 1000)
 	for pass := 0; pass < 2 && want > 0; pass++ {
 		for _, r := range c.regs.list {
@@ -61,7 +61,7 @@ func (c *client) trim() {
 // relocate moves a batch of the client's pages out of the slab being
 // drained, if any.
 func (c *client) relocate() {
-	rl := &c.reloc
+	rl := &c.room.reloc
 	gen := c.a.slots.gen.Load()
 	if gen == rl.gen {
 		return
@@ -144,7 +144,7 @@ func (c *client) move(rl *relocation) int {
 		}
 		slab, off := c.a.slots.where(ref.r.slots[ref.idx])
 		j := len(rl.ops)
-		rl.ops = append(rl.ops, PageOp{Slab: slab, Off: off, Buf: c.bufs[j*pageSize : (j+1)*pageSize]})
+		rl.ops = append(rl.ops, PageOp{Slab: slab, Off: off, Buf: c.fq.bufs[j*pageSize : (j+1)*pageSize]})
 		reads = append(reads, ref)
 		fresh = append(fresh, rl.slots[k])
 	}

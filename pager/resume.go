@@ -191,7 +191,7 @@ func (c *client) startJournal(pid int, uid uint32) {
 
 func (c *client) meta(pid int, start uint64, uid uint32) clientMeta {
 	return clientMeta{PID: pid, Start: start, UID: uid, LocalMem: c.localMem.Load(), Features: uint64(c.features),
-		Staging: len(c.stageOwner), Forks: c.forks}
+		Staging: len(c.ev.stageOwner), Forks: c.fk.forks}
 }
 
 // journalRegion records a new region in the client's journal.
@@ -256,7 +256,7 @@ func (a *Agent) resume(conn *net.UnixConn, cred *unix.Ucred, h proto.Header, hel
 	welcome := proto.Welcome{ClientID: c.id, MinAlloc: a.opts.MinAlloc, StagingSlots: uint32(slots)}
 	if o != nil {
 		welcome.Flags = proto.WelcomeResumed
-		c.forks = o.meta.Forks
+		c.fk.forks = o.meta.Forks
 		if hello.LocalMem == 0 {
 			c.localMem.Store(o.meta.LocalMem)
 		}
@@ -425,9 +425,9 @@ func (c *client) place(r *region, idx int, pm uint64, staged map[pageRef]int) {
 		p = Page(0).With(Resident) | FlagRef // clean: the pool has it
 	case isStaged && slot != 0:
 		p = Page(0).With(Staged)
-		c.stageOwner[s] = ref
-		c.stageFree = removeStage(c.stageFree, uint32(s))
-		c.staged++
+		c.ev.stageOwner[s] = ref
+		c.ev.stageFree = removeStage(c.ev.stageFree, uint32(s))
+		c.ev.staged++
 	case slot != 0:
 		p = Page(0).With(Remote)
 	case r.pages[idx].State() == Lost:

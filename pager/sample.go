@@ -50,8 +50,8 @@ func (c *client) holdSample(k int) {
 	s := c.sample.next
 	c.sample.next = (s + 1) % sampleSlots
 	c.releaseSample(s)
-	copy(c.sample.buf[s*pageSize:(s+1)*pageSize], c.reads[k].Buf)
-	ref := c.readAt[k].pageRef
+	copy(c.sample.buf[s*pageSize:(s+1)*pageSize], c.fq.reads[k].Buf)
+	ref := c.fq.readAt[k].pageRef
 	ref.r.pages[ref.idx] = ref.r.pages[ref.idx]&^FlagFetch | FlagSampled
 	c.sample.owner[s] = ref
 	c.st.remoteReads.Add(1)
@@ -90,7 +90,7 @@ func (c *client) sampleHit(r *region, idx int, flags userfaultfd.FaultFlags, sin
 	}
 	err := c.install(r, idx, p, c.sample.buf[s*pageSize:(s+1)*pageSize])
 	if userfaultfd.IsMMChanged(err) {
-		c.hold(&c.retry, heldFault{pageRef{r, idx}, flags, since})
+		c.hold(&c.fq.retry, heldFault{pageRef{r, idx}, flags, since})
 		return true
 	}
 	c.sample.owner[s] = pageRef{}
