@@ -48,7 +48,7 @@ type ReplicaView struct {
 	Addrs  map[string]string `json:"addrs"`
 	Key    Key               `json:"key,omitempty"` // empty in admin listings
 	Length uint64            `json:"length"`
-	State  string            `json:"state"` // "ok", "lost" or "draining"
+	State  string            `json:"state"` // "ok", "lost", "draining", "unknown" (server not heard from yet)
 }
 
 // SlabView is a logical slab as the API shows it.
@@ -63,19 +63,21 @@ type SlabView struct {
 
 // Status is the pool summary (memd status).
 type Status struct {
-	Capacity      uint64 `json:"capacity"`
-	Used          uint64 `json:"used"`
-	Free          uint64 `json:"free"`
-	SlabSize      uint64 `json:"slab_size"`
-	ServersUp     int    `json:"servers_up"`
-	ServersDown   int    `json:"servers_down"`
-	ServersDrain  int    `json:"servers_draining"`
-	Agents        int    `json:"agents"`
-	AgentsNoRoom  int    `json:"agents_no_room"` // agents whose programs wait for room
-	Slabs         int    `json:"slabs"`
-	SlabsHealthy  int    `json:"slabs_healthy"`  // every replica ok
-	SlabsDegraded int    `json:"slabs_degraded"` // some replica lost, at least one ok
-	SlabsLost     int    `json:"slabs_lost"`     // no replica ok
+	Capacity       uint64 `json:"capacity"`
+	Used           uint64 `json:"used"`
+	Free           uint64 `json:"free"`
+	SlabSize       uint64 `json:"slab_size"`
+	ServersUp      int    `json:"servers_up"`
+	ServersDown    int    `json:"servers_down"`
+	ServersUnknown int    `json:"servers_unknown"` // up in the store, not heard from since this coordinator started
+	ServersDrain   int    `json:"servers_draining"`
+	Agents         int    `json:"agents"`
+	AgentsNoRoom   int    `json:"agents_no_room"` // agents whose programs wait for room
+	Slabs          int    `json:"slabs"`
+	SlabsHealthy   int    `json:"slabs_healthy"`  // every replica ok
+	SlabsDegraded  int    `json:"slabs_degraded"` // some replica lost, at least one ok
+	SlabsLost      int    `json:"slabs_lost"`     // no replica ok
+	SlabsUnknown   int    `json:"slabs_unknown"`  // none known lost but some on servers not heard from yet, or all lost but those
 	// Coordinators is GET /v1/coordinators, added by memd status.
 	Coordinators *Coordinators `json:"coordinators,omitempty"`
 }
@@ -161,6 +163,12 @@ type DrainView struct {
 	Draining bool     `json:"draining"`
 	Replicas int      `json:"replicas"` // replicas still on the server
 	Done     bool     `json:"done"`
+	// Blocked counts the replicas on the server that no other server can
+	// take now (up, not draining, with a free slab, holding none of the
+	// slab's replicas nor sharing their failure domains); Reason says why,
+	// for the first of them.
+	Blocked int    `json:"blocked,omitempty"`
+	Reason  string `json:"reason,omitempty"`
 }
 
 // GrantRequest is the coordinator asking a memory server (POST

@@ -34,6 +34,11 @@ const (
 	ServerUp   ServerState = "up"   // heartbeating
 	ServerDead ServerState = "dead" // missed heartbeats past the timeout
 	ServerLeft ServerState = "left" // left the pool on purpose
+	// ServerUnknown is never stored: the views show it for a server that
+	// is up in the store but has not been heard from (registration or
+	// heartbeat) since this coordinator loaded its state. It becomes up
+	// at its first heartbeat, or dead after a heartbeat timeout.
+	ServerUnknown ServerState = "unknown"
 )
 
 // Duration is a time.Duration that travels in JSON as text ("30s", "1m30s").

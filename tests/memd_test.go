@@ -11,7 +11,9 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -396,6 +398,28 @@ func TestMemdPool(t *testing.T) {
 		}
 	})
 
+	t.Run("impossible drain", func(t *testing.T) {
+		// s1 is draining, s3 dead: nothing can take s2's replicas. memd
+		// drain says why and exits non-zero instead of waiting forever.
+		start := time.Now()
+		out, err := p.cli("drain", "s2")
+		took := time.Since(start)
+		if err == nil || !strings.Contains(err.Error(), "cannot finish") || !strings.Contains(err.Error(), "nowhere to go") {
+			t.Fatalf("memd drain s2 with no destination: %v\n%s", err, out)
+		}
+		if !strings.Contains(out, "3 with nowhere to go") {
+			t.Errorf("progress lines do not say the replicas are blocked:\n%s", out)
+		}
+		t.Logf("memd drain s2 gave up after %v: %v", took.Round(time.Millisecond), err)
+		var v pool.DrainView
+		if out, err := p.cli("drain", "s2", "--no-wait", "--json"); err != nil || json.Unmarshal([]byte(out), &v) != nil || v.Blocked != 3 || v.Reason == "" {
+			t.Fatalf("drain view %s: %v", out, err)
+		}
+		if _, err := p.cli("undrain", "s2"); err != nil {
+			t.Fatal(err)
+		}
+	})
+
 	t.Run("restart coordinator", func(t *testing.T) {
 		before, err := p.cl.Slabs(ctx, client.SlabFilter{})
 		if err != nil {
@@ -403,7 +427,56 @@ func TestMemdPool(t *testing.T) {
 		}
 		beforeLeases, _ := p.cl.Leases(ctx)
 		p.coord.Kill()
+		// s2 cannot heartbeat the new coordinator while stopped: it must be
+		// reported unknown, not up, and its replicas not ok. A long
+		// heartbeat timeout keeps it from being declared dead meanwhile
+		// (and lets the restarted s1 below show that it rejoins at once).
+		p.servers["s2"].Signal(syscall.SIGSTOP)
+		p.coordArgs = append(p.coordArgs, "--heartbeat-timeout", "30s")
 		p.startCoordinator()
+		memdtest.Eventually(t, 10*time.Second, "s1 up, s2 unknown, s3 dead", func() error {
+			ss, err := p.cl.Servers(ctx)
+			if err != nil {
+				return err
+			}
+			var got []string
+			for _, s := range ss {
+				got = append(got, string(s.ID)+"="+string(s.State))
+			}
+			if g := strings.Join(got, " "); g != "s1=up s2=unknown s3=dead" {
+				return errors.New(g)
+			}
+			return nil
+		})
+		st, err := p.cl.Status(ctx)
+		if err != nil || st.ServersUp != 1 || st.ServersUnknown != 1 || st.ServersDown != 1 || st.SlabsHealthy != 0 || st.SlabsUnknown != 3 {
+			t.Fatalf("status while s2 is not heard from: %+v %v", st, err)
+		}
+		if out, err := p.cli("status"); err != nil || !strings.Contains(out, "1 unknown") || !strings.Contains(out, "3 unknown") {
+			t.Fatalf("memd status while s2 is not heard from: %v\n%s", err, out)
+		}
+		if out, err := p.cli("servers"); err != nil || !regexp.MustCompile(`(?m)^s2\s+unknown\s.*none since the coordinator started`).MatchString(out) {
+			t.Fatalf("memd servers while s2 is not heard from: %v\n%s", err, out)
+		}
+		unknown, err := p.cl.Slabs(ctx, client.SlabFilter{Server: "s2"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range unknown {
+			for _, r := range s.Replicas {
+				if want := map[pool.ServerID]string{"s2": "unknown", "s3": "lost"}[r.Server]; r.State != want {
+					t.Fatalf("slab %d replica on %s is %s, want %s", s.ID, r.Server, r.State, want)
+				}
+			}
+		}
+		p.servers["s2"].Signal(syscall.SIGCONT)
+		memdtest.Eventually(t, 10*time.Second, "s2 up once it heartbeats", func() error {
+			s, err := p.cl.Server(ctx, "s2")
+			if err == nil && s.State != pool.ServerUp {
+				err = fmt.Errorf("s2 is %s", s.State)
+			}
+			return err
+		})
 		after, err := p.cl.Slabs(ctx, client.SlabFilter{})
 		if err != nil {
 			t.Fatal(err)
@@ -443,6 +516,26 @@ func TestMemdPool(t *testing.T) {
 					t.Fatalf("slab %d on %s after coordinator restart: %v", s.ID, rep.Server, err)
 				}
 			}
+		}
+		// kill -9 of s1 and a new s1 at once: its old instance does not
+		// answer at its control URL any more, so the new one joins without
+		// waiting for the (30s) heartbeat timeout.
+		old, err := p.cl.Server(ctx, "s1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.servers["s1"].Kill()
+		p.startServer("s1")
+		took := memdtest.Eventually(t, 10*time.Second, "the restarted s1 registered", func() error {
+			s, err := p.cl.Server(ctx, "s1")
+			if err == nil && (s.Instance == old.Instance || s.State != pool.ServerUp) {
+				err = fmt.Errorf("s1 is %s, instance %s", s.State, s.Instance)
+			}
+			return err
+		})
+		t.Logf("a restarted s1 rejoined %v after kill -9 (heartbeat timeout 30s)", took)
+		if out := p.servers["s1"].Output(); strings.Contains(out, "409") {
+			t.Errorf("the restarted s1 was refused first:\n%s", out)
 		}
 		// Ending the lease revokes the keys.
 		if err := p.cl.DeleteLease(ctx, lease.ID); err != nil {

@@ -111,13 +111,21 @@ func newStatusCmd(app *cli.App) *cobra.Command {
 			t.Row("used", fmt.Sprintf("%s (%.1f%%)", cli.Size(st.Used), pct))
 			t.Row("free", cli.Size(st.Free))
 			t.Row("slab size", cli.Size(st.SlabSize))
-			t.Row("servers", fmt.Sprintf("%d up, %d down, %d draining", st.ServersUp, st.ServersDown, st.ServersDrain))
+			if st.ServersUnknown > 0 {
+				t.Row("servers", fmt.Sprintf("%d up, %d unknown (not heard from since the coordinator started), %d down, %d draining", st.ServersUp, st.ServersUnknown, st.ServersDown, st.ServersDrain))
+			} else {
+				t.Row("servers", fmt.Sprintf("%d up, %d down, %d draining", st.ServersUp, st.ServersDown, st.ServersDrain))
+			}
 			if st.AgentsNoRoom > 0 {
 				t.Row("agents", fmt.Sprintf("%d, %d waiting for room (their programs are at their budgets)", st.Agents, st.AgentsNoRoom))
 			} else {
 				t.Row("agents", st.Agents)
 			}
-			t.Row("slabs", fmt.Sprintf("%d: %d healthy, %d degraded, %d lost", st.Slabs, st.SlabsHealthy, st.SlabsDegraded, st.SlabsLost))
+			if st.SlabsUnknown > 0 {
+				t.Row("slabs", fmt.Sprintf("%d: %d healthy, %d degraded, %d lost, %d unknown (on servers not heard from yet)", st.Slabs, st.SlabsHealthy, st.SlabsDegraded, st.SlabsLost, st.SlabsUnknown))
+			} else {
+				t.Row("slabs", fmt.Sprintf("%d: %d healthy, %d degraded, %d lost", st.Slabs, st.SlabsHealthy, st.SlabsDegraded, st.SlabsLost))
+			}
 			if cv := st.Coordinators; cv != nil {
 				store := cv.Store
 				if len(cv.Endpoints) > 0 {
@@ -161,13 +169,17 @@ func newServersCmd(app *cli.App) *cobra.Command {
 			}
 			t := cli.NewTable(app.Stdout(), "SERVER", "STATE", "DRAINING", "CAPACITY", "USED", "FREE", "SLABS", "HEARTBEAT", "DOMAIN", "DATA PLANE")
 			for _, s := range ss {
+				hb := age(s.HeartbeatAge) + " ago"
+				if s.LastHeartbeat.IsZero() {
+					hb = "none since the coordinator started"
+				}
 				addrs := make([]string, 0, len(s.Addrs))
 				for p, a := range s.Addrs {
 					addrs = append(addrs, p+"="+a)
 				}
 				sort.Strings(addrs)
 				t.Row(s.ID, s.State, s.Draining, cli.Size(s.Capacity), cli.Size(s.Used), cli.Size(s.Capacity-s.Used),
-					fmt.Sprintf("%d/%d", s.UsedSlabs, s.Slabs), age(s.HeartbeatAge)+" ago", dash(s.Domain), strings.Join(addrs, " "))
+					fmt.Sprintf("%d/%d", s.UsedSlabs, s.Slabs), hb, dash(s.Domain), strings.Join(addrs, " "))
 			}
 			return t.Flush()
 		})
@@ -248,9 +260,44 @@ func newDrainCmd(app *cli.App, on bool) *cobra.Command {
 				wait = !noWait
 			}
 			out := app.Stdout()
+			var stall time.Duration
+			if wait {
+				if stall, err = positive(app, "stall-timeout"); err != nil {
+					return err
+				}
+			}
+			left, progress := v.Replicas, time.Now()
+			blockedPolls := 0
 			for wait && !v.Done {
 				if !asJSON {
-					fmt.Fprintf(out, "draining %s: %d replicas left\n", id, v.Replicas)
+					if v.Blocked > 0 {
+						fmt.Fprintf(out, "draining %s: %d replicas left, %d with nowhere to go (%s)\n", id, v.Replicas, v.Blocked, v.Reason)
+					} else {
+						fmt.Fprintf(out, "draining %s: %d replicas left\n", id, v.Replicas)
+					}
+				}
+				// Every replica left blocked for three looks in a row (an
+				// agent's copy in flight can look blocked for a moment): no
+				// progress is possible until the pool changes.
+				if v.Blocked >= v.Replicas {
+					blockedPolls++
+				} else {
+					blockedPolls = 0
+				}
+				var stuck error
+				switch {
+				case blockedPolls >= 3:
+					stuck = fmt.Errorf("drain of %s cannot finish: %s; %s stays draining (add a server with free slabs, or memd undrain %s)", id, v.Reason, id, id)
+				case time.Since(progress) > stall:
+					stuck = fmt.Errorf("drain of %s made no progress in %v: %d replicas left; %s stays draining (are the agents holding them running? memd slabs --server %s)", id, stall, v.Replicas, id, id)
+				}
+				if stuck != nil {
+					if asJSON {
+						if err := cli.PrintJSON(out, v); err != nil {
+							return err
+						}
+					}
+					return stuck
 				}
 				select {
 				case <-ctx.Done():
@@ -262,6 +309,9 @@ func newDrainCmd(app *cli.App, on bool) *cobra.Command {
 				}
 				if !v.Draining {
 					return fmt.Errorf("drain of %s was cancelled (undrain)", id)
+				}
+				if v.Replicas < left {
+					left, progress = v.Replicas, time.Now()
 				}
 			}
 			if asJSON {
@@ -279,6 +329,7 @@ func newDrainCmd(app *cli.App, on bool) *cobra.Command {
 		})
 	if on {
 		cmd.Flags().Bool("no-wait", false, "start the drain and return without waiting for it to finish")
+		cmd.Flags().String("stall-timeout", "2m", "give up waiting (exit 1, the drain stays on) when no replica has moved for this long")
 	}
 	return cmd
 }

@@ -503,5 +503,15 @@ func (m *MemServer) Free(ctx context.Context, instance string, slabs []pool.Free
 	return m.c.Do(ctx, "POST", "/v1/memserver/free", pool.FreeRequest{Instance: instance, Slabs: slabs}, nil)
 }
 
+// ProbeInstance asks which server instance answers at the control URL
+// (GET /v1/memserver); it implements coord.InstanceProber.
+func (m *MemServer) ProbeInstance(ctx context.Context) (string, error) {
+	var v pool.ServerInfo
+	if err := m.c.Do(ctx, "GET", "/v1/memserver", nil, &v); err != nil {
+		return "", err
+	}
+	return v.Instance, nil
+}
+
 // CloseIdleConnections closes idle keep-alive connections.
 func (m *MemServer) CloseIdleConnections() { m.c.CloseIdleConnections() }

@@ -41,6 +41,14 @@ type SlabServer interface {
 	Free(ctx context.Context, instance string, slabs []pool.FreeEntry) error
 }
 
+// InstanceProber is optionally implemented by a SlabServer
+// (pool/client.MemServer): it asks the server at the registered control
+// URL which instance answers there. Register uses it to tell a restarted
+// server from a second node using the same id.
+type InstanceProber interface {
+	ProbeInstance(ctx context.Context) (string, error)
+}
+
 // Dialer returns the SlabServer of a registered server (in-process for the
 // server in the coordinator's own process, HTTP for others).
 type Dialer interface {
@@ -141,6 +149,9 @@ type srv struct {
 	lastHB time.Time
 	hb     pool.Heartbeat
 	conn   SlabServer // dialled lazily, reset on registration
+	// heard: the server registered or heartbeated since this coordinator
+	// loaded its state; until then the views say "unknown", not "up".
+	heard bool
 }
 
 func (s *srv) free() int { return s.rec.Slabs - s.nused }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -353,21 +355,22 @@ func TestServerRestartLosesReplicas(t *testing.T) {
 		t.Fatal(err)
 	}
 	info := e.infos["s0"]
+	// A second node claiming the id while the old instance is live (and
+	// still answers at its control URL) is refused: two nodes with one id
+	// must not wipe each other's replicas.
+	other := info
+	other.Instance = "another-node"
+	if _, err := e.c.Register(other); !errors.Is(err, pool.ErrConflict) {
+		t.Fatalf("second live instance of s0: %v", err)
+	}
 	info.Instance = e.ss.Get("s0").Restart()
 	if err := e.c.Heartbeat("s0", pool.Heartbeat{Instance: info.Instance}); !errors.Is(err, pool.ErrStaleInstance) {
 		t.Fatalf("heartbeat of a new instance before registering: %v", err)
 	}
-	// While the old instance is live, a new one with the same id is refused
-	// (two nodes with one id must not wipe each other's replicas)...
-	if _, err := e.c.Register(info); !errors.Is(err, pool.ErrConflict) {
-		t.Fatalf("second live instance of s0: %v", err)
-	}
-	// ...and accepted once the old one missed its heartbeats.
-	e.clock.Advance(1100 * time.Millisecond)
-	e.c.Heartbeat("s1", pool.Heartbeat{Instance: e.infos["s1"].Instance})
-	e.c.Tick(context.Background())
+	// The restarted server answers at the old control URL with its new
+	// instance: it joins at once, within the heartbeat timeout.
 	if _, err := e.c.Register(info); err != nil {
-		t.Fatal(err)
+		t.Fatalf("restarted server refused while its old instance looked live: %v", err)
 	}
 	e.infos["s0"] = info
 	r, _ := e.c.Renew(l, pool.RenewRequest{})
@@ -467,6 +470,130 @@ func TestBadRequests(t *testing.T) {
 	}
 }
 
+// A server whose old instance cannot be asked is refused until that
+// instance misses its heartbeats, unless nothing listens at its control URL.
+func TestRegisterProbesOldInstance(t *testing.T) {
+	e := newEnv(t, store.NewMem())
+	e.addServer("s0", 2, "")
+	info := e.infos["s0"]
+	info.Instance = "new-instance"
+	e.ss.Get("s0").Fail(context.DeadlineExceeded) // partitioned: no answer
+	if _, err := e.c.Register(info); !errors.Is(err, pool.ErrConflict) {
+		t.Fatalf("old instance unreachable: %v", err)
+	}
+	e.ss.Get("s0").Fail(fmt.Errorf("dial: %w", syscall.ECONNREFUSED))
+	if _, err := e.c.Register(info); err != nil {
+		t.Fatalf("nothing listening at the old control URL: %v", err)
+	}
+	if sv, _ := e.c.Server("s0"); sv.Instance != "new-instance" || sv.State != pool.ServerUp {
+		t.Fatalf("after rejoining: %+v", sv)
+	}
+	// Past the timeout no probe is needed.
+	info.Instance = "third"
+	e.ss.Get("s0").Fail(context.DeadlineExceeded)
+	e.clock.Advance(1100 * time.Millisecond)
+	if _, err := e.c.Register(info); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// After a restart the coordinator does not know which servers are alive:
+// they are "unknown", and their slabs neither healthy nor lost, until they
+// heartbeat (or miss the timeout and are dead).
+func TestRestartUnknownUntilHeard(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, store.NewMem())
+	e.addServer("s0", 2, "")
+	e.addServer("s1", 2, "")
+	l := e.lease("a", time.Minute)
+	if _, err := e.c.Allocate(ctx, l, pool.AllocateRequest{Slabs: 2, Replicas: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if st := e.c.Status(); st.ServersUp != 2 || st.SlabsHealthy != 2 {
+		t.Fatalf("before the restart: %+v", st)
+	}
+	e.open() // a new coordinator process on the same store
+	states := func() string {
+		var out []string
+		for _, s := range e.c.Servers() {
+			out = append(out, fmt.Sprintf("%s=%s", s.ID, s.State))
+		}
+		for _, sl := range e.c.Slabs(coord.SlabFilter{}) {
+			for _, r := range sl.Replicas {
+				out = append(out, fmt.Sprintf("%d/%s=%s", sl.ID, r.Server, r.State))
+			}
+		}
+		return fmt.Sprint(out)
+	}
+	if got, want := states(), "[s0=unknown s1=unknown 1/s0=unknown 1/s1=unknown 2/s0=unknown 2/s1=unknown]"; got != want {
+		t.Fatalf("after the restart: %s, want %s", got, want)
+	}
+	st := e.c.Status()
+	if st.ServersUp != 0 || st.ServersUnknown != 2 || st.SlabsHealthy != 0 || st.SlabsUnknown != 2 || st.SlabsLost != 0 {
+		t.Fatalf("status after the restart: %+v", st)
+	}
+	if sv, _ := e.c.Server("s0"); !sv.LastHeartbeat.IsZero() {
+		t.Fatalf("a heartbeat shown before any arrived: %v", sv.LastHeartbeat)
+	}
+	// No event: the agent is not told its replicas are lost.
+	if r, _ := e.c.Renew(l, pool.RenewRequest{}); len(r.Events) != 0 {
+		t.Fatalf("events for servers not heard from: %+v", r.Events)
+	}
+	// s0 heartbeats; s1 stays silent past the timeout and is dead.
+	e.clock.Advance(600 * time.Millisecond)
+	if err := e.c.Heartbeat("s0", pool.Heartbeat{Instance: e.infos["s0"].Instance}); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := states(), "[s0=up s1=unknown 1/s0=ok 1/s1=unknown 2/s0=ok 2/s1=unknown]"; got != want {
+		t.Fatalf("after s0's heartbeat: %s, want %s", got, want)
+	}
+	if st := e.c.Status(); st.ServersUp != 1 || st.ServersUnknown != 1 || st.SlabsUnknown != 2 {
+		t.Fatalf("status after s0's heartbeat: %+v", st)
+	}
+	e.clock.Advance(600 * time.Millisecond)
+	e.c.Heartbeat("s0", pool.Heartbeat{Instance: e.infos["s0"].Instance})
+	e.c.Tick(ctx)
+	if got, want := states(), "[s0=up s1=dead 1/s0=ok 1/s1=lost 2/s0=ok 2/s1=lost]"; got != want {
+		t.Fatalf("after the timeout: %s, want %s", got, want)
+	}
+	if st := e.c.Status(); st.ServersUp != 1 || st.ServersDown != 1 || st.ServersUnknown != 0 || st.SlabsDegraded != 2 || st.SlabsUnknown != 0 {
+		t.Fatalf("status after the timeout: %+v", st)
+	}
+	// Replicas on a server not heard from, the others lost: unknown, not lost.
+	e.open()
+	e.c.Heartbeat("s1", pool.Heartbeat{Instance: "gone"}) // a stale heartbeat is not hearing from s1
+	if st := e.c.Status(); st.SlabsLost != 0 || st.SlabsUnknown != 2 {
+		t.Fatalf("s0 unknown, s1 dead: %+v", st)
+	}
+}
+
+// A drain that no server can take says so.
+func TestDrainBlocked(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, store.NewMem())
+	e.addServer("s0", 4, "")
+	e.addServer("s1", 4, "")
+	l := e.lease("a", time.Minute)
+	if _, err := e.c.Allocate(ctx, l, pool.AllocateRequest{Slabs: 2, Replicas: 2}); err != nil {
+		t.Fatal(err)
+	}
+	e.c.SetDrain("s0", true)
+	d, _ := e.c.Drain("s0")
+	if d.Replicas != 2 || d.Blocked != 2 || !strings.Contains(d.Reason, "nowhere to go") {
+		t.Fatalf("drain with no other server free: %+v", d)
+	}
+	// A server that cannot take new replicas does not help.
+	e.addServer("s2", 4, "")
+	e.c.SetDrain("s2", true)
+	if d, _ = e.c.Drain("s0"); d.Blocked != 2 {
+		t.Fatalf("the only other server drains too: %+v", d)
+	}
+	e.c.SetDrain("s2", false)
+	if d, _ = e.c.Drain("s0"); d.Blocked != 0 || d.Reason != "" {
+		t.Fatalf("s2 can take them: %+v", d)
+	}
+}
+
 // Restarting the coordinator on the same bbolt file loses nothing.
 func TestRestartKeepsState(t *testing.T) {
 	dir := t.TempDir()
@@ -491,6 +618,7 @@ func TestRestartKeepsState(t *testing.T) {
 	}
 	defer e.st.Close()
 	e.open()
+	e.heartbeatAll()
 	if got := e.c.Status(); got != beforeStatus {
 		t.Fatalf("status after restart\n%+v\nwant\n%+v", got, beforeStatus)
 	}

@@ -1,7 +1,11 @@
 package coord
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"sort"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -16,6 +20,14 @@ func zapInt(k string, v int) zap.Field { return zap.Int(k, v) }
 // the server restarted: replicas of the old instance are lost (agents learn
 // it on renewal) and all its slabs are free. A drain survives
 // re-registration.
+//
+// A new instance while the old one still looks live (heartbeats within the
+// timeout) is either the same node restarted quickly or a second node using
+// the same id. Register asks the old instance's control URL which instance
+// answers there: another one (the new process took its address), or no
+// process listening, means the old one is gone and the new one joins at
+// once; the old instance answering, or no answer, is a conflict
+// (pool.ErrConflict) until the old instance misses its heartbeats.
 func (c *Coordinator) Register(info pool.ServerInfo) (pool.Server, error) {
 	if err := info.Validate(); err != nil {
 		return pool.Server{}, err
@@ -23,19 +35,83 @@ func (c *Coordinator) Register(info pool.ServerInfo) (pool.Server, error) {
 	if info.SlabSize != c.opts.SlabSize {
 		return pool.Server{}, &pool.FieldError{Field: "slab_size", Msg: fmt.Sprintf("the pool's slab size is %d bytes, the server's %d (set the same --slab-size everywhere)", c.opts.SlabSize, info.SlabSize)}
 	}
-	now := c.clock.Now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	old := c.servers[info.ID]
+	gone := "" // an old instance found gone by probing
+	for probed := false; ; probed = true {
+		c.mu.Lock()
+		old := c.servers[info.ID]
+		now := c.clock.Now()
+		if old == nil || old.rec.Instance == info.Instance || old.rec.Instance == gone || !c.liveLocked(old, now) {
+			rec, err := c.registerLocked(info, old, now)
+			c.mu.Unlock()
+			return rec, err
+		}
+		oldInfo, age := old.rec.ServerInfo, now.Sub(old.lastHB)
+		c.mu.Unlock()
+		if !probed {
+			if why, ok := c.instanceGone(oldInfo); ok {
+				c.log.Info("server restarted: its old instance is gone", zap.String("server", string(info.ID)),
+					zap.String("old_instance", oldInfo.Instance), zap.String("instance", info.Instance), zap.String("because", why))
+				gone = oldInfo.Instance
+				continue
+			}
+		}
+		// Either two nodes share an id, or the old instance could not be
+		// asked: refuse until it is declared dead, rather than let one node
+		// wipe the other's replicas.
+		return pool.Server{}, fmt.Errorf("%w: server id %q is held by live instance %s (last heartbeat %v ago, and it still answers at %s or cannot be asked): is another node using the same --id? A restarted server is accepted once the old instance misses its heartbeats (%v)",
+			pool.ErrConflict, info.ID, oldInfo.Instance, age.Round(time.Millisecond), orNone(oldInfo.ControlURL), c.opts.HeartbeatTimeout)
+	}
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(no control URL)"
+	}
+	return s
+}
+
+// liveLocked reports whether s's instance looks alive: up and heartbeating
+// within the timeout.
+func (c *Coordinator) liveLocked(s *srv, now time.Time) bool {
+	return s.rec.State == pool.ServerUp && now.Sub(s.lastHB) <= c.opts.HeartbeatTimeout
+}
+
+// probeTimeout bounds Register's question to an old instance.
+const probeTimeout = 2 * time.Second
+
+// instanceGone asks the server registered as old which instance answers at
+// its control URL, and reports whether old's instance is gone (and why).
+func (c *Coordinator) instanceGone(old pool.ServerInfo) (string, bool) {
+	if old.ControlURL == "" {
+		return "", false
+	}
+	conn, err := c.opts.Dialer.SlabServer(&old)
+	if err != nil {
+		return "", false
+	}
+	defer closeConn(conn)
+	p, ok := conn.(InstanceProber)
+	if !ok {
+		return "", false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+	defer cancel()
+	inst, err := p.ProbeInstance(ctx)
+	switch {
+	case err == nil && inst != old.Instance:
+		return fmt.Sprintf("instance %s answers at %s", inst, old.ControlURL), true
+	case err == nil:
+		return "", false
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return fmt.Sprintf("nothing listens at %s", old.ControlURL), true
+	}
+	return "", false
+}
+
+// registerLocked records info, replacing old (nil: a new server).
+func (c *Coordinator) registerLocked(info pool.ServerInfo, old *srv, now time.Time) (pool.Server, error) {
 	rec := pool.Server{ServerInfo: info, State: pool.ServerUp, Registered: now}
 	if old != nil {
-		if old.rec.Instance != info.Instance && old.rec.State == pool.ServerUp && now.Sub(old.lastHB) <= c.opts.HeartbeatTimeout {
-			// Either two nodes share an id, or the server restarted faster
-			// than the timeout: refuse until the old instance is declared
-			// dead, rather than let one node wipe the other's replicas.
-			return pool.Server{}, fmt.Errorf("%w: server id %q is held by live instance %s (last heartbeat %v ago): is another node using the same --id? A restarted server is accepted once the old instance misses its heartbeats (%v)",
-				pool.ErrConflict, info.ID, old.rec.Instance, now.Sub(old.lastHB).Round(time.Millisecond), c.opts.HeartbeatTimeout)
-		}
 		rec.Draining = old.rec.Draining
 		if old.rec.Instance == info.Instance && old.rec.Slabs != info.Slabs {
 			return pool.Server{}, fmt.Errorf("%w: server %q instance %s re-registered with %d slabs, had %d", pool.ErrConflict, info.ID, info.Instance, info.Slabs, old.rec.Slabs)
@@ -52,7 +128,7 @@ func (c *Coordinator) Register(info pool.ServerInfo) (pool.Server, error) {
 	}
 	restarted := old == nil || old.rec.Instance != info.Instance
 	closeConn(s.conn)
-	s.rec, s.lastHB, s.conn = rec, now, nil
+	s.rec, s.lastHB, s.conn, s.heard = rec, now, nil, true
 	s.hb = pool.Heartbeat{Instance: info.Instance}
 	if restarted {
 		// Frees for the old instance are moot: its memory is gone.
@@ -97,7 +173,7 @@ func (c *Coordinator) Heartbeat(id pool.ServerID, hb pool.Heartbeat) error {
 	if err := c.Leading(); err != nil {
 		return err // in memory only: see Renew
 	}
-	s.lastHB, s.hb = now, hb
+	s.lastHB, s.hb, s.heard = now, hb, true
 	return nil
 }
 
@@ -150,7 +226,44 @@ func (c *Coordinator) Drain(id pool.ServerID) (pool.DrainView, error) {
 		return pool.DrainView{}, fmt.Errorf("%w: server %q", pool.ErrNotFound, id)
 	}
 	n := c.replicasOnLocked(id)
-	return pool.DrainView{Server: id, Draining: s.rec.Draining, Replicas: n, Done: s.rec.Draining && n == 0}, nil
+	v := pool.DrainView{Server: id, Draining: s.rec.Draining, Replicas: n, Done: s.rec.Draining && n == 0}
+	if s.rec.Draining && n > 0 {
+		v.Blocked, v.Reason = c.drainBlockedLocked(id)
+	}
+	return v, nil
+}
+
+// drainBlockedLocked counts the replicas on server id that no server could
+// take now, as Replace would place them, and says why for the first.
+func (c *Coordinator) drainBlockedLocked(id pool.ServerID) (int, string) {
+	cands, _ := c.candidatesLocked()
+	cands = append([]pool.Candidate(nil), cands...) // Replace's reserve reuses the slice
+	ids := make([]pool.SlabID, 0, len(c.slabs))
+	for sid, sl := range c.slabs {
+		if sl.HasServer(id) {
+			ids = append(ids, sid)
+		}
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	blocked, reason := 0, ""
+	for _, sid := range ids {
+		sl := c.slabs[sid]
+		avoid := make([]pool.ServerID, 0, len(sl.Replicas))
+		for _, r := range sl.Replicas {
+			avoid = append(avoid, r.Server)
+		}
+		if _, err := pool.Place(cands, pool.PlaceRequest{Slabs: 1, Replicas: 1, Avoid: [][]pool.ServerID{avoid}}, c.rnd); err != nil {
+			for _, r := range sl.Replicas {
+				if r.Server == id {
+					blocked++
+				}
+			}
+			if reason == "" {
+				reason = fmt.Sprintf("slab %d (replicas on %v) has nowhere to go: %v", sid, avoid, err)
+			}
+		}
+	}
+	return blocked, reason
 }
 
 // closeConn releases a SlabServer's idle connections, if it has any.

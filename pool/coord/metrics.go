@@ -49,7 +49,7 @@ var (
 	descServers  = prometheus.NewDesc("rmem_pool_servers", "Servers by state.", []string{"state"}, nil)
 	descLeases   = prometheus.NewDesc("rmem_pool_leases", "Live leases (agents).", nil, nil)
 	descHBAge    = prometheus.NewDesc("rmem_pool_server_heartbeat_age_seconds", "Seconds since each server's last heartbeat.", []string{"server"}, nil)
-	descHealth   = prometheus.NewDesc("rmem_pool_logical_slabs", "Logical slabs by replication health (healthy, degraded, lost).", []string{"health"}, nil)
+	descHealth   = prometheus.NewDesc("rmem_pool_logical_slabs", "Logical slabs by replication health (healthy, degraded, lost, unknown: on servers not heard from since the coordinator started).", []string{"health"}, nil)
 )
 
 func (sc *stateCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -64,9 +64,13 @@ func (sc *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	now := c.clock.Now()
 	var free, used, draining float64
-	states := map[pool.ServerState]float64{pool.ServerUp: 0, pool.ServerDead: 0, pool.ServerLeft: 0}
+	states := map[pool.ServerState]float64{pool.ServerUp: 0, pool.ServerDead: 0, pool.ServerLeft: 0, pool.ServerUnknown: 0}
 	for _, s := range c.servers {
-		states[s.rec.State]++
+		if s.rec.State == pool.ServerUp && !s.heard {
+			states[pool.ServerUnknown]++
+		} else {
+			states[s.rec.State]++
+		}
 		ch <- prometheus.MustNewConstMetric(descHBAge, prometheus.GaugeValue, now.Sub(s.lastHB).Seconds(), string(s.rec.ID))
 		if s.rec.State != pool.ServerUp {
 			continue
@@ -91,4 +95,5 @@ func (sc *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descHealth, prometheus.GaugeValue, float64(st.SlabsHealthy), "healthy")
 	ch <- prometheus.MustNewConstMetric(descHealth, prometheus.GaugeValue, float64(st.SlabsDegraded), "degraded")
 	ch <- prometheus.MustNewConstMetric(descHealth, prometheus.GaugeValue, float64(st.SlabsLost), "lost")
+	ch <- prometheus.MustNewConstMetric(descHealth, prometheus.GaugeValue, float64(st.SlabsUnknown), "unknown")
 }

@@ -44,7 +44,7 @@ func (c *Coordinator) load() error {
 			c.nextSlab = pool.SlabID(n)
 		}
 		err := tx.ForEach(store.Servers, func(k string, v []byte) error {
-			s := &srv{lastHB: now}
+			s := &srv{lastHB: now} // not heard: "unknown" until it heartbeats
 			if err := json.Unmarshal(v, &s.rec); err != nil {
 				return fmt.Errorf("servers/%s: %w", k, err)
 			}

@@ -2,21 +2,40 @@ package coord
 
 import (
 	"sort"
+	"time"
 
 	"rmem/pool"
 )
 
-func (c *Coordinator) replicaViewLocked(r *pool.Replica) pool.ReplicaView {
-	s := c.getSrvLocked(r.Server)
-	v := pool.ReplicaView{Server: r.Server, Index: r.Index, Key: r.Key, Length: c.opts.SlabSize, State: "ok"}
+// Replica states in the views.
+const (
+	replicaOK       = "ok"
+	replicaLost     = "lost"
+	replicaDraining = "draining"
+	replicaUnknown  = "unknown" // on a server not heard from since the coordinator started
+)
+
+func (c *Coordinator) replicaStateLocked(r *pool.Replica) string {
+	s := c.servers[r.Server]
+	var rec *pool.Server
 	if s != nil {
-		v.Addrs = s.Addrs
+		rec = &s.rec
 	}
-	switch lost, draining := pool.ReplicaHealth(r, s); {
+	switch lost, draining := pool.ReplicaHealth(r, rec); {
 	case lost:
-		v.State = "lost"
+		return replicaLost
+	case !s.heard:
+		return replicaUnknown
 	case draining:
-		v.State = "draining"
+		return replicaDraining
+	}
+	return replicaOK
+}
+
+func (c *Coordinator) replicaViewLocked(r *pool.Replica) pool.ReplicaView {
+	v := pool.ReplicaView{Server: r.Server, Index: r.Index, Key: r.Key, Length: c.opts.SlabSize, State: c.replicaStateLocked(r)}
+	if s := c.getSrvLocked(r.Server); s != nil {
+		v.Addrs = s.Addrs
 	}
 	return v
 }
@@ -34,12 +53,21 @@ func (c *Coordinator) slabViewLocked(sl *pool.Slab, l *lease) pool.SlabView {
 
 func (c *Coordinator) serverViewLocked(s *srv) pool.ServerView {
 	now := c.clock.Now()
-	return pool.ServerView{
+	v := pool.ServerView{
 		Server: s.rec, UsedSlabs: s.nused, FreeSlabs: s.free(),
 		Capacity: s.rec.Capacity(), Used: uint64(s.nused) * s.rec.SlabSize,
 		LastHeartbeat: s.lastHB, HeartbeatAge: pool.Duration(now.Sub(s.lastHB)),
 		Granted: s.hb.Granted, Load: s.hb.Load,
 	}
+	if !s.heard {
+		// Not heard from since the state was loaded: no heartbeat to
+		// show, and no telling whether it is up.
+		v.LastHeartbeat, v.HeartbeatAge = time.Time{}, 0
+		if s.rec.State == pool.ServerUp {
+			v.State = pool.ServerUnknown
+		}
+	}
+	return v
 }
 
 // Servers lists the servers, sorted by id.
@@ -136,11 +164,15 @@ func (c *Coordinator) Status() pool.Status {
 		}
 	}
 	for _, s := range c.servers {
-		if s.rec.State != pool.ServerUp {
+		switch {
+		case s.rec.State != pool.ServerUp:
 			st.ServersDown++
 			continue
+		case !s.heard:
+			st.ServersUnknown++ // its capacity counts: placement uses it
+		default:
+			st.ServersUp++
 		}
-		st.ServersUp++
 		if s.rec.Draining {
 			st.ServersDrain++
 		}
@@ -149,20 +181,55 @@ func (c *Coordinator) Status() pool.Status {
 	}
 	st.Free = st.Capacity - st.Used
 	for _, sl := range c.slabs {
-		ok := 0
-		for i := range sl.Replicas {
-			if lost, _ := pool.ReplicaHealth(&sl.Replicas[i], c.getSrvLocked(sl.Replicas[i].Server)); !lost {
-				ok++
-			}
-		}
-		switch {
-		case ok == len(sl.Replicas):
+		switch slabHealth(c.replicaStatesLocked(sl)) {
+		case slabHealthy:
 			st.SlabsHealthy++
-		case ok > 0:
+		case slabDegraded:
 			st.SlabsDegraded++
-		default:
+		case slabLost:
 			st.SlabsLost++
+		default:
+			st.SlabsUnknown++
 		}
 	}
 	return st
+}
+
+// replicaStatesLocked counts sl's replicas that are fine (ok or
+// draining), lost, and on servers not heard from.
+func (c *Coordinator) replicaStatesLocked(sl *pool.Slab) (ok, lost, unknown int) {
+	for i := range sl.Replicas {
+		switch c.replicaStateLocked(&sl.Replicas[i]) {
+		case replicaLost:
+			lost++
+		case replicaUnknown:
+			unknown++
+		default:
+			ok++
+		}
+	}
+	return ok, lost, unknown
+}
+
+type health int
+
+const (
+	slabHealthy  health = iota // every replica fine
+	slabDegraded               // some lost, at least one fine
+	slabLost                   // every replica lost
+	slabUnknown                // it depends on servers not heard from
+)
+
+// slabHealth classifies a slab by its replicas' states: a replica on a
+// server not heard from counts neither as fine nor as lost.
+func slabHealth(ok, lost, unknown int) health {
+	switch {
+	case lost == 0 && unknown == 0:
+		return slabHealthy
+	case ok > 0 && lost > 0:
+		return slabDegraded
+	case unknown > 0:
+		return slabUnknown
+	}
+	return slabLost
 }

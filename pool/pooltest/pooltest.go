@@ -70,7 +70,7 @@ func (ss *Servers) Add(id pool.ServerID, slabs int, slabSize uint64, domain stri
 	s := &Server{ID: id, instance: randHex(8), keys: map[pool.SlabIndex]pool.Key{}, zeroed: map[pool.SlabIndex]int{}}
 	ss.servers[id] = s
 	return pool.ServerInfo{ID: id, Instance: s.instance, Domain: domain, SlabSize: slabSize, Slabs: slabs,
-		Addrs: map[string]string{"mem": string(id)}}
+		Addrs: map[string]string{"mem": string(id)}, ControlURL: "pooltest://" + string(id)}
 }
 
 // Get returns a server added before.
@@ -159,6 +159,19 @@ func (s *Server) Grant(ctx context.Context, instance string, epoch uint64, idx [
 		s.keys[x] = keys[i]
 	}
 	return keys, nil
+}
+
+var _ coord.InstanceProber = (*Server)(nil)
+
+// ProbeInstance implements coord.InstanceProber: the instance running now
+// (a Restart changes it), or the error set by Fail.
+func (s *Server) ProbeInstance(ctx context.Context) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.failNext != nil {
+		return "", s.failNext
+	}
+	return s.instance, nil
 }
 
 // Free implements coord.SlabServer.
