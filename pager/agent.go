@@ -79,6 +79,11 @@ type Options struct {
 	Log *zap.Logger
 	// Registry, when set, gets the agent's Prometheus collector.
 	Registry prometheus.Registerer
+	// LoopsChanged, when set, is called as a client's loop starts and
+	// ends with the number of loops then running (one call at a time, in
+	// order). Each loop is a goroutine locked to its OS thread: the daemon
+	// sizes GOMAXPROCS with it (internal/agentd); the library does not.
+	LoopsChanged func(running int)
 }
 
 // Validate checks the options, naming the bad field.
@@ -124,6 +129,9 @@ type Agent struct {
 	exited   []ClientStats         // final stats of the last maxExited clients
 	closed   bool
 	nclients atomic.Int64
+
+	loopsMu sync.Mutex // orders Options.LoopsChanged calls
+	loops   int
 
 	journal *journal        // StateDir's (nil: none)
 	orphans map[int]*orphan // a previous agent's clients waiting to resume, by pid
@@ -690,4 +698,15 @@ func (c *client) teardownUnstarted() {
 	unix.Close(c.ev.stagingFD)
 	unix.Close(c.wakefd)
 	close(c.done)
+}
+
+// loopsAdd counts a client loop that starts (+1) or ends (-1) and tells
+// Options.LoopsChanged.
+func (a *Agent) loopsAdd(d int) {
+	a.loopsMu.Lock()
+	defer a.loopsMu.Unlock()
+	a.loops += d
+	if a.opts.LoopsChanged != nil {
+		a.opts.LoopsChanged(a.loops)
+	}
 }

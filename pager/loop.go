@@ -273,8 +273,8 @@ func (c *client) RoutineServe() {
 	defer close(c.done)
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	loopStarted() // see procs.go
-	defer loopStopped()
+	c.a.loopsAdd(1) // Options.LoopsChanged
+	defer c.a.loopsAdd(-1)
 	defer c.teardown()
 	for {
 		if c.control() {

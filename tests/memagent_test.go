@@ -704,7 +704,7 @@ type maRow struct {
 	budget                                   string
 }
 
-// maTableRows parses the rows of pager.WriteTable in text.
+// maTableRows parses the rows of memagent's stats table (cmd/memagent/table.go) in text.
 func maTableRows(t *testing.T, text string) []maRow {
 	t.Helper()
 	var rows []maRow

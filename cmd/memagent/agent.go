@@ -209,10 +209,10 @@ func newStatsCmd(app *cli.App) *cobra.Command {
 			if all {
 				rows = append(append([]pager.ClientStats{}, st.Exited...), rows...)
 			}
-			if err := pager.WriteTable(app.Stdout(), rows); err != nil {
+			if err := writeTable(app.Stdout(), rows); err != nil {
 				return err
 			}
-			return pager.WritePool(app.Stdout(), st.Pool)
+			return writePool(app.Stdout(), st.Pool)
 		},
 	}
 	cmd.Flags().String("admin-socket", agentd.DefaultAdminSocket, "the agent's admin socket")
@@ -419,10 +419,10 @@ func printRunStats(ctx context.Context, app *cli.App, d *agentd.Daemon, pid int)
 		fmt.Fprintln(os.Stderr, "memagent: no paging stats: the program made no allocation of --min-alloc or more")
 		return
 	}
-	if err := pager.WriteTable(os.Stderr, rows); err != nil {
+	if err := writeTable(os.Stderr, rows); err != nil {
 		app.Log().Warn("stats", zap.Error(err))
 	}
 	if d != nil {
-		pager.WritePool(os.Stderr, d.Agent.Pool())
+		writePool(os.Stderr, d.Agent.Pool())
 	}
 }

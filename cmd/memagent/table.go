@@ -1,15 +1,17 @@
-package pager
+package main
 
 import (
 	"fmt"
 	"io"
 	"text/tabwriter"
 	"time"
+
+	"rmem/pager"
 )
 
-// WriteTable prints stats as the human table of `memagent stats`: one row
+// writeTable prints stats as the human table of `memagent stats`: one row
 // per client process.
-func WriteTable(w io.Writer, stats []ClientStats) error {
+func writeTable(w io.Writer, stats []pager.ClientStats) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "PID\tRESIDENT\tREMOTE\tPOOLED\tBUDGET\tFAULTS\tP50\tP99\tEVICTIONS\tWRITE-BACKS\tPREFETCH HITS\tWAITS\tLOST\t")
 	for _, s := range stats {
@@ -24,9 +26,9 @@ func WriteTable(w io.Writer, stats []ClientStats) error {
 	return tw.Flush()
 }
 
-// WritePool prints the agent's pool space in one line: what it holds and
+// writePool prints the agent's pool space in one line: what it holds and
 // what holds pages, and whether the pool has no room.
-func WritePool(w io.Writer, p PoolStats) error {
+func writePool(w io.Writer, p pager.PoolStats) error {
 	ratio := "-"
 	if p.UsedBytes > 0 {
 		ratio = fmt.Sprintf("%.2fx", float64(p.HeldBytes)/float64(p.UsedBytes))

@@ -1,6 +1,7 @@
-package pager
+package main
 
 import (
+	"rmem/pager"
 	"strings"
 	"testing"
 	"time"
@@ -8,7 +9,7 @@ import (
 
 func TestWriteTable(t *testing.T) {
 	var b strings.Builder
-	err := WriteTable(&b, []ClientStats{
+	err := writeTable(&b, []pager.ClientStats{
 		{PID: 42, ResidentBytes: 3 << 20, RemoteBytes: 5 << 30, BudgetBytes: 512 << 10, Faults: 7,
 			FaultP50: 16 * time.Microsecond, FaultP99: time.Millisecond, PrefetchHits: 3, PrefetchWasted: 1},
 		{PID: 43},

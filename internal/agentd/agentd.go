@@ -139,6 +139,7 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 		Socket: opts.Socket, SocketMode: socketMode(opts), AllowUIDs: opts.AllowUIDs, SocketGroup: opts.SocketGroup,
 		Store: store, LocalMem: opts.LocalMem, NodeMem: opts.NodeMem,
 		MinAlloc: opts.MinAlloc, FaultTimeout: opts.FaultTimeout, StateDir: opts.StateDir, Log: log.Named("pager"), Registry: reg,
+		LoopsChanged: new(loopProcs).changed, // see procs.go
 	})
 	if err != nil {
 		store.Close(context.Background())

@@ -1,11 +1,11 @@
-package pager
+package agentd
 
 import (
 	"runtime"
 	"sync"
 )
 
-// Each client loop is a goroutine locked to its OS thread that spends its
+// Each client loop of the pager is a goroutine locked to its OS thread that spends its
 // time blocked in system calls (poll, ioctl, the READ's wait) while holding
 // its P: the runtime takes a P back from a thread in a system call only
 // after a sysmon tick (20 µs or more), and when it has, the loop returning
@@ -25,34 +25,24 @@ import (
 // Ps; thousands of clients must not make it that many workers).
 const maxLoopProcs = 64
 
-var loopProcs struct {
-	sync.Mutex
+// loopProcs sizes GOMAXPROCS by the running loops: pager.Options'
+// LoopsChanged (called one at a time).
+type loopProcs struct {
+	mu    sync.Mutex
 	base  int // GOMAXPROCS when no loop runs
 	loops int
 }
 
-// loopStarted adds a P for a loop that starts.
-func loopStarted() {
-	loopProcs.Lock()
-	defer loopProcs.Unlock()
-	if loopProcs.loops == 0 {
-		loopProcs.base = runtime.GOMAXPROCS(0)
+// changed is the pager's LoopsChanged: a P more per running loop; with
+// none, GOMAXPROCS is what it was before the first.
+func (lp *loopProcs) changed(running int) {
+	lp.mu.Lock()
+	defer lp.mu.Unlock()
+	if lp.loops == 0 && running > 0 {
+		lp.base = runtime.GOMAXPROCS(0)
 	}
-	loopProcs.loops++
-	setLoopProcs()
-}
-
-// loopStopped takes back the P of a loop that ended; with the last one,
-// GOMAXPROCS is what it was before the first.
-func loopStopped() {
-	loopProcs.Lock()
-	defer loopProcs.Unlock()
-	loopProcs.loops--
-	setLoopProcs()
-}
-
-func setLoopProcs() {
-	if n := loopProcs.base + min(loopProcs.loops, maxLoopProcs); runtime.GOMAXPROCS(0) != n {
+	lp.loops = running
+	if n := lp.base + min(running, maxLoopProcs); lp.base > 0 && runtime.GOMAXPROCS(0) != n {
 		runtime.GOMAXPROCS(n)
 	}
 }

@@ -1,4 +1,4 @@
-package pager
+package agentd
 
 import (
 	"runtime"
@@ -9,16 +9,17 @@ import (
 // what it was.
 func TestLoopProcs(t *testing.T) {
 	n0 := runtime.GOMAXPROCS(0)
-	loopStarted()
-	loopStarted()
+	var lp loopProcs
+	lp.changed(1)
+	lp.changed(2)
 	if n := runtime.GOMAXPROCS(0); n != n0+2 {
 		t.Errorf("two loops: GOMAXPROCS %d, want %d", n, n0+2)
 	}
-	loopStopped()
+	lp.changed(1)
 	if n := runtime.GOMAXPROCS(0); n != n0+1 {
 		t.Errorf("one loop: GOMAXPROCS %d, want %d", n, n0+1)
 	}
-	loopStopped()
+	lp.changed(0)
 	if n := runtime.GOMAXPROCS(0); n != n0 {
 		t.Errorf("no loop: GOMAXPROCS %d, want %d as before", n, n0)
 	}
