@@ -664,23 +664,26 @@ func expected(heap, rounds int) string {
 func lostPages(t *testing.T, stderr string) int {
 	t.Helper()
 	sc := bufio.NewScanner(strings.NewReader(stderr))
-	header, lost := false, 0
+	header, lost, cols, rows := false, 0, 0, 0
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
 		if len(f) > 0 && f[0] == "PID" {
+			// A row has a field per column; "PREFETCH HITS" is one.
 			header = f[len(f)-1] == "LOST"
+			cols = len(strings.Fields(strings.ReplaceAll(sc.Text(), "PREFETCH HITS", "PREFETCH-HITS")))
 			continue
 		}
-		if header && len(f) == 11 {
-			n, err := strconv.Atoi(f[10])
+		if header && len(f) == cols {
+			n, err := strconv.Atoi(f[cols-1])
 			if err != nil {
 				t.Fatalf("stats row %q: %v", sc.Text(), err)
 			}
 			lost += n
+			rows++
 		}
 	}
-	if !header {
-		t.Fatalf("no stats table with a LOST column in memagent's output:\n%s", stderr)
+	if !header || rows == 0 {
+		t.Fatalf("no stats table with a LOST column and rows in memagent's output:\n%s", stderr)
 	}
 	return lost
 }
