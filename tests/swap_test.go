@@ -2,6 +2,7 @@ package tests
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -855,13 +856,25 @@ func swapNoState(t *testing.T, dir string, runPID, daemon int) {
 		}
 	}
 	for _, r := range st.Runs {
-		if r == runPID {
+		if r.PID == runPID {
 			t.Errorf("state entry of run %d left: %+v", runPID, r)
 		}
 	}
-	if daemon != 0 && syscall.Kill(daemon, 0) == nil {
+	if daemon != 0 && swapProcRuns(daemon) {
 		t.Errorf("mount daemon %d still running", daemon)
 	}
+}
+
+// swapProcRuns reports whether process pid exists and is no zombie (a
+// daemon whose run was killed is reparented, and not always reaped at
+// once).
+func swapProcRuns(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	return len(f) > 0 && f[0] != "Z" && f[0] != "X"
 }
 
 // TestSwapDaemonKilled injects a kill -9 of the `memagent mount` daemon
@@ -907,4 +920,118 @@ func TestSwapDaemonKilled(t *testing.T) {
 	if t.Failed() {
 		t.Logf("--- memagent run:\n%s", out)
 	}
+}
+
+// swapKillRun starts `memagent run --mode swap` with the workload (128 MiB
+// in a 64 MiB cgroup) on a swap file in dir, and kill -9s it once the
+// workload has written. It checks that the workload died with it
+// (PR_SET_PDEATHSIG) and that the kill left the cgroup, the swap file
+// (loop device, swap area, mount, daemon) and the state entries behind,
+// and returns the run's and the daemon's pids.
+func swapKillRun(t *testing.T, p *swapPool, dir string) (runPID, daemon int) {
+	t.Helper()
+	work := swapWorkload(t)
+	args := append([]string{"run", "--mode", "swap", "--local-mem", "64MiB", "--swap-size", "1GiB", "--swap-dir", dir}, p.args()...)
+	r := swapStartRun(t, append(args, "--", work, "128", "wait")...)
+	r.expect(t, "written")
+	runPID, daemon = r.cmd.Process.Pid, swapDaemonOf(t, dir)
+	_, root, _ := cgroup.Detect()
+	group := filepath.Join(root, "rmem-run-"+strconv.Itoa(runPID))
+	g, err := cgroup.Open(group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	procs, err := g.Procs()
+	if err != nil || len(procs) != 1 {
+		t.Fatalf("processes in the run's cgroup: %v %v", procs, err)
+	}
+	if err := r.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	r.cmd.Wait()
+	memdtest.Eventually(t, 5*time.Second, "the workload killed with its run", func() error {
+		if swapProcRuns(procs[0]) {
+			return fmt.Errorf("workload %d still runs", procs[0])
+		}
+		return nil
+	})
+	// What the kill left.
+	if _, err := os.Stat(group); err != nil {
+		t.Errorf("the killed run's cgroup is already gone: %v", err)
+	}
+	if active, err := swaprun.ActivePoolSwaps(); err != nil || !slices.Contains(active, filepath.Join(dir, swapfs.SwapName)) {
+		t.Errorf("the killed run's swap file is not active any more: %v %v", active, err)
+	}
+	if !swapProcRuns(daemon) {
+		t.Errorf("the killed run's daemon %d is gone already", daemon)
+	}
+	if !slices.ContainsFunc(swapState(t).Runs, func(e swaprun.RunEntry) bool { return e.PID == runPID && e.Group == group }) {
+		t.Errorf("the state does not list the killed run %d with its cgroup: %+v", runPID, swapState(t))
+	}
+	return runPID, daemon
+}
+
+// TestSwapRunKilled injects a kill -9 of `memagent run --mode swap` while
+// its workload holds pages in the pool swap file the run set up. It
+// asserts that the workload dies with the run, and that what the run left
+// (cgroup, loop device and swap area, FUSE mount, daemon, state entries)
+// is removed by `memagent cleanup`, which lists each thing it removed, and
+// in the other case by the next run when it starts.
+func TestSwapRunKilled(t *testing.T) {
+	swapNeeds(t)
+	p := swapStartPool(t, 1)
+	bin := swapMemagent(t)
+
+	t.Run("cleanup", func(t *testing.T) {
+		dir := t.TempDir()
+		swapCleanup(t, dir)
+		runPID, daemon := swapKillRun(t, p, dir)
+		out, errOut, err := memdtest.Run(bin, nil, "cleanup")
+		if err != nil {
+			t.Fatalf("memagent cleanup: %v\n%s%s", err, out, errOut)
+		}
+		t.Logf("memagent cleanup:\n%s", out)
+		for _, want := range []string{
+			fmt.Sprintf("removed cgroup %s of dead run %d (0 processes killed)\n", filepath.Join(swapCgroupRoot(t), "rmem-run-"+strconv.Itoa(runPID)), runPID),
+			fmt.Sprintf("removed swap %s (/dev/loop", dir),
+			fmt.Sprintf("swapped off and detached, unmounted, daemon %d ended)\n", daemon),
+		} {
+			if !strings.Contains(out, want) {
+				t.Errorf("memagent cleanup's output lacks %q", want)
+			}
+		}
+		swapNoLeftovers(t, dir, runPID)
+		swapNoState(t, dir, runPID, daemon)
+		if out, _, err := memdtest.Run(bin, nil, "cleanup"); err != nil || out != "nothing to clean up\n" {
+			t.Errorf("a second memagent cleanup: %v: %q", err, out)
+		}
+	})
+
+	t.Run("next run", func(t *testing.T) {
+		dir, next := t.TempDir(), t.TempDir()
+		swapCleanup(t, dir)
+		swapCleanup(t, next)
+		runPID, daemon := swapKillRun(t, p, dir)
+		args := append([]string{"run", "--mode", "swap", "--local-mem", "16MiB", "--swap-size", "64MiB", "--swap-dir", next}, p.args()...)
+		r := swapStartRun(t, append(args, "--", "true")...)
+		if code := r.wait(t); code != 0 {
+			t.Fatalf("the next run exited %d", code)
+		}
+		if want := fmt.Sprintf("memagent run: removed what dead runs left: cgroup %s of dead run %d", filepath.Join(swapCgroupRoot(t), "rmem-run-"+strconv.Itoa(runPID)), runPID); !strings.Contains(r.output(), want) ||
+			!strings.Contains(r.output(), fmt.Sprintf("; swap %s (/dev/loop", dir)) {
+			t.Errorf("the next run did not say what it removed:\n%s", r.output())
+		}
+		swapNoLeftovers(t, dir, runPID)
+		swapNoState(t, dir, runPID, daemon)
+		swapNoLeftovers(t, next, r.cmd.Process.Pid)
+		swapNoState(t, next, r.cmd.Process.Pid, 0)
+	})
+}
+
+func swapCgroupRoot(t *testing.T) string {
+	_, root, err := cgroup.Detect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
 }

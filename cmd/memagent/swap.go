@@ -114,7 +114,8 @@ run starts one for the duration. --stats prints CMD's paging figures on stderr w
 In swap mode CMD runs in a memory cgroup limited to --local-mem and the
 kernel swaps its overflow to a pool swap file; if no pool swap file is
 active, run mounts one (a separate 'memagent mount' process) and turns it on
-for the duration.`,
+for the duration. If run is killed (kill -9), CMD is killed with it; what is
+left is removed by the next swap-mode run or by 'memagent cleanup'.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			mode, err := app.OneOf("mode", "uffd", "swap")
@@ -151,5 +152,36 @@ for the duration.`,
 	uffdRunFlags(f)
 	poolFlags(f)
 	swapRunFlags(cmd)
+	return cmd
+}
+
+// newCleanupCmd is `memagent cleanup`: what killed swap-mode runs left.
+func newCleanupCmd(app *cli.App) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "cleanup",
+		Short: "Remove what killed swap-mode runs left: cgroups, and pool swap files no run uses",
+		Long: `cleanup removes what 'memagent run --mode swap' runs that were killed (kill -9)
+left behind, as the next run does when it starts: the memory cgroups of runs
+whose process is gone (killing what is still in them), and, when no run is in
+progress, the pool swap files that runs set up (swapoff, loop device detached,
+unmounted, daemon ended). A pool swap file is never taken down under a live
+run. It prints one line per thing removed or kept. Needs root.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := swaprun.Cleanup(swaprun.CleanupOptions{RuntimeDir: app.String("runtime-dir"), Log: app.Log().Named("swaprun")})
+			w := app.Stdout()
+			for _, r := range c.Removed {
+				fmt.Fprintf(w, "removed %s\n", r)
+			}
+			for _, k := range c.Kept {
+				fmt.Fprintf(w, "kept %s\n", k)
+			}
+			if len(c.Removed)+len(c.Kept) == 0 && err == nil {
+				fmt.Fprintln(w, "nothing to clean up")
+			}
+			return err
+		},
+	}
+	cmd.Flags().String("runtime-dir", "/run/rmem", "where the runs' state is (swaprun.json)")
 	return cmd
 }

@@ -17,8 +17,15 @@
 // the host to end, not necessarily the one that set it up (tearing it down
 // under another run would swap that run's pages back in, past its cgroup
 // limit). The runs in progress and the swap files runs set up are kept in
-// RuntimeDir/swaprun.json under an flock of RuntimeDir/swaprun.lock; runs
-// whose process is gone are dropped when the file is read.
+// RuntimeDir/swaprun.json under an flock of RuntimeDir/swaprun.lock.
+//
+// # Killed runs
+//
+// A run records itself (pid, start time, cgroup) before creating
+// anything, and a swap file it sets up as soon as its daemon runs. CMD is
+// killed with its run (PR_SET_PDEATHSIG); what a killed run leaves (its
+// cgroup, and the swap file once no live run remains) is removed by the
+// next run and by Cleanup (`memagent cleanup`): see cleanup.go.
 //
 // # OOM
 //

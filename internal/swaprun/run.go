@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -131,7 +132,11 @@ func Run(ctx context.Context, opts Options) (exitCode int, err error) {
 	// leaving the swap file behind.
 	catcher := childproc.Catch()
 	defer catcher.Stop()
-	sw, err := joinSwap(ctx, &opts)
+	_, root, err := cgroup.Detect()
+	if err != nil {
+		return -1, err
+	}
+	sw, err := joinSwap(ctx, &opts, filepath.Join(root, opts.Group))
 	if err != nil {
 		return -1, err
 	}
@@ -188,6 +193,11 @@ func Run(ctx context.Context, opts Options) (exitCode int, err error) {
 
 	cmd := g.Command(opts.Command[0], opts.Command[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = opts.Stdin, opts.Stdout, opts.Stderr
+	// If this process is killed (SIGKILL: no teardown), CMD dies with it:
+	// nobody would report its status or watch its OOM, and the next run
+	// must be able to take down the swap it used. Kept across the exec of
+	// /bin/sh and of CMD; what CMD forks is killed with the cgroup.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	code, err := catcher.Run(ctx, cmd)
 	if err != nil {
 		return code, fmt.Errorf("swaprun: %w", err)
@@ -212,95 +222,83 @@ func reportEnd(w io.Writer, name string, cmd *exec.Cmd, g *cgroup.Group) {
 		name, cmd.Process.Pid, int(sig), unix.SignalName(sig), why, 128+int(sig))
 }
 
-// joinSwap makes sure a pool swap file is active, setting one up if none
-// is (or if o.Setup), and counts this run among the runs using it. It
-// returns the swap file it set up, or nil.
-func joinSwap(ctx context.Context, o *Options) (*swap, error) {
+// joinSwap removes what dead runs left, records this run (with its
+// cgroup, group), makes sure a pool swap file is active, setting one up if
+// none is (or if o.Setup), and counts this run among the runs using it. It
+// returns the swap file it set up, or nil. Each step is written to the
+// state before the next, so that a run killed half-way leaves nothing the
+// next one does not find.
+func joinSwap(ctx context.Context, o *Options, group string) (sw *swap, err error) {
 	sh, err := lockShared(o.RuntimeDir)
 	if err != nil {
 		return nil, err
 	}
+	defer func() {
+		if err != nil && sw != nil {
+			sw.stop()
+			sh.State.Swaps = slices.DeleteFunc(sh.State.Swaps, func(s OwnedSwap) bool { return s.Dir == sw.dir })
+			sw = nil
+		}
+		if err != nil {
+			sh.State.Runs = slices.DeleteFunc(sh.State.Runs, func(r RunEntry) bool { return r.PID == os.Getpid() })
+		}
+		err = errors.Join(err, sh.save())
+	}()
+	cleaned, rerr := sh.reap(nil, o.Log)
+	if len(cleaned.Removed) > 0 {
+		fmt.Fprintf(o.Stderr, "memagent run: removed what dead runs left: %s\n", strings.Join(cleaned.Removed, "; "))
+	}
+	if rerr != nil {
+		o.Log.Warn("removing what dead runs left", zap.Error(rerr))
+	}
+	sh.State.Runs = append(sh.State.Runs, RunEntry{PID: os.Getpid(), Start: startOf(os.Getpid()), Group: group})
+	if err := sh.write(); err != nil {
+		return nil, err
+	}
 	active, err := ActivePoolSwaps()
 	if err != nil {
-		sh.unlock()
 		return nil, err
 	}
-	var sw *swap
+	active = slices.DeleteFunc(active, func(file string) bool {
+		if err := serving(filepath.Dir(file)); err != nil {
+			o.Log.Warn("not using a pool swap file whose daemon is gone", zap.String("file", file), zap.Error(err))
+			return true
+		}
+		return false
+	})
 	if len(active) > 0 && !o.Setup {
 		o.Log.Info("using active pool swap", zap.Strings("files", active))
-	} else {
-		if sw, err = startSwap(ctx, o); err != nil {
-			sh.unlock()
-			return nil, err
-		}
-		sh.State.Swaps = append(sh.State.Swaps, OwnedSwap{Dir: sw.dir, PID: sw.daemon.Process.Pid, Made: sw.made != ""})
+		return nil, nil
 	}
-	sh.State.Runs = append(sh.State.Runs, os.Getpid())
-	if err := sh.save(); err != nil {
-		if sw != nil {
-			sw.stop()
-		}
-		return nil, err
-	}
-	return sw, nil
+	sw, err = startSwap(ctx, o, func(sw *swap) error {
+		pid := sw.daemon.Process.Pid
+		sh.State.Swaps = append(sh.State.Swaps, OwnedSwap{Dir: sw.dir, PID: pid, Start: startOf(pid), Made: sw.made != "", Run: os.Getpid()})
+		return sh.write()
+	})
+	return sw, err
+}
+
+// serving returns an error if the pool swap mount at dir has no daemon
+// any more: its connection is aborted and every request fails (ENOTCONN).
+func serving(dir string) error {
+	_, err := os.ReadFile(filepath.Join(dir, swapfs.StatsName))
+	return err
 }
 
 // leaveSwap uncounts this run; the last run to leave tears down every pool
-// swap file that runs set up (sw is the one this run set up, or nil).
+// swap file that runs set up (sw is the one this run set up, or nil), and
+// what dead runs left is removed as when a run starts.
 func leaveSwap(o *Options, sw *swap) error {
 	sh, err := lockShared(o.RuntimeDir)
 	if err != nil {
 		return err
 	}
-	if i := slices.Index(sh.State.Runs, os.Getpid()); i >= 0 {
-		sh.State.Runs = slices.Delete(sh.State.Runs, i, i+1)
+	sh.State.Runs = slices.DeleteFunc(sh.State.Runs, func(r RunEntry) bool { return r.PID == os.Getpid() })
+	if runs := sh.liveRuns(); len(runs) > 0 && len(sh.State.Swaps) > 0 {
+		o.Log.Info("leaving the pool swap to the runs in progress", zap.Ints("runs", runs))
 	}
-	if len(sh.State.Runs) > 0 {
-		if len(sh.State.Swaps) > 0 {
-			o.Log.Info("leaving the pool swap to the runs in progress", zap.Ints("runs", sh.State.Runs))
-		}
-		return sh.save()
-	}
-	// A swap file that fails to come down stays listed: the next run to
-	// leave tries again.
-	var errs []error
-	var left []OwnedSwap
-	for _, s := range sh.State.Swaps {
-		var err error
-		if sw != nil && s.Dir == sw.dir {
-			err = sw.stop()
-		} else {
-			err = teardown(s, o.Log)
-		}
-		if err != nil {
-			errs = append(errs, err)
-			left = append(left, s)
-		}
-	}
-	sh.State.Swaps = left
-	errs = append(errs, sh.save())
-	return errors.Join(errs...)
-}
-
-// teardown turns off a pool swap file set up by another run and unmounts
-// it, which ends its daemon.
-func teardown(s OwnedSwap, log *zap.Logger) error {
-	file := filepath.Join(s.Dir, swapfs.SwapName)
-	if err := swapdev.Off(context.Background(), file); err != nil && !errors.Is(err, swapdev.ErrNotSwap) {
-		return err
-	}
-	if ok, err := SwapMounted(s.Dir); err != nil {
-		return err
-	} else if ok {
-		if err := unix.Unmount(s.Dir, 0); err != nil {
-			return fmt.Errorf("swaprun: umount %s: %w", s.Dir, err)
-		}
-	}
-	log.Info("pool swap torn down", zap.String("dir", s.Dir), zap.Int("daemon", s.PID))
-	if s.Made {
-		os.Remove(s.Dir)
-	}
-	return nil
+	_, rerr := sh.reap(sw, o.Log)
+	return errors.Join(rerr, sh.save())
 }
 
 // swap is a pool swap file set up by Run: the mount daemon and its loop
@@ -313,7 +311,9 @@ type swap struct {
 	log       *zap.Logger
 }
 
-func startSwap(ctx context.Context, o *Options) (sw *swap, err error) {
+// startSwap starts a mount daemon, calls started as soon as its process
+// runs, waits for its mount and turns its swap file on.
+func startSwap(ctx context.Context, o *Options, started func(*swap) error) (sw *swap, err error) {
 	sw = &swap{dir: o.Dir, log: o.Log, done: make(chan struct{})}
 	if sw.dir == "" {
 		if sw.dir, err = os.MkdirTemp(o.RuntimeDir, "swap-"); err != nil {
@@ -332,11 +332,9 @@ func startSwap(ctx context.Context, o *Options) (sw *swap, err error) {
 		return nil, fmt.Errorf("swaprun: start %s mount: %w", o.Memagent, err)
 	}
 	go func() { sw.waitErr = sw.daemon.Wait(); close(sw.done) }()
-	defer func() {
-		if err != nil {
-			sw.stop()
-		}
-	}()
+	if err := started(sw); err != nil {
+		return sw, err
+	}
 	o.Log.Info("mount daemon started", zap.Int("pid", sw.daemon.Process.Pid), zap.String("dir", sw.dir))
 	deadline := time.Now().Add(30 * time.Second)
 	for {

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -24,15 +23,40 @@ type State struct {
 	// Swaps are the pool swap files that runs set up and that the last
 	// run tears down.
 	Swaps []OwnedSwap `json:"swaps"`
-	// Runs are the pids of the runs in progress.
-	Runs []int `json:"runs"`
+	// Runs are the runs in progress (or that were, until someone notices
+	// their process is gone).
+	Runs []RunEntry `json:"runs"`
+}
+
+// RunEntry is a run, recorded before it creates anything.
+type RunEntry struct {
+	PID int `json:"pid"`
+	// Start is the process's start time (/proc/PID/stat, clock ticks since
+	// boot): it tells the run from a later process given the same pid. 0:
+	// unknown (the pid alone decides).
+	Start uint64 `json:"start,omitempty"`
+	// Group is the directory of its memory cgroup.
+	Group string `json:"cgroup,omitempty"`
+}
+
+// UnmarshalJSON also reads a bare pid, the format of earlier versions.
+func (r *RunEntry) UnmarshalJSON(b []byte) error {
+	var pid int
+	if err := json.Unmarshal(b, &pid); err == nil {
+		*r = RunEntry{PID: pid}
+		return nil
+	}
+	type plain RunEntry
+	return json.Unmarshal(b, (*plain)(r))
 }
 
 // OwnedSwap is a pool swap file set up by a run.
 type OwnedSwap struct {
-	Dir  string `json:"dir"`  // mount point
-	PID  int    `json:"pid"`  // of its `memagent mount` daemon
-	Made bool   `json:"made"` // Dir was created by the run (removed at teardown)
+	Dir   string `json:"dir"`             // mount point
+	PID   int    `json:"pid"`             // of its `memagent mount` daemon
+	Start uint64 `json:"start,omitempty"` // the daemon's start time (see RunEntry.Start)
+	Made  bool   `json:"made"`            // Dir was created by the run (removed at teardown)
+	Run   int    `json:"run,omitempty"`   // pid of the run that set it up
 }
 
 // ParseState decodes the state file; empty input is the empty state.
@@ -49,6 +73,11 @@ func ParseState(b []byte) (State, error) {
 			return State{}, fmt.Errorf("swaprun: state: bad swap entry %+v", s)
 		}
 	}
+	for _, r := range st.Runs {
+		if r.PID <= 0 || r.Group != "" && !filepath.IsAbs(r.Group) {
+			return State{}, fmt.Errorf("swaprun: state: bad run entry %+v", r)
+		}
+	}
 	return st, nil
 }
 
@@ -57,10 +86,13 @@ type shared struct {
 	lock  *os.File
 	path  string
 	State State
+	// dead are the runs whose process is gone, taken out of State.Runs:
+	// what they left is for reap.
+	dead []RunEntry
 }
 
-// lockShared takes the runs' lock in dir and reads the state, dropping
-// runs whose process is gone (a run that was killed).
+// lockShared takes the runs' lock in dir and reads the state, moving runs
+// whose process is gone (a run that was killed) from State.Runs to dead.
 func lockShared(dir string) (*shared, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("swaprun: %w", err)
@@ -83,18 +115,33 @@ func lockShared(dir string) (*shared, error) {
 		sh.unlock()
 		return nil, err
 	}
-	sh.State.Runs = slices.DeleteFunc(sh.State.Runs, func(pid int) bool { return !alive(pid) })
+	sh.State.Runs = slices.DeleteFunc(sh.State.Runs, func(r RunEntry) bool {
+		if alive(r.PID, r.Start) {
+			return false
+		}
+		sh.dead = append(sh.dead, r)
+		return true
+	})
 	return sh, nil
 }
 
-func alive(pid int) bool {
-	err := syscall.Kill(pid, 0)
-	return err == nil || errors.Is(err, syscall.EPERM)
+// liveRuns returns the pids of the runs in progress.
+func (sh *shared) liveRuns() []int {
+	var pids []int
+	for _, r := range sh.State.Runs {
+		pids = append(pids, r.PID)
+	}
+	return pids
 }
 
-// save writes the state (atomically) and releases the lock.
+// save writes the state and releases the lock.
 func (sh *shared) save() error {
 	defer sh.unlock()
+	return sh.write()
+}
+
+// write writes the state (atomically), keeping the lock.
+func (sh *shared) write() error {
 	b, err := json.Marshal(sh.State)
 	if err != nil {
 		return err

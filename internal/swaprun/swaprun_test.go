@@ -73,29 +73,57 @@ func TestValidate(t *testing.T) {
 }
 
 func TestParseState(t *testing.T) {
-	st, err := ParseState([]byte(`{"swaps":[{"dir":"/run/rmem/swap-1","pid":42,"made":true}],"runs":[7]}`))
-	if err != nil || len(st.Swaps) != 1 || st.Swaps[0] != (OwnedSwap{Dir: "/run/rmem/swap-1", PID: 42, Made: true}) || !slices.Equal(st.Runs, []int{7}) {
+	st, err := ParseState([]byte(`{"swaps":[{"dir":"/run/rmem/swap-1","pid":42,"start":7,"made":true,"run":7}],` +
+		`"runs":[{"pid":7,"start":99,"cgroup":"/sys/fs/cgroup/memory/rmem-run-7"}]}`))
+	if err != nil || len(st.Swaps) != 1 || st.Swaps[0] != (OwnedSwap{Dir: "/run/rmem/swap-1", PID: 42, Start: 7, Made: true, Run: 7}) ||
+		!slices.Equal(st.Runs, []RunEntry{{PID: 7, Start: 99, Group: "/sys/fs/cgroup/memory/rmem-run-7"}}) {
 		t.Fatalf("ParseState = %+v, %v", st, err)
+	}
+	// The format of earlier versions: runs as bare pids.
+	if st, err := ParseState([]byte(`{"swaps":[],"runs":[7,8]}`)); err != nil || !slices.Equal(st.Runs, []RunEntry{{PID: 7}, {PID: 8}}) {
+		t.Fatalf("ParseState of bare pids = %+v, %v", st, err)
 	}
 	if st, err := ParseState(nil); err != nil || len(st.Swaps)+len(st.Runs) != 0 {
 		t.Fatalf("empty state: %+v, %v", st, err)
 	}
-	for _, bad := range []string{`{`, `{"swaps":[{"dir":"rel","pid":1}]}`, `{"swaps":[{"dir":"/x","pid":0}]}`} {
+	for _, bad := range []string{`{`, `{"swaps":[{"dir":"rel","pid":1}]}`, `{"swaps":[{"dir":"/x","pid":0}]}`,
+		`{"runs":[0]}`, `{"runs":[{"pid":3,"cgroup":"rel"}]}`, `{"runs":["x"]}`} {
 		if _, err := ParseState([]byte(bad)); err == nil {
 			t.Errorf("ParseState(%s) accepted", bad)
 		}
 	}
 }
 
+func TestParseStat(t *testing.T) {
+	// comm with a space and a parenthesis; starttime is 4242.
+	in := "123 (a) b) S 1 123 123 0 -1 4194560 100 0 0 0 5 6 0 0 20 0 1 0 4242 1000 10 18446744073709551615\n"
+	state, start, err := parseStat([]byte(in))
+	if err != nil || state != 'S' || start != 4242 {
+		t.Fatalf("parseStat = %c, %d, %v", state, start, err)
+	}
+	for _, bad := range []string{"", "1 (x S 1", "1 (x) S 1 2 3", "1 (x) SS 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1"} {
+		if _, _, err := parseStat([]byte(bad)); err == nil {
+			t.Errorf("parseStat(%q) accepted", bad)
+		}
+	}
+	if !alive(os.Getpid(), startOf(os.Getpid())) || alive(os.Getpid(), startOf(os.Getpid())+1) || alive(1<<22+12345, 0) {
+		t.Fatal("alive is wrong about this process or a pid that is none")
+	}
+}
+
 // TestSharedState: the lock file and the state survive a round trip, and
-// runs whose process is gone are dropped.
+// runs whose process is gone (or whose pid another process got) are moved
+// to dead.
 func TestSharedState(t *testing.T) {
 	dir := t.TempDir()
 	sh, err := lockShared(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sh.State.Runs = append(sh.State.Runs, os.Getpid(), 1<<22+12345) // the second is no process
+	self := RunEntry{PID: os.Getpid(), Start: startOf(os.Getpid())}
+	gone := RunEntry{PID: 1<<22 + 12345}                        // no process
+	reused := RunEntry{PID: os.Getpid(), Start: self.Start + 1} // a later process with the same pid
+	sh.State.Runs = append(sh.State.Runs, self, gone, reused)
 	sh.State.Swaps = append(sh.State.Swaps, OwnedSwap{Dir: "/run/rmem/swap-x", PID: 9, Made: true})
 	if err := sh.save(); err != nil {
 		t.Fatal(err)
@@ -105,14 +133,86 @@ func TestSharedState(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sh.unlock()
-	if !slices.Equal(sh.State.Runs, []int{os.Getpid()}) || len(sh.State.Swaps) != 1 {
-		t.Fatalf("state read back: %+v", sh.State)
+	if !slices.Equal(sh.State.Runs, []RunEntry{self}) || !slices.Equal(sh.dead, []RunEntry{gone, reused}) || len(sh.State.Swaps) != 1 {
+		t.Fatalf("state read back: %+v, dead %+v", sh.State, sh.dead)
+	}
+}
+
+// TestReapDeadRun injects a run that died leaving its cgroup with a
+// process in it, and an rmem-run-PID cgroup of a dead pid that the state
+// does not list; Cleanup kills the processes, removes both cgroups, and
+// keeps a swap file while a run is live.
+func TestReapDeadRun(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("cgroups need root")
+	}
+	if _, _, err := cgroup.Detect(); err != nil {
+		t.Skip(err)
+	}
+	dir := t.TempDir()
+	deadPID := 1<<22 + 4321 // no process
+	g, err := cgroup.Create(fmt.Sprintf("rmem-reap-test-%d", os.Getpid()), 32<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Remove(5 * time.Second) })
+	orphan, err := cgroup.Create(fmt.Sprintf("rmem-run-%d", deadPID), 32<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { orphan.Remove(5 * time.Second) })
+	sleep := g.Command("sleep", "100")
+	if err := sleep.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- sleep.Wait() }()
+	for pids, _ := g.Procs(); len(pids) == 0; pids, _ = g.Procs() {
+		time.Sleep(5 * time.Millisecond)
+	}
+	sh, err := lockShared(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh.State.Runs = []RunEntry{{PID: deadPID + 1, Group: g.Path}, {PID: os.Getpid(), Start: startOf(os.Getpid())}}
+	sh.State.Swaps = []OwnedSwap{{Dir: "/nonexistent/swap-x", PID: deadPID + 2}}
+	if err := sh.save(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Cleanup(CleanupOptions{RuntimeDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("cleaned: %+v", c)
+	if err := <-done; err == nil || sleep.ProcessState.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Errorf("the dead run's process ended with %v, want SIGKILL", err)
+	}
+	for _, p := range []string{g.Path, orphan.Path} {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("cgroup %s left: %v", p, err)
+		}
+	}
+	if len(c.Removed) != 2 || !strings.Contains(c.Removed[0], g.Path) || !strings.Contains(c.Removed[0], "1 processes killed") ||
+		!strings.Contains(c.Removed[1], orphan.Path) {
+		t.Errorf("Removed = %q", c.Removed)
+	}
+	if len(c.Kept) != 1 || !strings.Contains(c.Kept[0], "in use by runs") {
+		t.Errorf("Kept = %q, want the swap kept for this live run", c.Kept)
+	}
+	st, err := lockShared(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.unlock()
+	if len(st.State.Runs) != 1 || len(st.State.Swaps) != 1 || len(st.dead) != 0 {
+		t.Errorf("state after Cleanup: %+v, dead %+v", st.State, st.dead)
 	}
 }
 
 func FuzzParseState(f *testing.F) {
 	f.Add([]byte(`{"swaps":[{"dir":"/a","pid":1}],"runs":[1,2]}`))
 	f.Add([]byte(`null`))
+	f.Add([]byte(`{"runs":[{"pid":3,"start":4,"cgroup":"/a"},5]}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		st, err := ParseState(b)
 		if err != nil {
@@ -121,6 +221,11 @@ func FuzzParseState(f *testing.F) {
 		for _, s := range st.Swaps {
 			if s.PID <= 0 || s.Dir == "" || s.Dir[0] != '/' {
 				t.Fatalf("accepted bad entry %+v", s)
+			}
+		}
+		for _, r := range st.Runs {
+			if r.PID <= 0 || r.Group != "" && r.Group[0] != '/' {
+				t.Fatalf("accepted bad run %+v", r)
 			}
 		}
 	})
