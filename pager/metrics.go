@@ -25,6 +25,7 @@ var (
 	descPFHits   = prometheus.NewDesc("rmem_agent_prefetch_hits_total", "Sampled prefetched pages (1 in 256, held back until touched) that the program touched.", labels, nil)
 	descPFWasted = prometheus.NewDesc("rmem_agent_prefetch_wasted_total", "Sampled prefetched pages (1 in 256) not touched before their sample slot was needed again.", labels, nil)
 	descLatency  = prometheus.NewDesc("rmem_agent_fault_seconds", "Time from reading a fault to resolving it.", labels, nil)
+	descLatQ     = prometheus.NewDesc("rmem_agent_fault_quantile_seconds", "Quantiles of rmem_agent_fault_seconds (p50, p99, p99.9) from the agent's ~1%-precise histogram.", labels, nil)
 	descClients  = prometheus.NewDesc("rmem_agent_clients", "Client processes served.", nil, nil)
 	descHeld     = prometheus.NewDesc("rmem_agent_pool_held_bytes", "Pool memory the agent holds (its slabs).", nil, nil)
 	descUsed     = prometheus.NewDesc("rmem_agent_pool_used_bytes", "Pool memory holding pages' data (used slots).", nil, nil)
@@ -36,7 +37,7 @@ type collector struct{ a *Agent }
 
 func (collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descResident, descRemote, descBudget, descFaults, descZero, descReads, descWP,
-		descEvict, descWB, descLost, descPooled, descWaits, descPFIssued, descPFHits, descPFWasted, descLatency, descClients,
+		descEvict, descWB, descLost, descPooled, descWaits, descPFIssued, descPFHits, descPFWasted, descLatency, descLatQ, descClients,
 		descHeld, descUsed, descNoRoom} {
 		ch <- d
 	}
@@ -86,5 +87,7 @@ func (col collector) Collect(ch chan<- prometheus.Metric) {
 		counter(descPFWasted, s.PrefetchWasted)
 		buckets, count, sum := c.st.latency.Buckets()
 		ch <- prometheus.MustNewConstHistogram(descLatency, count, sum, buckets, lv...)
+		ch <- prometheus.MustNewConstSummary(descLatQ, count, sum, map[float64]float64{
+			0.5: s.FaultP50.Seconds(), 0.99: s.FaultP99.Seconds(), 0.999: s.FaultP999.Seconds()}, lv...)
 	}
 }

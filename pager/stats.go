@@ -6,23 +6,54 @@ import (
 	"time"
 )
 
-// latencyBuckets are powers of two of nanoseconds: bucket i counts
-// latencies in [2^(i-1), 2^i) ns (bucket 0: under 1 ns), up to ~34 s.
-const latencyBuckets = 36
+// Latencies are kept HDR-style (log-linear): values under 2^histBits ns
+// each have a bucket of their own, and every power of two above is cut
+// into 2^(histBits-1) equal buckets, so a bucket is at most 1/64 of its
+// values wide and its midpoint is within 0.8% of any value in it, from
+// 1 ns to ~34 s (the last bucket takes longer ones).
+const (
+	histBits    = 7
+	histSub     = 1 << (histBits - 1)                   // buckets per power of two
+	histOctaves = 36 - histBits                         // up to 2^36 ns
+	histBuckets = 1<<histBits + histOctaves*histSub + 1 // the last: overflow
+)
 
-// Histogram is a fixed-bucket latency histogram safe for one writer and
-// any number of readers, with no allocation.
+// Histogram is a latency histogram of ~1% precision (see histBits), safe
+// for one writer and any number of readers, with no allocation.
 type Histogram struct {
-	b [latencyBuckets]atomic.Uint64
+	b [histBuckets]atomic.Uint64
+}
+
+// histIndex is the bucket of v ns.
+func histIndex(v uint64) int {
+	n := bits.Len64(v)
+	if n <= histBits {
+		return int(v)
+	}
+	shift := n - histBits // >= 1: v>>shift is in [histSub, 2*histSub)
+	i := 1<<histBits + (shift-1)*histSub + int(v>>shift) - histSub
+	return min(i, histBuckets-1)
+}
+
+// histBounds returns bucket i's values [lo, hi].
+func histBounds(i int) (lo, hi uint64) {
+	if i < 1<<histBits {
+		return uint64(i), uint64(i)
+	}
+	if i == histBuckets-1 {
+		lo, _ = histBounds(i - 1)
+		_, hi = histBounds(i - 1)
+		return hi + 1, hi + 1
+	}
+	j := i - 1<<histBits
+	shift := j/histSub + 1
+	m := uint64(j%histSub + histSub)
+	return m << shift, (m+1)<<shift - 1
 }
 
 // Observe records d.
 func (h *Histogram) Observe(d time.Duration) {
-	i := 0
-	if d > 0 {
-		i = min(bits.Len64(uint64(d)), latencyBuckets-1)
-	}
-	h.b[i].Add(1)
+	h.b[histIndex(uint64(max(d, 0)))].Add(1)
 }
 
 // Count returns the number of observations.
@@ -34,41 +65,70 @@ func (h *Histogram) Count() uint64 {
 	return n
 }
 
-// Quantile returns the upper bound of the bucket holding quantile q (0..1),
-// or 0 with no observations. It overstates by less than 2×.
+// Quantile returns the midpoint of the bucket holding quantile q (0..1),
+// within 0.8% of the observation there, or 0 with no observations.
 func (h *Histogram) Quantile(q float64) time.Duration {
-	var counts [latencyBuckets]uint64
+	return h.Quantiles(q)[0]
+}
+
+// Quantiles returns Quantile of each of qs (ascending) from one snapshot.
+func (h *Histogram) Quantiles(qs ...float64) []time.Duration {
+	var counts [histBuckets]uint64
 	var n uint64
 	for i := range h.b {
 		counts[i] = h.b[i].Load()
 		n += counts[i]
 	}
+	out := make([]time.Duration, len(qs))
 	if n == 0 {
-		return 0
+		return out
 	}
-	rank := uint64(q*float64(n-1)) + 1
 	var seen uint64
-	for i, c := range counts {
-		seen += c
-		if seen >= rank {
-			return time.Duration(uint64(1) << i)
+	i := 0
+	for k, q := range qs {
+		rank := uint64(q*float64(n-1)) + 1
+		for ; i < histBuckets; i++ {
+			if seen+counts[i] >= rank {
+				break
+			}
+			seen += counts[i]
 		}
+		lo, hi := histBounds(min(i, histBuckets-1))
+		out[k] = time.Duration(lo + (hi-lo)/2)
 	}
-	return time.Duration(uint64(1) << (latencyBuckets - 1))
+	return out
 }
 
-// Buckets returns the upper bounds (seconds) and cumulative counts, for
-// Prometheus.
+// promBounds are the bucket bounds the Prometheus metric shows (seconds):
+// 1-2-5 steps from 1 µs to 10 s.
+var promBounds = func() []float64 {
+	var b []float64
+	for ns := uint64(1000); ns <= 10e9; ns *= 10 {
+		b = append(b, float64(ns)/1e9, float64(2*ns)/1e9, float64(5*ns)/1e9)
+	}
+	return b[:len(b)-2]
+}()
+
+// Buckets returns cumulative counts at promBounds (each fine bucket
+// counted under the first bound its upper end fits), the count and the
+// sum (of bucket midpoints), for Prometheus.
 func (h *Histogram) Buckets() (map[float64]uint64, uint64, float64) {
-	m := make(map[float64]uint64, latencyBuckets)
+	m := make(map[float64]uint64, len(promBounds))
 	var cum uint64
 	var sum float64
+	j := 0
 	for i := range h.b {
 		c := h.b[i].Load()
+		lo, hi := histBounds(i)
+		for j < len(promBounds) && float64(hi)/1e9 > promBounds[j] {
+			m[promBounds[j]] = cum
+			j++
+		}
 		cum += c
-		ub := float64(uint64(1)<<i) / 1e9
-		m[ub] = cum
-		sum += float64(c) * ub * 0.75 // bucket midpoint estimate
+		sum += float64(c) * float64(lo+(hi-lo)/2) / 1e9
+	}
+	for ; j < len(promBounds); j++ {
+		m[promBounds[j]] = cum
 	}
 	return m, cum, sum
 }
@@ -107,6 +167,7 @@ type ClientStats struct {
 	Held        uint64        `json:"held"` // faults that waited for an eviction
 	FaultP50    time.Duration `json:"fault_p50_ns"`
 	FaultP99    time.Duration `json:"fault_p99_ns"`
+	FaultP999   time.Duration `json:"fault_p999_ns"`
 	Evictions   uint64        `json:"evictions"`
 	WriteBacks  uint64        `json:"write_backs"`
 	Lost        uint64        `json:"lost"` // pages poisoned: every replica gone
@@ -138,6 +199,7 @@ func (s ClientStats) PrefetchHitRate() float64 {
 }
 
 func (c *counters) snapshot(pageSize uint64) ClientStats {
+	lat := c.latency.Quantiles(0.50, 0.99, 0.999)
 	s := ClientStats{
 		Regions:       int(c.regions.Load()),
 		ResidentBytes: uint64(max(c.resident.Load(), 0)) * pageSize,
@@ -145,7 +207,7 @@ func (c *counters) snapshot(pageSize uint64) ClientStats {
 		PooledBytes:   uint64(max(c.pooled.Load(), 0)) * pageSize,
 		Faults:        c.faults.Load(), ZeroFills: c.zeroFills.Load(), RemoteReads: c.remoteReads.Load(),
 		WPFaults: c.wpFaults.Load(), Held: c.held.Load(),
-		FaultP50: c.latency.Quantile(0.50), FaultP99: c.latency.Quantile(0.99),
+		FaultP50: lat[0], FaultP99: lat[1], FaultP999: lat[2],
 		Evictions: c.evictions.Load(), WriteBacks: c.writeBacks.Load(), Lost: c.lost.Load(),
 		Retries: c.retries.Load(), BudgetWaits: c.waits.Load(),
 		PrefetchIssued: c.prefetchIssued.Load(), PrefetchHits: c.prefetchHits.Load(), PrefetchWasted: c.prefetchWasted.Load(),

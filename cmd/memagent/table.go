@@ -13,15 +13,15 @@ import (
 // per client process.
 func writeTable(w io.Writer, stats []pager.ClientStats) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "PID\tRESIDENT\tREMOTE\tPOOLED\tBUDGET\tFAULTS\tP50\tP99\tEVICTIONS\tWRITE-BACKS\tPREFETCH HITS\tWAITS\tLOST\t")
+	fmt.Fprintln(tw, "PID\tRESIDENT\tREMOTE\tPOOLED\tBUDGET\tFAULTS\tP50\tP99\tP99.9\tEVICTIONS\tWRITE-BACKS\tPREFETCH HITS\tWAITS\tLOST\t")
 	for _, s := range stats {
 		hit := "-"
 		if s.PrefetchHits+s.PrefetchWasted > 0 {
 			hit = fmt.Sprintf("%.0f%%", 100*s.PrefetchHitRate())
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%d\t%s\t%d\t%d\t\n",
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%d\t%d\t%s\t%d\t%d\t\n",
 			s.PID, bytesText(s.ResidentBytes), bytesText(s.RemoteBytes), bytesText(s.PooledBytes), bytesText(s.BudgetBytes),
-			s.Faults, durText(s.FaultP50), durText(s.FaultP99), s.Evictions, s.WriteBacks, hit, s.BudgetWaits, s.Lost)
+			s.Faults, durText(s.FaultP50), durText(s.FaultP99), durText(s.FaultP999), s.Evictions, s.WriteBacks, hit, s.BudgetWaits, s.Lost)
 	}
 	return tw.Flush()
 }
@@ -56,9 +56,20 @@ func bytesText(n uint64) string {
 	return fmt.Sprintf("%dB", n)
 }
 
+// durText is d to three significant digits or so (the histogram's
+// precision is ~1%).
 func durText(d time.Duration) string {
-	if d == 0 {
+	switch {
+	case d == 0:
 		return "-"
+	case d >= 100*time.Millisecond:
+		d = d.Round(time.Millisecond)
+	case d >= 100*time.Microsecond:
+		d = d.Round(time.Microsecond)
+	case d >= 10*time.Microsecond:
+		d = d.Round(100 * time.Nanosecond)
+	case d >= time.Microsecond:
+		d = d.Round(10 * time.Nanosecond)
 	}
 	return d.String()
 }

@@ -116,8 +116,9 @@ t3=$(date +%s)
 cat /tmp/e2e-run2.out
 [ $rc = 0 ] || fail "memagent run --network verbs -- pagedemo exited with $rc (143: killed by the 120s timeout)"
 grep -q ": 0 bad words" /tmp/e2e-run2.out || fail "pagedemo did not report 0 bad words"
-# PID RESIDENT REMOTE BUDGET FAULTS P50 P99 EVICTIONS WRITE-BACKS ...
-row=$(awk '$1 ~ /^[0-9]+$/ && NF >= 9 {print $8, $9; exit}' /tmp/e2e-run2.out)
+# The columns by the table's header (PID ... EVICTIONS WRITE-BACKS ...).
+row=$(awk '$1 == "PID" {for (i = 1; i <= NF; i++) col[$i] = i; next}
+	col["EVICTIONS"] && $1 ~ /^[0-9]+$/ {print $col["EVICTIONS"], $col["WRITE-BACKS"]; exit}' /tmp/e2e-run2.out)
 [ -n "$row" ] || fail "no stats table row from memagent run --stats"
 set -- $row
 evictions2=$1 wb2=$2
