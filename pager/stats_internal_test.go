@@ -68,7 +68,9 @@ func TestHistogramQuantiles(t *testing.T) {
 	}
 	// Prometheus' buckets are cumulative at their bounds.
 	m, n, sum := h.Buckets()
-	near := func(got, want uint64) bool { return float64(got) >= 0.99*float64(want)-1 && float64(got) <= 1.01*float64(want)+1 }
+	near := func(got, want uint64) bool {
+		return float64(got) >= 0.99*float64(want)-1 && float64(got) <= 1.01*float64(want)+1
+	}
 	if n != 10000 || !near(m[1e-3], 10000) || !near(m[5e-4], 5000) || !near(m[1e-6], 10) || m[10] != 10000 {
 		t.Errorf("buckets %v, count %d", m, n)
 	}
