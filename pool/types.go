@@ -117,7 +117,17 @@ type Lease struct {
 	TTL     Duration  `json:"ttl"`
 	Created time.Time `json:"created"`
 	Expires time.Time `json:"expires"`
+	// Secret is the lease's credential, in the answer to POST /v1/leases
+	// only (the coordinator keeps a hash): requests about the lease's slabs
+	// present it in the LeaseSecretHeader header. An agent that takes over
+	// the lease after a restart needs it: keep it with the lease id.
+	Secret string `json:"secret,omitempty"`
 }
+
+// LeaseSecretHeader carries a lease's Secret on the requests about the
+// lease (renew, end, allocate, list its slabs with their keys, free,
+// replace, migrated).
+const LeaseSecretHeader = "Rmem-Lease-Secret"
 
 // Replica is one physical copy of a logical slab.
 type Replica struct {
@@ -152,12 +162,15 @@ func (s *Slab) HasServer(id ServerID) bool {
 // Errors returned by the decision functions and by the coordinator. Test
 // with errors.Is; the HTTP API maps them to status codes.
 var (
-	ErrNotFound       = errors.New("pool: not found")
-	ErrNoCapacity     = errors.New("pool: not enough capacity")
-	ErrInvalid        = errors.New("pool: invalid request")
-	ErrConflict       = errors.New("pool: conflict")
-	ErrLeaseExpired   = errors.New("pool: lease expired")
-	ErrUnauthorized   = errors.New("pool: unauthorized")
+	ErrNotFound     = errors.New("pool: not found")
+	ErrNoCapacity   = errors.New("pool: not enough capacity")
+	ErrInvalid      = errors.New("pool: invalid request")
+	ErrConflict     = errors.New("pool: conflict")
+	ErrLeaseExpired = errors.New("pool: lease expired")
+	ErrUnauthorized = errors.New("pool: unauthorized")
+	// ErrForbidden: a request about a lease without that lease's secret
+	// (pool.LeaseSecretHeader), or with another.
+	ErrForbidden      = errors.New("pool: forbidden")
 	ErrServerDead     = errors.New("pool: server is not up")
 	ErrStaleInstance  = errors.New("pool: stale server instance")
 	ErrGrantFailed    = errors.New("pool: memory server did not grant the slab")

@@ -279,6 +279,49 @@ func TestMemdPool(t *testing.T) {
 		http.DefaultClient.CloseIdleConnections()
 	})
 
+	t.Run("another agent", func(t *testing.T) {
+		// Another agent has the pool's token but not the lease's secret:
+		// it learns no key of agent-1's slabs and cannot use its lease.
+		other, err := client.New(p.url, client.Options{Token: memdToken, Timeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer other.CloseIdleConnections()
+		if _, err := other.LeaseSlabs(ctx, lease.ID); !errors.Is(err, pool.ErrForbidden) {
+			t.Fatalf("another agent listing agent-1's slabs: %v", err)
+		}
+		if _, err := other.Allocate(ctx, lease.ID, pool.AllocateRequest{Slabs: 1, Replicas: 1}); !errors.Is(err, pool.ErrForbidden) {
+			t.Fatalf("another agent allocating on agent-1's lease: %v", err)
+		}
+		if err := other.DeleteLease(ctx, lease.ID); !errors.Is(err, pool.ErrForbidden) {
+			t.Fatalf("another agent ending agent-1's lease: %v", err)
+		}
+		// Nor does any admin listing show a key or the secret.
+		for _, args := range [][]string{{"slabs", "--json"}, {"agents", "--json"}} {
+			out, err := p.cli(args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, s := range slabs {
+				for _, r := range s.Replicas {
+					if strings.Contains(out, string(r.Key)) {
+						t.Fatalf("memd %v shows a key", args)
+					}
+				}
+			}
+			if strings.Contains(out, lease.Secret) || strings.Contains(out, `"secret"`) {
+				t.Fatalf("memd %v shows the lease secret", args)
+			}
+		}
+		// The holder, in another process after a restart, takes it over
+		// with the secret it kept.
+		other.SetLeaseSecret(lease.ID, lease.Secret)
+		got, err := other.LeaseSlabs(ctx, lease.ID)
+		if err != nil || len(got) != 3 || got[0].Replicas[0].Key != slabs[0].Replicas[0].Key {
+			t.Fatalf("with the secret: %v %+v", err, got)
+		}
+	})
+
 	t.Run("drain", func(t *testing.T) {
 		if _, err := p.cli("drain", "s1", "--no-wait"); err != nil {
 			t.Fatal(err)
@@ -704,6 +747,9 @@ func TestMemdBadConfig(t *testing.T) {
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "memd.yaml")
 	os.WriteFile(cfg, []byte("slab-size: 3MiB\n"), 0o600)
+	openToken := filepath.Join(dir, "open-token")
+	os.WriteFile(openToken, []byte("a-token-long-enough-for-a-network\n"), 0o644)
+	os.Chmod(openToken, 0o644)
 	base := []string{"serve", "--runtime-dir", filepath.Join(dir, "run"), "--data-dir", filepath.Join(dir, "data"), "--listen", memdtest.FreeAddr(t)}
 	for _, tt := range []struct {
 		name string
@@ -721,6 +767,8 @@ func TestMemdBadConfig(t *testing.T) {
 		{"server without coordinator", []string{"--role", "server", "--token", "x"}, nil, []string{"coordinator"}},
 		{"server without token", []string{"--role", "server", "--coordinator", "http://127.0.0.1:1"}, nil, []string{"token"}},
 		{"non-loopback without token", []string{"--listen", "0.0.0.0:0"}, nil, []string{"listen", "token"}},
+		{"non-loopback short token", []string{"--listen", "0.0.0.0:0"}, []string{"MEMD_TOKEN=x"}, []string{"token", "at least 16 bytes"}},
+		{"non-loopback readable token file", []string{"--listen", "0.0.0.0:0", "--token-file", openToken}, nil, []string{"token-file", openToken, "0644"}},
 		{"bad coordinator url", []string{"--role", "server", "--token", "x", "--coordinator", "ftp://x"}, nil, []string{"coordinator"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -737,6 +785,33 @@ func TestMemdBadConfig(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "run", "token")); err == nil {
 		t.Error("a failed start wrote a token file")
+	}
+}
+
+// TestMemdDataPlaneWarning: a tcp data plane on every address, with no
+// authentication of its own, is said so at start.
+func TestMemdDataPlaneWarning(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	bin := memdtest.Build(t)
+	dir := t.TempDir()
+	addr := memdtest.FreeAddr(t)
+	proc := memdtest.Start(t, "memd", bin, "serve", "--listen", addr, "--runtime-dir", filepath.Join(dir, "run"),
+		"--data-dir", filepath.Join(dir, "data"), "--capacity", "16MiB", "--slab-size", "16MiB", "--tcp-listen", "0.0.0.0:0",
+		"--shm-socket", "off", memdtest.MlockFlag(t, 16<<20))
+	memdtest.Eventually(t, 20*time.Second, "memd up", func() error {
+		if proc.Exited() {
+			t.Fatalf("memd exited:\n%s", proc.Output())
+		}
+		_, errOut, err := memdtest.Run(bin, nil, "status", "--coordinator", "http://"+addr, "--runtime-dir", filepath.Join(dir, "run"))
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, errOut)
+		}
+		return nil
+	})
+	if out := proc.Output(); !strings.Contains(out, "WARN") || !strings.Contains(out, "tcp data plane listens on a non-loopback address without authentication") {
+		t.Fatalf("no warning about the open data plane:\n%s", out)
 	}
 }
 

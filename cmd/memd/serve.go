@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"net"
 	"net/url"
 	"os"
@@ -92,6 +93,23 @@ generated in <runtime-dir>/token for the CLI and memagent on this host.`,
 	return cmd
 }
 
+// minNetworkToken is the shortest token a control API on a non-loopback
+// address accepts (16 bytes: 128 bits when random).
+const minNetworkToken = 16
+
+// checkTokenFileMode refuses a token file that its group or others may
+// read or write.
+func checkTokenFileMode(path string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	if m := fi.Mode().Perm(); m&0o077 != 0 {
+		return fmt.Errorf("token file %s has mode %04o: group or others may read it (the token administers the pool); chmod 600 %s", path, m, path)
+	}
+	return nil
+}
+
 func isLoopback(hostport string) bool {
 	host, _, err := net.SplitHostPort(hostport)
 	if err != nil {
@@ -172,11 +190,13 @@ func readServeConfig(app *cli.App) (memdd.Options, error) {
 
 	o.Token = strings.TrimSpace(app.String("token"))
 	configured := o.Token != "" || app.IsSet("token-file")
+	network := !isLoopback(o.Listen)
+	fromFile := false
 	if o.Token == "" {
 		tok, err := client.LoadToken(tokenFile)
 		switch {
 		case err == nil:
-			o.Token = tok
+			o.Token, fromFile = tok, true
 		case errors.Is(err, os.ErrNotExist) && o.CoordRole:
 			o.NewTokenFile = tokenFile
 		case errors.Is(err, os.ErrNotExist) && !mtls:
@@ -185,8 +205,24 @@ func readServeConfig(app *cli.App) (memdd.Options, error) {
 			return o, app.Invalid("token-file", "%v", err)
 		}
 	}
-	if !isLoopback(o.Listen) && !configured && !mtls {
+	if network && !configured && !mtls {
 		return o, app.Invalid("listen", "listening on a non-loopback address needs a configured token (--token, MEMD_TOKEN, --token-file) or mTLS (--tls-cert, --tls-key, --tls-client-ca)")
+	}
+	if network && o.Token != "" {
+		// Whoever reaches a network listener may guess at the token, and
+		// whoever reads the token file administers the pool.
+		if fromFile {
+			if err := checkTokenFileMode(tokenFile); err != nil {
+				return o, app.Invalid("token-file", "%v", err)
+			}
+		}
+		if len(o.Token) < minNetworkToken {
+			key, from := "token", "--token, MEMD_TOKEN or config token"
+			if fromFile {
+				key, from = "token-file", tokenFile
+			}
+			return o, app.Invalid(key, "the control API listens on %s (not loopback): its token must have at least %d bytes, the one from %s has %d (memd writes a 64-character one when it creates the token file)", o.Listen, minNetworkToken, from, len(o.Token))
+		}
 	}
 	o.AdvertiseURL = app.String("advertise-url")
 	if o.AdvertiseURL != "" {

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -89,6 +90,58 @@ func TestReadServeConfig(t *testing.T) {
 			tt.want(&want)
 			if !reflect.DeepEqual(got, want) {
 				t.Errorf("options\n got %+v\nwant %+v", got, want)
+			}
+		})
+	}
+}
+
+// TestServeNetworkToken: a control API on a non-loopback address refuses a
+// short token and a token file others may read, naming the file and mode.
+func TestServeNetworkToken(t *testing.T) {
+	dir := t.TempDir()
+	run, data := filepath.Join(dir, "run"), filepath.Join(dir, "data")
+	long := "0123456789abcdef"
+	file := func(name, tok string, mode os.FileMode) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(tok+"\n"), mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil { // past the umask
+			t.Fatal(err)
+		}
+		return p
+	}
+	shortFile, openFile, groupFile, goodFile := file("short", "abc", 0o600), file("open", long, 0o644), file("group", long, 0o640), file("good", long, 0o600)
+	for _, tt := range []struct {
+		name string
+		args []string
+		want []string // in the error; none: accepted
+	}{
+		{"short token", []string{"--listen", "0.0.0.0:7470", "--token", "x"}, []string{"token", "at least 16 bytes", "has 1"}},
+		{"short token in a file", []string{"--listen", "10.1.2.3:7470", "--token-file", shortFile}, []string{"token-file", shortFile, "has 3"}},
+		{"world-readable token file", []string{"--listen", "0.0.0.0:7470", "--token-file", openFile}, []string{"token-file", openFile, "mode 0644", "chmod 600"}},
+		{"group-readable token file", []string{"--listen", "[::]:7470", "--token-file", groupFile}, []string{groupFile, "mode 0640"}},
+		{"good token file", []string{"--listen", "0.0.0.0:7470", "--token-file", goodFile}, nil},
+		{"16 bytes", []string{"--listen", "0.0.0.0:7470", "--token", long}, nil},
+		{"short token on loopback", []string{"--listen", "127.0.0.1:7470", "--token", "x"}, nil},
+		{"open token file on loopback", []string{"--listen", "127.0.0.1:7470", "--token-file", openFile}, nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			args := append([]string{"--runtime-dir", run, "--data-dir", data, "--capacity", "4MiB", "--slab-size", "2MiB"}, tt.args...)
+			_, err := serveOptions(t, args...)
+			if tt.want == nil {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
 			}
 		})
 	}

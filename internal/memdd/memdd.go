@@ -165,6 +165,12 @@ func Run(ctx context.Context, log *zap.Logger, opts Options) (err error) {
 			return err
 		}
 		defer ms.Close()
+		if a := opts.TCPListen; a != "" && !loopback(a) {
+			// The data plane has no credentials of its own (memd sets no
+			// data-plane TLS): only the slab keys protect it.
+			log.Warn("the tcp data plane listens on a non-loopback address without authentication or encryption: anyone who can reach it may connect, slab keys are its only protection, and keys and pages cross the network in clear; listen on a private network only",
+				zap.String("addr", a))
+		}
 		if err := ms.RegisterMetrics(reg); err != nil {
 			return err
 		}
@@ -329,6 +335,20 @@ func Run(ctx context.Context, log *zap.Logger, opts Options) (err error) {
 	defer scancel()
 	_ = hs.Shutdown(sctx)
 	return err
+}
+
+// loopback reports whether HOST:PORT listens on loopback only ("localhost"
+// or a loopback IP; an empty host is every address).
+func loopback(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // dedupURLs drops repeated entries of a comma-separated URL list.

@@ -49,9 +49,10 @@ type Client struct {
 	hc       *http.Client
 	retryFor time.Duration
 
-	mu   sync.Mutex
-	urls []*url.URL // the coordinators; leader hints add to them
-	cur  int        // the one believed to lead
+	mu      sync.Mutex
+	urls    []*url.URL // the coordinators; leader hints add to them
+	cur     int        // the one believed to lead
+	secrets map[pool.LeaseID]string
 }
 
 // ParseURLs parses a coordinator URL or a comma-separated list of them,
@@ -167,17 +168,53 @@ func LoadToken(path string) (string, error) {
 // tries again, for at most Options.RetryFor; then the error says what
 // each coordinator answered.
 func (c *Client) Do(ctx context.Context, method, path string, body, out any) error {
-	idem := method == "GET" || method == "PUT" || method == "DELETE" || method == "HEAD"
-	return c.do(ctx, method, path, body, out, idem)
+	return c.do(ctx, method, path, body, out, idempotent(method), nil)
+}
+
+func idempotent(method string) bool {
+	return method == "GET" || method == "PUT" || method == "DELETE" || method == "HEAD"
 }
 
 // DoIdempotent is Do for a request that may be applied twice (a renewal,
 // a heartbeat): it is retried elsewhere even after it was sent.
 func (c *Client) DoIdempotent(ctx context.Context, method, path string, body, out any) error {
-	return c.do(ctx, method, path, body, out, true)
+	return c.do(ctx, method, path, body, out, true, nil)
 }
 
-func (c *Client) do(ctx context.Context, method, path string, body, out any, idem bool) error {
+// SetLeaseSecret gives the client the secret of lease id (pool.Lease.Secret),
+// which it sends with every request about that lease. CreateLease does it
+// for the leases it creates; an agent taking over the lease of its
+// predecessor calls it with the secret that one kept.
+func (c *Client) SetLeaseSecret(id pool.LeaseID, secret string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.secrets == nil {
+		c.secrets = map[pool.LeaseID]string{}
+	}
+	if secret == "" {
+		delete(c.secrets, id)
+		return
+	}
+	c.secrets[id] = secret
+}
+
+// LeaseSecret returns the secret the client holds for lease id, or "".
+func (c *Client) LeaseSecret(id pool.LeaseID) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.secrets[id]
+}
+
+// leaseDo is do for a request about lease id: with its secret, when known.
+func (c *Client) leaseDo(ctx context.Context, id pool.LeaseID, method, path string, body, out any, idem bool) error {
+	var hdr http.Header
+	if secret := c.LeaseSecret(id); secret != "" {
+		hdr = http.Header{pool.LeaseSecretHeader: {secret}}
+	}
+	return c.do(ctx, method, path, body, out, idem, hdr)
+}
+
+func (c *Client) do(ctx context.Context, method, path string, body, out any, idem bool, hdr http.Header) error {
 	var payload []byte
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -195,7 +232,7 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any, ide
 		u := c.pick(hint, tried)
 		hint = ""
 		tried[u] = true
-		err := c.once(ctx, u, method, path, body != nil, payload, out)
+		err := c.once(ctx, u, method, path, body != nil, payload, out, hdr)
 		if err == nil {
 			return nil
 		}
@@ -285,7 +322,7 @@ func (c *Client) pick(hint string, tried map[string]bool) string {
 	return c.urls[c.cur].String()
 }
 
-func (c *Client) once(ctx context.Context, base, method, path string, hasBody bool, payload []byte, out any) error {
+func (c *Client) once(ctx context.Context, base, method, path string, hasBody bool, payload []byte, out any, hdr http.Header) error {
 	var rd io.Reader
 	if hasBody {
 		rd = bytes.NewReader(payload)
@@ -296,6 +333,9 @@ func (c *Client) once(ctx context.Context, base, method, path string, hasBody bo
 	}
 	if hasBody {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range hdr {
+		req.Header[k] = v
 	}
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)
@@ -396,34 +436,56 @@ func (c *Client) Leases(ctx context.Context) ([]pool.LeaseView, error) {
 	return v, c.Do(ctx, "GET", "/v1/leases", nil, &v)
 }
 
-// CreateLease starts a lease.
+// Lease returns one lease as the admin listing shows it (no secret).
+func (c *Client) Lease(ctx context.Context, id pool.LeaseID) (pool.LeaseView, error) {
+	var v pool.LeaseView
+	return v, c.Do(ctx, "GET", "/v1/leases/"+esc(string(id)), nil, &v)
+}
+
+// CreateLease starts a lease. The lease returned carries its Secret, which
+// the client keeps and sends with every later request about the lease;
+// save it with the lease id to take the lease over after a restart
+// (SetLeaseSecret).
 func (c *Client) CreateLease(ctx context.Context, req pool.CreateLeaseRequest) (pool.Lease, error) {
 	var v pool.Lease
-	return v, c.Do(ctx, "POST", "/v1/leases", req, &v)
+	if err := c.Do(ctx, "POST", "/v1/leases", req, &v); err != nil {
+		return v, err
+	}
+	c.SetLeaseSecret(v.ID, v.Secret)
+	return v, nil
 }
 
 // Renew renews a lease, reporting how the agent uses it, and returns the
-// events about its slabs.
+// events about its slabs. The lease in the response carries the secret the
+// client holds for it.
 func (c *Client) Renew(ctx context.Context, id pool.LeaseID, req pool.RenewRequest) (pool.RenewResponse, error) {
 	var v pool.RenewResponse
-	return v, c.DoIdempotent(ctx, "POST", "/v1/leases/"+esc(string(id))+"/renew", req, &v)
+	err := c.leaseDo(ctx, id, "POST", "/v1/leases/"+esc(string(id))+"/renew", req, &v, true)
+	if err == nil {
+		v.Lease.Secret = c.LeaseSecret(id)
+	}
+	return v, err
 }
 
 // DeleteLease ends a lease and frees its slabs.
 func (c *Client) DeleteLease(ctx context.Context, id pool.LeaseID) error {
-	return c.Do(ctx, "DELETE", "/v1/leases/"+esc(string(id)), nil, nil)
+	err := c.leaseDo(ctx, id, "DELETE", "/v1/leases/"+esc(string(id)), nil, nil, true)
+	if err == nil || errors.Is(err, pool.ErrNotFound) {
+		c.SetLeaseSecret(id, "")
+	}
+	return err
 }
 
 // Allocate allocates slabs for a lease.
 func (c *Client) Allocate(ctx context.Context, id pool.LeaseID, req pool.AllocateRequest) ([]pool.SlabView, error) {
 	var v pool.AllocateResponse
-	return v.Slabs, c.Do(ctx, "POST", "/v1/leases/"+esc(string(id))+"/slabs", req, &v)
+	return v.Slabs, c.leaseDo(ctx, id, "POST", "/v1/leases/"+esc(string(id))+"/slabs", req, &v, false)
 }
 
 // LeaseSlabs lists a lease's slabs with their keys.
 func (c *Client) LeaseSlabs(ctx context.Context, id pool.LeaseID) ([]pool.SlabView, error) {
 	var v pool.AllocateResponse
-	return v.Slabs, c.Do(ctx, "GET", "/v1/leases/"+esc(string(id))+"/slabs", nil, &v)
+	return v.Slabs, c.leaseDo(ctx, id, "GET", "/v1/leases/"+esc(string(id))+"/slabs", nil, &v, true)
 }
 
 func slabPath(id pool.LeaseID, sid pool.SlabID) string {
@@ -432,18 +494,18 @@ func slabPath(id pool.LeaseID, sid pool.SlabID) string {
 
 // FreeSlab frees one slab.
 func (c *Client) FreeSlab(ctx context.Context, id pool.LeaseID, sid pool.SlabID) error {
-	return c.Do(ctx, "DELETE", slabPath(id, sid), nil, nil)
+	return c.leaseDo(ctx, id, "DELETE", slabPath(id, sid), nil, nil, true)
 }
 
 // Replace asks for a replacement of the slab's replica on server from.
 func (c *Client) Replace(ctx context.Context, id pool.LeaseID, sid pool.SlabID, from pool.ServerID) (pool.ReplicaView, error) {
 	var v pool.ReplicaView
-	return v, c.Do(ctx, "POST", slabPath(id, sid)+"/replace", pool.ReplaceRequest{Server: from}, &v)
+	return v, c.leaseDo(ctx, id, "POST", slabPath(id, sid)+"/replace", pool.ReplaceRequest{Server: from}, &v, false)
 }
 
 // Migrated reports the replica on from copied to its replacement.
 func (c *Client) Migrated(ctx context.Context, id pool.LeaseID, sid pool.SlabID, from pool.ServerID) error {
-	return c.Do(ctx, "POST", slabPath(id, sid)+"/migrated", pool.MigratedRequest{Server: from}, nil)
+	return c.leaseDo(ctx, id, "POST", slabPath(id, sid)+"/migrated", pool.MigratedRequest{Server: from}, nil, false)
 }
 
 // SlabFilter selects slabs in Slabs; empty fields match all.

@@ -131,6 +131,7 @@ func TestErrors(t *testing.T) {
 		req, _ := http.NewRequest(method, url+path, strings.NewReader(body))
 		if auth {
 			req.Header.Set("Authorization", "Bearer "+token)
+			req.Header.Set(pool.LeaseSecretHeader, l.Secret)
 		}
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -185,5 +186,99 @@ func TestLoadToken(t *testing.T) {
 	}
 	if _, err := client.New("ftp://x", client.Options{}); err == nil {
 		t.Fatal("ftp URL accepted")
+	}
+}
+
+// One agent (a client with the pool's token) cannot use another's lease:
+// not list its slabs' keys, allocate, renew, free, replace or end it. The
+// admin listings show no keys and no secret.
+func TestLeaseSecret(t *testing.T) {
+	ctx := context.Background()
+	cl, _, _, url := serve(t)
+	l, err := cl.CreateLease(ctx, pool.CreateLeaseRequest{Agent: "owner", TTL: pool.Duration(time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Secret) < 32 || cl.LeaseSecret(l.ID) != l.Secret {
+		t.Fatalf("lease secret %q, held %q", l.Secret, cl.LeaseSecret(l.ID))
+	}
+	slabs, err := cl.Allocate(ctx, l.ID, pool.AllocateRequest{Slabs: 1, Replicas: 2})
+	if err != nil || slabs[0].Replicas[0].Key == "" {
+		t.Fatalf("owner's allocation: %v %+v", err, slabs)
+	}
+	other, err := client.New(url, client.Options{Token: token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.CloseIdleConnections()
+	sid := slabs[0].ID
+	for name, call := range map[string]func() error{
+		"slabs": func() error { _, err := other.LeaseSlabs(ctx, l.ID); return err },
+		"allocate": func() error {
+			_, err := other.Allocate(ctx, l.ID, pool.AllocateRequest{Slabs: 1, Replicas: 1})
+			return err
+		},
+		"renew":    func() error { _, err := other.Renew(ctx, l.ID, pool.RenewRequest{}); return err },
+		"replace":  func() error { _, err := other.Replace(ctx, l.ID, sid, slabs[0].Replicas[0].Server); return err },
+		"migrated": func() error { return other.Migrated(ctx, l.ID, sid, slabs[0].Replicas[0].Server) },
+		"free":     func() error { return other.FreeSlab(ctx, l.ID, sid) },
+		"delete":   func() error { return other.DeleteLease(ctx, l.ID) },
+	} {
+		var ce *client.Error
+		if err := call(); !errors.Is(err, pool.ErrForbidden) || !errors.As(err, &ce) || ce.Status != 403 {
+			t.Errorf("%s without the lease's secret: %v", name, err)
+		}
+	}
+	other.SetLeaseSecret(l.ID, "0123456789abcdef0123456789abcdef")
+	if _, err := other.LeaseSlabs(ctx, l.ID); !errors.Is(err, pool.ErrForbidden) {
+		t.Errorf("a wrong secret: %v", err)
+	}
+	// Raw requests: the header is what counts.
+	for _, secret := range []string{"", "x"} {
+		req, _ := http.NewRequest("GET", url+"/v1/leases/"+string(l.ID)+"/slabs", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		if secret != "" {
+			req.Header.Set(pool.LeaseSecretHeader, secret)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 403 || strings.Contains(string(body), string(slabs[0].Replicas[0].Key)) {
+			t.Errorf("raw GET with secret %q: %d %s", secret, resp.StatusCode, body)
+		}
+	}
+	http.DefaultClient.CloseIdleConnections()
+	// What the admin sees carries no key and no secret.
+	views, err := other.Slabs(ctx, client.SlabFilter{Lease: l.ID})
+	if err != nil || len(views) != 1 {
+		t.Fatal(err, views)
+	}
+	for _, r := range views[0].Replicas {
+		if r.Key != "" {
+			t.Errorf("admin slab listing shows key %s", r.Key)
+		}
+	}
+	ls, err := other.Leases(ctx)
+	if err != nil || len(ls) != 1 || ls[0].Secret != "" {
+		t.Fatalf("lease listing %+v %v", ls, err)
+	}
+	if lv, err := other.Lease(ctx, l.ID); err != nil || lv.Secret != "" {
+		t.Fatalf("lease view %+v %v", lv, err)
+	}
+	// An agent taking the lease over with the secret its predecessor kept.
+	other.SetLeaseSecret(l.ID, l.Secret)
+	r, err := other.Renew(ctx, l.ID, pool.RenewRequest{})
+	if err != nil || r.Lease.Secret != l.Secret {
+		t.Fatalf("renew with the secret: %v, lease %+v", err, r.Lease)
+	}
+	got, err := other.LeaseSlabs(ctx, l.ID)
+	if err != nil || got[0].Replicas[0].Key != slabs[0].Replicas[0].Key {
+		t.Fatalf("slabs with the secret: %v %+v", err, got)
+	}
+	if err := other.DeleteLease(ctx, l.ID); err != nil || other.LeaseSecret(l.ID) != "" {
+		t.Fatalf("delete with the secret: %v (secret still held: %q)", err, other.LeaseSecret(l.ID))
 	}
 }

@@ -3,6 +3,8 @@ package coord
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -184,7 +186,8 @@ func (s *srv) releaseLocked(i pool.SlabIndex) {
 }
 
 type lease struct {
-	rec    pool.Lease
+	rec    pool.Lease // Secret is never set here
+	secret string     // hex SHA-256 of the lease's secret; "" for leases of older coordinators
 	slabs  map[pool.SlabID]*pool.Slab
 	report pool.RenewRequest // the agent's last (not persisted)
 }
@@ -294,12 +297,39 @@ func (c *Coordinator) RoutineSweep(ctx context.Context, interval time.Duration) 
 	}
 }
 
-func newID() pool.LeaseID {
-	var b [12]byte
-	if _, err := rand.Read(b[:]); err != nil {
+func newID() pool.LeaseID { return pool.LeaseID(randHex(12)) }
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
 		panic(err) // crypto/rand does not fail on Linux ≥ 3.17
 	}
-	return pool.LeaseID(hex.EncodeToString(b[:]))
+	return hex.EncodeToString(b)
+}
+
+func hashSecret(secret string) string {
+	h := sha256.Sum256([]byte(secret))
+	return hex.EncodeToString(h[:])
+}
+
+// CheckLeaseSecret returns an error wrapping pool.ErrForbidden unless
+// secret is lease id's (a lease created by a coordinator before lease
+// secrets existed takes any). An unknown lease passes: the request itself
+// then answers that it does not exist.
+func (c *Coordinator) CheckLeaseSecret(id pool.LeaseID, secret string) error {
+	c.mu.Lock()
+	l := c.leases[id]
+	c.mu.Unlock()
+	if l == nil || l.secret == "" {
+		return nil
+	}
+	if subtle.ConstantTimeCompare([]byte(hashSecret(secret)), []byte(l.secret)) != 1 {
+		if secret == "" {
+			return fmt.Errorf("%w: lease %q: the request has no %s header (only the agent holding the lease may use it)", pool.ErrForbidden, id, pool.LeaseSecretHeader)
+		}
+		return fmt.Errorf("%w: lease %q: wrong %s", pool.ErrForbidden, id, pool.LeaseSecretHeader)
+	}
+	return nil
 }
 
 // getSrvLocked returns the server's record or nil.

@@ -691,3 +691,45 @@ func TestRoutineSweep(t *testing.T) {
 	cancel()
 	<-done
 }
+
+// A lease's secret is checked, stored as a hash only, and survives a
+// coordinator restart.
+func TestLeaseSecretPersisted(t *testing.T) {
+	st := store.NewMem()
+	e := newEnv(t, st)
+	l, err := e.c.CreateLease(pool.CreateLeaseRequest{Agent: "a", TTL: pool.Duration(time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Secret) != 64 {
+		t.Fatalf("secret %q", l.Secret)
+	}
+	check := func(when string) {
+		t.Helper()
+		if err := e.c.CheckLeaseSecret(l.ID, l.Secret); err != nil {
+			t.Errorf("%s: the right secret: %v", when, err)
+		}
+		for _, wrong := range []string{"", "x", l.Secret[:63]} {
+			if err := e.c.CheckLeaseSecret(l.ID, wrong); !errors.Is(err, pool.ErrForbidden) {
+				t.Errorf("%s: secret %q: %v", when, wrong, err)
+			}
+		}
+	}
+	check("before the restart")
+	var raw []byte
+	st.View(func(tx store.Tx) error { raw, err = tx.Get(store.Leases, string(l.ID)); return err })
+	if err != nil || strings.Contains(string(raw), l.Secret) || !strings.Contains(string(raw), "secret_sha256") {
+		t.Fatalf("stored lease %s: %v", raw, err)
+	}
+	if lv, _ := e.c.Lease(l.ID); lv.Secret != "" {
+		t.Fatal("the lease view shows the secret")
+	}
+	if r, _ := e.c.Renew(l.ID, pool.RenewRequest{}); r.Lease.Secret != "" {
+		t.Fatal("the renewal shows the secret")
+	}
+	e.open()
+	check("after the restart")
+	if err := e.c.CheckLeaseSecret("no-such-lease", ""); err != nil {
+		t.Errorf("unknown lease: %v (the route answers 404 itself)", err)
+	}
+}

@@ -12,7 +12,10 @@ import (
 )
 
 // Routes registers the coordinator's control API (docs/api.md) on mux,
-// under /v1/. Authentication is the caller's (wrap mux with httpapi.Auth).
+// under /v1/. Authentication with the pool's token is the caller's (wrap
+// mux with httpapi.Auth); the routes about one lease also check its secret
+// (CheckLeaseSecret), so that one agent cannot use another's lease or
+// learn its keys.
 // Each route's latency goes to rmem_pool_api_request_duration_seconds.
 func (c *Coordinator) Routes(mux *http.ServeMux) error {
 	lat := prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -43,6 +46,16 @@ func (c *Coordinator) Routes(mux *http.ServeMux) error {
 				httpapi.WriteJSON(w, status, body)
 			}
 			lat.WithLabelValues(pattern, strconv.Itoa(status)).Observe(time.Since(start).Seconds())
+		})
+	}
+	// hl registers a route about one lease: only the holder of its secret
+	// may use it (the agent that created it, or took it over).
+	hl := func(pattern string, fn func(w http.ResponseWriter, r *http.Request) (int, any, error)) {
+		h(pattern, func(w http.ResponseWriter, r *http.Request) (int, any, error) {
+			if err := c.CheckLeaseSecret(pool.LeaseID(r.PathValue("id")), r.Header.Get(pool.LeaseSecretHeader)); err != nil {
+				return 0, nil, err
+			}
+			return fn(w, r)
 		})
 	}
 	h("GET /v1/status", func(w http.ResponseWriter, r *http.Request) (int, any, error) {
@@ -104,10 +117,10 @@ func (c *Coordinator) Routes(mux *http.ServeMux) error {
 		v, err := c.Lease(pool.LeaseID(r.PathValue("id")))
 		return 200, v, err
 	})
-	h("DELETE /v1/leases/{id}", func(w http.ResponseWriter, r *http.Request) (int, any, error) {
+	hl("DELETE /v1/leases/{id}", func(w http.ResponseWriter, r *http.Request) (int, any, error) {
 		return 200, struct{}{}, c.DeleteLease(r.Context(), pool.LeaseID(r.PathValue("id")))
 	})
-	h("POST /v1/leases/{id}/renew", func(w http.ResponseWriter, r *http.Request) (int, any, error) {
+	hl("POST /v1/leases/{id}/renew", func(w http.ResponseWriter, r *http.Request) (int, any, error) {
 		var req pool.RenewRequest
 		if r.ContentLength != 0 { // agents before the report send no body
 			if err := httpapi.Decode(r, &req); err != nil {
@@ -117,14 +130,14 @@ func (c *Coordinator) Routes(mux *http.ServeMux) error {
 		v, err := c.Renew(pool.LeaseID(r.PathValue("id")), req)
 		return 200, v, err
 	})
-	h("GET /v1/leases/{id}/slabs", func(w http.ResponseWriter, r *http.Request) (int, any, error) {
+	hl("GET /v1/leases/{id}/slabs", func(w http.ResponseWriter, r *http.Request) (int, any, error) {
 		id := pool.LeaseID(r.PathValue("id"))
 		if _, err := c.Lease(id); err != nil {
 			return 0, nil, err
 		}
 		return 200, pool.AllocateResponse{Slabs: c.Slabs(SlabFilter{Lease: id})}, nil
 	})
-	h("POST /v1/leases/{id}/slabs", func(w http.ResponseWriter, r *http.Request) (int, any, error) {
+	hl("POST /v1/leases/{id}/slabs", func(w http.ResponseWriter, r *http.Request) (int, any, error) {
 		var req pool.AllocateRequest
 		if err := httpapi.Decode(r, &req); err != nil {
 			return 0, nil, err
@@ -132,14 +145,14 @@ func (c *Coordinator) Routes(mux *http.ServeMux) error {
 		v, err := c.Allocate(r.Context(), pool.LeaseID(r.PathValue("id")), req)
 		return 201, pool.AllocateResponse{Slabs: v}, err
 	})
-	h("DELETE /v1/leases/{id}/slabs/{slab}", func(w http.ResponseWriter, r *http.Request) (int, any, error) {
+	hl("DELETE /v1/leases/{id}/slabs/{slab}", func(w http.ResponseWriter, r *http.Request) (int, any, error) {
 		sid, err := slabID(r)
 		if err != nil {
 			return 0, nil, err
 		}
 		return 200, struct{}{}, c.FreeSlab(r.Context(), pool.LeaseID(r.PathValue("id")), sid)
 	})
-	h("POST /v1/leases/{id}/slabs/{slab}/replace", func(w http.ResponseWriter, r *http.Request) (int, any, error) {
+	hl("POST /v1/leases/{id}/slabs/{slab}/replace", func(w http.ResponseWriter, r *http.Request) (int, any, error) {
 		sid, err := slabID(r)
 		if err != nil {
 			return 0, nil, err
@@ -151,7 +164,7 @@ func (c *Coordinator) Routes(mux *http.ServeMux) error {
 		v, err := c.Replace(r.Context(), pool.LeaseID(r.PathValue("id")), sid, req.Server)
 		return 201, v, err
 	})
-	h("POST /v1/leases/{id}/slabs/{slab}/migrated", func(w http.ResponseWriter, r *http.Request) (int, any, error) {
+	hl("POST /v1/leases/{id}/slabs/{slab}/migrated", func(w http.ResponseWriter, r *http.Request) (int, any, error) {
 		sid, err := slabID(r)
 		if err != nil {
 			return 0, nil, err

@@ -19,13 +19,16 @@ func (c *Coordinator) CreateLease(req pool.CreateLeaseRequest) (pool.Lease, erro
 	}
 	now := c.clock.Now()
 	rec := pool.Lease{ID: newID(), Agent: req.Agent, Node: req.Node, PID: req.PID, TTL: req.TTL, Created: now, Expires: now.Add(req.TTL.Std())}
+	secret := randHex(32)
+	stored := leaseRecord{Lease: rec, SecretSHA256: hashSecret(secret)}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := c.opts.Store.Update(func(tx store.Tx) error { return put(tx, store.Leases, string(rec.ID), &rec) }); err != nil {
+	if err := c.opts.Store.Update(func(tx store.Tx) error { return put(tx, store.Leases, string(rec.ID), &stored) }); err != nil {
 		return pool.Lease{}, fmt.Errorf("coord: create lease: %w", err)
 	}
-	c.leases[rec.ID] = &lease{rec: rec, slabs: map[pool.SlabID]*pool.Slab{}}
+	c.leases[rec.ID] = &lease{rec: rec, secret: stored.SecretSHA256, slabs: map[pool.SlabID]*pool.Slab{}}
 	c.log.Info("lease created", zap.String("lease", string(rec.ID)), zap.String("agent", rec.Agent), zap.String("node", rec.Node), zap.Int("pid", rec.PID))
+	rec.Secret = secret
 	return rec, nil
 }
 

@@ -12,10 +12,17 @@ import (
 // Records are JSON values under these keys:
 //
 //	servers/<server id>         pool.Server
-//	leases/<lease id>           pool.Lease
+//	leases/<lease id>           leaseRecord
 //	slabs/<slab id, 16 hex>     pool.Slab
 //	meta/next_slab              decimal SlabID
 const metaNextSlab = "next_slab"
+
+// leaseRecord is a lease as stored: with the hash of its secret, never the
+// secret.
+type leaseRecord struct {
+	pool.Lease
+	SecretSHA256 string `json:"secret_sha256,omitempty"`
+}
 
 func slabKey(id pool.SlabID) string { return fmt.Sprintf("%016x", uint64(id)) }
 
@@ -56,10 +63,12 @@ func (c *Coordinator) load() error {
 			return err
 		}
 		err = tx.ForEach(store.Leases, func(k string, v []byte) error {
-			l := &lease{slabs: map[pool.SlabID]*pool.Slab{}}
-			if err := json.Unmarshal(v, &l.rec); err != nil {
+			var rec leaseRecord
+			if err := json.Unmarshal(v, &rec); err != nil {
 				return fmt.Errorf("leases/%s: %w", k, err)
 			}
+			rec.Secret = ""
+			l := &lease{rec: rec.Lease, secret: rec.SecretSHA256, slabs: map[pool.SlabID]*pool.Slab{}}
 			if exp := now.Add(l.rec.TTL.Std()); exp.After(l.rec.Expires) {
 				l.rec.Expires = exp
 			}

@@ -100,6 +100,7 @@ var statusOf = []struct {
 	{pool.ErrNotFound, http.StatusNotFound},
 	{pool.ErrInvalid, http.StatusBadRequest},
 	{pool.ErrUnauthorized, http.StatusUnauthorized},
+	{pool.ErrForbidden, http.StatusForbidden},
 	{pool.ErrNoCapacity, http.StatusInsufficientStorage},
 	{pool.ErrLeaseExpired, http.StatusGone},
 	{pool.ErrConflict, http.StatusConflict},
