@@ -3,6 +3,7 @@ package pool
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 )
 
 // Candidate is a server as placement sees it.
@@ -64,7 +65,7 @@ func Place(cands []Candidate, req PlaceRequest, rnd *rand.Rand) (Placement, erro
 		for r := 0; r < req.Replicas; r++ {
 			pick, ok := p.draw()
 			if !ok {
-				return nil, fmt.Errorf("%w: slab %d of %d: no server with a free slab outside the failure domains of its other %d replica(s)", ErrNoCapacity, s+1, req.Slabs, r)
+				return nil, fmt.Errorf("%w: slab %d of %d: %s", ErrNoCapacity, s+1, req.Slabs, p.why())
 			}
 			if other, ok := p.draw(); ok && free[other] > free[pick] {
 				pick = other
@@ -78,6 +79,21 @@ func Place(cands []Candidate, req PlaceRequest, rnd *rand.Rand) (Placement, erro
 		}
 	}
 	return out, nil
+}
+
+// why says why no candidate may take the current slab's next replica:
+// usedIDs are the servers of its other replicas, existing ones (Avoid)
+// included.
+func (p *placer) why() string {
+	if len(p.usedIDs) == 0 {
+		return "no server with a free slab"
+	}
+	ids := make([]string, len(p.usedIDs))
+	for i, id := range p.usedIDs {
+		ids[i] = string(id)
+	}
+	return fmt.Sprintf("no server with a free slab that holds none of its other %d replica(s) (on %s) nor shares their failure domains",
+		len(ids), strings.Join(ids, ", "))
 }
 
 // placer holds the working state of one Place call.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 )
@@ -181,5 +182,21 @@ func TestValidateNamesField(t *testing.T) {
 		if !errors.As(tt.err, &fe) || fe.Field != tt.field || !errors.Is(tt.err, ErrInvalid) {
 			t.Errorf("error %v: want a FieldError on %q", tt.err, tt.field)
 		}
+	}
+}
+
+// The error counts the replicas a replacement must avoid: the slab's
+// existing ones, not only those placed by this call (it said "its other 0
+// replica(s)" for a replacement beside a surviving replica).
+func TestPlaceErrorCountsExistingReplicas(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(1, 2))
+	cs := []Candidate{{ID: "a", Free: 3}, {ID: "b", Free: 3}}
+	_, err := Place(cs, PlaceRequest{Slabs: 1, Replicas: 1, Avoid: [][]ServerID{{"a", "b"}}}, rnd)
+	if !errors.Is(err, ErrNoCapacity) || !strings.Contains(err.Error(), "its other 2 replica(s) (on a, b)") {
+		t.Fatalf("replacement with nowhere to go: %v", err)
+	}
+	_, err = Place(cs, PlaceRequest{Slabs: 1, Replicas: 3}, rnd)
+	if !strings.Contains(err.Error(), "its other 2 replica(s)") {
+		t.Fatalf("three replicas on two servers: %v", err)
 	}
 }

@@ -51,11 +51,13 @@ type memdPool struct {
 	coordArgs []string
 	coord     *memdtest.Proc
 	servers   map[string]*memdtest.Proc
+	procs     []*memdtest.Proc // every process started, restarted ones too
 	cl        *client.Client
 }
 
 func (p *memdPool) startCoordinator() {
 	p.coord = memdtest.Start(p.t, "coordinator", p.bin, p.coordArgs...)
+	p.procs = append(p.procs, p.coord)
 	memdtest.Eventually(p.t, 20*time.Second, "coordinator up", func() error {
 		if p.coord.Exited() {
 			p.t.Fatalf("coordinator exited:\n%s", p.coord.Output())
@@ -71,6 +73,7 @@ func (p *memdPool) startServer(id string) {
 		"--capacity", "64MiB", "--slab-size", "16MiB", "--heartbeat-interval", "200ms", "--heartbeat-timeout", "1s",
 		"--runtime-dir", filepath.Join(p.dir, "run-"+id), memdtest.MlockFlag(p.t, 64<<20)}
 	p.servers[id] = memdtest.Start(p.t, id, p.bin, args...)
+	p.procs = append(p.procs, p.servers[id])
 }
 
 func (p *memdPool) cli(args ...string) (string, error) {
@@ -116,6 +119,26 @@ func newMemdPool(t *testing.T) *memdPool {
 		return nil
 	})
 	return p
+}
+
+// stackTrace matches a Go stack frame as zap's console encoder or a panic
+// prints it ("\t/path/file.go:123").
+var stackTrace = regexp.MustCompile(`\n\t\S+\.go:\d+`)
+
+// memdLogsClean checks what the processes logged: no stack trace (those
+// are for bugs, and everything here is an expected condition) and no
+// message repeated every sweep.
+func memdLogsClean(t *testing.T, procs []*memdtest.Proc) {
+	t.Helper()
+	for _, pr := range procs {
+		out := pr.Output()
+		if loc := stackTrace.FindStringIndex(out); loc != nil {
+			t.Errorf("%s logged a stack trace:\n%s", pr.Name, out[max(0, loc[0]-400):min(len(out), loc[1]+400)])
+		}
+		if n := strings.Count(out, "free failed"); n > 1 {
+			t.Errorf("%s logged %d failed frees", pr.Name, n)
+		}
+	}
 }
 
 // golden compares memd's --json output, with volatile fields replaced, to
@@ -593,6 +616,9 @@ func TestMemdPool(t *testing.T) {
 			t.Fatalf("key after the lease ended: %v", err)
 		}
 	})
+	// Servers killed, stopped, refused grants and restarted, a coordinator
+	// restarted: all expected, none worth a stack trace.
+	memdLogsClean(t, p.procs)
 }
 
 // TestMemdSingleNode: memd serve with only directories given binds the

@@ -154,6 +154,10 @@ type srv struct {
 	// heard: the server registered or heartbeated since this coordinator
 	// loaded its state; until then the views say "unknown", not "up".
 	heard bool
+	// Frees to this server failing since freeFailSince (zero: none),
+	// freeFails times; freeFailSaid is when the log last said so.
+	freeFailSince, freeFailSaid time.Time
+	freeFails                   int
 }
 
 func (s *srv) free() int { return s.rec.Slabs - s.nused }

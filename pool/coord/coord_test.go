@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"rmem/pool"
 	"rmem/pool/coord"
@@ -731,5 +733,57 @@ func TestLeaseSecretPersisted(t *testing.T) {
 	check("after the restart")
 	if err := e.c.CheckLeaseSecret("no-such-lease", ""); err != nil {
 		t.Errorf("unknown lease: %v (the route answers 404 itself)", err)
+	}
+}
+
+// Frees that keep failing are retried every sweep but logged once, then
+// once a minute, and their recovery once.
+func TestFailedFreeLogRateLimited(t *testing.T) {
+	ctx := context.Background()
+	core, logs := observer.New(zap.InfoLevel)
+	clock := &pooltest.Clock{}
+	ss := &pooltest.Servers{}
+	c, err := coord.New(coord.Options{Store: store.NewMem(), Dialer: ss, SlabSize: slabSize, Clock: clock,
+		HeartbeatTimeout: time.Hour, Seed: 42, Log: zap.New(core)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Register(ss.Add("s0", 4, slabSize, "")); err != nil {
+		t.Fatal(err)
+	}
+	l, _ := c.CreateLease(pool.CreateLeaseRequest{Agent: "a", TTL: pool.Duration(time.Hour)})
+	slabs, err := c.Allocate(ctx, l.ID, pool.AllocateRequest{Slabs: 3, Replicas: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ss.Get("s0").Fail(errors.New("unreachable"))
+	for _, sl := range slabs {
+		if err := c.FreeSlab(ctx, l.ID, sl.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 150 { // 150 sweeps, one a second
+		clock.Advance(time.Second)
+		c.Tick(ctx)
+	}
+	failed := logs.FilterMessageSnippet("fail").Len()
+	if calls := ss.Get("s0").Calls(); calls < 150 {
+		t.Fatalf("only %d calls: the frees were not retried every sweep", calls)
+	}
+	// The first failure, and one line per minute after (at 60s and 120s).
+	if failed != 3 {
+		for _, e := range logs.All() {
+			t.Log(e.Message, e.ContextMap())
+		}
+		t.Fatalf("%d log lines about failing frees over 150 sweeps of 3 slabs, want 3", failed)
+	}
+	ss.Get("s0").Fail(nil)
+	c.Tick(ctx)
+	c.Tick(ctx)
+	if n := logs.FilterMessage("frees succeed again").Len(); n != 1 {
+		t.Fatalf("%d lines about the recovery, want 1", n)
+	}
+	if sv, _ := c.Server("s0"); sv.FreeSlabs != 4 {
+		t.Fatalf("%d free slabs after the recovery", sv.FreeSlabs)
 	}
 }

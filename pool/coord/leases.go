@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -240,14 +241,39 @@ func (c *Coordinator) runFrees(ctx context.Context, jobs []freeJob) {
 		}
 		if errs[i] != nil {
 			if errs[i] != pool.ErrServerDead {
-				c.log.Warn("free failed, will retry", zap.String("server", string(j.server)), zap.Int("slabs", len(j.entries)), zap.Error(errs[i]))
+				c.freeFailedLocked(s, len(j.entries), errs[i])
 			}
 			c.pending = append(c.pending, j)
 			continue
 		}
+		if s.freeFails > 0 {
+			c.log.Info("frees succeed again", zap.String("server", string(j.server)), zap.Int("failed_attempts", s.freeFails),
+				zap.Duration("after", c.clock.Now().Sub(s.freeFailSince)))
+			s.freeFails, s.freeFailSince, s.freeFailSaid = 0, time.Time{}, time.Time{}
+		}
 		for _, e := range j.entries {
 			s.releaseLocked(e.Index)
 		}
+	}
+}
+
+// freeFailEvery bounds how often failing frees to one server are logged
+// (Tick retries them every sweep).
+const freeFailEvery = time.Minute
+
+// freeFailedLocked logs a failed free to s: the first failure, then at most
+// once per freeFailEvery while they go on.
+func (c *Coordinator) freeFailedLocked(s *srv, slabs int, err error) {
+	now := c.clock.Now()
+	s.freeFails++
+	switch {
+	case s.freeFails == 1:
+		s.freeFailSince, s.freeFailSaid = now, now
+		c.log.Warn("free failed, will retry every sweep", zap.String("server", string(s.rec.ID)), zap.Int("slabs", slabs), zap.Error(err))
+	case now.Sub(s.freeFailSaid) >= freeFailEvery:
+		s.freeFailSaid = now
+		c.log.Warn("frees still failing, retrying", zap.String("server", string(s.rec.ID)), zap.Int("slabs", slabs),
+			zap.Int("failed_attempts", s.freeFails), zap.Duration("since", now.Sub(s.freeFailSince)), zap.Error(err))
 	}
 }
 
