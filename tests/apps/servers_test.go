@@ -38,7 +38,7 @@ func runServerApp(t *testing.T, s server) {
 	smp := e.watch()
 	rm := runServer(t, s, e, true)
 	peak, agentRSS := smp.end()
-	compare(t, s.name, budget, plain, rm, base.hwm, peak, agentRSS)
+	compare(t, s.name, budget, 4, plain, rm, base.hwm, peak, agentRSS)
 }
 
 // runServer starts the server (under memagent run when e is set), loads it
