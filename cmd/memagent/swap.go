@@ -87,7 +87,7 @@ func swapRunFlags(cmd *cobra.Command) {
 	f := cmd.Flags()
 	f.String("swap-size", "4GiB", "swap mode: size of the pool swap file set up when none is active")
 	f.String("swap-dir", "", "swap mode: where to mount that swap file (default: a new directory under /run/rmem)")
-	f.String("oom-grace", "20s", "swap mode, cgroup v1: how long CMD may wait at its limit for swap before the OOM killer may act (0: at once)")
+	f.String("oom-grace", "20s", "swap mode, cgroup v1: how long CMD may wait at its limit with none of its pages moving before the OOM killer may act (0: at once)")
 	if f.Lookup("coordinator") == nil {
 		poolFlags(f)
 	}

@@ -223,3 +223,30 @@ func (g *Group) Remove(timeout time.Duration) error {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// Stat returns the counters of the group's memory.stat (v1 and v2 name
+// them differently: v1 pgpgin/pgpgout/swap, v2 pswpin/pswpout/...).
+func (g *Group) Stat() (map[string]uint64, error) {
+	b, err := os.ReadFile(filepath.Join(g.Path, "memory.stat"))
+	if err != nil {
+		return nil, fmt.Errorf("cgroup: %w", err)
+	}
+	return ParseStat(b)
+}
+
+// ParseStat decodes memory.stat: lines "key value".
+func ParseStat(b []byte) (map[string]uint64, error) {
+	out := map[string]uint64{}
+	for _, l := range strings.Split(strings.TrimRight(string(b), "\n"), "\n") {
+		if l == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(l, " ")
+		n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+		if !ok || k == "" || err != nil {
+			return nil, fmt.Errorf("cgroup: memory.stat: bad line %q", l)
+		}
+		out[k] = n
+	}
+	return out, nil
+}

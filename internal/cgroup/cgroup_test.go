@@ -219,3 +219,31 @@ func TestMain(m *testing.M) {
 	runHogIfChild()
 	os.Exit(m.Run())
 }
+
+// TestNudge: a nudge leaves the limit as it was, with processes in the
+// group or not; and memory.stat parses.
+func TestNudge(t *testing.T) {
+	g := newGroup(t, 32<<20)
+	if g.Version != V1 {
+		if err := g.Nudge(); !errors.Is(err, ErrNotSupported) {
+			t.Fatalf("Nudge in v2 = %v, want ErrNotSupported", err)
+		}
+		return
+	}
+	if err := g.Nudge(); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := readUint(g.Path + "/memory.limit_in_bytes"); err != nil || l != 32<<20 {
+		t.Fatalf("limit after a nudge: %d, %v", l, err)
+	}
+	st, err := g.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := st["pgpgin"]; !ok {
+		t.Fatalf("memory.stat without pgpgin: %v", st)
+	}
+	if n, err := g.OOMKills(); err != nil || n != 0 {
+		t.Fatalf("OOMKills = %d, %v", n, err)
+	}
+}

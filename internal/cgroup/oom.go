@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // ErrNotSupported: the operation does not exist in the group's hierarchy.
@@ -65,4 +66,32 @@ func (g *Group) OOMKills() (uint64, error) {
 		}
 	}
 	return 0, fmt.Errorf("cgroup: %s/%s has no oom_kill", g.Path, file)
+}
+
+// Nudge makes the kernel reclaim from the group and wake its processes
+// waiting under OOM (v1): it lowers the limit by a page and sets it back.
+// In v1 a process waiting under OOM is woken only when a page of the group
+// is uncharged or the limit raised, not when the writeback that would let
+// reclaim free a page completes: without a nudge it can sleep at its limit
+// with reclaimable memory, indefinitely. Lowering the limit reclaims (an
+// uncharge wakes the waiters); where nothing can be reclaimed (swap full)
+// it fails with EBUSY and changes nothing, which is not an error of Nudge.
+// It grants the group no memory.
+func (g *Group) Nudge() error {
+	if g.Version != V1 {
+		return ErrNotSupported
+	}
+	file := filepath.Join(g.Path, "memory.limit_in_bytes")
+	limit, err := readUint(file)
+	if err != nil {
+		return err
+	}
+	if limit <= 2*4096 {
+		return nil
+	}
+	err = write(file, strconv.FormatUint(limit-4096, 10))
+	if err != nil && !errors.Is(err, syscall.EBUSY) {
+		return err
+	}
+	return write(file, strconv.FormatUint(limit, 10))
 }

@@ -34,9 +34,11 @@
 // that the swap would have served a moment later (measured here: a
 // quicksort at 25% local died in about one run out of four). In v1 Run
 // turns the group's OOM killer off, so CMD waits for its pages to be
-// written out instead, and RoutineWatchOOM turns it back on if CMD waits
-// at its limit for Options.OOMGrace without a break (swap full, pool
-// gone): then CMD fails rather than hangs.
+// written out instead, and RoutineWatchOOM watches it: a group under OOM
+// with nothing moving is nudged (v1 does not wake it when writeback
+// completes), and one whose pages do not move for Options.OOMGrace
+// despite the nudges (swap full, pool gone) gets its OOM killer back:
+// then CMD fails rather than hangs. See oom.go and OOMJudge.
 //
 // # Processes
 //

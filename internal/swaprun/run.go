@@ -41,9 +41,9 @@ type Options struct {
 	Setup bool
 
 	Group string // cgroup name (default rmem-run-PID)
-	// OOMGrace is how long CMD may wait at its limit for swap to make room
-	// before the OOM killer may act (cgroup v1; default 20s, negative:
-	// the kernel's default, killing at once).
+	// OOMGrace is how long CMD may wait at its limit with none of its
+	// pages moving before the OOM killer may act (cgroup v1; default 20s,
+	// negative: the kernel's default, killing at once).
 	OOMGrace time.Duration
 	// RuntimeDir holds the state shared by the runs on this host (default
 	// /run/rmem).

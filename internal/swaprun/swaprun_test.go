@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"slices"
@@ -288,4 +289,82 @@ func hogCommand(g *cgroup.Group) *exec.Cmd {
 	cmd := g.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), hogEnv+"=1")
 	return cmd
+}
+
+// TestOOMJudge: the watchdog's decision over scripted samples, one every
+// 100 ms, with a grace of 1 s and a nudge every 250 ms.
+func TestOOMJudge(t *testing.T) {
+	p := func(in, out uint64) Progress { return Progress{"pgpgin": in, "pgpgout": out, "swap": 0} }
+	for _, c := range []struct {
+		name    string
+		samples func(i int) OOMSample // sample i, at i*100ms
+		n       int
+		want    string // the actions taken, one letter per sample: . wait, n nudge, K kill
+	}{{
+		// The case of issue 18: always under OOM, pages moving every
+		// third sample (a program at the pace of a slow swap). Never
+		// killed; nudged when a stall reaches 250 ms, which never happens.
+		name:    "slow but progressing",
+		samples: func(i int) OOMSample { return OOMSample{Under: true, Progress: p(uint64(i/3), uint64(i/3))} },
+		n:       60,
+		want:    "............................................................",
+	}, {
+		name:    "stuck: nudged, then killed at the grace time",
+		samples: func(i int) OOMSample { return OOMSample{Under: true, Progress: p(5, 5)} },
+		n:       12,
+		want:    "...n..n..nKK",
+	}, {
+		// A stall that the first nudge ends: its pages move again.
+		name: "stall ended by a nudge",
+		samples: func(i int) OOMSample {
+			if i <= 4 {
+				return OOMSample{Under: true, Progress: p(5, 5)}
+			}
+			return OOMSample{Under: true, Progress: p(uint64(i), uint64(i))}
+		},
+		n:    20,
+		want: "...n................",
+	}, {
+		// Not under OOM: running, or waiting for something else.
+		name:    "not under OOM, nothing moving",
+		samples: func(i int) OOMSample { return OOMSample{Under: i%5 == 4, Progress: p(5, 5)} },
+		n:       30,
+		want:    "..............................",
+	}, {
+		// Only one counter moving counts too: swap-ins (pgmajfault).
+		name: "only major faults move",
+		samples: func(i int) OOMSample {
+			return OOMSample{Under: true, Progress: Progress{"pgpgin": 5, "pgmajfault": uint64(i / 2)}}
+		},
+		n:    30,
+		want: "..............................",
+	}} {
+		t.Run(c.name, func(t *testing.T) {
+			j := OOMJudge{Grace: time.Second}
+			t0 := time.Unix(1000, 0)
+			var got strings.Builder
+			for i := range c.n {
+				act, _ := j.Step(t0.Add(time.Duration(i)*100*time.Millisecond), c.samples(i))
+				got.WriteByte(".nK"[act])
+			}
+			if got.String() != c.want {
+				t.Errorf("actions %s, want %s", got.String(), c.want)
+			}
+		})
+	}
+}
+
+func TestProgressOf(t *testing.T) {
+	st, err := cgroup.ParseStat([]byte("cache 4096\nrss 8192\nswap 0\npgpgin 10\npgpgout 7\npgfault 99\npgmajfault 3\nwriteback 0\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := ProgressOf(st)
+	want := Progress{"swap": 0, "pgpgin": 10, "pgpgout": 7, "pgmajfault": 3, "writeback": 0}
+	if !maps.Equal(got, want) {
+		t.Fatalf("ProgressOf = %v, want %v (pgfault moves when a stuck process retries: not progress)", got, want)
+	}
+	if _, err := cgroup.ParseStat([]byte("cache x\n")); err == nil {
+		t.Fatal("ParseStat accepted a bad value")
+	}
 }
