@@ -122,22 +122,26 @@ func (j *journal) rewriteSlabs(m map[int]SlabID) error {
 	return err
 }
 
-// SaveLease records in StateDir dir the lease an agent holds, for the one
-// after it (PreviousLease).
-func SaveLease(dir, id string) error {
+// SaveLease records in StateDir dir the lease an agent holds and its
+// secret (pool.Lease.Secret: what shows the coordinator the lease is
+// ours), for the one after it (PreviousLease). The file is the owner's
+// only (0600).
+func SaveLease(dir, id, secret string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(dir, "lease"), []byte(id+"\n"), 0o600)
+	return os.WriteFile(filepath.Join(dir, "lease"), []byte(id+"\n"+secret+"\n"), 0o600)
 }
 
-// PreviousLease returns the lease id an agent left in StateDir dir, or "".
-func PreviousLease(dir string) string {
+// PreviousLease returns the lease id and secret an agent left in StateDir
+// dir, or "".
+func PreviousLease(dir string) (id, secret string) {
 	b, err := os.ReadFile(filepath.Join(dir, "lease"))
 	if err != nil {
-		return ""
+		return "", ""
 	}
-	return strings.TrimSpace(string(b))
+	id, secret, _ = strings.Cut(strings.TrimSpace(string(b)), "\n")
+	return strings.TrimSpace(id), strings.TrimSpace(secret)
 }
 
 // clientMeta identifies a client's process across agents.

@@ -106,12 +106,14 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 	replicas := ChooseReplicas(st.ServersUp, opts.Replicas, log)
 	host, _ := os.Hostname()
 	var adopt pool.LeaseID
+	var secret string
 	if opts.StateDir != "" {
-		adopt = pool.LeaseID(pager.PreviousLease(opts.StateDir))
+		id, sec := pager.PreviousLease(opts.StateDir)
+		adopt, secret = pool.LeaseID(id), sec
 	}
 	store, err := poolstore.Open(ctx, poolstore.Options{
 		Pool: opts.Pool, Agent: "memagent@" + host, Node: host, PID: os.Getpid(),
-		TTL: opts.LeaseTTL, Replicas: replicas, Network: opts.Network, Log: log.Named("store"), Adopt: adopt,
+		TTL: opts.LeaseTTL, Replicas: replicas, Network: opts.Network, Log: log.Named("store"), Adopt: adopt, AdoptSecret: secret,
 	})
 	if err != nil {
 		return nil, err
@@ -122,7 +124,7 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 			// holds: the next agent must not resume from it.
 			os.RemoveAll(opts.StateDir)
 		}
-		if err := pager.SaveLease(opts.StateDir, string(store.Lease().ID)); err != nil {
+		if err := pager.SaveLease(opts.StateDir, string(store.Lease().ID), store.Lease().Secret); err != nil {
 			store.Close(context.Background())
 			return nil, fmt.Errorf("agentd: state dir: %w", err)
 		}

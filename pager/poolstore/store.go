@@ -51,6 +51,16 @@ type Options struct {
 	// if it is still alive, and creates a new one otherwise (Adopted says
 	// which).
 	Adopt pool.LeaseID
+	// AdoptSecret is Adopt's secret (pool.Lease.Secret), handed to Pool
+	// when it keeps secrets (SetLeaseSecret): the coordinator refuses a
+	// lease's requests without it.
+	AdoptSecret string
+}
+
+// secretKeeper is a Pool that sends each lease's secret with its requests
+// (pool/client.Client).
+type secretKeeper interface {
+	SetLeaseSecret(id pool.LeaseID, secret string)
 }
 
 // Validate checks the options, naming the bad field.
@@ -99,6 +109,9 @@ type Store struct {
 
 	allocated, freed, renewals, migrations, migrateErr atomic.Uint64
 	adopted                                            bool
+
+	lostMu   sync.Mutex
+	lostSaid map[pager.SlabID]bool // slabs whose loss was logged (once each: a job per lost replica)
 }
 
 // Open creates a lease and starts renewing it.
@@ -127,6 +140,9 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	}
 	s := &Store{opts: opts, table: slabio.NewTable(st.SlabSize, opts.Dial), done: make(chan struct{})}
 	if opts.Adopt != "" {
+		if sk, ok := opts.Pool.(secretKeeper); ok && opts.AdoptSecret != "" {
+			sk.SetLeaseSecret(opts.Adopt, opts.AdoptSecret)
+		}
 		err = s.adopt(ctx, opts.Adopt)
 		switch {
 		case err == nil:
@@ -437,8 +453,17 @@ func (s *Store) migrate(ctx context.Context, id pager.SlabID, from string) error
 		}
 	}
 	if alive == 0 && !fromHealthy {
-		s.log.Error("slab lost: no replica survives; its evicted pages will raise SIGBUS",
-			zap.Uint64("slab", uint64(id)))
+		s.lostMu.Lock()
+		first := !s.lostSaid[id]
+		if s.lostSaid == nil {
+			s.lostSaid = map[pager.SlabID]bool{}
+		}
+		s.lostSaid[id] = true
+		s.lostMu.Unlock()
+		if first {
+			s.log.Error("slab lost: no replica survives; its evicted pages will raise SIGBUS",
+				zap.Uint64("slab", uint64(id)))
+		}
 		return fmt.Errorf("poolstore: slab %d: %w", id, pager.ErrLost)
 	}
 	view, err := s.opts.Pool.Replace(ctx, s.lease.ID, pool.SlabID(id), pool.ServerID(from))

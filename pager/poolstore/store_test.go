@@ -223,7 +223,25 @@ func TestAdoptLease(t *testing.T) {
 	io1.Close()
 	s1.Abandon() // killed: the lease lives on
 
-	s2, err := poolstore.Open(ctx, poolstore.Options{Pool: cl, Agent: "memagent-test", PID: 2, TTL: time.Minute, Adopt: s1.Lease().ID})
+	// The next agent is another process: its pool client knows no secret
+	// but the one it read from the journal (Options.AdoptSecret).
+	fresh := func() *client.Client {
+		c, err := client.New(cl.URL(), client.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.CloseIdleConnections)
+		return c
+	}
+	if s1.Lease().Secret == "" {
+		t.Fatal("the lease has no secret")
+	}
+	if _, err := poolstore.Open(ctx, poolstore.Options{Pool: fresh(), Agent: "memagent-test", PID: 2, TTL: time.Minute,
+		Adopt: s1.Lease().ID}); !errors.Is(err, pool.ErrForbidden) {
+		t.Fatalf("taking over a lease without its secret: %v, want %v", err, pool.ErrForbidden)
+	}
+	s2, err := poolstore.Open(ctx, poolstore.Options{Pool: fresh(), Agent: "memagent-test", PID: 2, TTL: time.Minute,
+		Adopt: s1.Lease().ID, AdoptSecret: s1.Lease().Secret})
 	if err != nil {
 		t.Fatal(err)
 	}

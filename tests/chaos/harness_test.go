@@ -811,9 +811,10 @@ func (c *cluster) checkNoSplitBrain() []string {
 // held is a lease the test holds like an agent (renewing it every second
 // through every coordinator) with slabs it allocated.
 type held struct {
-	c     *cluster
-	lease pool.LeaseID
-	slabs []pool.SlabView
+	c      *cluster
+	lease  pool.LeaseID
+	secret string // the lease's credential: its requests carry it
+	slabs  []pool.SlabView
 }
 
 // holdLease creates a lease with 3 slabs of 2 replicas and renews it
@@ -849,7 +850,7 @@ func (c *cluster) holdLease() *held {
 		}
 	}()
 	c.t.Cleanup(func() { close(stop); <-done })
-	return &held{c: c, lease: l.ID, slabs: slabs}
+	return &held{c: c, lease: l.ID, secret: l.Secret, slabs: slabs}
 }
 
 // check asserts that the lease and its slabs are what they were, replica
@@ -858,7 +859,9 @@ func (h *held) check() {
 	h.c.t.Helper()
 	ctx, cancel := h.c.ctx()
 	defer cancel()
-	got, err := h.c.on(h.c.coords...).LeaseSlabs(ctx, h.lease)
+	cl := h.c.on(h.c.coords...)
+	cl.SetLeaseSecret(h.lease, h.secret)
+	got, err := cl.LeaseSlabs(ctx, h.lease)
 	if err != nil {
 		h.c.t.Fatalf("the test's lease after the leader change: %v", err)
 	}
