@@ -723,6 +723,9 @@ func maTableRows(t *testing.T, text string) []maRow {
 		if cols == nil || len(f) != len(cols) {
 			continue
 		}
+		if _, err := strconv.Atoi(f[0]); err != nil {
+			continue // not a row: the pool line after the table, say
+		}
 		num := func(name string) int {
 			i, ok := cols[name]
 			if !ok {

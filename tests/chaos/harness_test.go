@@ -673,7 +673,7 @@ func lostPages(t *testing.T, stderr string) int {
 			cols = len(strings.Fields(strings.ReplaceAll(sc.Text(), "PREFETCH HITS", "PREFETCH-HITS")))
 			continue
 		}
-		if header && len(f) == cols {
+		if _, err := strconv.Atoi(f[0]); header && len(f) == cols && err == nil { // a row, not the pool line
 			n, err := strconv.Atoi(f[cols-1])
 			if err != nil {
 				t.Fatalf("stats row %q: %v", sc.Text(), err)
