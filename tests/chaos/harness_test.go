@@ -673,7 +673,7 @@ func lostPages(t *testing.T, stderr string) int {
 			cols = len(strings.Fields(strings.ReplaceAll(sc.Text(), "PREFETCH HITS", "PREFETCH-HITS")))
 			continue
 		}
-		if _, err := strconv.Atoi(f[0]); header && len(f) == cols && err == nil { // a row, not the pool line
+		if header && len(f) == cols && isNumber(f[0]) { // a row, not the pool line
 			n, err := strconv.Atoi(f[cols-1])
 			if err != nil {
 				t.Fatalf("stats row %q: %v", sc.Text(), err)
@@ -686,6 +686,11 @@ func lostPages(t *testing.T, stderr string) int {
 		t.Fatalf("no stats table with a LOST column and rows in memagent's output:\n%s", stderr)
 	}
 	return lost
+}
+
+func isNumber(s string) bool {
+	_, err := strconv.Atoi(s)
+	return err == nil
 }
 
 // leaseSlabs returns the agent lease's slabs (from the leader).
