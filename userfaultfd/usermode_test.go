@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"runtime"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -15,6 +16,12 @@ import (
 // a missing one (read(2) into it) fails with EFAULT instead of waiting.
 func TestOpenUserMode(t *testing.T) {
 	defer goleak.VerifyNone(t)
+	// The test faults in Go code of its own process: the serving goroutine
+	// needs a P of its own while the faulting thread holds one (under
+	// GOMAXPROCS=1 the two would wait on each other).
+	if runtime.GOMAXPROCS(0) < 2 {
+		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
+	}
 	u, err := OpenUserMode(0)
 	if errors.Is(err, ErrUnavailable) {
 		t.Skipf("kernel cannot do this test: %v", err)
@@ -57,8 +64,14 @@ func TestOpenUserMode(t *testing.T) {
 			return nil
 		})
 	}()
-	if region[100] != 0xab {
-		t.Errorf("page served with %#x, want 0xab", region[100])
+	got := make(chan byte)
+	go func() {
+		runtime.LockOSThread() // the fault blocks this thread, not another goroutine's
+		defer runtime.UnlockOSThread()
+		got <- region[100]
+	}()
+	if b := <-got; b != 0xab {
+		t.Errorf("page served with %#x, want 0xab", b)
 	}
 	var fds [2]int
 	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC); err != nil {
