@@ -310,6 +310,9 @@ func (c *client) RoutineServe() {
 			case int(p.Fd) == c.wakefd:
 				var b [8]byte
 				unix.Read(c.wakefd, b[:])
+				if !c.room.noRoomRetry.IsZero() && c.a.slots.hasFree() {
+					c.room.noRoomRetry = time.Time{} // onRoom: evict now, not at the pause's end
+				}
 			case int(p.Fd) == c.uffd.Fd():
 				if p.Revents&(unix.POLLERR|unix.POLLHUP) != 0 {
 					c.log.Info("uffd hung up: client gone")

@@ -34,7 +34,8 @@ func (rl *relocation) pending(c *client) bool { return c.a.slots.gen.Load() != r
 // trim lets go of the share of the client's pool copies of clean resident
 // pages that the pool asked for (slots.go, maybeTrimLocked): they become
 // dirty, written to a slot again when evicted. Recently referenced pages
-// go first: they are the likeliest to stay resident until then.
+// go first: they are the likeliest to stay resident until then. A slot a
+// fork's other side names too is kept: letting go of it frees nothing.
 func (c *client) trim() {
 	gen := c.a.slots.trimGen.Load()
 	if gen == c.room.trimSeen {
@@ -49,7 +50,7 @@ func (c *client) trim() {
 					break
 				}
 				if p.State() == Resident && p&(FlagBusy|FlagFetch|FlagDirty) == 0 && r.slots[idx] != 0 &&
-					(pass == 1 || p.Has(FlagRef)) {
+					(pass == 1 || p.Has(FlagRef)) && !c.a.slots.shared(r.slots[idx]) {
 					c.dirty(r, idx, p)
 					want--
 				}

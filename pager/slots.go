@@ -53,6 +53,7 @@ type slotPool struct {
 	slabs   []*poolSlab // by slab number; nil: a number free for reuse
 	free    int         // free slots of slabs that take allocations
 	used    int         // slots with data (a reference or more)
+	extra   int         // references past a slot's first (a fork's sides sharing it)
 	next    int         // slab number where alloc looks first
 	short   bool        // an alloc came back short since the last new slab
 	noRoom  error       // why the last Store.Alloc failed; nil once one worked
@@ -216,6 +217,7 @@ func (p *slotPool) ref(ss ...Slot) {
 		if sl == nil || sl.refs[pg] == 0 {
 			continue
 		}
+		p.extra++
 		if sl.refs[pg] < slotRefMax {
 			sl.refs[pg]++
 			continue
@@ -239,12 +241,14 @@ func (p *slotPool) release(ss ...Slot) {
 			continue
 		}
 		if sl.refs[pg] == slotRefMax && sl.over[pg] > 0 {
+			p.extra--
 			if sl.over[pg]--; sl.over[pg] == 0 {
 				delete(sl.over, pg)
 			}
 			continue
 		}
 		if sl.refs[pg]--; sl.refs[pg] > 0 {
+			p.extra--
 			continue
 		}
 		sl.used--
@@ -321,6 +325,13 @@ func (p *slotPool) hasRoom() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.noRoom == nil || p.free > 0
+}
+
+// hasFree reports whether an alloc would get a slot now.
+func (p *slotPool) hasFree() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.free > 0
 }
 
 // relocated counts pages a loop moved out of a draining slab.
@@ -520,6 +531,7 @@ const trimEvery = 5 * time.Second
 // remote pages plus a slab (and the slack); the drains then give the
 // space back. It reports whether it asked.
 func (p *slotPool) maybeTrimLocked(copies int) bool {
+	copies = p.freeableLocked(copies)
 	held := 0
 	for _, s := range p.slabs {
 		if s != nil {
@@ -548,6 +560,7 @@ const trimSoon = 50 * time.Millisecond
 // pages). It reports whether it asked or one asked lately is under way;
 // while evictions find no slot (short) the reservoir grows instead.
 func (p *slotPool) trimForRoomLocked(copies int) bool {
+	copies = p.freeableLocked(copies)
 	if copies == 0 {
 		return false
 	}
@@ -600,6 +613,24 @@ func (p *slotPool) maybeDrainLocked() bool {
 	return true
 }
 
+// freeableLocked bounds how many slots letting go of the clients' copies
+// would free: a slot shared by a fork's sides is counted as a copy by each
+// side that has the page resident, and frees only when all of them let go,
+// so each reference past a slot's first takes one off (exact for slots
+// resident on every side, and never more than what would free).
+func (p *slotPool) freeableLocked(copies int) int {
+	return max(copies-p.extra, 0)
+}
+
+// shared reports whether slot s is named by more than one page (a fork's
+// sides): letting go of one side's copy frees nothing.
+func (p *slotPool) shared(s Slot) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	sl, pg := p.locLocked(s)
+	return sl != nil && sl.refs[pg] > 1
+}
+
 // restore puts back the slabs a previous agent left, by slab number, with
 // no slot taken (claim takes the journaled ones).
 func (p *slotPool) restore(nums map[int]SlabID) {
@@ -634,7 +665,9 @@ func (p *slotPool) claim(s Slot) bool {
 		}
 	case sl.refs[pg] < slotRefMax:
 		sl.refs[pg]++
+		p.extra++
 	default:
+		p.extra++
 		if sl.over == nil {
 			sl.over = map[int]uint32{}
 		}

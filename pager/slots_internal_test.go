@@ -314,3 +314,42 @@ func TestSlotPoolTrimBeforeGrow(t *testing.T) {
 		t.Errorf("short of slots: %d slabs, want 2", n)
 	}
 }
+
+// Slots a fork's sides share free only when every side lets go of its
+// copy: the copies the clients count (each side with the page resident
+// counts one) are worth a slot each only past the references a fork added,
+// and no trim is asked for when the shared copies are all there is (before
+// this, a forked child reading its heap made the reservoir trim instead of
+// growing: evictions waited for slots that the trim never freed).
+func TestSlotPoolSharedCopiesFreeNothing(t *testing.T) {
+	const pps = 4096
+	p, _ := newTestPool(t, pps, 8)
+	ss := take(t, p, pps-p.low/2) // one slab, nearly full
+	p.ref(ss...)                  // a fork: the child names every slot
+	p.mu.Lock()
+	extra, free := p.extra, p.freeableLocked(2*len(ss))
+	p.mu.Unlock()
+	if extra != len(ss) || free != len(ss) {
+		t.Fatalf("after the fork %d extra references, %d slots freeable with both sides' copies; want %d and %d", extra, free, len(ss), len(ss))
+	}
+	if !p.shared(ss[0]) {
+		t.Errorf("slot %d named by both sides reads as not shared", ss[0])
+	}
+	// The child has its whole heap resident, the parent none of it:
+	// the child's copies free nothing, so the reservoir takes a slab.
+	p.copies = func() int { return len(ss) }
+	p.step(context.Background(), reservoirTick)
+	if n := p.stats().Slabs; n != 2 || p.trimGen.Load() != 0 {
+		t.Errorf("shared copies only: %d slabs, %d trims; want a second slab, no trim", n, p.trimGen.Load())
+	}
+	p.release(ss...) // the child exits
+	p.mu.Lock()
+	extra = p.extra
+	p.mu.Unlock()
+	if extra != 0 || p.shared(ss[0]) {
+		t.Errorf("after the child's release: %d extra references, shared %v", extra, p.shared(ss[0]))
+	}
+	if got := p.stats().UsedBytes; got != uint64(len(ss))*pageSize {
+		t.Errorf("used %d bytes, want the parent's %d slots", got, len(ss))
+	}
+}
