@@ -190,6 +190,9 @@ func (a *testAgent) Close() {
 	}
 	a.closed = true
 	a.cond.Broadcast()
+	// The listener first: a shim whose connection closes connects again
+	// at once with a resuming HELLO, which this agent does not take.
+	a.ln.Close()
 	for _, c := range a.clients {
 		c.conn.Close()
 	}
@@ -198,7 +201,6 @@ func (a *testAgent) Close() {
 		delete(a.forks, k)
 	}
 	a.mu.Unlock()
-	a.ln.Close()
 	a.wg.Wait()
 }
 

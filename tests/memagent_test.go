@@ -222,12 +222,27 @@ type maAgent struct {
 
 func maServe(t *testing.T, bin string, p *maPool, extra ...string) *maAgent {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "ma-") // short: sockets paths are limited to 108 bytes
+	return maServeIn(t, maAgentDir(t), bin, p, extra...)
+}
+
+// maAgentDir is a short temp dir for an agent's sockets (their paths are
+// limited to 108 bytes), removed at the end of the test.
+func maAgentDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "ma-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	os.Chmod(dir, 0o755) // the socket's own mode says who may connect
 	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// maServeIn starts `memagent serve` with its sockets (and so its state
+// dir) in dir: an agent started again in the same dir takes over from one
+// that died there.
+func maServeIn(t *testing.T, dir, bin string, p *maPool, extra ...string) *maAgent {
+	t.Helper()
 	a := &maAgent{bin: bin, socket: filepath.Join(dir, "agent.sock"), admin: filepath.Join(dir, "admin.sock")}
 	args := append([]string{"serve", "--socket", a.socket, "--admin-socket", a.admin, "--local-mem", maLocalMem}, p.args()...)
 	a.proc = memdtest.Start(t, "memagent serve", bin, append(args, extra...)...)

@@ -68,23 +68,23 @@ func FreeAddr(t *testing.T) string {
 type Proc struct {
 	Name string
 	cmd  *exec.Cmd
-	out  *syncBuf
+	out  *SyncBuf
 	done chan struct{}
 	err  error
 }
 
-type syncBuf struct {
+type SyncBuf struct {
 	mu sync.Mutex
 	b  bytes.Buffer
 }
 
-func (s *syncBuf) Write(p []byte) (int, error) {
+func (s *SyncBuf) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.Write(p)
 }
 
-func (s *syncBuf) String() string {
+func (s *SyncBuf) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
@@ -94,7 +94,7 @@ func (s *syncBuf) String() string {
 // and, if the test failed, its output is logged.
 func Start(t *testing.T, name, bin string, args ...string) *Proc {
 	t.Helper()
-	p := &Proc{Name: name, cmd: exec.Command(bin, args...), out: &syncBuf{}, done: make(chan struct{})}
+	p := &Proc{Name: name, cmd: exec.Command(bin, args...), out: &SyncBuf{}, done: make(chan struct{})}
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	p.cmd.Env = append(os.Environ(), "MEMD_LOG_FORMAT=console")
 	if err := p.cmd.Start(); err != nil {
