@@ -43,6 +43,7 @@ func (c *client) trim() {
 	}
 	c.room.trimSeen = gen
 	want := int(max(c.st.pooled.Load()-c.st.remote.Load(), 0) * int64(c.a.slots.trimShare.Load()) / 1000)
+	sharing := c.a.slots.sharing() // else no slot needs a look (and a lock) of its own
 	for pass := 0; pass < 2 && want > 0; pass++ {
 		for _, r := range c.regs.list {
 			for idx, p := range r.pages {
@@ -50,7 +51,7 @@ func (c *client) trim() {
 					break
 				}
 				if p.State() == Resident && p&(FlagBusy|FlagFetch|FlagDirty) == 0 && r.slots[idx] != 0 &&
-					(pass == 1 || p.Has(FlagRef)) && !c.a.slots.shared(r.slots[idx]) {
+					(pass == 1 || p.Has(FlagRef)) && (!sharing || !c.a.slots.shared(r.slots[idx])) {
 					c.dirty(r, idx, p)
 					want--
 				}

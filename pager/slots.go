@@ -622,6 +622,13 @@ func (p *slotPool) freeableLocked(copies int) int {
 	return max(copies-p.extra, 0)
 }
 
+// sharing reports whether any slot is named by more than one page.
+func (p *slotPool) sharing() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.extra > 0
+}
+
 // shared reports whether slot s is named by more than one page (a fork's
 // sides): letting go of one side's copy frees nothing.
 func (p *slotPool) shared(s Slot) bool {

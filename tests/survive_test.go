@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -141,6 +140,63 @@ func (p *survProg) wait(t *testing.T, limit time.Duration) *os.ProcessState {
 	}
 }
 
+// endExact lets the program read its heap back and fails unless it ends
+// with every word right.
+func (p *survProg) endExact(t *testing.T, after string) {
+	t.Helper()
+	p.readBack(t)
+	ps := p.wait(t, maRunLimit)
+	if last := lastLine(p.out.String()); !ps.Success() || last != survChecksum() {
+		t.Fatalf("%s the program ended %v with %q, want %q\nstderr: %s", after, ps, last, survChecksum(), p.err.String())
+	}
+}
+
+// endSIGBUS lets the program read its heap back and fails unless it gets
+// SIGBUS before it prints a checksum; it returns how long that took.
+func (p *survProg) endSIGBUS(t *testing.T, after string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	p.readBack(t)
+	ps := p.wait(t, maRunLimit)
+	took := time.Since(start)
+	if ws, ok := ps.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGBUS {
+		t.Fatalf("%s the program ended %v, want SIGBUS\nstdout: %s\nstderr: %s", after, ps, p.out.String(), p.err.String())
+	}
+	if strings.Contains(p.out.String(), "checksum") {
+		t.Fatalf("%s the program printed a checksum: %s", after, p.out.String())
+	}
+	return took
+}
+
+// survRig is a pool, an agent in a dir of its own and the pattern program
+// under it with most of its heap in the pool.
+type survRig struct {
+	bin, dir string
+	pool     *maPool
+	agent    *maAgent
+	prog     *survProg
+}
+
+// survStart starts a pool of servers memds, `memagent serve` with
+// agentFlags, and the pattern program with progEnv, and waits until the
+// program's pages are in the pool.
+func survStart(t *testing.T, servers int, agentFlags, progEnv []string) *survRig {
+	t.Helper()
+	maNeeds(t)
+	r := &survRig{bin: maBuild(t), pool: maStartPool(t, servers), dir: maAgentDir(t)}
+	r.serve(t, agentFlags...)
+	r.prog = survPattern(t, r.bin, r.agent.socket, progEnv...)
+	survPaged(t, r.agent)
+	return r
+}
+
+// serve starts `memagent serve` in the rig's dir (after one that died
+// there: it takes over).
+func (r *survRig) serve(t *testing.T, flags ...string) {
+	t.Helper()
+	r.agent = maServeIn(t, r.dir, filepath.Join(r.bin, "memagent"), r.pool, flags...)
+}
+
 // survChecksum is the last line pattern prints when every word is right.
 func survChecksum() string {
 	return fmt.Sprintf("checksum %016x", maSum(uint64(maPages)*512, 0))
@@ -166,19 +222,13 @@ func survPaged(t *testing.T, a *maAgent) {
 // the pool, and a new agent on the same socket and state dir: the program
 // resumes with it and reads back every word.
 func TestSurviveAgentKilled(t *testing.T) {
-	maNeeds(t)
-	bin := maBuild(t)
-	p := maStartPool(t, 1)
-	dir := maAgentDir(t)
-	a := maServeIn(t, dir, filepath.Join(bin, "memagent"), p)
-	prog := survPattern(t, bin, a.socket)
-	survPaged(t, a)
-	a.proc.Kill()
+	r := survStart(t, 1, nil, nil)
+	r.agent.proc.Kill()
 	time.Sleep(time.Second) // the program faults with no agent meanwhile
 	start := time.Now()
-	a = maServeIn(t, dir, filepath.Join(bin, "memagent"), p)
+	r.serve(t)
 	memdtest.Eventually(t, 30*time.Second, "the new agent serves the program", func() error {
-		st, err := a.stats(t)
+		st, err := r.agent.stats(t)
 		if err != nil {
 			return err
 		}
@@ -188,12 +238,7 @@ func TestSurviveAgentKilled(t *testing.T) {
 		return nil
 	})
 	recovery := time.Since(start)
-	prog.readBack(t)
-	ps := prog.wait(t, maRunLimit)
-	last := lastLine(prog.out.String())
-	if !ps.Success() || last != survChecksum() {
-		t.Fatalf("after the agent's restart the program ended %v with %q, want %q\nstderr: %s", ps, last, survChecksum(), prog.err.String())
-	}
+	r.prog.endExact(t, "after the agent's restart")
 	survived(t, survRow{scenario: "agent killed, restarted", injected: "kill -9 memagent serve mid-run, a new one 1s later",
 		outcome: "resumed, exact checksum", lost: "0", recovery: recovery})
 }
@@ -202,26 +247,12 @@ func TestSurviveAgentKilled(t *testing.T) {
 // on pages in the pool wait RMEM_AGENT_WAIT, then it gets SIGBUS (never
 // zeros, never an endless hang).
 func TestSurviveAgentGone(t *testing.T) {
-	maNeeds(t)
-	bin := maBuild(t)
-	p := maStartPool(t, 1)
-	a := maServeIn(t, maAgentDir(t), filepath.Join(bin, "memagent"), p)
 	const wait = 3 * time.Second
-	prog := survPattern(t, bin, a.socket, proto.EnvAgentWait+"="+wait.String())
-	survPaged(t, a)
-	a.proc.Kill()
-	start := time.Now()
-	prog.readBack(t)
-	ps := prog.wait(t, maRunLimit)
-	took := time.Since(start)
-	if ws, ok := ps.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGBUS {
-		t.Fatalf("with no agent the program ended %v, want SIGBUS after %v\nstdout: %s\nstderr: %s", ps, wait, prog.out.String(), prog.err.String())
-	}
-	if strings.Contains(prog.out.String(), "checksum") {
-		t.Fatalf("the program printed a checksum: %s", prog.out.String())
-	}
-	if !strings.Contains(prog.err.String(), "agent") {
-		t.Errorf("the program's stderr does not say why: %q", prog.err.String())
+	r := survStart(t, 1, nil, []string{proto.EnvAgentWait + "=" + wait.String()})
+	r.agent.proc.Kill()
+	took := r.prog.endSIGBUS(t, "with no agent ("+wait.String()+" to wait)")
+	if !strings.Contains(r.prog.err.String(), "agent") {
+		t.Errorf("the program's stderr does not say why: %q", r.prog.err.String())
 	}
 	survived(t, survRow{scenario: "agent killed, none after", injected: "kill -9 memagent serve, " + proto.EnvAgentWait + "=" + wait.String(),
 		outcome: "SIGBUS with a message", lost: "SIGBUS", recovery: took})
@@ -299,19 +330,15 @@ func childOf(pid int) int {
 	return 0
 }
 
-// survUsedSlabs fails unless the pool's slabs in use are (at least, for
-// want > 0) want.
+// survUsedSlabs fails unless the pool's slabs are (at least, for want > 0)
+// want.
 func survUsedSlabs(p *maPool, want int) error {
-	var st pool.Status
-	out, _, err := memdtest.Run(p.memd, nil, "status", "--json", "--coordinator", p.url, "--token", memdToken)
+	slabs, err := maSlabs(p)
 	if err != nil {
 		return err
 	}
-	if err := json.Unmarshal([]byte(out), &st); err != nil {
-		return err
-	}
-	if (want == 0 && st.Slabs != 0) || (want > 0 && st.Slabs < want) {
-		return fmt.Errorf("%d slabs allocated", st.Slabs)
+	if (want == 0 && len(slabs) != 0) || len(slabs) < want {
+		return fmt.Errorf("%d slabs allocated", len(slabs))
 	}
 	return nil
 }
@@ -320,27 +347,13 @@ func survUsedSlabs(p *maPool, want int) error {
 // the pool: its next fault on a pooled page waits --fault-timeout, then the
 // program gets SIGBUS.
 func TestSurvivePoolLost(t *testing.T) {
-	maNeeds(t)
-	bin := maBuild(t)
-	p := maStartPool(t, 2)
 	const bound = 5 * time.Second
-	a := maServeIn(t, maAgentDir(t), filepath.Join(bin, "memagent"), p, "--fault-timeout", bound.String())
-	prog := survPattern(t, bin, a.socket)
-	survPaged(t, a)
-	for _, s := range p.servers {
+	r := survStart(t, 2, []string{"--fault-timeout", bound.String()}, nil)
+	for _, s := range r.pool.servers {
 		s.Kill()
 	}
-	start := time.Now()
-	prog.readBack(t)
-	ps := prog.wait(t, maRunLimit)
-	took := time.Since(start)
-	if ws, ok := ps.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGBUS {
-		t.Fatalf("with the pool gone the program ended %v, want SIGBUS after %v\nstdout: %s\nstderr: %s", ps, bound, prog.out.String(), prog.err.String())
-	}
-	if strings.Contains(prog.out.String(), "checksum") {
-		t.Fatalf("the program printed a checksum: %s", prog.out.String())
-	}
-	out := a.proc.Output()
+	took := r.prog.endSIGBUS(t, "with the pool gone (--fault-timeout "+bound.String()+")")
+	out := r.agent.proc.Output()
 	if n := strings.Count(out, "goroutine "); n > 0 {
 		t.Errorf("the agent logged %d goroutine stacks for an expected condition:\n%s", n, out)
 	}
@@ -456,11 +469,7 @@ func TestSurviveHostileInput(t *testing.T) {
 	if err := rdma.Read(ctx, own, key, 0, back); err != nil || !bytes.Equal(back, mine) {
 		t.Fatalf("the test's own slab after the attacks: %v, equal %v", err, bytes.Equal(back, mine))
 	}
-	prog.readBack(t)
-	ps := prog.wait(t, maRunLimit)
-	if last := lastLine(prog.out.String()); !ps.Success() || last != survChecksum() {
-		t.Fatalf("the program beside the attacks ended %v with %q, want %q\nstderr: %s", ps, last, survChecksum(), prog.err.String())
-	}
+	prog.endExact(t, "beside the attacks")
 	survived(t, survRow{scenario: "hostile data-plane input", injected: fmt.Sprintf("%d frames: garbage, bad headers, wrong keys/offsets/lengths (tcp, shm; fresh, busy, restarted)", attacks),
 		outcome: "servers up, program exact", lost: "0"})
 }
@@ -557,8 +566,7 @@ func survAttack(t *testing.T, rng *rand.Rand, addrs map[string]string, keys []rd
 // wire.go, rdma/shm's proto.go).
 func survHello(network string) []byte {
 	if network == "tcp" {
-		b := []byte("RMRD\x01\x00\x00\x00\x00\x00\x10\x00\x00\x00\x00\x00") // version 1, max transfer 1 MiB
-		return b
+		return []byte("RMRD\x01\x00\x00\x00\x00\x00\x10\x00\x00\x00\x00\x00") // version 1, max transfer 1 MiB
 	}
 	return []byte("RMSH\x01\x00\x00\x00") // version 1
 }
