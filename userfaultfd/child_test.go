@@ -387,6 +387,7 @@ type pageServer struct {
 	gen    []uint64
 	faults int
 	minor  int
+	dups   int // faults reported again after being resolved (EEXIST)
 }
 
 func (s *pageServer) fault(ev Event) error {
@@ -395,11 +396,9 @@ func (s *pageServer) fault(ev Event) error {
 	if idx < 0 || idx >= s.spec.Pages {
 		return fmt.Errorf("fault at %v outside the region", ev.Addr)
 	}
-	s.faults++
 	var err error
 	switch {
 	case ev.Flags&FaultMinor != 0:
-		s.minor++
 		_, err = s.u.Continue(Range{addr, PageSize}, 0)
 	case expectZero(s.spec, idx):
 		_, err = s.u.ZeroPage(Range{addr, PageSize}, 0)
@@ -407,8 +406,17 @@ func (s *pageServer) fault(ev Event) error {
 		fillPattern(s.buf, uint64(idx), s.gen[idx])
 		_, err = s.u.Copy(addr, s.buf, 0)
 	}
-	if IsExist(err) { // a repeated fault: the page is there, just wake
-		err = s.u.Wake(Range{addr, PageSize})
+	if IsExist(err) {
+		// The kernel reports a fault again when a signal interrupts the
+		// faulting thread before the fault is resolved (the child is a Go
+		// program: preemption and GC signals do it, more so under -race).
+		// The page is there; wake the thread and count it apart.
+		s.dups++
+		return s.u.Wake(Range{addr, PageSize})
+	}
+	s.faults++
+	if ev.Flags&FaultMinor != 0 {
+		s.minor++
 	}
 	s.gen[idx]++
 	return err
@@ -484,7 +492,7 @@ func TestCrossProcessServe(t *testing.T) {
 			if s.faults != wantFaults {
 				t.Errorf("served %d faults, want %d", s.faults, wantFaults)
 			}
-			t.Logf("%d pages verified, %d faults served (%d minor)", res.Checked, s.faults, s.minor)
+			t.Logf("%d pages verified, %d faults served (%d minor), %d reported again", res.Checked, s.faults, s.minor, s.dups)
 		})
 	}
 }
@@ -535,6 +543,7 @@ func testWriteProtect(t *testing.T, async bool) {
 		t.Fatal(err)
 	}
 	var dirty []Range
+	repeats := 0
 	for round := range 6 {
 		if !async && round > 0 {
 			if err := u.WriteProtect(r); err != nil {
@@ -563,8 +572,12 @@ func testWriteProtect(t *testing.T, async bool) {
 			for {
 				select {
 				case i := <-faulted:
+					// A page can be reported twice in a round: a signal
+					// to the faulting thread (the child is a Go program)
+					// makes the kernel report the fault again. What
+					// counts is the set of pages found written.
 					if got[i] {
-						t.Errorf("round %d: page %d faulted twice", round, i)
+						repeats++
 					}
 					got[i] = true
 				default:
@@ -586,6 +599,9 @@ func testWriteProtect(t *testing.T, async bool) {
 	c.result(t)
 	if err := stop(); err != nil {
 		t.Fatal(err)
+	}
+	if repeats > 0 {
+		t.Logf("%d WP faults reported again", repeats)
 	}
 	if async {
 		if _, err := u.ReadEvents(make([]Msg, 1)); err != unix.EAGAIN {
