@@ -86,7 +86,13 @@ type ServerInfo struct {
 	// ControlURL is where the coordinator asks the server to grant and free
 	// slabs (empty when the server runs inside the coordinator's process).
 	ControlURL string `json:"control_url,omitempty"`
-	SlabSize   uint64 `json:"slab_size"`
+	// ControlSecret is made up by the server at start and sent when it
+	// registers; the coordinator presents it (ControlSecretHeader) on
+	// grant and free, so only the coordinator, not every holder of the
+	// pool's token (each agent), can revoke and zero a slab. The API never
+	// shows it.
+	ControlSecret string `json:"control_secret,omitempty"`
+	SlabSize      uint64 `json:"slab_size"`
 	Slabs      int    `json:"slabs"`
 }
 
@@ -123,6 +129,10 @@ type Lease struct {
 	// the lease after a restart needs it: keep it with the lease id.
 	Secret string `json:"secret,omitempty"`
 }
+
+// ControlSecretHeader carries a memory server's ControlSecret on the
+// coordinator's grant and free requests.
+const ControlSecretHeader = "Rmem-Control-Secret"
 
 // LeaseSecretHeader carries a lease's Secret on the requests about the
 // lease (renew, end, allocate, list its slabs with their keys, free,

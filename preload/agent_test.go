@@ -569,7 +569,9 @@ func (c *agentClient) serve() {
 			retry = again
 		case sm := <-msgs:
 			if sm.err != nil {
-				if !errors.Is(sm.err, io.EOF) && !errors.Is(sm.err, net.ErrClosed) {
+				// ECONNRESET: the process exited with packets of ours
+				// unread (an EVICT in flight), as the pager allows too.
+				if !errors.Is(sm.err, io.EOF) && !errors.Is(sm.err, net.ErrClosed) && !errors.Is(sm.err, unix.ECONNRESET) {
 					c.a.t.Errorf("agent: pid %d: %v", c.pid, sm.err)
 				}
 				if ev != nil {

@@ -336,6 +336,36 @@ func TestMemdPool(t *testing.T) {
 				t.Fatalf("memd %v shows the lease secret", args)
 			}
 		}
+		// Nor can it go to a memory server's control endpoint with the
+		// pool's token and have agent-1's slab re-granted (revoked and
+		// zeroed): grant and free want the coordinator's control secret,
+		// which no view shows.
+		r := slabs[0].Replicas[0]
+		sv, err := p.cl.Server(ctx, r.Server)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sv.ControlURL == "" || sv.ControlSecret != "" {
+			t.Fatalf("server %s view: control URL %q, secret %q", r.Server, sv.ControlURL, sv.ControlSecret)
+		}
+		ms, err := client.NewMemServer(sv.ControlURL, "", client.Options{Token: memdToken, Timeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ms.CloseIdleConnections()
+		if _, err := ms.Grant(ctx, sv.Instance, 1<<40, []pool.SlabIndex{r.Index}); !errors.Is(err, pool.ErrForbidden) {
+			t.Fatalf("another agent granting agent-1's slab on %s: %v", r.Server, err)
+		}
+		if err := ms.Free(ctx, sv.Instance, []pool.FreeEntry{{Index: r.Index, Key: r.Key}}); !errors.Is(err, pool.ErrForbidden) {
+			t.Fatalf("another agent freeing agent-1's slab on %s: %v", r.Server, err)
+		}
+		survived(t, survRow{scenario: "another tenant", injected: "an agent with the pool's token asks for agent-1's keys, its lease, and a grant/free of its slab at the memory server",
+			outcome: "forbidden (403) each time, no key shown, slab exact", lost: "0"})
+		c, k := memdDialReplica(t, r)
+		page := make([]byte, 4096)
+		if err := rdma.Read(ctx, c, k, memdSlabSize-4096, page); err != nil || !bytes.Equal(page, memdPattern(slabs[0].ID)) {
+			t.Fatalf("agent-1's slab after another agent's grant and free: %v", err)
+		}
 		// The holder, in another process after a restart, takes it over
 		// with the secret it kept.
 		other.SetLeaseSecret(lease.ID, lease.Secret)

@@ -898,8 +898,10 @@ func TestSwapDaemonKilled(t *testing.T) {
 	if err := syscall.Kill(daemon, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
+	killed := time.Now()
 	fmt.Fprintln(r.stdin, "go")
 	code := r.wait(t)
+	took := time.Since(killed)
 	out := r.output()
 	if want := 128 + int(syscall.SIGBUS); code != want {
 		t.Errorf("run exited %d, want %d (the workload's SIGBUS)", code, want)
@@ -917,6 +919,8 @@ func TestSwapDaemonKilled(t *testing.T) {
 	}
 	swapNoLeftovers(t, dir, r.cmd.Process.Pid)
 	swapNoState(t, dir, r.cmd.Process.Pid, daemon)
+	survived(t, survRow{scenario: "swap daemon killed", injected: "kill -9 of memagent mount under memagent run --mode swap, 192 MiB swapped out",
+		outcome: "the program's SIGBUS passed through (exit 135), no leftovers", lost: "SIGBUS", recovery: took})
 	if t.Failed() {
 		t.Logf("--- memagent run:\n%s", out)
 	}
@@ -986,7 +990,9 @@ func TestSwapRunKilled(t *testing.T) {
 		dir := t.TempDir()
 		swapCleanup(t, dir)
 		runPID, daemon := swapKillRun(t, p, dir)
+		start := time.Now()
 		out, errOut, err := memdtest.Run(bin, nil, "cleanup")
+		took := time.Since(start)
 		if err != nil {
 			t.Fatalf("memagent cleanup: %v\n%s%s", err, out, errOut)
 		}
@@ -1002,6 +1008,8 @@ func TestSwapRunKilled(t *testing.T) {
 		}
 		swapNoLeftovers(t, dir, runPID)
 		swapNoState(t, dir, runPID, daemon)
+		survived(t, survRow{scenario: "swap run killed, cleanup", injected: "kill -9 of memagent run --mode swap, then memagent cleanup",
+			outcome: "program died with it; cleanup removed cgroup, loop swap, mount, daemon, state", lost: "- (died with it)", recovery: took})
 		if out, _, err := memdtest.Run(bin, nil, "cleanup"); err != nil || out != "nothing to clean up\n" {
 			t.Errorf("a second memagent cleanup: %v: %q", err, out)
 		}
@@ -1013,8 +1021,11 @@ func TestSwapRunKilled(t *testing.T) {
 		swapCleanup(t, next)
 		runPID, daemon := swapKillRun(t, p, dir)
 		args := append([]string{"run", "--mode", "swap", "--local-mem", "16MiB", "--swap-size", "64MiB", "--swap-dir", next}, p.args()...)
+		start := time.Now()
 		r := swapStartRun(t, append(args, "--", "true")...)
-		if code := r.wait(t); code != 0 {
+		code := r.wait(t)
+		took := time.Since(start)
+		if code != 0 {
 			t.Fatalf("the next run exited %d", code)
 		}
 		if want := fmt.Sprintf("memagent run: removed what dead runs left: cgroup %s of dead run %d", filepath.Join(swapCgroupRoot(t), "rmem-run-"+strconv.Itoa(runPID)), runPID); !strings.Contains(r.output(), want) ||
@@ -1025,6 +1036,8 @@ func TestSwapRunKilled(t *testing.T) {
 		swapNoState(t, dir, runPID, daemon)
 		swapNoLeftovers(t, next, r.cmd.Process.Pid)
 		swapNoState(t, next, r.cmd.Process.Pid, 0)
+		survived(t, survRow{scenario: "swap run killed, next run", injected: "kill -9 of memagent run --mode swap, then another run",
+			outcome: "program died with it; the next run removed what it left and ran", lost: "- (died with it)", recovery: took})
 	})
 }
 

@@ -190,7 +190,7 @@ func Run(ctx context.Context, log *zap.Logger, opts Options) (err error) {
 			if info.ControlURL == "" {
 				return nil, fmt.Errorf("server %s registered no control URL", info.ID)
 			}
-			return client.NewMemServer(info.ControlURL, dialOpts)
+			return client.NewMemServer(info.ControlURL, info.ControlSecret, dialOpts)
 		})
 		coordOpts := func(st store.Store, term coord.Term, r *prometheus.Registry) coord.Options {
 			return coord.Options{Store: st, Term: term, Dialer: dialer, SlabSize: opts.SlabSize,

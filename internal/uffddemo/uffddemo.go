@@ -61,6 +61,7 @@ func (o *Options) validate() error {
 type Result struct {
 	Pages      int           // pages the child touched and verified
 	Faults     int           // faults the parent served
+	Repeats    int           // faults reported again after being served (not in Faults)
 	Mismatches int           // pages that read back wrong (0 on success)
 	P50, P99   time.Duration // fault-to-resume latency seen by the child
 	Elapsed    time.Duration // the child's time to touch everything
@@ -241,9 +242,9 @@ func Run(ctx context.Context, w io.Writer, opts Options) (Result, error) {
 	}
 	defer p.Close()
 
-	var faults int
+	var faults, repeats int
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- serve(p, u, base, length, opts, &faults) }()
+	go func() { serveErr <- serve(p, u, base, length, opts, &faults, &repeats) }()
 
 	var start [16]byte
 	binary.LittleEndian.PutUint64(start[:], uint64(opts.Batch))
@@ -273,6 +274,7 @@ func Run(ctx context.Context, w io.Writer, opts Options) (Result, error) {
 	res := Result{
 		Pages:      int(hdr[0]),
 		Faults:     faults,
+		Repeats:    repeats,
 		Mismatches: int(hdr[1]),
 		Elapsed:    time.Duration(hdr[2]),
 	}
@@ -283,8 +285,8 @@ func Run(ctx context.Context, w io.Writer, opts Options) (Result, error) {
 	}
 	fmt.Fprintf(w, "uffd-demo: child %d touched %d pages (%d MiB) in %v, %d read back wrong\n",
 		cmd.Process.Pid, res.Pages, size>>20, res.Elapsed.Round(time.Millisecond), res.Mismatches)
-	fmt.Fprintf(w, "uffd-demo: %d faults served with UFFDIO_COPY (%d page(s) each), %.0f faults/s\n",
-		res.Faults, opts.Batch, float64(res.Faults)/res.Elapsed.Seconds())
+	fmt.Fprintf(w, "uffd-demo: %d faults served with UFFDIO_COPY (%d page(s) each), %.0f faults/s, %d reported again\n",
+		res.Faults, opts.Batch, float64(res.Faults)/res.Elapsed.Seconds(), res.Repeats)
 	fmt.Fprintf(w, "uffd-demo: fault-to-resume latency p50 %v, p99 %v\n", res.P50, res.P99)
 	if res.Mismatches != 0 {
 		return res, fmt.Errorf("%w: %d of %d", ErrMismatch, res.Mismatches, res.Pages)
@@ -302,7 +304,7 @@ func childErr(ctx context.Context, what string, err error) error {
 // serve resolves every fault of [base, base+length) with a Copy of the
 // generated pattern, opts.Batch pages at a time, on a locked OS thread.
 // The buffer is allocated once.
-func serve(p *userfaultfd.Poller, u *userfaultfd.UFFD, base userfaultfd.Addr, length uint64, opts Options, faults *int) error {
+func serve(p *userfaultfd.Poller, u *userfaultfd.UFFD, base userfaultfd.Addr, length uint64, opts Options, faults, repeats *int) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	ps := userfaultfd.PageSize
@@ -332,8 +334,14 @@ func serve(p *userfaultfd.Poller, u *userfaultfd.UFFD, base userfaultfd.Addr, le
 				buf[uint64(c)*ps-off+100] ^= 1
 			}
 			_, err = u.Copy(base+userfaultfd.Addr(off), buf[:n], 0)
-			if userfaultfd.IsExist(err) { // repeated fault: already there
-				err = u.Wake(userfaultfd.Range{Start: ev.Addr.RoundDown(ps), Len: ps})
+			if userfaultfd.IsExist(err) {
+				// Reported again (a signal interrupted the child's fault
+				// before it was served): the page is there, just wake.
+				*repeats++
+				if err := u.Wake(userfaultfd.Range{Start: ev.Addr.RoundDown(ps), Len: ps}); err != nil {
+					return err
+				}
+				continue
 			}
 			if err != nil {
 				return err

@@ -537,21 +537,25 @@ func (c *Client) Slabs(ctx context.Context, f SlabFilter) ([]pool.SlabView, erro
 
 // MemServer is the coordinator's client of a memory server's control
 // endpoint; it implements coord.SlabServer.
-type MemServer struct{ c *Client }
+type MemServer struct {
+	c   *Client
+	hdr http.Header // the server's control secret
+}
 
-// NewMemServer returns a client of the memory server at controlURL.
-func NewMemServer(controlURL string, opts Options) (*MemServer, error) {
+// NewMemServer returns a client of the memory server at controlURL, which
+// registered with the control secret secret (pool.ServerInfo.ControlSecret).
+func NewMemServer(controlURL, secret string, opts Options) (*MemServer, error) {
 	c, err := New(controlURL, opts)
 	if err != nil {
 		return nil, err
 	}
-	return &MemServer{c: c}, nil
+	return &MemServer{c: c, hdr: http.Header{pool.ControlSecretHeader: {secret}}}, nil
 }
 
 // Grant asks for fresh keys on slabs.
 func (m *MemServer) Grant(ctx context.Context, instance string, epoch uint64, idx []pool.SlabIndex) ([]pool.Key, error) {
 	var v pool.GrantResponse
-	if err := m.c.Do(ctx, "POST", "/v1/memserver/grant", pool.GrantRequest{Instance: instance, Indexes: idx, Epoch: epoch}, &v); err != nil {
+	if err := m.c.do(ctx, "POST", "/v1/memserver/grant", pool.GrantRequest{Instance: instance, Indexes: idx, Epoch: epoch}, &v, false, m.hdr); err != nil {
 		return nil, err
 	}
 	if len(v.Keys) != len(idx) {
@@ -562,7 +566,7 @@ func (m *MemServer) Grant(ctx context.Context, instance string, epoch uint64, id
 
 // Free asks for keys to be revoked and slabs zeroed.
 func (m *MemServer) Free(ctx context.Context, instance string, slabs []pool.FreeEntry) error {
-	return m.c.Do(ctx, "POST", "/v1/memserver/free", pool.FreeRequest{Instance: instance, Slabs: slabs}, nil)
+	return m.c.do(ctx, "POST", "/v1/memserver/free", pool.FreeRequest{Instance: instance, Slabs: slabs}, nil, false, m.hdr)
 }
 
 // ProbeInstance asks which server instance answers at the control URL

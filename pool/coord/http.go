@@ -70,6 +70,7 @@ func (c *Coordinator) Routes(mux *http.ServeMux) error {
 			return 0, nil, err
 		}
 		rec, err := c.Register(req)
+		rec.ControlSecret = ""
 		return 200, rec, err
 	})
 	h("GET /v1/servers/{id}", func(w http.ResponseWriter, r *http.Request) (int, any, error) {

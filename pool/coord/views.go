@@ -59,6 +59,7 @@ func (c *Coordinator) serverViewLocked(s *srv) pool.ServerView {
 		LastHeartbeat: s.lastHB, HeartbeatAge: pool.Duration(now.Sub(s.lastHB)),
 		Granted: s.hb.Granted, Load: s.hb.Load,
 	}
+	v.ControlSecret = "" // the coordinator's alone
 	if !s.heard {
 		// Not heard from since the state was loaded: no heartbeat to
 		// show, and no telling whether it is up.

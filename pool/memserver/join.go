@@ -2,7 +2,9 @@ package memserver
 
 import (
 	"context"
+	"crypto/subtle"
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -46,7 +48,7 @@ func (s *Server) RoutineJoin(ctx context.Context, reg Registrar, interval time.D
 		}
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		if !registered {
-			if _, err := reg.Register(cctx, s.Info()); err != nil {
+			if _, err := reg.Register(cctx, s.Registration()); err != nil {
 				log.Warn("registering with the coordinator", zap.Error(err), zap.Duration("retry_in", backoff))
 				t.Reset(backoff)
 				backoff = min(2*backoff, 10*time.Second)
@@ -73,10 +75,17 @@ func (s *Server) RoutineJoin(ctx context.Context, reg Registrar, interval time.D
 	}
 }
 
-// Routes registers the control endpoint on mux (authentication is the
-// caller's): POST /v1/memserver/grant and POST /v1/memserver/free.
+// Routes registers the control endpoint on mux: POST /v1/memserver/grant
+// and POST /v1/memserver/free, and GET /v1/memserver. Authenticating the
+// pool's clients is the caller's; grant and free also want the server's
+// control secret (pool.ControlSecretHeader), which only the coordinator
+// holds: an agent has the pool's token too, and must not be able to
+// revoke and zero another agent's slab.
 func (s *Server) Routes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /v1/memserver/grant", func(w http.ResponseWriter, r *http.Request) {
+		if !s.fromCoordinator(w, r) {
+			return
+		}
 		var req pool.GrantRequest
 		if err := httpapi.Decode(r, &req); err != nil {
 			httpapi.WriteError(w, err)
@@ -90,6 +99,9 @@ func (s *Server) Routes(mux *http.ServeMux) {
 		httpapi.WriteJSON(w, http.StatusOK, pool.GrantResponse{Keys: keys})
 	})
 	mux.HandleFunc("POST /v1/memserver/free", func(w http.ResponseWriter, r *http.Request) {
+		if !s.fromCoordinator(w, r) {
+			return
+		}
 		var req pool.FreeRequest
 		if err := httpapi.Decode(r, &req); err != nil {
 			httpapi.WriteError(w, err)
@@ -104,4 +116,19 @@ func (s *Server) Routes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /v1/memserver", func(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteJSON(w, http.StatusOK, s.Info())
 	})
+}
+
+// fromCoordinator checks r's control secret, answering 403 when it is not
+// this server's.
+func (s *Server) fromCoordinator(w http.ResponseWriter, r *http.Request) bool {
+	got := r.Header.Get(pool.ControlSecretHeader)
+	if subtle.ConstantTimeCompare([]byte(got), []byte(s.secret)) == 1 {
+		return true
+	}
+	msg := "grant and free are the coordinator's: wrong " + pool.ControlSecretHeader
+	if got == "" {
+		msg = "grant and free are the coordinator's: no " + pool.ControlSecretHeader
+	}
+	httpapi.WriteError(w, fmt.Errorf("%w: %s", pool.ErrForbidden, msg))
+	return false
 }

@@ -71,6 +71,7 @@ func (o *Options) validate() error {
 type Server struct {
 	opts      Options
 	instance  string
+	secret    string // pool.ServerInfo.ControlSecret
 	region    *rdma.Region
 	domain    *rdma.Domain
 	listeners []rdma.Listener
@@ -97,7 +98,7 @@ func New(opts Options) (*Server, error) {
 	if err := CheckMemory(opts.Capacity, !opts.NoLock); err != nil {
 		return nil, err
 	}
-	s := &Server{opts: opts, instance: newInstance(), keys: make([]rdma.Key, opts.Capacity/opts.SlabSize), addrs: map[string]string{}}
+	s := &Server{opts: opts, instance: newInstance(), secret: randomHex(32), keys: make([]rdma.Key, opts.Capacity/opts.SlabSize), addrs: map[string]string{}}
 	if err := s.alloc(); err != nil {
 		return nil, err
 	}
@@ -146,12 +147,14 @@ func New(opts Options) (*Server, error) {
 	return s, nil
 }
 
-func newInstance() string {
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
+func newInstance() string { return randomHex(8) }
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
 		panic(err)
 	}
-	return hex.EncodeToString(b[:])
+	return hex.EncodeToString(b)
 }
 
 // alloc allocates the region: hugetlbfs pages if enough are free, else
@@ -193,6 +196,14 @@ func (s *Server) Info() pool.ServerInfo {
 		ID: s.opts.ID, Instance: s.instance, Domain: s.opts.Domain, Labels: s.opts.Labels, Addrs: addrs,
 		ControlURL: s.opts.ControlURL, SlabSize: s.opts.SlabSize, Slabs: len(s.keys),
 	}
+}
+
+// Registration is Info with the control secret: what the server sends the
+// coordinator when it registers, and nobody else.
+func (s *Server) Registration() pool.ServerInfo {
+	info := s.Info()
+	info.ControlSecret = s.secret
+	return info
 }
 
 // Domain returns the rdma domain (for statistics).

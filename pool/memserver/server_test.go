@@ -5,6 +5,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"rmem/pool"
+	"rmem/pool/client"
 	"rmem/rdma"
 	_ "rmem/rdma/tcp"
 )
@@ -249,5 +253,67 @@ func TestJoinReregisters(t *testing.T) {
 	case <-reg.left:
 	default:
 		t.Fatal("did not leave on stop")
+	}
+}
+
+// Grant and free over the control endpoint want the control secret the
+// server registered with: a holder of the pool's token alone (any agent)
+// gets 403 and the slab keeps its key and its data; GET /v1/memserver and
+// Info never show the secret.
+func TestControlWantsSecret(t *testing.T) {
+	ctx := context.Background()
+	s := newServer(t)
+	mux := http.NewServeMux()
+	s.Routes(mux)
+	hs := httptest.NewServer(mux)
+	defer hs.Close()
+	reg := s.Registration()
+	if len(reg.ControlSecret) < 32 || s.Info().ControlSecret != "" {
+		t.Fatalf("registration secret %q, Info's %q", reg.ControlSecret, s.Info().ControlSecret)
+	}
+	coordinator, err := client.NewMemServer(hs.URL, reg.ControlSecret, client.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer coordinator.CloseIdleConnections()
+	keys, err := coordinator.Grant(ctx, s.Instance(), 0, []pool.SlabIndex{0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := dial(t, s)
+	if err := rdma.Write(ctx, c, key(t, keys[0]), 0, []byte("tenant-1")); err != nil {
+		t.Fatal(err)
+	}
+	for _, secret := range []string{"", "wrong", reg.ControlSecret[:len(reg.ControlSecret)-1]} {
+		other, err := client.NewMemServer(hs.URL, secret, client.Options{Timeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := other.Grant(ctx, s.Instance(), 0, []pool.SlabIndex{0}); !errors.Is(err, pool.ErrForbidden) {
+			t.Errorf("grant with secret %q: %v, want forbidden", secret, err)
+		}
+		if err := other.Free(ctx, s.Instance(), []pool.FreeEntry{{Index: 0, Key: keys[0]}}); !errors.Is(err, pool.ErrForbidden) {
+			t.Errorf("free with secret %q: %v, want forbidden", secret, err)
+		}
+		if inst, err := other.ProbeInstance(ctx); err != nil || inst != s.Instance() {
+			t.Errorf("probe: %q %v", inst, err)
+		}
+		other.CloseIdleConnections()
+	}
+	got := make([]byte, 8)
+	if err := rdma.Read(ctx, c, key(t, keys[0]), 0, got); err != nil || string(got) != "tenant-1" {
+		t.Fatalf("the slab after refused grants and frees: %q %v", got, err)
+	}
+	resp, err := http.Get(hs.URL + "/v1/memserver")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if strings.Contains(string(body), reg.ControlSecret) {
+		t.Errorf("GET /v1/memserver shows the control secret: %s", body)
+	}
+	if err := coordinator.Free(ctx, s.Instance(), []pool.FreeEntry{{Index: 0, Key: keys[0]}}); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -91,8 +91,7 @@ if [ "${RMEM_VM_E2E:-1}" = 1 ]; then
 	log "building memd, memagent (-tags verbs), librmem.so, pagedemo"
 	mkdir -p "$R/opt/rmem"
 	CGO_ENABLED=1 go build -tags verbs -o "$R/opt/rmem/" ./cmd/memd ./cmd/memagent
-	gcc -O2 -fPIC -shared -pthread -fvisibility=hidden -Wall -Wextra -Werror \
-		-o "$R/opt/rmem/librmem.so" preload/src/rmem.c -ldl
+	preload/build.sh "$R/opt/rmem/librmem.so"
 	gcc -O2 -Wall -o "$R/opt/rmem/pagedemo" examples/pagedemo.c
 	cp "$ROOT/tests/rdma-vm/e2e.sh" "$R/tests/e2e.sh"
 	chmod +x "$R/tests/e2e.sh"
