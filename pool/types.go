@@ -93,7 +93,7 @@ type ServerInfo struct {
 	// shows it.
 	ControlSecret string `json:"control_secret,omitempty"`
 	SlabSize      uint64 `json:"slab_size"`
-	Slabs      int    `json:"slabs"`
+	Slabs         int    `json:"slabs"`
 }
 
 // Capacity returns the bytes the server donates.
