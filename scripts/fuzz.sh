@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Runs every Fuzz* function of the module briefly (default 50000 inputs each;
+# Runs every Fuzz* function of the module briefly (default 20000 inputs each;
 # pass a count such as 200000x or a duration such as 1m).
 # go test -fuzz accepts one fuzz target per package per run, so loop.
 set -euo pipefail
-fuzztime=${1:-50000x}
+fuzztime=${1:-20000x}
 cd "$(dirname "$0")/.."
 status=0
 while IFS= read -r line; do
