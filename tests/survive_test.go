@@ -311,7 +311,7 @@ func TestSurviveRunKilled(t *testing.T) {
 		}
 	}
 	survived(t, survRow{scenario: "memagent run killed", injected: "kill -9 memagent run mid-run (--lease-ttl 2s)",
-		outcome: fmt.Sprintf("program killed in %v, slabs freed, socket removed", killed.Round(time.Millisecond)), lost: "- (died with it)", recovery: freed})
+		outcome: fmt.Sprintf("program killed in %v, slabs freed, socket removed", killed.Round(10*time.Microsecond)), lost: "- (died with it)", recovery: freed})
 }
 
 // childOf returns a child of pid (0: none), forked by any of its threads.
