@@ -2,9 +2,7 @@ package memdd
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/tls"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -368,11 +366,7 @@ func dedupURLs(list string) string {
 // writeToken creates the token file (0600) atomically; its directory is
 // created 0755 (the shm socket lives there too).
 func writeToken(path string) (string, error) {
-	var b [32]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return "", err
-	}
-	tok := hex.EncodeToString(b[:])
+	tok := pool.RandomHex(32)
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return "", fmt.Errorf("token directory: %w", err)
 	}

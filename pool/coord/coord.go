@@ -301,15 +301,7 @@ func (c *Coordinator) RoutineSweep(ctx context.Context, interval time.Duration) 
 	}
 }
 
-func newID() pool.LeaseID { return pool.LeaseID(randHex(12)) }
-
-func randHex(n int) string {
-	b := make([]byte, n)
-	if _, err := rand.Read(b); err != nil {
-		panic(err) // crypto/rand does not fail on Linux ≥ 3.17
-	}
-	return hex.EncodeToString(b)
-}
+func newID() pool.LeaseID { return pool.LeaseID(pool.RandomHex(12)) }
 
 func hashSecret(secret string) string {
 	h := sha256.Sum256([]byte(secret))

@@ -20,7 +20,7 @@ func (c *Coordinator) CreateLease(req pool.CreateLeaseRequest) (pool.Lease, erro
 	}
 	now := c.clock.Now()
 	rec := pool.Lease{ID: newID(), Agent: req.Agent, Node: req.Node, PID: req.PID, TTL: req.TTL, Created: now, Expires: now.Add(req.TTL.Std())}
-	secret := randHex(32)
+	secret := pool.RandomHex(32)
 	stored := leaseRecord{Lease: rec, SecretSHA256: hashSecret(secret)}
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -2,8 +2,6 @@ package memserver
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -98,7 +96,7 @@ func New(opts Options) (*Server, error) {
 	if err := CheckMemory(opts.Capacity, !opts.NoLock); err != nil {
 		return nil, err
 	}
-	s := &Server{opts: opts, instance: newInstance(), secret: randomHex(32), keys: make([]rdma.Key, opts.Capacity/opts.SlabSize), addrs: map[string]string{}}
+	s := &Server{opts: opts, instance: pool.RandomHex(8), secret: pool.RandomHex(32), keys: make([]rdma.Key, opts.Capacity/opts.SlabSize), addrs: map[string]string{}}
 	if err := s.alloc(); err != nil {
 		return nil, err
 	}
@@ -145,16 +143,6 @@ func New(opts Options) (*Server, error) {
 	opts.Log.Info("memory server ready", zap.String("id", string(opts.ID)), zap.String("instance", s.instance),
 		zap.Uint64("capacity", opts.Capacity), zap.Int("slabs", len(s.keys)), zap.String("backing", s.backing), zap.Any("addrs", s.addrs))
 	return s, nil
-}
-
-func newInstance() string { return randomHex(8) }
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	if _, err := rand.Read(b); err != nil {
-		panic(err)
-	}
-	return hex.EncodeToString(b)
 }
 
 // alloc allocates the region: hugetlbfs pages if enough are free, else
