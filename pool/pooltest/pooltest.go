@@ -2,8 +2,6 @@ package pooltest
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"sync"
 	"time"
@@ -67,7 +65,7 @@ func (ss *Servers) Add(id pool.ServerID, slabs int, slabSize uint64, domain stri
 	if ss.servers == nil {
 		ss.servers = map[pool.ServerID]*Server{}
 	}
-	s := &Server{ID: id, instance: randHex(8), keys: map[pool.SlabIndex]pool.Key{}, zeroed: map[pool.SlabIndex]int{}}
+	s := &Server{ID: id, instance: pool.RandomHex(8), keys: map[pool.SlabIndex]pool.Key{}, zeroed: map[pool.SlabIndex]int{}}
 	ss.servers[id] = s
 	return pool.ServerInfo{ID: id, Instance: s.instance, Domain: domain, SlabSize: slabSize, Slabs: slabs,
 		Addrs: map[string]string{"mem": string(id)}, ControlURL: "pooltest://" + string(id)}
@@ -88,17 +86,11 @@ func (ss *Servers) SlabServer(info *pool.ServerInfo) (coord.SlabServer, error) {
 	return nil, fmt.Errorf("pooltest: no server %q", info.ID)
 }
 
-func randHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
 // Restart gives the server a new instance: every key is gone.
 func (s *Server) Restart() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.instance = randHex(8)
+	s.instance = pool.RandomHex(8)
 	clear(s.keys)
 	return s.instance
 }
@@ -155,7 +147,7 @@ func (s *Server) Grant(ctx context.Context, instance string, epoch uint64, idx [
 		if _, ok := s.keys[x]; ok {
 			s.zeroed[x]++ // revoke + zero before reuse
 		}
-		keys[i] = pool.Key(randHex(16))
+		keys[i] = pool.Key(pool.RandomHex(16))
 		s.keys[x] = keys[i]
 	}
 	return keys, nil
