@@ -205,7 +205,7 @@ func New(opts Options) (*Agent, error) {
 	}
 	a.cond = newCond(a)
 	a.slots.onRoom = a.wakeAll
-	a.slots.copies = a.poolCopies
+	a.slots.trim.copies = a.poolCopies
 	a.orphans = map[int]*orphan{}
 	if opts.StateDir != "" {
 		if err := a.loadJournal(); err != nil {

@@ -37,12 +37,12 @@ func (rl *relocation) pending(c *client) bool { return c.a.slots.gen.Load() != r
 // go first: they are the likeliest to stay resident until then. A slot a
 // fork's other side names too is kept: letting go of it frees nothing.
 func (c *client) trim() {
-	gen := c.a.slots.trimGen.Load()
+	gen := c.a.slots.trim.gen.Load()
 	if gen == c.room.trimSeen {
 		return
 	}
 	c.room.trimSeen = gen
-	want := int(max(c.st.pooled.Load()-c.st.remote.Load(), 0) * int64(c.a.slots.trimShare.Load()) / 1000)
+	want := int(max(c.st.pooled.Load()-c.st.remote.Load(), 0) * int64(c.a.slots.trim.share.Load()) / 1000)
 	sharing := c.a.slots.sharing() // else no slot needs a look (and a lock) of its own
 	for pass := 0; pass < 2 && want > 0; pass++ {
 		for _, r := range c.regs.list {

@@ -67,19 +67,23 @@ type slotPool struct {
 	// number, and which is draining; replaced on every change.
 	view atomic.Pointer[slotView]
 	gen  atomic.Uint64 // bumped when a drain starts
-	// A trim asks the loops to let go of a share (trimShare per mille)
-	// of their pool copies of clean resident pages, when those copies
-	// are what makes the space held pass 1.1x the space of remote pages
-	// plus a slab; trimGen is bumped with each.
-	trimGen   atomic.Uint64
-	trimShare atomic.Uint32
-	trimmed   time.Time
-	copies    func() int // the clients' pool copies of clean resident pages (not remote)
+	trim trimState
 
 	journal *journal // records which slab is which slot number (nil: none)
 
 	kick   chan struct{}
 	onRoom func() // called without mu after a short alloc when slots are free again, and when a drain starts
+}
+
+// trimState is the pool's trims. A trim asks the loops to let go of a
+// share (share per mille) of their pool copies of clean resident pages,
+// when those copies are what makes the space held pass 1.1x the space of
+// remote pages plus a slab; gen is bumped with each.
+type trimState struct {
+	gen    atomic.Uint64
+	share  atomic.Uint32
+	last   time.Time  // the last trim (under slotPool.mu)
+	copies func() int // the clients' pool copies of clean resident pages (not remote)
 }
 
 type slotView struct {
@@ -374,8 +378,8 @@ func (p *slotPool) RoutineReservoir(ctx context.Context) {
 // the next (backing off while the pool has no room).
 func (p *slotPool) step(ctx context.Context, backoff time.Duration) time.Duration {
 	copies := 0
-	if p.copies != nil {
-		copies = p.copies()
+	if p.trim.copies != nil {
+		copies = p.trim.copies()
 	}
 	p.mu.Lock()
 	need := p.free < p.low || p.short
@@ -454,8 +458,8 @@ func (p *slotPool) grow(ctx context.Context) bool {
 func (p *slotPool) shrink(ctx context.Context) {
 	var give []SlabID
 	copies := 0
-	if p.copies != nil {
-		copies = p.copies()
+	if p.trim.copies != nil {
+		copies = p.trim.copies()
 	}
 	p.mu.Lock()
 	trim := p.maybeTrimLocked(copies)
@@ -540,12 +544,12 @@ func (p *slotPool) maybeTrimLocked(copies int) bool {
 	}
 	remote := max(p.used-copies, 0)
 	excess := held - (remote + remote/10 + p.pps + p.low)
-	if excess <= 0 || copies == 0 || time.Since(p.trimmed) < trimEvery {
+	if excess <= 0 || copies == 0 || time.Since(p.trim.last) < trimEvery {
 		return false
 	}
-	p.trimmed = time.Now()
-	p.trimShare.Store(uint32(min(1000, (min(excess, copies)*1000+copies-1)/copies)))
-	p.trimGen.Add(1)
+	p.trim.last = time.Now()
+	p.trim.share.Store(uint32(min(1000, (min(excess, copies)*1000+copies-1)/copies)))
+	p.trim.gen.Add(1)
 	return true
 }
 
@@ -574,13 +578,13 @@ func (p *slotPool) trimForRoomLocked(copies int) bool {
 	if held <= remote+remote/10 {
 		return false
 	}
-	if time.Since(p.trimmed) < trimSoon {
+	if time.Since(p.trim.last) < trimSoon {
 		return true
 	}
 	want := p.low - p.free + maxEvictBatch
-	p.trimmed = time.Now()
-	p.trimShare.Store(uint32(min(1000, (min(want, copies)*1000+copies-1)/copies)))
-	p.trimGen.Add(1)
+	p.trim.last = time.Now()
+	p.trim.share.Store(uint32(min(1000, (min(want, copies)*1000+copies-1)/copies)))
+	p.trim.gen.Add(1)
 	return true
 }
 

@@ -242,23 +242,23 @@ func TestSlotPoolTrim(t *testing.T) {
 	const pps = 4096
 	p, _ := newTestPool(t, pps, 64)
 	copies := 0
-	p.copies = func() int { return copies }
+	p.trim.copies = func() int { return copies }
 	take(t, p, 6*pps) // 6 slabs' worth used
 	p.step(context.Background(), reservoirTick)
-	if p.trimGen.Load() != 0 {
+	if p.trim.gen.Load() != 0 {
 		t.Fatalf("a trim with no copies")
 	}
 	copies = 3 * pps // half of it only copies: remote is 3 slabs, held 7
 	p.step(context.Background(), reservoirTick)
-	if p.trimGen.Load() != 1 {
+	if p.trim.gen.Load() != 1 {
 		t.Fatalf("no trim with held %d slabs for %d pages remote", p.stats().Slabs, 6*pps-copies)
 	}
 	// 7 slabs held, 3 remote: 7 - (3.3 + 1 + low) ≈ 2.6 slabs too much, of 3 in copies.
-	if s := p.trimShare.Load(); s < 800 || s > 900 {
+	if s := p.trim.share.Load(); s < 800 || s > 900 {
 		t.Errorf("trim share %d per mille, want about 870", s)
 	}
 	p.step(context.Background(), reservoirTick)
-	if p.trimGen.Load() != 1 {
+	if p.trim.gen.Load() != 1 {
 		t.Errorf("a second trim within %v", trimEvery)
 	}
 }
@@ -272,19 +272,19 @@ func TestSlotPoolTrimBeforeGrow(t *testing.T) {
 	const pps = 4096
 	p, _ := newTestPool(t, pps, 8)
 	copies := 0
-	p.copies = func() int { return copies }
+	p.trim.copies = func() int { return copies }
 	take(t, p, pps-p.low/2) // one slab, nearly full
 	copies = pps / 4        // a quarter of it copies: 0.75 slab remote
 	p.step(context.Background(), reservoirTick)
-	if n := p.stats().Slabs; n != 1 || p.trimGen.Load() != 1 {
-		t.Fatalf("%d slabs, %d trims: want the copies asked for, no slab", n, p.trimGen.Load())
+	if n := p.stats().Slabs; n != 1 || p.trim.gen.Load() != 1 {
+		t.Fatalf("%d slabs, %d trims: want the copies asked for, no slab", n, p.trim.gen.Load())
 	}
-	if s := p.trimShare.Load(); s == 0 || s > 1000 {
+	if s := p.trim.share.Load(); s == 0 || s > 1000 {
 		t.Errorf("trim share %d per mille", s)
 	}
 	p.step(context.Background(), reservoirTick)
-	if p.trimGen.Load() != 1 || p.stats().Slabs != 1 {
-		t.Errorf("a trim under way: %d trims, %d slabs; want it waited for", p.trimGen.Load(), p.stats().Slabs)
+	if p.trim.gen.Load() != 1 || p.stats().Slabs != 1 {
+		t.Errorf("a trim under way: %d trims, %d slabs; want it waited for", p.trim.gen.Load(), p.stats().Slabs)
 	}
 	copies = 0 // nothing to let go: a slab is right
 	p.step(context.Background(), reservoirTick)
@@ -293,15 +293,15 @@ func TestSlotPoolTrimBeforeGrow(t *testing.T) {
 	}
 	// Remote pages alone fill a slab: the next slab keeps the rule.
 	p2, _ := newTestPool(t, pps, 8)
-	p2.copies = func() int { return 16 }
+	p2.trim.copies = func() int { return 16 }
 	take(t, p2, pps-p2.low/2)
 	p2.step(context.Background(), reservoirTick)
-	if n := p2.stats().Slabs; n != 2 || p2.trimGen.Load() != 0 {
-		t.Errorf("remote pages near a slab: %d slabs, %d trims; want a second slab", n, p2.trimGen.Load())
+	if n := p2.stats().Slabs; n != 2 || p2.trim.gen.Load() != 0 {
+		t.Errorf("remote pages near a slab: %d slabs, %d trims; want a second slab", n, p2.trim.gen.Load())
 	}
 	// Evictions short of slots: the slab, copies or not.
 	p3, _ := newTestPool(t, pps, 8)
-	p3.copies = func() int { return pps / 4 }
+	p3.trim.copies = func() int { return pps / 4 }
 	ss := take(t, p3, pps)
 	if n := p3.alloc(ss[:1]); n != 0 {
 		t.Fatalf("a full slab gave a slot")
@@ -337,10 +337,10 @@ func TestSlotPoolSharedCopiesFreeNothing(t *testing.T) {
 	}
 	// The child has its whole heap resident, the parent none of it:
 	// the child's copies free nothing, so the reservoir takes a slab.
-	p.copies = func() int { return len(ss) }
+	p.trim.copies = func() int { return len(ss) }
 	p.step(context.Background(), reservoirTick)
-	if n := p.stats().Slabs; n != 2 || p.trimGen.Load() != 0 {
-		t.Errorf("shared copies only: %d slabs, %d trims; want a second slab, no trim", n, p.trimGen.Load())
+	if n := p.stats().Slabs; n != 2 || p.trim.gen.Load() != 0 {
+		t.Errorf("shared copies only: %d slabs, %d trims; want a second slab, no trim", n, p.trim.gen.Load())
 	}
 	p.release(ss...) // the child exits
 	p.mu.Lock()
