@@ -105,7 +105,7 @@ func (c *client) maybeEvict() {
 		c.dropConn()
 		return
 	}
-	c.ev.evictBusy = true
+	c.ev.evictBusy, c.ev.evictSent = true, time.Now()
 }
 
 // slotsFor takes a pool slot for each dirty victim, in c.ev.newSlots in the
@@ -264,7 +264,13 @@ func (c *client) resolveHeld() {
 		case p.Has(FlagBusy):
 			keep = append(keep, h)
 		case p.State() == Remote && c.stageOf(r, idx) >= 0:
-			// The slot still holds the data the pool now has.
+			// The slot still holds the data the pool now has. The page
+			// comes back resident: past the budget's margin it waits
+			// as any fault does (throttle).
+			if c.throttle(h.since) {
+				c.hold(&c.fq.retry, h)
+				continue
+			}
 			if err := c.fromStage(r, idx, userfaultfd.WriteProtected); userfaultfd.IsMMChanged(err) {
 				c.hold(&c.fq.retry, h) // served from the pool then
 			} else {

@@ -3,7 +3,10 @@ package pager
 import (
 	"context"
 	"fmt"
+	"net"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"rmem/userfaultfd"
 )
@@ -69,4 +72,28 @@ func (a *Agent) ForkRegionForTest(pages []Page, slots []Slot, staged map[int][]b
 	}
 	cr, err := c.forkRegion(r)
 	return cr.pages, cr.slots, err
+}
+
+// ServeForTest serves a process whose userfaultfd is u (a fake kernel:
+// pagertest.Kernel) over conn, as if it had said HELLO with pid (0: not
+// known, as for a child forked past fork(3)) and budget localMem (0: the
+// agent's), with UFFDIO_POISON. It returns a descriptor of the client's
+// staging memfd (the caller's) and its size in pages.
+func (a *Agent) ServeForTest(u faultFD, conn *net.UnixConn, pid int, localMem uint64) (stagingFD, slots int, err error) {
+	c, err := a.newClient(u, userfaultfd.FeaturePoison)
+	if err != nil {
+		return -1, 0, err
+	}
+	c.localMem.Store(localMem)
+	fd, err := unix.Dup(c.ev.stagingFD)
+	if err != nil {
+		c.teardownUnstarted()
+		return -1, 0, err
+	}
+	if !a.start(c) {
+		unix.Close(fd)
+		return -1, 0, fmt.Errorf("pager: agent closed")
+	}
+	c.attach(conn, pid)
+	return fd, len(c.ev.stageOwner), nil
 }

@@ -150,6 +150,7 @@ type evictState struct {
 	evictRefs  [proto.MaxEvictBatch]pageRef
 	newSlots   [proto.MaxEvictBatch]Slot // pool slots for an eviction's dirty victims
 	evictBusy  bool
+	evictSent  time.Time // when the EVICT in flight was sent
 	evictSeq   uint64
 	staged     int // pages in Staged state waiting for a write-back retry
 	wb         []PageOp
@@ -159,13 +160,13 @@ type evictState struct {
 
 // newClient prepares a client for uffd (owned from now on); the loop
 // starts with run.
-func (a *Agent) newClient(u *userfaultfd.UFFD, features userfaultfd.Feature) (*client, error) {
+func (a *Agent) newClient(u faultFD, features userfaultfd.Feature) (*client, error) {
 	return a.newClientWith(u, features, -1, a.opts.StagingSlots, 0)
 }
 
 // newClientWith is newClient with a staging memfd of slots pages (sfd, owned
 // from now on; -1: a new one) and client id (0: a new one).
-func (a *Agent) newClientWith(u *userfaultfd.UFFD, features userfaultfd.Feature, sfd, slots int, id uint64) (*client, error) {
+func (a *Agent) newClientWith(u faultFD, features userfaultfd.Feature, sfd, slots int, id uint64) (*client, error) {
 	io, err := a.opts.Store.OpenIO()
 	if err != nil {
 		return nil, fmt.Errorf("pager: open page I/O: %w", err)
@@ -200,7 +201,7 @@ func (a *Agent) newClientWith(u *userfaultfd.UFFD, features userfaultfd.Feature,
 		id = a.nextID.Add(1)
 	}
 	c := &client{
-		a: a, id: id, uffd: gatedUFFD{UFFD: u}, io: io, features: features,
+		a: a, id: id, uffd: gatedUFFD{faultFD: u}, io: io, features: features,
 		wakefd: wfd, done: make(chan struct{}),
 		sock: socketState{sockfd: -1, pidfd: -1,
 			sendBuf: make([]byte, 0, proto.MaxPacket), recvBuf: make([]byte, proto.MaxPacket),
@@ -369,9 +370,10 @@ func (c *client) gone() bool {
 
 // throttle reports whether a fault that adds a resident page must wait:
 // the client is a batch past its budget (budgetMargin). While an eviction
-// is in flight the fault waits for it, at most maxThrottle: the budget
-// bends rather than stall a client whose helper cannot run (a Go client
-// whose every P is held by a thread blocked in a fault). Otherwise no
+// is in flight the fault waits for it, until it has been in flight for
+// maxThrottle: then the budget bends rather than stall a client whose
+// helper cannot run (a Go client whose every P is held by a thread
+// blocked in a fault). Otherwise no
 // eviction could start (the pool has no room for dirty pages and no clean
 // one is left, or every staging slot holds a page whose write-back
 // failed): the fault waits until one can, however long (back-pressure:
@@ -384,7 +386,10 @@ func (c *client) throttle(since time.Time) bool {
 		return false
 	}
 	if c.ev.evictBusy {
-		return time.Since(since) < maxThrottle
+		// Measured from the EVICT, not from the fault: a fault that
+		// waited for room (pool full) must not pass the budget the
+		// moment room returns and an eviction starts.
+		return time.Since(c.ev.evictSent) < maxThrottle
 	}
 	if to := c.a.opts.FaultTimeout; to > 0 && time.Since(since) >= to && !c.a.slots.full() {
 		// Not a full pool but an unreachable one (write-backs fail, or
@@ -611,7 +616,7 @@ var errForkAhead = fmt.Errorf("pager: a FORK event read ahead is not handled yet
 // ZeroPage, Poison) fail with errForkAhead while forkAhead is set: the
 // one place that keeps the rule of errForkAhead.
 type gatedUFFD struct {
-	*userfaultfd.UFFD
+	faultFD
 	forkAhead bool // a FORK event read ahead is not handled yet
 }
 
@@ -619,21 +624,21 @@ func (g *gatedUFFD) Copy(dst userfaultfd.Addr, src []byte, flags userfaultfd.Fla
 	if g.forkAhead {
 		return 0, errForkAhead
 	}
-	return g.UFFD.Copy(dst, src, flags)
+	return g.faultFD.Copy(dst, src, flags)
 }
 
 func (g *gatedUFFD) ZeroPage(r userfaultfd.Range, flags userfaultfd.Flags) (int, error) {
 	if g.forkAhead {
 		return 0, errForkAhead
 	}
-	return g.UFFD.ZeroPage(r, flags)
+	return g.faultFD.ZeroPage(r, flags)
 }
 
 func (g *gatedUFFD) Poison(r userfaultfd.Range, flags userfaultfd.Flags) (int, error) {
 	if g.forkAhead {
 		return 0, errForkAhead
 	}
-	return g.UFFD.Poison(r, flags)
+	return g.faultFD.Poison(r, flags)
 }
 
 // again reports whether an ioctl refused with EAGAIN is worth retrying at

@@ -125,3 +125,28 @@ func DecodeMsg(b []byte) (Event, error) {
 	}
 	return ev, nil
 }
+
+// EncodeMsg is DecodeMsg's inverse: the struct uffd_msg the kernel would
+// write for ev. It is for fakes of the kernel side (pager/pagertest) and
+// for tests; the fields ev.Kind does not use are ignored.
+func EncodeMsg(ev Event) Msg {
+	var m Msg
+	bo := binary.NativeEndian
+	m[msgOffEvent] = byte(ev.Kind)
+	switch ev.Kind {
+	case EventPagefault:
+		bo.PutUint64(m[msgOffArg:], uint64(ev.Flags))
+		bo.PutUint64(m[msgOffArg2:], uint64(ev.Addr))
+		bo.PutUint32(m[msgOffArg3:], ev.TID)
+	case EventFork:
+		bo.PutUint32(m[msgOffArg:], uint32(ev.FD))
+	case EventRemap:
+		bo.PutUint64(m[msgOffArg:], uint64(ev.From))
+		bo.PutUint64(m[msgOffArg2:], uint64(ev.To))
+		bo.PutUint64(m[msgOffArg3:], ev.Len)
+	case EventRemove, EventUnmap:
+		bo.PutUint64(m[msgOffArg:], uint64(ev.Range.Start))
+		bo.PutUint64(m[msgOffArg2:], uint64(ev.Range.Start)+ev.Range.Len)
+	}
+	return m
+}

@@ -110,3 +110,19 @@ func FuzzDecodeMsg(f *testing.F) {
 		}
 	})
 }
+
+func TestEncodeMsgRoundTrip(t *testing.T) {
+	for _, ev := range []Event{
+		{Kind: EventPagefault, Addr: 0x7f0000003000, Flags: FaultWrite | FaultWP, TID: 77},
+		{Kind: EventFork, FD: 12},
+		{Kind: EventRemap, From: 0x1000, To: 0x9000, Len: 0x3000},
+		{Kind: EventRemove, Range: Range{Start: 0x4000, Len: 0x2000}},
+		{Kind: EventUnmap, Range: Range{Start: 0x8000, Len: 0x1000}},
+	} {
+		m := EncodeMsg(ev)
+		got, err := m.Decode()
+		if err != nil || got != ev {
+			t.Errorf("%v: decoded %+v, %v; want %+v", ev.Kind, got, err, ev)
+		}
+	}
+}

@@ -1,0 +1,453 @@
+package pager_test
+
+// The pager's core scenarios against a fake kernel (pagertest.Kernel) and a
+// fake shim (pagertest.Process): the agent, its client loop, eviction, the
+// slot pool and the replicas are the real ones; the process's address
+// space and its helper thread are pagertest's. They need no root, no
+// userfaultfd and no child process, so they run everywhere, fast; the
+// tests with real programs (agent_test.go, fork_test.go) check the same
+// paths against the kernel.
+
+import (
+	"errors"
+	"fmt"
+	"math/rand"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"rmem/pager"
+	"rmem/pager/pagertest"
+	"rmem/userfaultfd"
+)
+
+// fakeBase is where a fake process's region starts.
+const fakeBase = userfaultfd.Addr(0x7f0000000000)
+
+// fake is one process of a fake kernel served by a real agent.
+type fake struct {
+	t     *testing.T
+	a     *pager.Agent
+	store *pagertest.Store
+	k     *pagertest.Kernel
+	p     *pagertest.Process
+	pages int
+}
+
+// startFake serves a fake process with one region of pages pages under
+// an agent with opts (Store and LocalMem set by the caller).
+func startFake(t *testing.T, opts pager.Options, pages int) *fake {
+	t.Helper()
+	a := startAgentOpts(t, opts)
+	k, err := pagertest.NewKernel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.FaultWait = 3 * time.Second // a fault the loop forgets fails its test
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		k.Close()
+		t.Fatal(err)
+	}
+	agentSide, procSide := unixConn(t, fds[0]), unixConn(t, fds[1])
+	sfd, slots, err := a.ServeForTest(k, agentSide, 0, 0)
+	if err != nil {
+		k.Close()
+		t.Fatal(err)
+	}
+	p, err := pagertest.NewProcess(k, procSide, sfd, slots)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close) // before the agent's Close: the loop sees the process go
+	if err := p.AddRegion(1, userfaultfd.Range{Start: fakeBase, Len: uint64(pages) * pagertest.PageSize}); err != nil {
+		t.Fatalf("REGION_ADD: %v", err)
+	}
+	return &fake{t: t, a: a, store: opts.Store.(*pagertest.Store), k: k, p: p, pages: pages}
+}
+
+func unixConn(t *testing.T, fd int) *net.UnixConn {
+	t.Helper()
+	f := os.NewFile(uintptr(fd), "socketpair")
+	defer f.Close()
+	c, err := net.FileConn(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.(*net.UnixConn)
+}
+
+func (f *fake) addr(page, w int) userfaultfd.Addr {
+	return fakeBase + userfaultfd.Addr(page*pagertest.PageSize+w*8)
+}
+
+// words are the words of a page a test writes and checks: its first,
+// one in the middle and its last.
+var words = []int{0, 257, pagertest.PageSize/8 - 1}
+
+// write writes generation gen over pages [from, to), recording the most
+// pages the kernel had mapped at once in maxResident.
+func (f *fake) write(gen uint64, from, to int, maxResident *int) error {
+	for i := from; i < to; i++ {
+		for _, w := range words {
+			if err := f.k.Store(f.addr(i, w), word(uint64(i), gen, uint64(w))); err != nil {
+				return err
+			}
+		}
+		if maxResident != nil {
+			*maxResident = max(*maxResident, f.k.Resident())
+		}
+	}
+	return nil
+}
+
+// check reads pages in order and compares them with generation gen; it
+// returns the first error of the kernel (a SIGBUS, a fault not served) or
+// the first word that differs.
+func (f *fake) check(gen uint64, order []int) error {
+	for _, i := range order {
+		for _, w := range words {
+			v, err := f.k.Load(f.addr(i, w))
+			if err != nil {
+				return err
+			}
+			if want := word(uint64(i), gen, uint64(w)); v != want {
+				return &badWord{i, w, v, want}
+			}
+		}
+	}
+	return nil
+}
+
+type badWord struct {
+	page, word int
+	got, want  uint64
+}
+
+func (b *badWord) Error() string {
+	return fmt.Sprintf("page %d word %d: read %#x, want %#x", b.page, b.word, b.got, b.want)
+}
+
+func orderOf(kind string, n int) []int {
+	o := make([]int, n)
+	for i := range o {
+		o[i] = i
+	}
+	switch kind {
+	case "reverse":
+		for i, j := 0, n-1; i < j; i, j = i+1, j-1 {
+			o[i], o[j] = o[j], o[i]
+		}
+	case "random":
+		rand.New(rand.NewSource(1)).Shuffle(n, func(i, j int) { o[i], o[j] = o[j], o[i] })
+	}
+	return o
+}
+
+// statsWhen waits (5 s at most) for the client's stats to satisfy ok.
+func (f *fake) statsWhen(ok func(pager.ClientStats) bool) (pager.ClientStats, bool) {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st := f.a.Stats()
+		if len(st) == 1 && ok(st[0]) {
+			return st[0], true
+		}
+		if time.Now().After(deadline) {
+			if len(st) == 1 {
+				return st[0], false
+			}
+			return pager.ClientStats{}, false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+const budgetPages = 64
+
+func coreOpts(store *pagertest.Store) pager.Options {
+	return pager.Options{Store: store, LocalMem: budgetPages * pagertest.PageSize}
+}
+
+// First touches cost a zero fill and nothing else: no READ, no eviction
+// while under budget. Catches a first touch that goes to the pool (a
+// round trip, or garbage from a slot never written).
+func TestCoreFirstTouch(t *testing.T) {
+	store := pagertest.New(t, pagertest.Options{})
+	f := startFake(t, coreOpts(store), budgetPages/2)
+	for i := range f.pages {
+		if v, err := f.k.Load(f.addr(i, 5)); err != nil || v != 0 {
+			t.Fatalf("page %d never written reads %#x, %v; want 0", i, v, err)
+		}
+	}
+	if err := f.write(1, 0, f.pages, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.check(1, orderOf("forward", f.pages)); err != nil {
+		t.Fatal(err)
+	}
+	kc := f.k.Counts()
+	st, _ := f.statsWhen(func(pager.ClientStats) bool { return true })
+	if kc.Zeros != f.pages || kc.Copies != 0 || st.RemoteReads != 0 || st.Evictions != 0 {
+		t.Fatalf("first touches: kernel %+v, stats %+v; want %d zero fills and nothing else", kc, st, f.pages)
+	}
+}
+
+// A working set 8x the budget, written, then read back in three orders:
+// every word exact, and the pages mapped never past the budget plus its
+// margin. Catches a lost or misplaced write-back (wrong slot, wrong slab
+// offset), a clean eviction of a dirty page, and a budget that drifts.
+func TestCoreBudgetAndReadBack(t *testing.T) {
+	for _, order := range []string{"forward", "reverse", "random"} {
+		t.Run(order, func(t *testing.T) {
+			store := pagertest.New(t, pagertest.Options{})
+			f := startFake(t, coreOpts(store), 8*budgetPages)
+			peak := 0
+			if err := f.write(1, 0, f.pages, &peak); err != nil {
+				t.Fatal(err)
+			}
+			if err := f.check(1, orderOf(order, f.pages)); err != nil {
+				t.Fatal(err)
+			}
+			limit := budgetPages + pager.BudgetMargin/pagertest.PageSize
+			st, _ := f.statsWhen(func(pager.ClientStats) bool { return true })
+			if peak > limit || st.Evictions == 0 || st.WriteBacks < uint64(f.pages-limit) {
+				t.Fatalf("peak %d pages mapped (limit %d), stats %+v", peak, limit, st)
+			}
+		})
+	}
+}
+
+// Pages read back from the pool are installed clean (write-protected); a
+// write to one must make it dirty, so that its next eviction writes it.
+// Catches a WP fault that does not mark the page dirty: the second
+// generation would be dropped as clean and the first read back.
+func TestCoreRewriteAfterFetch(t *testing.T) {
+	store := pagertest.New(t, pagertest.Options{})
+	f := startFake(t, coreOpts(store), 4*budgetPages)
+	if err := f.write(1, 0, f.pages, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.check(1, orderOf("reverse", f.pages)); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.write(2, 0, f.pages, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.check(2, orderOf("random", f.pages)); err != nil {
+		t.Fatal(err)
+	}
+	if kc := f.k.Counts(); kc.WPFaults == 0 {
+		t.Fatalf("no write-protect fault: %+v", kc)
+	}
+}
+
+// Two threads fault on disjoint halves at once, one writing while the
+// other reads: their faults share batches and evictions. Catches a held
+// fault (a write racing an eviction) that is never woken or is served
+// stale data.
+func TestCoreConcurrentThreads(t *testing.T) {
+	store := pagertest.New(t, pagertest.Options{})
+	f := startFake(t, coreOpts(store), 8*budgetPages)
+	half := f.pages / 2
+	if err := f.write(1, 0, f.pages, nil); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		for pass := uint64(2); pass < 5 && errs[0] == nil; pass++ {
+			if errs[0] = f.write(pass, 0, half, nil); errs[0] == nil {
+				errs[0] = f.check(pass, orderOf("reverse", half))
+			}
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		order := orderOf("random", f.pages-half)
+		for k := range order {
+			order[k] += half
+		}
+		for pass := 0; pass < 3 && errs[1] == nil; pass++ {
+			errs[1] = f.check(1, order)
+		}
+	}()
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// With every replica of its slabs lost, a page that was evicted raises
+// SIGBUS, and a page never evicted still reads. Catches a lost page that
+// comes back as zeros (or garbage), the one thing the pager must never do.
+func TestCoreLostPagesSIGBUS(t *testing.T) {
+	store := pagertest.New(t, pagertest.Options{Servers: 2, Replicas: 2})
+	f := startFake(t, coreOpts(store), 4*budgetPages)
+	if err := f.write(1, 0, f.pages, nil); err != nil {
+		t.Fatal(err)
+	}
+	store.Lose(0)
+	store.Lose(1)
+	// The first pages were evicted long ago; the last ones are resident.
+	if v, err := f.k.Load(f.addr(0, 0)); !errors.Is(err, pagertest.ErrSIGBUS) {
+		t.Fatalf("an evicted page whose replicas are lost read %#x, %v; want SIGBUS", v, err)
+	}
+	if err := f.check(1, []int{f.pages - 1}); err != nil {
+		t.Fatalf("a resident page after the pool was lost: %v", err)
+	}
+	if st, _ := f.statsWhen(func(s pager.ClientStats) bool { return s.Lost > 0 }); st.Lost == 0 {
+		t.Fatalf("no lost page counted: %+v", st)
+	}
+}
+
+// Two replicas, one server unreachable for the whole read-back: every
+// page comes from the other. Catches a read that gives up on the first
+// replica (SIGBUS or a retry forever) instead of failing over.
+func TestCoreFailover(t *testing.T) {
+	store := pagertest.New(t, pagertest.Options{Servers: 2, Replicas: 2, Network: "tcp"})
+	f := startFake(t, coreOpts(store), 4*budgetPages)
+	if err := f.write(1, 0, f.pages, nil); err != nil {
+		t.Fatal(err)
+	}
+	store.Kill(0)
+	if err := f.check(1, orderOf("random", f.pages)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// No server answers: a fault waits up to FaultTimeout, then SIGBUS (the
+// documented bound); not a hang, not zeros. Catches a fault retried
+// forever on an unreachable pool.
+func TestCoreUnreachablePoolSIGBUS(t *testing.T) {
+	store := pagertest.New(t, pagertest.Options{Servers: 1, Network: "tcp"})
+	opts := coreOpts(store)
+	opts.FaultTimeout = 300 * time.Millisecond
+	f := startFake(t, opts, 4*budgetPages)
+	if err := f.write(1, 0, f.pages, nil); err != nil {
+		t.Fatal(err)
+	}
+	store.Kill(0)
+	start := time.Now()
+	_, err := f.k.Load(f.addr(0, 0))
+	if !errors.Is(err, pagertest.ErrSIGBUS) {
+		t.Fatalf("a fault on an unreachable pool ended with %v, want SIGBUS", err)
+	}
+	if waited := time.Since(start); waited < opts.FaultTimeout {
+		t.Fatalf("SIGBUS after %v, before the fault timeout %v", waited, opts.FaultTimeout)
+	}
+}
+
+// The kernel refuses installs while the address space changes (EAGAIN):
+// the fault is held and served on a retry. Catches a refused install that
+// leaves the thread waiting for a wake-up that never comes.
+func TestCoreInstallRefusedRetried(t *testing.T) {
+	store := pagertest.New(t, pagertest.Options{})
+	f := startFake(t, coreOpts(store), 4*budgetPages)
+	f.k.Inject("zeropage", unix.EAGAIN, unix.EAGAIN)
+	if err := f.write(1, 0, f.pages, nil); err != nil {
+		t.Fatal(err)
+	}
+	f.k.Inject("copy", unix.EAGAIN, unix.EAGAIN, unix.EAGAIN)
+	f.k.Inject("unprotect", unix.EAGAIN)
+	if err := f.check(1, orderOf("reverse", f.pages)); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.write(2, 0, 8, nil); err != nil { // WP faults, one refused
+		t.Fatal(err)
+	}
+	if err := f.check(2, orderOf("forward", 8)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The program drops a range (MADV_DONTNEED, told with REGION_ZAP): its
+// pages read as zeros from then on, evicted ones included, and their pool
+// slots are let go; the rest reads back exact. Catches a zapped page
+// fetched back from the pool (old data where the program expects zeros).
+func TestCoreZap(t *testing.T) {
+	store := pagertest.New(t, pagertest.Options{})
+	f := startFake(t, coreOpts(store), 4*budgetPages)
+	if err := f.write(1, 0, f.pages, nil); err != nil {
+		t.Fatal(err)
+	}
+	before := f.a.Pool().UsedBytes
+	zap := userfaultfd.Range{Start: fakeBase, Len: uint64(f.pages/2) * pagertest.PageSize}
+	if err := f.p.ZapRegion(1, zap); err != nil {
+		t.Fatal(err)
+	}
+	if after := f.a.Pool().UsedBytes; after >= before {
+		t.Fatalf("pool bytes used %d after the zap, %d before: the zapped pages' slots were kept", after, before)
+	}
+	for i := 0; i < f.pages/2; i++ {
+		if v, err := f.k.Load(f.addr(i, 0)); err != nil || v != 0 {
+			t.Fatalf("zapped page %d reads %#x, %v; want 0", i, v, err)
+		}
+	}
+	order := orderOf("forward", f.pages-f.pages/2)
+	for k := range order {
+		order[k] += f.pages / 2
+	}
+	if err := f.check(1, order); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The pool has no room: past its budget the program waits (budget holds,
+// BudgetWaits counts), and when room returns it carries on, exact.
+// Catches a budget that gives way when the pool is full, or data lost
+// when write-backs find no slot.
+func TestCorePoolFullWaits(t *testing.T) {
+	store := pagertest.New(t, pagertest.Options{SlabSize: 64 << 10})
+	store.SetLimit(1) // 16 slots: far fewer than the pages to evict
+	f := startFake(t, coreOpts(store), 4*budgetPages)
+	errc := make(chan error, 1)
+	peak := 0
+	go func() { errc <- f.write(1, 0, f.pages, &peak) }()
+	st, ok := f.statsWhen(func(s pager.ClientStats) bool { return s.BudgetWaits > 0 })
+	if !ok {
+		t.Fatalf("no fault waited with the pool full: %+v", st)
+	}
+	select {
+	case err := <-errc:
+		t.Fatalf("the program finished with the pool full (%v): the budget gave way", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	store.SetLimit(0)
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if err := f.check(1, orderOf("random", f.pages)); err != nil {
+		t.Fatal(err)
+	}
+	if limit := budgetPages + pager.BudgetMargin/pagertest.PageSize; peak > limit {
+		t.Fatalf("peak %d pages mapped, limit %d", peak, limit)
+	}
+}
+
+// A process that exits without a word (no pidfd: its pid is not known) is
+// found gone by the loop's probe, and its pool slots are given back.
+// Catches a dead client whose pages hold pool space forever.
+func TestCoreExitFreesSlots(t *testing.T) {
+	store := pagertest.New(t, pagertest.Options{})
+	f := startFake(t, coreOpts(store), 4*budgetPages)
+	if err := f.write(1, 0, f.pages, nil); err != nil {
+		t.Fatal(err)
+	}
+	if f.a.Pool().UsedBytes == 0 {
+		t.Fatal("nothing in the pool")
+	}
+	f.k.Exit()
+	deadline := time.Now().Add(5 * time.Second)
+	for len(f.a.Stats()) > 0 || f.a.Pool().UsedBytes > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the exited process is still served: %+v, pool %+v", f.a.Stats(), f.a.Pool())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,400 @@
+package pagertest
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"rmem/userfaultfd"
+)
+
+// PageSize is the page size of a Kernel's address space.
+const PageSize = 4096
+
+// ErrSIGBUS is what a thread's access to a poisoned page returns: the
+// signal a real process would get.
+var ErrSIGBUS = errors.New("pagertest: SIGBUS")
+
+// ErrNotServed: a thread's fault was not resolved within the Kernel's
+// FaultWait.
+var ErrNotServed = errors.New("pagertest: fault not served in time")
+
+// Kernel is a fake of the kernel side of one process's userfaultfd, for
+// the pager's core tests: an address space of 4 KiB pages, all of it
+// registered for MISSING and WP faults, threads that touch it (Load,
+// Store) and fault when a page is not mapped or a write finds it
+// write-protected, and the ioctls that resolve faults (the methods the
+// pager's loop calls on a *userfaultfd.UFFD, with its errors: EEXIST for
+// a page mapped already, EAGAIN when a test injects it, ESRCH once the
+// process has exited). Fd is an eventfd that is readable while fault
+// messages wait, so the loop polls it as it polls a real uffd.
+//
+// It models what the pager relies on and no more: no REMOVE, UNMAP or
+// FORK events, and the zero page is an ordinary writable page (as after
+// the kernel's copy-on-write of it, which raises no fault either).
+type Kernel struct {
+	// FaultWait bounds how long a thread waits for its fault to be
+	// resolved (default 10 s); then its access fails with ErrNotServed.
+	FaultWait time.Duration
+
+	mu     sync.Mutex
+	cond   *sync.Cond
+	efd    int
+	queue  []userfaultfd.Msg
+	pages  map[userfaultfd.Addr]*fakePage
+	poison map[userfaultfd.Addr]bool
+	woken  map[userfaultfd.Addr]uint64 // bumped by each wake of a page
+	inject map[string][]error          // errors the next calls of an op return
+	closed bool
+	exited bool
+	counts KernelCounts
+}
+
+// KernelCounts are what a Kernel saw.
+type KernelCounts struct {
+	Faults   int // MISSING faults raised
+	WPFaults int // write-protect faults raised
+	Copies   int // pages installed by Copy
+	Zeros    int // pages installed by ZeroPage
+	Poisoned int // pages poisoned
+	Dropped  int // mapped pages dropped (Drop: the helper's MADV_DONTNEED)
+}
+
+type fakePage struct {
+	data [PageSize]byte
+	wp   bool
+}
+
+// NewKernel returns an empty address space; Close releases its eventfd.
+func NewKernel() (*Kernel, error) {
+	efd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("pagertest: eventfd: %w", err)
+	}
+	k := &Kernel{efd: efd, pages: map[userfaultfd.Addr]*fakePage{}, poison: map[userfaultfd.Addr]bool{},
+		woken: map[userfaultfd.Addr]uint64{}, inject: map[string][]error{}}
+	k.cond = sync.NewCond(&k.mu)
+	return k, nil
+}
+
+func pageOf(a userfaultfd.Addr) userfaultfd.Addr { return a &^ (PageSize - 1) }
+
+// Load is a thread's 8-byte read at a (8-byte aligned).
+func (k *Kernel) Load(a userfaultfd.Addr) (uint64, error) {
+	var v uint64
+	err := k.access(a, false, func(p *fakePage) {
+		v = binary.LittleEndian.Uint64(p.data[a-pageOf(a):])
+	})
+	return v, err
+}
+
+// Store is a thread's 8-byte write of v at a (8-byte aligned).
+func (k *Kernel) Store(a userfaultfd.Addr, v uint64) error {
+	return k.access(a, true, func(p *fakePage) {
+		binary.LittleEndian.PutUint64(p.data[a-pageOf(a):], v)
+	})
+}
+
+// access runs do on a's page once the thread may access it, faulting (and
+// waiting for the fault's resolution, then trying again) as the kernel
+// would.
+func (k *Kernel) access(a userfaultfd.Addr, write bool, do func(*fakePage)) error {
+	pg := pageOf(a)
+	deadline := time.Now().Add(k.faultWait())
+	timer := time.AfterFunc(k.faultWait(), func() {
+		k.mu.Lock()
+		k.cond.Broadcast()
+		k.mu.Unlock()
+	})
+	defer timer.Stop()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for {
+		switch {
+		case k.closed || k.exited:
+			return errors.New("pagertest: address space gone")
+		case k.poison[pg]:
+			return ErrSIGBUS
+		}
+		p := k.pages[pg]
+		if p != nil && (!write || !p.wp) {
+			do(p)
+			return nil
+		}
+		flags := userfaultfd.FaultFlags(0)
+		if write {
+			flags |= userfaultfd.FaultWrite
+		}
+		if p != nil {
+			flags |= userfaultfd.FaultWP
+			k.counts.WPFaults++
+		} else {
+			k.counts.Faults++
+		}
+		k.post(userfaultfd.EncodeMsg(userfaultfd.Event{Kind: userfaultfd.EventPagefault, Addr: pg, Flags: flags}))
+		gen := k.woken[pg]
+		for k.woken[pg] == gen && !k.closed && !k.exited {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("%w: %s fault at %v", ErrNotServed, map[bool]string{false: "read", true: "write"}[write], pg)
+			}
+			k.cond.Wait()
+		}
+	}
+}
+
+func (k *Kernel) faultWait() time.Duration {
+	if k.FaultWait > 0 {
+		return k.FaultWait
+	}
+	return 10 * time.Second
+}
+
+// post queues m and makes Fd readable (k.mu held).
+func (k *Kernel) post(m userfaultfd.Msg) {
+	k.queue = append(k.queue, m)
+	var one [8]byte
+	binary.NativeEndian.PutUint64(one[:], 1)
+	unix.Write(k.efd, one[:])
+}
+
+// wake wakes the threads waiting on r's pages (k.mu held).
+func (k *Kernel) wake(r userfaultfd.Range) {
+	for pg := r.Start; pg < r.Start+userfaultfd.Addr(r.Len); pg += PageSize {
+		k.woken[pg]++
+	}
+	k.cond.Broadcast()
+}
+
+// Inject makes the next calls of op ("copy", "zeropage", "poison",
+// "writeprotect", "unprotect") fail with errs in turn, doing nothing.
+func (k *Kernel) Inject(op string, errs ...error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.inject[op] = append(k.inject[op], errs...)
+}
+
+func (k *Kernel) injected(op string) error {
+	if len(k.inject[op]) == 0 {
+		return nil
+	}
+	err := k.inject[op][0]
+	k.inject[op] = k.inject[op][1:]
+	return err
+}
+
+// Exit ends the process: its threads' accesses fail, and the ioctls
+// fail with ESRCH.
+func (k *Kernel) Exit() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.exited = true
+	k.cond.Broadcast()
+}
+
+// Mapped reports whether a's page is mapped, and write-protected.
+func (k *Kernel) Mapped(a userfaultfd.Addr) (mapped, wp bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	p := k.pages[pageOf(a)]
+	return p != nil, p != nil && p.wp
+}
+
+// Resident returns how many pages are mapped.
+func (k *Kernel) Resident() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.pages)
+}
+
+// Counts returns what the Kernel saw so far.
+func (k *Kernel) Counts() KernelCounts {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.counts
+}
+
+// CopyOut copies a's page into dst (the helper thread's copy to a
+// staging slot); false if the page is not mapped.
+func (k *Kernel) CopyOut(a userfaultfd.Addr, dst []byte) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	p := k.pages[pageOf(a)]
+	if p == nil {
+		return false
+	}
+	copy(dst, p.data[:])
+	return true
+}
+
+// Drop unmaps r's pages, as madvise(MADV_DONTNEED) does (no event: the
+// pager's clients do not ask for REMOVE events).
+func (k *Kernel) Drop(r userfaultfd.Range) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for pg := r.Start; pg < r.Start+userfaultfd.Addr(r.Len); pg += PageSize {
+		if k.pages[pg] != nil {
+			k.counts.Dropped++
+			delete(k.pages, pg)
+		}
+	}
+}
+
+// Fd returns the eventfd the loop polls.
+func (k *Kernel) Fd() int { return k.efd }
+
+// ReadEvents returns the messages waiting, EAGAIN if none.
+func (k *Kernel) ReadEvents(msgs []userfaultfd.Msg) (int, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.closed {
+		return 0, unix.EBADF
+	}
+	if len(k.queue) == 0 {
+		return 0, unix.EAGAIN
+	}
+	n := copy(msgs, k.queue)
+	k.queue = k.queue[:copy(k.queue, k.queue[n:])]
+	if len(k.queue) == 0 {
+		var b [8]byte
+		unix.Read(k.efd, b[:]) // not readable until the next post
+	}
+	return n, nil
+}
+
+func (k *Kernel) check(op string, r userfaultfd.Range) error {
+	switch {
+	case k.closed:
+		return unix.EBADF
+	case k.exited:
+		return unix.ESRCH
+	case r.Len == 0 || r.Len%PageSize != 0 || r.Start%PageSize != 0:
+		return fmt.Errorf("pagertest: %s of %v: %w", op, r, unix.EINVAL)
+	}
+	return k.injected(op)
+}
+
+// Copy maps src's pages at dst, write-protected with WriteProtected, and
+// wakes them unless DontWake. A page mapped already stops it with EEXIST
+// (the bytes before it stay copied, as the kernel's partial copy).
+func (k *Kernel) Copy(dst userfaultfd.Addr, src []byte, flags userfaultfd.Flags) (int, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	r := userfaultfd.Range{Start: dst, Len: uint64(len(src))}
+	if err := k.check("copy", r); err != nil {
+		return 0, err
+	}
+	done := 0
+	var err error
+	for ; done < len(src); done += PageSize {
+		pg := dst + userfaultfd.Addr(done)
+		if k.pages[pg] != nil || k.poison[pg] {
+			err = unix.EEXIST
+			break
+		}
+		p := &fakePage{wp: flags&userfaultfd.WriteProtected != 0}
+		copy(p.data[:], src[done:done+PageSize])
+		k.pages[pg] = p
+		k.counts.Copies++
+	}
+	if flags&userfaultfd.DontWake == 0 && done > 0 {
+		k.wake(userfaultfd.Range{Start: dst, Len: uint64(done)})
+	}
+	return done, err
+}
+
+// ZeroPage maps zeroed pages over r and wakes them unless DontWake.
+func (k *Kernel) ZeroPage(r userfaultfd.Range, flags userfaultfd.Flags) (int, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err := k.check("zeropage", r); err != nil {
+		return 0, err
+	}
+	done := 0
+	var err error
+	for ; uint64(done) < r.Len; done += PageSize {
+		pg := r.Start + userfaultfd.Addr(done)
+		if k.pages[pg] != nil || k.poison[pg] {
+			err = unix.EEXIST
+			break
+		}
+		k.pages[pg] = &fakePage{}
+		k.counts.Zeros++
+	}
+	if flags&userfaultfd.DontWake == 0 && done > 0 {
+		k.wake(userfaultfd.Range{Start: r.Start, Len: uint64(done)})
+	}
+	return done, err
+}
+
+// Poison makes r's pages raise SIGBUS and wakes them.
+func (k *Kernel) Poison(r userfaultfd.Range, flags userfaultfd.Flags) (int, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err := k.check("poison", r); err != nil {
+		return 0, err
+	}
+	for pg := r.Start; pg < r.Start+userfaultfd.Addr(r.Len); pg += PageSize {
+		if k.pages[pg] != nil {
+			return int(pg - r.Start), unix.EEXIST
+		}
+		k.poison[pg] = true
+		k.counts.Poisoned++
+	}
+	k.wake(r)
+	return int(r.Len), nil
+}
+
+// WriteProtect write-protects r's mapped pages.
+func (k *Kernel) WriteProtect(r userfaultfd.Range) error {
+	return k.protect("writeprotect", r, true, 0)
+}
+
+// Unprotect lifts r's write protection and wakes it unless DontWake.
+func (k *Kernel) Unprotect(r userfaultfd.Range, flags userfaultfd.Flags) error {
+	return k.protect("unprotect", r, false, flags)
+}
+
+func (k *Kernel) protect(op string, r userfaultfd.Range, wp bool, flags userfaultfd.Flags) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err := k.check(op, r); err != nil {
+		return err
+	}
+	for pg := r.Start; pg < r.Start+userfaultfd.Addr(r.Len); pg += PageSize {
+		if p := k.pages[pg]; p != nil {
+			p.wp = wp
+		}
+	}
+	if !wp && flags&userfaultfd.DontWake == 0 {
+		k.wake(r)
+	}
+	return nil
+}
+
+// Wake wakes the threads waiting on r.
+func (k *Kernel) Wake(r userfaultfd.Range) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err := k.check("wake", r); err != nil {
+		return err
+	}
+	k.wake(r)
+	return nil
+}
+
+// Close is the loop's close of its uffd: threads still waiting fail, and
+// the eventfd is closed.
+func (k *Kernel) Close() error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.closed {
+		return nil
+	}
+	k.closed = true
+	k.cond.Broadcast()
+	return unix.Close(k.efd)
+}

@@ -1,0 +1,189 @@
+package pagertest
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"rmem/pager/proto"
+	"rmem/userfaultfd"
+)
+
+// Process is the client side of an agent's connection for a process
+// whose address space is a Kernel: what the shim does for a real one. It
+// announces regions (REGION_ADD, REGION_DEL, REGION_ZAP, answered ACK or
+// ERROR) and runs the helper thread that answers EVICT: each victim with
+// a staging slot is copied into the staging memfd, the victims are
+// dropped (Kernel.Drop, the shim's MADV_DONTNEED), and EVICTED says how
+// many were done.
+type Process struct {
+	K *Kernel
+
+	conn    *net.UnixConn
+	staging []byte
+	sendMu  sync.Mutex
+	sendBuf []byte
+	seq     uint32
+	replies chan reply
+	done    chan struct{}
+	evicts  atomic.Int64 // EVICT batches answered
+	evicted atomic.Int64 // pages dropped for them
+}
+
+type reply struct {
+	seq uint32
+	err error
+}
+
+// NewProcess runs the client side of conn for k; stagingFD (owned from
+// now on) is the client's staging memfd of slots pages. Close ends it.
+func NewProcess(k *Kernel, conn *net.UnixConn, stagingFD, slots int) (*Process, error) {
+	staging, err := unix.Mmap(stagingFD, 0, slots*PageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	unix.Close(stagingFD)
+	if err != nil {
+		return nil, fmt.Errorf("pagertest: map staging: %w", err)
+	}
+	p := &Process{K: k, conn: conn, staging: staging, sendBuf: make([]byte, 0, proto.MaxPacket),
+		replies: make(chan reply, 1), done: make(chan struct{})}
+	go p.routineHelper()
+	return p, nil
+}
+
+// Evictions returns the EVICT batches the helper answered and the pages
+// it dropped for them.
+func (p *Process) Evictions() (batches, pages int) {
+	return int(p.evicts.Load()), int(p.evicted.Load())
+}
+
+// AddRegion announces region id over r and waits for the answer.
+func (p *Process) AddRegion(id uint64, r userfaultfd.Range) error {
+	return p.request(&proto.RegionAdd{ID: id, Range: r, Kind: proto.KindMmap})
+}
+
+// DelRegion announces the unmapping of r of region id (then drops its
+// pages, as munmap does).
+func (p *Process) DelRegion(id uint64, r userfaultfd.Range) error {
+	err := p.request(&proto.RegionDel{ID: id, Range: r})
+	p.K.Drop(r)
+	return err
+}
+
+// ZapRegion drops r of region id (madvise(MADV_DONTNEED) by the program)
+// and tells the agent, as the shim does.
+func (p *Process) ZapRegion(id uint64, r userfaultfd.Range) error {
+	p.K.Drop(r)
+	return p.request(&proto.RegionZap{ID: id, Range: r})
+}
+
+func (p *Process) request(m proto.Message) error {
+	p.sendMu.Lock()
+	p.seq++
+	seq := p.seq
+	err := proto.Send(p.conn, p.sendBuf, seq, m)
+	p.sendMu.Unlock()
+	if err != nil {
+		return err
+	}
+	select {
+	case r := <-p.replies:
+		if r.seq != seq {
+			return fmt.Errorf("pagertest: answer to request %d, want %d", r.seq, seq)
+		}
+		return r.err
+	case <-p.done:
+		return errors.New("pagertest: connection closed")
+	case <-time.After(10 * time.Second):
+		return errors.New("pagertest: no answer in 10 s")
+	}
+}
+
+func (p *Process) send(m proto.Message) error {
+	p.sendMu.Lock()
+	defer p.sendMu.Unlock()
+	p.seq++
+	return proto.Send(p.conn, p.sendBuf, p.seq, m)
+}
+
+// routineHelper reads the agent's packets until the connection closes.
+func (p *Process) routineHelper() {
+	defer close(p.done)
+	buf := make([]byte, proto.MaxPacket)
+	oob := make([]byte, proto.OOBSize)
+	var fds [proto.MaxFDs]int
+	var ev proto.Evict
+	for {
+		pkt, nfds, err := proto.Recv(p.conn, buf, oob, fds[:])
+		for _, fd := range fds[:nfds] {
+			unix.Close(fd)
+		}
+		if err != nil {
+			return
+		}
+		h, body, err := proto.Parse(pkt)
+		if err != nil {
+			return
+		}
+		switch h.Type {
+		case proto.TypeAck:
+			var m proto.Ack
+			err := m.Decode(body)
+			p.answer(reply{m.Seq, err})
+		case proto.TypeError:
+			var m proto.Error
+			if err := m.Decode(body); err != nil {
+				p.answer(reply{0, err})
+				continue
+			}
+			p.answer(reply{m.Seq, fmt.Errorf("agent: %s: %w", m.Text, m.Errno)})
+		case proto.TypeEvict:
+			if err := ev.Decode(body); err != nil {
+				return
+			}
+			p.evict(&ev)
+		default:
+			return
+		}
+	}
+}
+
+// answer hands r to the request waiting for it (none: a late answer,
+// dropped).
+func (p *Process) answer(r reply) {
+	select {
+	case p.replies <- r:
+	default:
+	}
+}
+
+// evict does what the shim's helper does for an EVICT.
+func (p *Process) evict(ev *proto.Evict) {
+	done := 0
+	errno := unix.Errno(0)
+	for _, e := range ev.Pages[:ev.N] {
+		if e.Slot != proto.NoSlot {
+			if int(e.Slot+1)*PageSize > len(p.staging) || !p.K.CopyOut(e.Addr, p.staging[int(e.Slot)*PageSize:]) {
+				errno = unix.EFAULT
+				break
+			}
+		}
+		done++
+	}
+	for _, e := range ev.Pages[:done] {
+		p.K.Drop(userfaultfd.Range{Start: e.Addr, Len: PageSize})
+	}
+	p.evicts.Add(1)
+	p.evicted.Add(int64(done))
+	p.send(&proto.Evicted{Batch: ev.Batch, Done: uint32(done), Errno: errno})
+}
+
+// Close closes the connection and waits for the helper.
+func (p *Process) Close() {
+	p.conn.Close()
+	<-p.done
+	unix.Munmap(p.staging)
+}
