@@ -42,7 +42,12 @@ type fake struct {
 // an agent with opts (Store and LocalMem set by the caller).
 func startFake(t *testing.T, opts pager.Options, pages int) *fake {
 	t.Helper()
-	a := startAgentOpts(t, opts)
+	return startFakeOn(t, startAgentOpts(t, opts), opts.Store.(*pagertest.Store), pages)
+}
+
+// startFakeOn serves another fake process under agent a.
+func startFakeOn(t *testing.T, a *pager.Agent, store *pagertest.Store, pages int) *fake {
+	t.Helper()
 	k, err := pagertest.NewKernel()
 	if err != nil {
 		t.Fatal(err)
@@ -67,7 +72,7 @@ func startFake(t *testing.T, opts pager.Options, pages int) *fake {
 	if err := p.AddRegion(1, userfaultfd.Range{Start: fakeBase, Len: uint64(pages) * pagertest.PageSize}); err != nil {
 		t.Fatalf("REGION_ADD: %v", err)
 	}
-	return &fake{t: t, a: a, store: opts.Store.(*pagertest.Store), k: k, p: p, pages: pages}
+	return &fake{t: t, a: a, store: store, k: k, p: p, pages: pages}
 }
 
 func unixConn(t *testing.T, fd int) *net.UnixConn {
@@ -449,5 +454,102 @@ func TestCoreExitFreesSlots(t *testing.T) {
 			t.Fatalf("the exited process is still served: %+v, pool %+v", f.a.Stats(), f.a.Pool())
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A FORK_PREPARE that meets an eviction in flight is answered only once
+// its EVICTED has come (the child's copy must see the batch in the pool),
+// and meanwhile the loop goes on serving the process's faults: nothing
+// blocks in a nested read of the socket. Catches a fork copy made with a
+// batch in flight (the child would read zeros or lose pages), and a loop
+// that stalls every thread of the parent while its helper is slow.
+func TestCoreForkPrepareWaitsForEviction(t *testing.T) {
+	store := pagertest.New(t, pagertest.Options{})
+	f := startFake(t, coreOpts(store), 4*budgetPages)
+	if err := f.write(1, 0, f.pages, nil); err != nil {
+		t.Fatal(err)
+	}
+	f.p.PauseHelper()
+	reads := make(chan error, 1)
+	go func() { reads <- f.check(1, orderOf("forward", f.pages)) }() // faults in, and so evicts
+	deadline := time.Now().Add(5 * time.Second)
+	for !f.p.EvictPending() {
+		if time.Now().After(deadline) {
+			t.Fatal("no EVICT came")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	prepared := make(chan error, 1)
+	go func() { prepared <- f.p.ForkPrepare(1) }()
+	// The faults go on (past the budget's margin the budget bends after
+	// 50 ms for a helper that does not answer).
+	if err := <-reads; err != nil {
+		t.Fatalf("reading while FORK_PREPARE waits for EVICTED: %v", err)
+	}
+	select {
+	case err := <-prepared:
+		t.Fatalf("FORK_PREPARE answered (%v) with the eviction still in flight", err)
+	default:
+	}
+	f.p.ResumeHelper()
+	select {
+	case err := <-prepared:
+		if err != nil {
+			t.Fatalf("FORK_PREPARE: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("FORK_PREPARE not answered after EVICTED")
+	}
+	if err := f.p.ForkDone(1, -int32(unix.EAGAIN)); err != nil { // the fork failed: the copy is freed
+		t.Fatal(err)
+	}
+	if err := f.write(2, 0, f.pages, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.check(2, orderOf("random", f.pages)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The client goes away while its FORK_PREPARE waits for the EVICTED: the
+// loop drops it, and the agent serves the next process. Catches the
+// answer sent on the closed connection (it was a nil-pointer panic that
+// took the agent down with every client).
+func TestCoreForkPrepareClientGone(t *testing.T) {
+	store := pagertest.New(t, pagertest.Options{})
+	f := startFake(t, coreOpts(store), 4*budgetPages)
+	if err := f.write(1, 0, f.pages, nil); err != nil {
+		t.Fatal(err)
+	}
+	f.p.PauseHelper()
+	go f.check(1, orderOf("forward", f.pages)) // fails once the process is gone
+	deadline := time.Now().Add(5 * time.Second)
+	for !f.p.EvictPending() {
+		if time.Now().After(deadline) {
+			t.Fatal("no EVICT came")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	prepared := make(chan error, 1)
+	go func() { prepared <- f.p.ForkPrepare(1) }()
+	time.Sleep(20 * time.Millisecond)
+	f.k.Exit()
+	f.p.Close()
+	if err := <-prepared; err == nil {
+		t.Fatal("FORK_PREPARE answered on a closed connection")
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for len(f.a.Stats()) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the gone client is still served: %+v", f.a.Stats())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	g := startFakeOn(t, f.a, store, 2*budgetPages)
+	if err := g.write(1, 0, g.pages, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.check(1, orderOf("reverse", g.pages)); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -8,7 +8,8 @@
 // bookkeeping (package pool); it consumes small interfaces over each: Store
 // and PageIO for remote pages (pager/poolstore over the pool,
 // pager/pagertest in memory; both built on pager/slabio). It does not parse
-// flags or print tables (cmd/memagent).
+// flags or print tables (cmd/memagent). What a loop needs of the kernel is
+// faultFD (kernel.go), which pagertest.Kernel fakes for tests without root.
 //
 // # Pieces
 //
@@ -70,8 +71,9 @@
 // until the loop reads them, so a loop never waits for the client while it
 // has unread uffd messages: it only blocks in remote I/O (bounded by the
 // Store's connections) and in sending a small packet. One EVICT is in
-// flight per client. A FORK is handled inside the parent's loop, which
-// first drains the EVICTED replies the client sent before fork(2).
+// flight per client. A FORK is handled inside the parent's loop once the
+// eviction in flight is done: until its EVICTED comes, the fork is parked
+// (fork.go) and the loop serves the socket; no handler re-enters the loop.
 //
 // # Concurrency
 //

@@ -3,6 +3,7 @@ package pager
 import (
 	"errors"
 	"io"
+	"net"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -15,12 +16,8 @@ import (
 func (c *client) event(ev userfaultfd.Event) {
 	switch ev.Kind {
 	case userfaultfd.EventFork:
-		// Nothing is installed while the child's copy is made (see
-		// errForkAhead): fork may serve the socket meanwhile, and an
-		// EVICTED wakes held faults.
-		c.uffd.forkAhead = true
 		c.fork(ev.FD)
-		c.uffd.forkAhead = false
+		c.uffd.forkAhead = false // parked until now, maybe (park)
 	case userfaultfd.EventRemove:
 		c.dropRange(ev.Range, false)
 	case userfaultfd.EventUnmap:
@@ -194,7 +191,11 @@ func (c *client) message(h proto.Header, body []byte) error {
 		if err := m.Decode(body); err != nil {
 			return err
 		}
-		return c.reply(h.Seq, c.forkPrepare(&m))
+		wait, err := c.forkPrepare(h.Seq, &m)
+		if wait {
+			return nil // answered by forkSettled
+		}
+		return c.reply(h.Seq, err)
 	case proto.TypeForkDone:
 		var m proto.ForkDone
 		if err := m.Decode(body); err != nil {
@@ -208,6 +209,9 @@ func (c *client) message(h proto.Header, body []byte) error {
 
 // reply answers request seq with ACK, or ERROR carrying err's errno.
 func (c *client) reply(seq uint32, err error) error {
+	if c.sock.conn == nil {
+		return net.ErrClosed // dropped meanwhile (a parked FORK_PREPARE's client)
+	}
 	c.sock.seq++
 	if err == nil {
 		return proto.Send(c.sock.conn, c.sock.sendBuf, c.sock.seq, &proto.Ack{Seq: seq})

@@ -176,14 +176,6 @@ func (c *client) evicted(m *proto.Evicted) {
 		c.log.Warn("EVICTED for a batch not in flight", zap.Uint64("batch", m.Batch))
 		return
 	}
-	// A client that asked for REMOVE events (the shim and the Go client
-	// do not): the batch's REMOVE events (its madvise) were read before it
-	// sent EVICTED, but may wait in c.fq.early (read ahead by again): handle
-	// them while the pages are still busy, so they do not drop the
-	// contents just saved.
-	if len(c.fq.early) > 0 {
-		c.serveUFFD()
-	}
 	c.ev.evictBusy = false
 	done := min(int(m.Done), c.ev.evict.N)
 	if m.Errno != 0 {

@@ -46,9 +46,11 @@ func (c *client) fork(fd int) {
 	// mapped never faults). Copying them as resident instead made the
 	// child read zeros, or deadlock when its own helper, evicting such a
 	// page, faulted on it.
-	if !c.settleEviction() {
+	if c.ev.evictBusy {
+		// The FORK waited for its EVICTED (park) and gave up.
 		c.log.Error("the eviction in flight at fork did not finish; its pages are lost to the child")
 	}
+	c.fk.parkedSince = time.Time{}
 	regs, err := c.copyRegions()
 	if err != nil {
 		c.log.Error("copying regions for the forked child failed; the pages not copied are lost to the child", zap.Error(err))
@@ -234,47 +236,102 @@ type forkCopy struct {
 // says it before its fork() returns).
 const forkCopyTTL = time.Minute
 
-// settleEviction waits (10 s at most) for the EVICTED of the batch in
-// flight, handling what the client sends meanwhile; it reports whether no
-// batch is in flight any more. The helper answers on the socket without
-// needing anything from this loop.
-func (c *client) settleEviction() bool {
-	if !c.ev.evictBusy || c.sock.conn == nil {
-		return !c.ev.evictBusy
+// A fork needs no eviction batch in flight: the helper may have dropped
+// the batch's victims before fork(2) copied the page tables or after, and
+// only its EVICTED says they are in the pool. So a fork that meets one
+// waits for it, parked, while the loop goes on serving the socket (and,
+// for a FORK_PREPARE, the uffd): a FORK event and the messages after it
+// wait in c.fq.parked, unread ones in the kernel; a FORK_PREPARE waits
+// unanswered. The loop resumes it when the EVICTED has come, the client
+// is gone, or after maxSettle (forkSettled); nothing is handled from
+// inside another handler.
+
+// maxSettle bounds how long a fork waits for the eviction in flight.
+const maxSettle = 10 * time.Second
+
+// park sets aside msgs, from a FORK event on, and the messages read ahead
+// after them, until the eviction in flight is done. Nothing is installed
+// meanwhile (errForkAhead): the child's page tables are copied already.
+func (c *client) park(msgs []userfaultfd.Msg) {
+	c.uffd.forkAhead = true
+	c.fq.parked = append(append(c.fq.parked[:0], msgs...), c.fq.early...)
+	c.fq.early = c.fq.early[:0]
+	if c.fk.parkedSince.IsZero() {
+		c.fk.parkedSince = time.Now()
 	}
-	c.sock.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-	for c.ev.evictBusy && c.sock.conn != nil && c.serveSocket() {
-	}
-	if c.sock.conn != nil {
-		c.sock.conn.SetReadDeadline(time.Time{})
-	}
-	return !c.ev.evictBusy
 }
 
-// forkPrepare handles FORK_PREPARE (step 1 above).
-func (c *client) forkPrepare(m *proto.ForkPrepare) error {
+// mustPark reports whether a fork must wait for the eviction in flight.
+func (c *client) mustPark() bool {
+	return c.ev.evictBusy && c.sock.conn != nil && (c.fk.parkedSince.IsZero() || time.Since(c.fk.parkedSince) < maxSettle)
+}
+
+// parked reports whether uffd messages wait for the eviction in flight.
+func (c *client) parked() bool { return len(c.fq.parked) > 0 }
+
+// forkSettled resumes a fork that waited for the eviction in flight, when
+// it may: its FORK event and the messages after it are handled, or its
+// FORK_PREPARE answered.
+func (c *client) forkSettled() {
+	if (!c.parked() && !c.fk.preparing) || c.mustPark() {
+		return
+	}
+	if c.parked() {
+		msgs := c.fq.parked
+		c.fq.parked, c.fq.parkedSpare = c.fq.parkedSpare[:0], msgs
+		c.handleMsgs(msgs)
+	}
+	if c.fk.preparing && !c.mustPark() {
+		c.fk.preparing = false
+		err := c.finishForkPrepare()
+		if c.sock.conn == nil {
+			return // the client went away meanwhile
+		}
+		if err := c.reply(c.fk.prepareSeq, err); err != nil {
+			c.log.Warn("answering FORK_PREPARE failed", zap.Error(err))
+			c.dropConn()
+		}
+	}
+}
+
+// forkPrepare handles FORK_PREPARE (step 1 above); it reports whether the
+// answer waits for the eviction in flight (forkSettled sends it), else
+// the answer is err.
+func (c *client) forkPrepare(seq uint32, m *proto.ForkPrepare) (wait bool, err error) {
 	switch {
 	case c.features&userfaultfd.FeatureEventFork != 0:
-		return errWithErrno(unix.EINVAL, "FORK_PREPARE from a client whose uffd has FORK events")
+		return false, errWithErrno(unix.EINVAL, "FORK_PREPARE from a client whose uffd has FORK events")
 	case c.fk.forking != 0:
-		return errWithErrno(unix.EBUSY, fmt.Sprintf("FORK_PREPARE %d while fork %d is not done", m.Serial, c.fk.forking))
+		return false, errWithErrno(unix.EBUSY, fmt.Sprintf("FORK_PREPARE %d while fork %d is not done", m.Serial, c.fk.forking))
 	}
 	c.fk.forking, c.fk.forkedAt = m.Serial, time.Now()
-	if !c.settleEviction() {
+	if c.mustPark() {
+		c.fk.preparing, c.fk.prepareSeq, c.fk.parkedSince = true, seq, time.Now()
+		return true, nil
+	}
+	return false, c.finishForkPrepare()
+}
+
+// finishForkPrepare copies the pooled pages for the child FORK_PREPARE
+// announced, with no eviction in flight.
+func (c *client) finishForkPrepare() error {
+	c.fk.parkedSince = time.Time{}
+	if c.ev.evictBusy {
 		c.fk.forking = 0
 		return errWithErrno(unix.EIO, "the eviction in flight did not finish")
 	}
+	serial := c.fk.forking
 	regs, err := c.copyRegions()
 	if err != nil {
 		c.a.freeRegions(regs)
 		c.fk.forking = 0
 		return errWithErrno(unix.ENOMEM, "copying the pooled pages for the child: "+err.Error())
 	}
-	c.a.addForkCopy(forkKey{int(c.pidAtm.Load()), m.Serial}, &forkCopy{
+	c.a.addForkCopy(forkKey{int(c.pidAtm.Load()), serial}, &forkCopy{
 		regs: regs, uid: c.uid.Load(), localMem: c.localMem.Load(), made: time.Now(),
 	})
 	c.fk.forkedAt = time.Now() // the pause counts from the ACK
-	c.log.Debug("pages copied for a fork", zap.Uint64("serial", m.Serial), zap.Int("regions", len(regs)))
+	c.log.Debug("pages copied for a fork", zap.Uint64("serial", serial), zap.Int("regions", len(regs)))
 	return nil
 }
 
@@ -288,6 +345,9 @@ const maxForkPause = 10 * time.Second
 func (c *client) forkStalled() bool {
 	if c.fk.forking == 0 {
 		return false
+	}
+	if c.fk.preparing {
+		return true // forkSettled ends it
 	}
 	if time.Since(c.fk.forkedAt) > maxForkPause {
 		c.log.Warn("no FORK_DONE after FORK_PREPARE; evictions resume", zap.Uint64("serial", c.fk.forking))

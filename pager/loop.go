@@ -104,20 +104,22 @@ type socketState struct {
 // a batch and where they go, prefetches out, faults held for room or a
 // page in flight, and messages read ahead.
 type faultQueue struct {
-	msgs       []userfaultfd.Msg
-	pfds       []unix.PollFd
-	reads      []PageOp
-	readAt     []readRef
-	merged     []PageOp // reads joined into runs (merge)
-	mergedAt   []int    // first read of each merged op
-	bufs       []byte
-	pfOut      []int64
-	held       []heldFault
-	retry      []heldFault
-	retrySpare []heldFault
-	early      []userfaultfd.Msg // messages read ahead by again
-	earlySpare []userfaultfd.Msg
-	zeros      []byte
+	msgs        []userfaultfd.Msg
+	pfds        []unix.PollFd
+	reads       []PageOp
+	readAt      []readRef
+	merged      []PageOp // reads joined into runs (merge)
+	mergedAt    []int    // first read of each merged op
+	bufs        []byte
+	pfOut       []int64
+	held        []heldFault
+	retry       []heldFault
+	retrySpare  []heldFault
+	early       []userfaultfd.Msg // messages read ahead by again
+	earlySpare  []userfaultfd.Msg
+	parked      []userfaultfd.Msg // a FORK event and what came after it, waiting for the eviction in flight (park)
+	parkedSpare []userfaultfd.Msg
+	zeros       []byte
 }
 
 // roomState is what the client knows of the pool's room: since when
@@ -138,6 +140,11 @@ type forkState struct {
 	forks    uint64
 	forking  uint64    // serial of a FORK_PREPARE until its FORK_DONE: no evictions meanwhile
 	forkedAt time.Time // when that FORK_PREPARE was answered (see forkStalled)
+	// A fork waiting for the eviction in flight (park): since when, and
+	// a FORK_PREPARE's request not answered yet.
+	parkedSince time.Time
+	preparing   bool
+	prepareSeq  uint32
 }
 
 // evictState is the staging area and the eviction in flight.
@@ -216,6 +223,7 @@ func (a *Agent) newClientWith(u faultFD, features userfaultfd.Feature, sfd, slot
 			held:  make([]heldFault, 0, maxHeld), retry: make([]heldFault, 0, maxHeld),
 			retrySpare: make([]heldFault, 0, maxHeld),
 			early:      make([]userfaultfd.Msg, 0, maxMsgs), earlySpare: make([]userfaultfd.Msg, 0, maxMsgs),
+			parked: make([]userfaultfd.Msg, 0, 2*maxMsgs), parkedSpare: make([]userfaultfd.Msg, 0, 2*maxMsgs),
 			zeros: make([]byte, pageSize)},
 		sample: samples{buf: make([]byte, sampleSlots*pageSize)},
 		ev: evictState{stagingFD: sfd, staging: staging,
@@ -281,11 +289,14 @@ func (c *client) RoutineServe() {
 		if c.control() {
 			return
 		}
+		c.forkSettled()
 		if len(c.fq.early) > 0 { // read ahead outside serveUFFD
 			c.serveUFFD()
 		}
 		c.fq.pfds = c.fq.pfds[:0]
-		c.fq.pfds = append(c.fq.pfds, unix.PollFd{Fd: int32(c.uffd.Fd()), Events: unix.POLLIN})
+		if !c.parked() { // messages after a parked FORK wait in the kernel
+			c.fq.pfds = append(c.fq.pfds, unix.PollFd{Fd: int32(c.uffd.Fd()), Events: unix.POLLIN})
+		}
 		c.fq.pfds = append(c.fq.pfds, unix.PollFd{Fd: int32(c.wakefd), Events: unix.POLLIN})
 		if c.sock.sockfd >= 0 {
 			c.fq.pfds = append(c.fq.pfds, unix.PollFd{Fd: int32(c.sock.sockfd), Events: unix.POLLIN})
@@ -297,7 +308,7 @@ func (c *client) RoutineServe() {
 		if c.sock.pidfd < 0 && len(c.regs.list) > 0 {
 			timeout = int(probePeriod / time.Millisecond) // see gone
 		}
-		if len(c.fq.retry) > 0 || c.ev.staged > 0 || c.room.reloc.pending(c) {
+		if len(c.fq.retry) > 0 || c.ev.staged > 0 || c.room.reloc.pending(c) || c.parked() || c.fk.preparing {
 			timeout = int(retryPeriod / time.Millisecond)
 		}
 		_, err := unix.Poll(c.fq.pfds, timeout)
@@ -321,11 +332,17 @@ func (c *client) RoutineServe() {
 				}
 				c.serveUFFD()
 			case int(p.Fd) == c.sock.sockfd:
-				// Handling the uffd may have read the socket already
-				// (a fork waits for EVICTED): a stale POLLIN must not
-				// block the loop in a read.
-				if !readable(c.sock.sockfd) {
+				// Handling the uffd may have dropped the connection:
+				// a stale POLLIN must not block the loop in a read.
+				if c.sock.sockfd < 0 || !readable(c.sock.sockfd) {
 					continue
+				}
+				// Messages read ahead come first: a client that asked
+				// for REMOVE events (the shim and the Go client do not)
+				// raised its madvise's before it sent EVICTED, and they
+				// must be handled while the batch's pages are busy.
+				if len(c.fq.early) > 0 {
+					c.serveUFFD()
 				}
 				if !c.serveSocket() {
 					c.log.Info("client closed its connection")
@@ -335,6 +352,9 @@ func (c *client) RoutineServe() {
 				c.log.Info("client exited", zap.Int("pid", int(c.pidAtm.Load())))
 				return
 			}
+		}
+		if c.parked() {
+			continue // nothing moves until the fork is handled
 		}
 		c.relocate()
 		c.trim()
@@ -549,9 +569,10 @@ func pageRange(a userfaultfd.Addr) userfaultfd.Range {
 	return userfaultfd.Range{Start: a, Len: pageSize}
 }
 
-// serveUFFD reads and handles pending uffd messages in batches.
+// serveUFFD reads and handles pending uffd messages in batches, until
+// none is left or a FORK is parked.
 func (c *client) serveUFFD() {
-	for {
+	for !c.parked() {
 		if len(c.fq.early) > 0 {
 			batch := c.fq.early
 			c.fq.early, c.fq.earlySpare = c.fq.earlySpare[:0], batch
@@ -594,6 +615,11 @@ func (c *client) handleMsgs(msgs []userfaultfd.Msg) {
 			// tables were copied when the event was raised, without the
 			// pages still in flight, so its copy of ours must say they
 			// are in the pool (installing first would say resident).
+			if c.mustPark() {
+				c.park(msgs[i:]) // the READs are not installed (errForkAhead)
+				c.flushReads(now)
+				return
+			}
 			c.event(ev)
 		default:
 			c.flushReads(now)

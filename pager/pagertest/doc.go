@@ -5,6 +5,12 @@
 // of pager/slabio. Tests break servers (Kill: unreachable; Lose: data gone)
 // and drain or repair slabs the way the pool would ask an agent to.
 //
+// It also fakes a client process: Kernel is one process's address space
+// and userfaultfd (threads that fault, the ioctls that resolve faults),
+// Process the shim's side of its agent connection (regions, the EVICT
+// helper). With them the pager's loop runs its fault, eviction, budget and
+// lost-page paths without root, a kernel feature or a child process.
+//
 // It is for tests, not production: placement is round-robin, there are no
 // leases and servers live in the test process.
 package pagertest

@@ -33,6 +33,12 @@ type Process struct {
 	done    chan struct{}
 	evicts  atomic.Int64 // EVICT batches answered
 	evicted atomic.Int64 // pages dropped for them
+
+	closeOnce sync.Once
+
+	holdMu  sync.Mutex
+	hold    bool         // PauseHelper: EVICTs wait unanswered
+	pending *proto.Evict // the one waiting
 }
 
 type reply struct {
@@ -144,6 +150,14 @@ func (p *Process) routineHelper() {
 			if err := ev.Decode(body); err != nil {
 				return
 			}
+			p.holdMu.Lock()
+			if p.hold {
+				held := ev
+				p.pending = &held
+				p.holdMu.Unlock()
+				continue
+			}
+			p.holdMu.Unlock()
 			p.evict(&ev)
 		default:
 			return
@@ -181,9 +195,51 @@ func (p *Process) evict(ev *proto.Evict) {
 	p.send(&proto.Evicted{Batch: ev.Batch, Done: uint32(done), Errno: errno})
 }
 
-// Close closes the connection and waits for the helper.
+// PauseHelper makes the helper leave EVICTs unanswered (a helper thread
+// that does not get to run) until ResumeHelper.
+func (p *Process) PauseHelper() {
+	p.holdMu.Lock()
+	p.hold = true
+	p.holdMu.Unlock()
+}
+
+// EvictPending reports whether an EVICT waits for ResumeHelper.
+func (p *Process) EvictPending() bool {
+	p.holdMu.Lock()
+	defer p.holdMu.Unlock()
+	return p.pending != nil
+}
+
+// ResumeHelper answers the EVICT that waits, if any, and the next ones.
+func (p *Process) ResumeHelper() {
+	p.holdMu.Lock()
+	p.hold = false
+	ev := p.pending
+	p.pending = nil
+	p.holdMu.Unlock()
+	if ev != nil {
+		p.evict(ev)
+	}
+}
+
+// ForkPrepare says FORK_PREPARE for fork serial and waits for the answer,
+// as the shim's fork() wrapper does before fork(2).
+func (p *Process) ForkPrepare(serial uint64) error {
+	return p.request(&proto.ForkPrepare{Serial: serial})
+}
+
+// ForkDone says FORK_DONE for fork serial with the child's pid (or
+// -errno), as the shim does when fork(2) returns.
+func (p *Process) ForkDone(serial uint64, pid int32) error {
+	return p.send(&proto.ForkDone{Serial: serial, PID: pid})
+}
+
+// Close closes the connection and waits for the helper; it may be called
+// again.
 func (p *Process) Close() {
-	p.conn.Close()
-	<-p.done
-	unix.Munmap(p.staging)
+	p.closeOnce.Do(func() {
+		p.conn.Close()
+		<-p.done
+		unix.Munmap(p.staging)
+	})
 }
