@@ -10,7 +10,7 @@ KERNEL_PKGS := ./userfaultfd/... ./internal/uffddemo/... ./pager/... ./preload/.
 # "context deadline exceeded" on a loaded machine.
 FUZZTIME ?= 20000x
 
-.PHONY: all build shim demo test fmt-check vet test-race test-gomaxprocs1 fuzz clean
+.PHONY: all build shim demo test fmt-check vet pager-layers test-race test-gomaxprocs1 fuzz clean
 
 all: build
 
@@ -38,7 +38,7 @@ demo: build
 # The whole test suite: formatting, vet, every test with the race detector
 # (kernel tests included, never cached), the kernel tests again with
 # GOMAXPROCS=1, and a short run of every fuzzer.
-test: fmt-check vet test-race test-gomaxprocs1 fuzz
+test: fmt-check vet pager-layers test-race test-gomaxprocs1 fuzz
 
 fmt-check:
 	@out=$$(gofmt -l $$(find . -name '*.go' -not -path './bin/*')); \
@@ -46,6 +46,15 @@ fmt-check:
 
 vet:
 	$(GO) vet $(PKGS)
+
+# The pager's files in layers, top to bottom (docs/pager.md, The loop's
+# structure): a call from a file to one above it runs back up.
+PAGER_LAYERS = 'agent.go resume.go metrics.go' 'loop.go' 'events.go fork.go evict.go relocate.go' \
+	'fault.go sample.go' 'pages.go conn.go client.go' \
+	'region.go pagetable.go slots.go prefetch.go stats.go kernel.go store.go budget.go journal.go journal_unsafe.go'
+
+pager-layers:
+	$(GO) run ./scripts/filedeps -q -max 3 ./pager $(PAGER_LAYERS)
 
 # -p 1: the kernel tests share host-wide state (swap, /run/rmem, CPU time
 # that fault latencies depend on); one package at a time keeps them apart.

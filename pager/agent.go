@@ -646,20 +646,6 @@ func (a *Agent) dropClient(c *client) {
 // minLocalMem is the smallest budget a client may have (16 pages).
 const minLocalMem = 16 * pageSize
 
-// budgetPages returns the budget of resident pages of a client that asked
-// for local bytes in its HELLO (0: LocalMem), or an even share of NodeMem
-// if smaller.
-func (a *Agent) budgetPages(local uint64) int {
-	b := a.opts.LocalMem
-	if local != 0 {
-		b = local
-	}
-	if a.opts.NodeMem > 0 {
-		b = min(b, a.opts.NodeMem/uint64(max(a.nclients.Load(), 1)))
-	}
-	return int(b / pageSize)
-}
-
 // Stats returns a snapshot of every client, ordered by id.
 func (a *Agent) Stats() []ClientStats {
 	a.mu.Lock()

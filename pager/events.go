@@ -3,7 +3,6 @@ package pager
 import (
 	"errors"
 	"io"
-	"net"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -110,22 +109,6 @@ func (c *client) remap(from, to userfaultfd.Addr, length uint64) {
 	c.dropRange(userfaultfd.Range{Start: from, Len: length}, true)
 }
 
-// dropConn forgets the client's socket: faults are still served, eviction
-// stops.
-func (c *client) dropConn() {
-	if c.sock.conn != nil {
-		c.sock.conn.Close()
-	}
-	c.sock.conn, c.sock.sockfd = nil, -1
-}
-
-// readable reports whether fd has input (or a hang-up) now.
-func readable(fd int) bool {
-	p := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-	n, err := unix.Poll(p[:], 0)
-	return err == nil && n > 0
-}
-
 // serveSocket handles one packet from the client. It reports false when
 // the client is gone (socket closed and no pidfd to tell).
 func (c *client) serveSocket() bool {
@@ -207,22 +190,6 @@ func (c *client) message(h proto.Header, body []byte) error {
 	return errors.Join(proto.ErrType, errors.New(h.Type.String()+" from a client"))
 }
 
-// reply answers request seq with ACK, or ERROR carrying err's errno.
-func (c *client) reply(seq uint32, err error) error {
-	if c.sock.conn == nil {
-		return net.ErrClosed // dropped meanwhile (a parked FORK_PREPARE's client)
-	}
-	c.sock.seq++
-	if err == nil {
-		return proto.Send(c.sock.conn, c.sock.sendBuf, c.sock.seq, &proto.Ack{Seq: seq})
-	}
-	var errno unix.Errno
-	if !errors.As(err, &errno) {
-		errno = unix.EINVAL
-	}
-	return proto.Send(c.sock.conn, c.sock.sendBuf, c.sock.seq, &proto.Error{Seq: seq, Errno: errno, Text: err.Error()})
-}
-
 // Region limits.
 const maxRegions = 1 << 16
 
@@ -289,13 +256,3 @@ func (c *client) zapRegion(m *proto.RegionZap) error {
 	}
 	return nil
 }
-
-type errnoError struct {
-	errno unix.Errno
-	text  string
-}
-
-func (e *errnoError) Error() string { return "pager: " + e.text }
-func (e *errnoError) Unwrap() error { return e.errno }
-
-func errWithErrno(errno unix.Errno, text string) error { return &errnoError{errno, text} }

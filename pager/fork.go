@@ -269,31 +269,6 @@ func (c *client) mustPark() bool {
 // parked reports whether uffd messages wait for the eviction in flight.
 func (c *client) parked() bool { return len(c.fq.parked) > 0 }
 
-// forkSettled resumes a fork that waited for the eviction in flight, when
-// it may: its FORK event and the messages after it are handled, or its
-// FORK_PREPARE answered.
-func (c *client) forkSettled() {
-	if (!c.parked() && !c.fk.preparing) || c.mustPark() {
-		return
-	}
-	if c.parked() {
-		msgs := c.fq.parked
-		c.fq.parked, c.fq.parkedSpare = c.fq.parkedSpare[:0], msgs
-		c.handleMsgs(msgs)
-	}
-	if c.fk.preparing && !c.mustPark() {
-		c.fk.preparing = false
-		err := c.finishForkPrepare()
-		if c.sock.conn == nil {
-			return // the client went away meanwhile
-		}
-		if err := c.reply(c.fk.prepareSeq, err); err != nil {
-			c.log.Warn("answering FORK_PREPARE failed", zap.Error(err))
-			c.dropConn()
-		}
-	}
-}
-
 // forkPrepare handles FORK_PREPARE (step 1 above); it reports whether the
 // answer waits for the eviction in flight (forkSettled sends it), else
 // the answer is err.
@@ -333,28 +308,6 @@ func (c *client) finishForkPrepare() error {
 	c.fk.forkedAt = time.Now() // the pause counts from the ACK
 	c.log.Debug("pages copied for a fork", zap.Uint64("serial", serial), zap.Int("regions", len(regs)))
 	return nil
-}
-
-// maxForkPause bounds how long a FORK_PREPARE pauses evictions without its
-// FORK_DONE (the shim sends it as soon as fork(2) returns).
-const maxForkPause = 10 * time.Second
-
-// forkStalled reports whether evictions are paused for a fork; a pause
-// whose FORK_DONE never came ends after maxForkPause, so that a shim that
-// failed to send it does not leave the process over budget for good.
-func (c *client) forkStalled() bool {
-	if c.fk.forking == 0 {
-		return false
-	}
-	if c.fk.preparing {
-		return true // forkSettled ends it
-	}
-	if time.Since(c.fk.forkedAt) > maxForkPause {
-		c.log.Warn("no FORK_DONE after FORK_PREPARE; evictions resume", zap.Uint64("serial", c.fk.forking))
-		c.fk.forking = 0
-		return false
-	}
-	return true
 }
 
 // forkDone handles FORK_DONE (step 4 above).

@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"strconv"
-	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -146,69 +145,6 @@ func (a *Agent) takeOrphan(pid int, uid uint32) *orphan {
 	}
 	delete(a.orphans, pid)
 	return o
-}
-
-// procStart returns process pid's start time (clock ticks since boot),
-// which tells it from a later process with the same pid.
-func procStart(pid int) (uint64, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, err
-	}
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 {
-		return 0, fmt.Errorf("pager: /proc/%d/stat: no comm", pid)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 20 {
-		return 0, fmt.Errorf("pager: /proc/%d/stat: too short", pid)
-	}
-	return strconv.ParseUint(f[19], 10, 64) // field 22: starttime
-}
-
-// startJournal gives client c (process pid of user uid) a journal, and
-// records its regions so far. Without one its pages would be lost to a
-// next agent: said once, and it is served anyway.
-func (c *client) startJournal(pid int, uid uint32) {
-	if c.a.journal == nil || c.cj != nil {
-		return
-	}
-	start, err := procStart(pid)
-	if err == nil {
-		c.cj, err = c.a.journal.newClient(c.id, c.meta(pid, start, uid))
-	}
-	for _, r := range c.regs.list {
-		if err == nil {
-			err = c.cj.addRegion(r)
-		}
-	}
-	if err != nil {
-		c.log.Warn("no journal for this client: if the agent dies, its pages in the pool are lost to it", zap.Error(err))
-		c.cj.remove()
-		c.cj = nil
-	}
-}
-
-func (c *client) meta(pid int, start uint64, uid uint32) clientMeta {
-	return clientMeta{PID: pid, Start: start, UID: uid, LocalMem: c.localMem.Load(), Features: uint64(c.features),
-		Staging: len(c.ev.stageOwner), Forks: c.fk.forks}
-}
-
-// journalRegion records a new region in the client's journal.
-func (c *client) journalRegion(r *region) {
-	if err := c.cj.addRegion(r); err != nil {
-		c.log.Warn("a region could not be journaled: if the agent dies, its pages in the pool are lost to the program", zap.Error(err))
-	}
-}
-
-// forked records the client's fork count (the serial its children's HELLO
-// name), which a next agent must go on from.
-func (c *client) forked() {
-	if c.cj != nil {
-		if start, err := procStart(int(c.pidAtm.Load())); err == nil {
-			c.cj.saveMeta(c.meta(int(c.pidAtm.Load()), start, c.uid.Load()))
-		}
-	}
 }
 
 // resumeTimeout bounds the re-announcement of a resuming process's regions.

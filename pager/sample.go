@@ -1,11 +1,5 @@
 package pager
 
-import (
-	"time"
-
-	"rmem/userfaultfd"
-)
-
 // Prefetch hits are measured on a sample. A user-space pager sees no
 // reads of the pages it installed, so whether a prefetched page was used
 // can only be inferred from where the stream faults next, and that fails
@@ -71,35 +65,4 @@ func (c *client) releaseSample(s int) {
 		o.r.pages[o.idx] = p &^ FlagSampled
 		c.st.prefetchWasted.Add(1)
 	}
-}
-
-// sampleHit serves a fault on a held-back page from its slot, counts the
-// hit and prefetches on as the stream's fault there; it reports false if
-// the page must be read as any other (its flag cleared then).
-func (c *client) sampleHit(r *region, idx int, flags userfaultfd.FaultFlags, since time.Time) bool {
-	s := -1
-	for i, o := range c.sample.owner {
-		if o.r == r && o.idx == idx {
-			s = i
-		}
-	}
-	p := r.pages[idx] &^ FlagSampled
-	if s < 0 { // not expected: a recycled slot clears its page's flag
-		r.pages[idx] = p
-		return false
-	}
-	err := c.install(r, idx, p, c.sample.buf[s*pageSize:(s+1)*pageSize])
-	if userfaultfd.IsMMChanged(err) {
-		c.hold(&c.fq.retry, heldFault{pageRef{r, idx}, flags, since})
-		return true
-	}
-	c.sample.owner[s] = pageRef{}
-	r.pages[idx] &^= FlagSampled // also if not installed (range gone, or refused)
-	if err != nil {
-		return false
-	}
-	c.st.prefetchHits.Add(1)
-	c.st.latency.Observe(time.Since(since))
-	c.prefetch(r, idx)
-	return true
 }

@@ -1,0 +1,82 @@
+package pager
+
+// A page's entry and pool slot changed with the client's counts kept.
+
+import (
+	"rmem/userfaultfd"
+)
+
+// freeRegions gives back the pool slots of regions: a client's that went
+// away, or a fork copy no client adopted. A slot another region still
+// names (shared across a fork) stays.
+func (a *Agent) freeRegions(regs []*region) {
+	for _, r := range regs {
+		a.slots.release(r.slots...)
+		clear(r.slots)
+	}
+}
+
+// setSlot gives page idx of r the pool slot s (0: none) and releases the
+// one it had, keeping the client's count of slots.
+func (c *client) setSlot(r *region, idx int, s Slot) {
+	old := r.slots[idx]
+	if old == s {
+		return
+	}
+	switch {
+	case old == 0:
+		c.st.pooled.Add(1)
+	case s == 0:
+		c.st.pooled.Add(-1)
+	}
+	r.slots[idx] = s
+	if old != 0 {
+		c.a.slots.release(old)
+	}
+}
+
+// dirty marks resident page idx of r written: its pool copy, if any, is
+// stale, and its slot is released (the other side of a fork that shares
+// it keeps its reference).
+func (c *client) dirty(r *region, idx int, p Page) {
+	c.set(r, idx, p|FlagDirty)
+	c.setSlot(r, idx, 0)
+}
+
+// set changes a page's entry, keeping the resident and remote counts.
+func (c *client) set(r *region, idx int, np Page) {
+	op := r.pages[idx]
+	if op.State() != np.State() {
+		c.count(op.State(), -1)
+		c.count(np.State(), +1)
+	}
+	r.pages[idx] = np
+}
+
+func (c *client) count(s PageState, d int64) {
+	switch s {
+	case Resident:
+		c.st.resident.Add(d)
+	case Remote, Staged:
+		c.st.remote.Add(d)
+	}
+}
+
+func pageRange(a userfaultfd.Addr) userfaultfd.Range {
+	return userfaultfd.Range{Start: a, Len: pageSize}
+}
+
+func (c *client) stageOf(r *region, idx int) int {
+	for s, o := range c.ev.stageOwner {
+		if o.r == r && o.idx == idx {
+			return s
+		}
+	}
+	return -1
+}
+
+func (c *client) freeStage(s int) {
+	c.ev.stageOwner[s] = pageRef{}
+	c.cj.stage(s, 0, 0, false)
+	c.ev.stageFree = append(c.ev.stageFree, uint32(s))
+}
