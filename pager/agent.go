@@ -75,6 +75,12 @@ type Options struct {
 	// or the budget bends. A full pool is waited for however long. Default
 	// 60s; negative: wait forever.
 	FaultTimeout time.Duration
+	// Spin is how long a client's loop polls for its next event before it
+	// blocks, adapted to how fast they come (internal/spin): 0 means
+	// spin.DefaultMax, a negative value never. Spinning saves the wake-up
+	// of a halted vCPU per fault (tens of µs on VMs whose idle vCPUs halt
+	// at once) for at most that much CPU after each event.
+	Spin time.Duration
 	// Log receives the agent's logs (default: none).
 	Log *zap.Logger
 	// Registry, when set, gets the agent's Prometheus collector.

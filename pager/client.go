@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"rmem/internal/spin"
 	"rmem/pager/proto"
 	"rmem/userfaultfd"
 )
@@ -60,6 +61,8 @@ type client struct {
 	closed   bool
 
 	cj *clientJournal // what a next agent needs to resume it (journal.go); nil: none
+
+	spin *spin.Waiter // how long the loop polls before it blocks
 }
 
 // control is what the agent's goroutines hand the loop (client.mu).
@@ -191,7 +194,7 @@ func (a *Agent) newClientWith(u faultFD, features userfaultfd.Feature, sfd, slot
 	}
 	c := &client{
 		a: a, id: id, uffd: gatedUFFD{faultFD: u}, io: io, features: features,
-		wakefd: wfd, done: make(chan struct{}),
+		wakefd: wfd, done: make(chan struct{}), spin: spin.New(spin.Resolve(a.opts.Spin), loopSpins),
 		sock: socketState{sockfd: -1, pidfd: -1,
 			sendBuf: make([]byte, 0, proto.MaxPacket), recvBuf: make([]byte, proto.MaxPacket),
 			oob: make([]byte, proto.OOBSize)},
@@ -255,3 +258,6 @@ func (c *client) forkStalled() bool {
 	}
 	return true
 }
+
+// loopSpins counts the spinning of the agent's client loops.
+var loopSpins = spin.SiteOf("agent-loop")

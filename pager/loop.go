@@ -77,7 +77,18 @@ func (c *client) RoutineServe() {
 		if len(c.fq.retry) > 0 || c.ev.staged > 0 || c.room.reloc.pending(c) || c.parked() || c.fk.preparing {
 			timeout = int(retryPeriod / time.Millisecond)
 		}
-		_, err := unix.Poll(c.fq.pfds, timeout)
+		// Poll a while before blocking: while faults come fast, the next
+		// one is caught without a wake-up of this thread (internal/spin).
+		n, err := 0, error(nil)
+		start, until := c.spin.Start()
+		for n == 0 && err == nil && c.spin.Polling(until) {
+			n, err = unix.Poll(c.fq.pfds, 0)
+		}
+		hit := n > 0
+		if !hit && err == nil {
+			_, err = unix.Poll(c.fq.pfds, timeout)
+		}
+		c.spin.Done(start, until, hit)
 		if err != nil && !errors.Is(err, unix.EINTR) {
 			c.log.Error("poll failed; dropping client", zap.Error(err))
 			return

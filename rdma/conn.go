@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"time"
 )
 
 // Conn is the client side of one connection to a memory server: a verbs RC
@@ -59,6 +60,11 @@ type DialOptions struct {
 	// to their thread (the pager's fault loops), where a park costs two
 	// thread hand-offs. Providers without a blocking wait ignore it.
 	ThreadWait bool
+	// Spin is how long a waiter for completions polls the connection
+	// before it blocks, adapted to how fast they come (internal/spin):
+	// 0 means spin.DefaultMax, a negative value never. Providers without
+	// a blocking wait ignore it.
+	Spin time.Duration
 }
 
 // Validate checks the options, naming the bad field.
@@ -84,6 +90,10 @@ type ListenOptions struct {
 	// MaxConns bounds the connections served at once (0: unlimited); extra
 	// connections are closed at accept.
 	MaxConns int
+	// Spin is how long a connection's server polls for the next request
+	// before it blocks (as DialOptions.Spin). Providers whose server does
+	// no work per op (shm, verbs) ignore it.
+	Spin time.Duration
 }
 
 // Listener serves a Domain's memory to clients of one provider.

@@ -37,6 +37,7 @@ func agentFlags(f *pflag.FlagSet) {
 	f.String("network", "tcp", "rdma provider to reach memory servers: tcp, shm (same host) or verbs")
 	f.String("lease-ttl", "30s", "TTL of the agent's lease on its slabs (renewed every third of it)")
 	f.String("fault-timeout", "60s", "how long a fault waits for a pool that does not answer before its page is given up (SIGBUS); 0: forever")
+	f.String("spin", "50us", cli.SpinFlag)
 }
 
 // agentOptions reads the flags of agentFlags. The caller adds the pool
@@ -79,12 +80,16 @@ func agentOptions(app *cli.App, localMem cli.Size) (agentd.Options, error) {
 	case faultTimeout == 0:
 		faultTimeout = -1 // pager.Options: negative waits forever
 	}
+	spinMax, err := app.Spin("spin")
+	if err != nil {
+		return o, err
+	}
 	if localMem < 64<<10 {
 		return o, app.Invalid("local-mem", "must be at least 64KiB")
 	}
 	return agentd.Options{
 		Socket: app.String("socket"), LocalMem: uint64(localMem), MinAlloc: uint64(minAlloc),
-		Replicas: replicas, Network: network, LeaseTTL: ttl, FaultTimeout: faultTimeout, Log: app.Log(), Lock: true,
+		Replicas: replicas, Network: network, LeaseTTL: ttl, FaultTimeout: faultTimeout, Spin: spinMax, Log: app.Log(), Lock: true,
 	}, nil
 }
 

@@ -78,6 +78,7 @@ generated in <runtime-dir>/token for the CLI and memagent on this host.`,
 	f.String("failure-domain", "", "failure domain (rack, zone) of this server: replicas of a slab avoid sharing one")
 	f.String("tcp-listen", defaultTCPListen, "data-plane tcp address (\"off\" disables)")
 	f.String("tcp-advertise", "", "tcp address registered for agents (default: the listener's address)")
+	f.String("spin", "50us", cli.SpinFlag)
 	f.String("shm-socket", "", "data-plane shm socket (default <runtime-dir>/memd-data.sock; \"off\" disables)")
 	f.String("verbs-listen", "off", "data-plane RDMA verbs set-up address IP:PORT on an RDMA device's IP (needs a memd built with -tags verbs; docs/rdma-hardware.md)")
 	f.String("data-dir", defaultDataDir, "coordinator metadata directory (bbolt file memd.db), with --store bbolt")
@@ -280,6 +281,9 @@ func readServeConfig(app *cli.App) (memdd.Options, error) {
 			o.TCPListen = tcpListen
 		}
 		o.TCPAdvertise = app.String("tcp-advertise")
+		if o.Spin, err = app.Spin("spin"); err != nil {
+			return o, err
+		}
 		if v := app.String("verbs-listen"); v != "off" {
 			if _, _, err := net.SplitHostPort(v); err != nil {
 				return o, app.Invalid("verbs-listen", "want IP:PORT or off")

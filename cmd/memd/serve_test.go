@@ -56,6 +56,7 @@ func TestReadServeConfig(t *testing.T) {
 		CoordRole: true, DataDir: data, HeartbeatTimeout: 10 * time.Second, SweepInterval: time.Second,
 		ServerRole: true, ID: host, Capacity: 4 << 20, TCPListen: defaultTCPListen,
 		ShmSocket: filepath.Join(run, "memd-data.sock"), ShmOptional: true, HeartbeatInterval: 2 * time.Second, Mlock: true,
+		Spin: 50 * time.Microsecond,
 	}
 	for _, tt := range []struct {
 		name string
@@ -67,8 +68,9 @@ func TestReadServeConfig(t *testing.T) {
 			o.TCPListen, o.ShmSocket, o.ShmOptional = "", "/s.sock", false
 		}},
 		{"shm off", []string{"--shm-socket", "off"}, func(o *memdd.Options) { o.ShmSocket, o.ShmOptional = "", false }},
+		{"no spinning", []string{"--spin", "0"}, func(o *memdd.Options) { o.Spin = -1 }},
 		{"coordinator", []string{"--role", "coordinator"}, func(o *memdd.Options) {
-			o.ServerRole, o.ID, o.Capacity, o.TCPListen, o.ShmSocket, o.ShmOptional = false, "", 0, "", "", false
+			o.ServerRole, o.ID, o.Capacity, o.TCPListen, o.ShmSocket, o.ShmOptional, o.Spin = false, "", 0, "", "", false, 0
 		}},
 		{"server", []string{"--role", "server", "--coordinator", "http://c:7470", "--token", " t ", "--id", "s1",
 			"--advertise-url", "http://s1:7470", "--tcp-advertise", "10.0.0.1:7471", "--failure-domain", "rack1", "--mlock=false"},

@@ -28,9 +28,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"rmem/internal/cpuidle"
+	"rmem/internal/spin"
 	"rmem/pager"
 	"rmem/pager/poolstore"
 	"rmem/pool"
+	"rmem/rdma"
 	"rmem/userfaultfd"
 )
 
@@ -55,6 +57,9 @@ type Options struct {
 	LeaseTTL    time.Duration  // default 30s
 	// FaultTimeout is pager.Options.FaultTimeout (0: its default).
 	FaultTimeout time.Duration
+	// Spin is pager.Options.Spin, for the data plane's connections too
+	// (rdma.DialOptions.Spin).
+	Spin time.Duration
 	// StateDir is pager.Options.StateDir: with it, the lease and a
 	// journal outlive the agent, and an agent started after it (within
 	// the lease's TTL) takes them over and resumes its programs.
@@ -95,7 +100,12 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 		}
 	}
 	if p, err := cpuidle.Read("/sys"); err == nil && p.SlowWakeups() {
-		log.Warn("slow CPU wake-ups: " + p.Advice())
+		if opts.Spin < 0 {
+			log.Warn("slow CPU wake-ups, and --spin 0: " + p.Advice())
+		} else {
+			log.Info("idle vCPUs halt at once (cpuidle haltpoll, guest_halt_poll_ns 0): the fault path polls instead of sleeping while faults come (--spin)",
+				zap.Duration("spin", spin.Resolve(opts.Spin)))
+		}
 	}
 	// One status call first, so that a pool out of reach is said plainly
 	// whatever the flags.
@@ -114,6 +124,7 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 	store, err := poolstore.Open(ctx, poolstore.Options{
 		Pool: opts.Pool, Agent: "memagent@" + host, Node: host, PID: os.Getpid(),
 		TTL: opts.LeaseTTL, Replicas: replicas, Network: opts.Network, Log: log.Named("store"), Adopt: adopt, AdoptSecret: secret,
+		Dial: rdma.DialOptions{Spin: opts.Spin},
 	})
 	if err != nil {
 		return nil, err
@@ -130,7 +141,7 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 		}
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), spin.Collector())
 	if opts.Socket != "" {
 		if err := os.MkdirAll(filepath.Dir(opts.Socket), 0o755); err != nil {
 			store.Close(context.Background())
@@ -140,7 +151,7 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 	agent, err := pager.New(pager.Options{
 		Socket: opts.Socket, SocketMode: socketMode(opts), AllowUIDs: opts.AllowUIDs, SocketGroup: opts.SocketGroup,
 		Store: store, LocalMem: opts.LocalMem, NodeMem: opts.NodeMem,
-		MinAlloc: opts.MinAlloc, FaultTimeout: opts.FaultTimeout, StateDir: opts.StateDir, Log: log.Named("pager"), Registry: reg,
+		MinAlloc: opts.MinAlloc, FaultTimeout: opts.FaultTimeout, Spin: opts.Spin, StateDir: opts.StateDir, Log: log.Named("pager"), Registry: reg,
 		LoopsChanged: new(loopProcs).changed, // see procs.go
 	})
 	if err != nil {

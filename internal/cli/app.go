@@ -219,6 +219,24 @@ func (a *App) Duration(key string) (time.Duration, error) {
 	return d, nil
 }
 
+// SpinFlag is the help text of a --spin flag.
+const SpinFlag = "how long a thread waiting for the next fault, reply or request polls before it blocks, adapted to how fast they come; saves a wake-up of a halted vCPU (tens of µs on VMs) per event for at most this much CPU after each; 0: never poll"
+
+// Spin returns a --spin flag as an option of rdma and pager: the duration,
+// or -1 for 0 (never); at most 10ms.
+func (a *App) Spin(key string) (time.Duration, error) {
+	d, err := a.Duration(key)
+	switch {
+	case err != nil:
+		return 0, err
+	case d > 10*time.Millisecond:
+		return 0, a.Invalid(key, "at most 10ms (a spin longer than a scheduler tick only burns CPU)")
+	case d == 0:
+		return -1, nil
+	}
+	return d, nil
+}
+
 // Int returns key as an integer within [min, max].
 func (a *App) Int(key string, min, max int) (int, error) {
 	n, err := strconv.Atoi(strings.TrimSpace(a.v.GetString(key)))

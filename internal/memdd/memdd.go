@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
+	"rmem/internal/spin"
 	"rmem/pool"
 	"rmem/pool/client"
 	"rmem/pool/coord"
@@ -24,6 +25,7 @@ import (
 	"rmem/pool/httpapi"
 	"rmem/pool/memserver"
 	"rmem/pool/store"
+	"rmem/rdma"
 	_ "rmem/rdma/shm"   // same-host data plane
 	_ "rmem/rdma/tcp"   // the default data-plane provider
 	_ "rmem/rdma/verbs" // without the verbs build tag, a stand-in that names the missing tag
@@ -80,6 +82,8 @@ type Options struct {
 	ShmOptional       bool   // the shm socket was not asked for: run without it if it cannot start
 	HeartbeatInterval time.Duration
 	Mlock             bool // lock the donated memory in RAM
+	// Spin is rdma.ListenOptions.Spin for the data plane.
+	Spin time.Duration
 }
 
 func (o *Options) validate() error {
@@ -133,7 +137,7 @@ func Run(ctx context.Context, log *zap.Logger, opts Options) (err error) {
 		opts.AdvertiseURL = scheme + "://" + ln.Addr().String()
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), spin.Collector())
 	api := http.NewServeMux()
 	roles := []string{}
 
@@ -158,6 +162,7 @@ func Run(ctx context.Context, log *zap.Logger, opts Options) (err error) {
 			ID: pool.ServerID(opts.ID), Capacity: opts.Capacity, SlabSize: opts.SlabSize,
 			Listen: listen, Optional: optional, Advertise: map[string]string{"tcp": opts.TCPAdvertise},
 			ControlURL: opts.AdvertiseURL, Domain: opts.Domain, NoLock: !opts.Mlock, Log: log.Named("memserver"),
+			ListenOptions: rdma.ListenOptions{Spin: opts.Spin},
 		})
 		if err != nil {
 			return err

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"rmem/internal/spin"
 	"rmem/rdma"
 )
 
@@ -315,7 +316,7 @@ func FuzzServerStream(f *testing.F) {
 			}
 		}
 		cli, srv := net.Pipe()
-		c := newServerConn(srv, d)
+		c := newServerConn(srv, d, spin.DefaultMax)
 		done := make(chan struct{})
 		go func() { c.routineServe(); close(done) }()
 		go io.Copy(io.Discard, cli)

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"rmem/internal/spin"
 	"rmem/rdma"
 	"rmem/rdma/internal/iovec"
 	"rmem/rdma/internal/queue"
@@ -49,6 +50,7 @@ func Dial(ctx context.Context, addr string, opts rdma.DialOptions) (rdma.Conn, e
 	}
 	c := newConn(nc, opts.QueueDepth())
 	c.rd.SetThreadWait(opts.ThreadWait)
+	c.spin = spin.New(spin.Resolve(opts.Spin), clientSpins)
 	return c, nil
 }
 
@@ -61,8 +63,12 @@ func newConn(nc net.Conn, depth int) *conn {
 		iov:  make([][]byte, 0, 2*depth),
 		rd:   iovec.NewReader(nc),
 		wr:   iovec.NewWriter(nc),
+		spin: spin.New(spin.DefaultMax, clientSpins),
 	}
 }
+
+// clientSpins counts the spinning of tcp clients waiting for replies.
+var clientSpins = spin.SiteOf("tcp-client")
 
 func clientHandshake(ctx context.Context, nc net.Conn) error {
 	if dl, ok := ctx.Deadline(); ok {
@@ -125,6 +131,7 @@ type conn struct {
 	inPay bool   // seq's header said OK: its payload is being read
 	pfill int    // payload bytes of seq already in its Local
 	spill []byte // misplaced bytes after a speculation failed (rare)
+	spin  *spin.Waiter
 
 	closeOnce sync.Once
 }
@@ -295,6 +302,19 @@ func (c *conn) readUntilProgress(ctx context.Context) error {
 			}
 		}()
 	}
+	// Poll a while first: a reply that comes soon costs no wake-up.
+	start, until := c.spin.Start()
+	for c.spin.Polling(until) {
+		progress, err := c.readOnce(false)
+		if err == iovec.ErrWouldBlock {
+			continue
+		}
+		if err != nil || progress {
+			c.spin.Done(start, until, true)
+			return err
+		}
+	}
+	defer c.spin.Done(start, until, false)
 	for {
 		progress, err := c.readOnce(true)
 		if err != nil || progress {

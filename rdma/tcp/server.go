@@ -7,6 +7,7 @@ import (
 	"net"
 	"time"
 
+	"rmem/internal/spin"
 	"rmem/rdma"
 	"rmem/rdma/internal/atomicmem"
 	"rmem/rdma/internal/connset"
@@ -31,6 +32,7 @@ type Listener struct {
 	ln    net.Listener
 	d     *rdma.Domain
 	conns *connset.Set
+	spin  time.Duration // each connection's longest spin
 }
 
 // Listen serves d at addr ("host:port"; port 0 picks one).
@@ -45,7 +47,7 @@ func Listen(addr string, d *rdma.Domain, opts rdma.ListenOptions) (*Listener, er
 	if opts.TLS != nil {
 		ln = tls.NewListener(ln, opts.TLS)
 	}
-	l := &Listener{ln: ln, d: d}
+	l := &Listener{ln: ln, d: d, spin: spin.Resolve(opts.Spin)}
 	l.conns = connset.Serve(ln, opts.MaxConns, l.open)
 	return l, nil
 }
@@ -60,7 +62,12 @@ func (l *Listener) Close() error { return l.conns.Close() }
 // Conns returns the number of connections being served.
 func (l *Listener) Conns() int { return l.conns.Len() }
 
-func (l *Listener) open(nc net.Conn) (connset.Conn, error) { return newServerConn(nc, l.d), nil }
+func (l *Listener) open(nc net.Conn) (connset.Conn, error) {
+	return newServerConn(nc, l.d, l.spin), nil
+}
+
+// serverSpins counts the spinning of tcp servers waiting for requests.
+var serverSpins = spin.SiteOf("tcp-server")
 
 // Serve and Shutdown make a serverConn a connset.Conn.
 func (c *serverConn) Serve()    { c.routineServe() }
@@ -80,6 +87,7 @@ type serverConn struct {
 	// time and let the next payload go straight to the region.
 	lastWrite bool
 	streaming bool // the last read filled its buffers: more is likely waiting
+	spin      *spin.Waiter
 
 	replies   [maxPending * replySize]byte
 	nreplies  int
@@ -93,11 +101,12 @@ type serverConn struct {
 	scratch   []byte // sink for the payload of a refused WRITE
 }
 
-func newServerConn(nc net.Conn, d *rdma.Domain) *serverConn {
+func newServerConn(nc net.Conn, d *rdma.Domain, maxSpin time.Duration) *serverConn {
 	if tc, ok := nc.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
-	c := &serverConn{nc: nc, rd: iovec.NewReader(nc), wr: iovec.NewWriter(nc), iov: make([][]byte, 0, 2*maxPending), hdrRun: -1}
+	c := &serverConn{nc: nc, rd: iovec.NewReader(nc), wr: iovec.NewWriter(nc), iov: make([][]byte, 0, 2*maxPending), hdrRun: -1,
+		spin: spin.New(maxSpin, serverSpins)}
 	c.sess = d.NewSession(rdma.SessionHooks{Abort: func() { nc.Close() }})
 	return c
 }
@@ -155,7 +164,17 @@ func (c *serverConn) read(bufs [][]byte) (int, error) {
 		if err := c.flush(); err != nil {
 			return 0, err
 		}
-		n, err = c.rd.Readv(bufs, true)
+		// Poll a while first: the next request of a client that is
+		// faulting comes within µs, and a wake-up costs tens of them.
+		start, until := c.spin.Start()
+		for err == iovec.ErrWouldBlock && c.spin.Polling(until) {
+			n, err = c.rd.Readv(bufs, false)
+		}
+		hit := err != iovec.ErrWouldBlock
+		if !hit {
+			n, err = c.rd.Readv(bufs, true)
+		}
+		c.spin.Done(start, until, hit)
 	}
 	if err != nil {
 		return n, err

@@ -1,0 +1,164 @@
+// Package spin decides how long a thread waiting for its next event polls
+// before it blocks, and counts what that costs.
+//
+// On these machines an idle vCPU halts at once (cpuidle haltpoll with
+// guest_halt_poll_ns 0), and waking a thread blocked on a halted vCPU takes
+// tens of µs; a remote fault passes through several such threads (the
+// agent's loop, the transport's reader, the memory server's). A thread that
+// polls for a short while after each event catches the next one without a
+// wake-up while events come fast, and blocks as before when they stop: an
+// idle node burns at most one budget per idle period.
+//
+// The budget adapts to how fast events come: a thread spins the maximum
+// after each event while they come within a few budgets of each other
+// (a spin that misses still leaves the next one a chance: a hit saves a
+// wake-up, a miss costs only CPU), stops spinning once an event came
+// more than 4 budgets after the wait began (its events are too far apart
+// to be caught: an idle thread spins once, then blocks), and starts again
+// when a blocked wait was over within twice the maximum.
+//
+// It is not a scheduler or a CPU governor: it changes nothing on the host
+// (guest_halt_poll_ns stays as the operator set it).
+package spin
+
+import (
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// DefaultMax is the longest spin when a caller sets none: about the time
+// of two wake-ups of a halted vCPU on these VMs.
+const DefaultMax = 50 * time.Microsecond
+
+// Resolve turns an option's value into a maximum: 0 means DefaultMax, a
+// negative value never spinning.
+func Resolve(opt time.Duration) time.Duration {
+	switch {
+	case opt == 0:
+		return DefaultMax
+	case opt < 0:
+		return 0
+	}
+	return opt
+}
+
+// Waiter is one waiting thread's spin state. It is not safe for concurrent
+// use: each waiting thread has its own.
+type Waiter struct {
+	max    time.Duration
+	budget time.Duration
+	site   *Site
+	now    func() time.Time
+}
+
+// Site counts the spinning of every Waiter of one kind of thread (the
+// agent's loops, a transport's readers): for metrics and reports.
+type Site struct {
+	Name   string
+	spun   atomic.Int64 // ns spent polling
+	hits   atomic.Uint64
+	misses atomic.Uint64
+}
+
+// SiteStats is what a Site counted.
+type SiteStats struct {
+	Name string
+	// Spun is the CPU time spent polling: the price of spinning.
+	Spun time.Duration
+	// Hits are waits a poll ended (a wake-up saved); Misses are spins
+	// that ran out and blocked after all.
+	Hits, Misses uint64
+}
+
+var (
+	sitesMu sync.Mutex
+	sites   = map[string]*Site{}
+)
+
+// SiteOf returns the site named name, made on first use.
+func SiteOf(name string) *Site {
+	sitesMu.Lock()
+	defer sitesMu.Unlock()
+	s := sites[name]
+	if s == nil {
+		s = &Site{Name: name}
+		sites[name] = s
+	}
+	return s
+}
+
+// Sites returns what every site of this process counted, by name.
+func Sites() []SiteStats {
+	sitesMu.Lock()
+	defer sitesMu.Unlock()
+	out := make([]SiteStats, 0, len(sites))
+	for _, s := range sites {
+		out = append(out, s.Stats())
+	}
+	slices.SortFunc(out, func(a, b SiteStats) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// Stats returns what s counted.
+func (s *Site) Stats() SiteStats {
+	return SiteStats{Name: s.Name, Spun: time.Duration(s.spun.Load()), Hits: s.hits.Load(), Misses: s.misses.Load()}
+}
+
+// New returns a Waiter that spins at most max (0: never) and counts into
+// site (nil: nowhere).
+func New(max time.Duration, site *Site) *Waiter {
+	if max < 0 {
+		max = 0
+	}
+	return &Waiter{max: max, budget: max, site: site, now: time.Now}
+}
+
+// Start begins a wait. It returns when the wait began and until when to
+// poll before blocking (zero: do not poll).
+func (w *Waiter) Start() (start, until time.Time) {
+	start = w.now()
+	if w.budget <= 0 {
+		return start, time.Time{}
+	}
+	return start, start.Add(w.budget)
+}
+
+// Polling reports whether a wait that Start gave until may poll again.
+func (w *Waiter) Polling(until time.Time) bool {
+	return !until.IsZero() && w.now().Before(until)
+}
+
+// Done ends the wait Start began at start with spin deadline until; hit
+// says whether a poll ended it (else the caller blocked).
+func (w *Waiter) Done(start, until time.Time, hit bool) {
+	now := w.now()
+	waited := now.Sub(start)
+	if !until.IsZero() {
+		spun := min(waited, until.Sub(start))
+		if w.site != nil {
+			w.site.spun.Add(int64(spun))
+		}
+		if hit {
+			if w.site != nil {
+				w.site.hits.Add(1)
+			}
+			return
+		}
+		if w.site != nil {
+			w.site.misses.Add(1)
+		}
+		if waited > 4*w.max {
+			w.budget = 0 // the next event came long after: spinning would not have caught it
+		}
+		return
+	}
+	if w.max > 0 && waited < 2*w.max {
+		w.budget = w.max // events come fast again (the wait includes a wake-up)
+	}
+}
+
+// Budget returns the spin budget of the next wait.
+func (w *Waiter) Budget() time.Duration { return w.budget }
