@@ -10,7 +10,7 @@ KERNEL_PKGS := ./userfaultfd/... ./internal/uffddemo/... ./pager/... ./preload/.
 # "context deadline exceeded" on a loaded machine.
 FUZZTIME ?= 20000x
 
-.PHONY: all build shim demo test fmt-check vet pager-layers test-race test-gomaxprocs1 fuzz clean
+.PHONY: all build shim demo bench test fmt-check vet pager-layers test-race test-gomaxprocs1 fuzz clean
 
 all: build
 
@@ -46,6 +46,11 @@ fmt-check:
 
 vet:
 	$(GO) vet $(PKGS)
+
+# The benchmark report against the kernel's own swap (docs/bench; root,
+# about 5 minutes; not part of CI).
+bench: build
+	$(GO) run ./bench -out docs/bench -bin bin
 
 # The pager's files in layers, top to bottom (docs/pager.md, The loop's
 # structure): a call from a file to one above it runs back up.

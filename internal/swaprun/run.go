@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"io"
 	"os"
 	"os/exec"
@@ -318,6 +319,13 @@ func startSwap(ctx context.Context, o *Options, started func(*swap) error) (sw *
 	if sw.dir == "" {
 		if sw.dir, err = os.MkdirTemp(o.RuntimeDir, "swap-"); err != nil {
 			return nil, fmt.Errorf("swaprun: %w", err)
+		}
+		sw.made = sw.dir
+	} else if _, serr := os.Stat(sw.dir); errors.Is(serr, fs.ErrNotExist) {
+		// --swap-dir names a directory to be: make it (and take it away
+		// after), as the default one is.
+		if err := os.Mkdir(sw.dir, 0o700); err != nil {
+			return nil, fmt.Errorf("swaprun: swap dir: %w", err)
 		}
 		sw.made = sw.dir
 	}

@@ -1,0 +1,356 @@
+// Command bench is make bench: it runs rmem's paging benchmarks side by
+// side with the kernel's own swap in one session, and writes the report
+// (docs/bench: README.md, results.json and SVG plots).
+//
+// Each workload of bench/workload/workload.c (sequential, uniform random, Zipfian,
+// qsort, k-means over a 128 MiB heap) runs all local, under the kernel's
+// swap to zram in a memory cgroup limited to the local share (an OOM kill
+// is recorded as a result), under memagent run --mode swap, and under
+// memagent run's userfaultfd pager over tcp and over shm, at 50% and 25%
+// local. Every run's checksum must equal the all-local one. The machine is
+// measured as it is (the cpuidle policy is reported, never changed).
+//
+// It needs root, gcc, zram and the binaries of make build. It is not a
+// test: CI does not run it.
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"rmem/internal/cgroup"
+	"rmem/internal/cpuidle"
+)
+
+// Result is one run.
+type Result struct {
+	Workload string  `json:"workload"`
+	Config   string  `json:"config"`
+	Local    int     `json:"local_percent"`
+	Seconds  float64 `json:"seconds"`  // the measured phase
+	Checksum string  `json:"checksum"` // equal to the all-local run's
+	// Outcome is "ok", "oom-killed", "wrong checksum", "failed: ..." or
+	// "n/a: ..." (the configuration cannot run here).
+	Outcome  string  `json:"outcome"`
+	Faults   uint64  `json:"faults,omitempty"`
+	P50us    float64 `json:"fault_p50_us,omitempty"`
+	P99us    float64 `json:"fault_p99_us,omitempty"`
+	AgentCPU float64 `json:"agent_cpu_seconds,omitempty"` // memagent's CPU time (its own, not the program's)
+}
+
+// Report is what make bench writes.
+type Report struct {
+	Date      string   `json:"date"`
+	Host      string   `json:"host"`
+	CPUs      int      `json:"cpus"`
+	Kernel    string   `json:"kernel"`
+	CPUIdle   string   `json:"cpuidle"`
+	HeapMiB   int      `json:"heap_mib"`
+	Workloads []string `json:"workloads"`
+	Results   []Result `json:"results"`
+}
+
+var configs = []string{"local", "zram", "rmem-swap", "rmem-tcp", "rmem-shm"}
+
+func main() {
+	out := flag.String("out", "docs/bench", "report directory")
+	bin := flag.String("bin", "bin", "directory of memd, memagent and librmem.so")
+	heap := flag.Int("heap", 128, "heap of each workload, MiB")
+	only := flag.String("workloads", "seq,rand,zipf,qsort,kmeans", "workloads to run, comma-separated")
+	flag.Parse()
+	if err := run(*out, *bin, *heap, strings.Split(*only, ",")); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(out, bin string, heap int, workloads []string) error {
+	if os.Geteuid() != 0 {
+		return errors.New("needs root (memory cgroups, zram, userfaultfd for all)")
+	}
+	bin, _ = filepath.Abs(bin)
+	tmp, err := os.MkdirTemp("", "rmem-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	wl := filepath.Join(tmp, "workload")
+	if b, err := exec.Command("gcc", "-O2", "-o", wl, "bench/workload/workload.c", "-lm").CombinedOutput(); err != nil {
+		return fmt.Errorf("gcc: %v: %s", err, b)
+	}
+	zramOff, zerr := zramOn()
+	if zramOff != nil {
+		defer zramOff()
+	}
+	md, err := startMemd(bin, tmp)
+	if err != nil {
+		return err
+	}
+	defer md.stop()
+	rep := Report{Date: time.Now().UTC().Format(time.RFC3339), CPUs: runtime.NumCPU(), HeapMiB: heap, Workloads: workloads}
+	rep.Host, _ = os.Hostname()
+	if u, err := exec.Command("uname", "-r").Output(); err == nil {
+		rep.Kernel = strings.TrimSpace(string(u))
+	}
+	if p, err := cpuidle.Read("/sys"); err == nil {
+		rep.CPUIdle = p.String()
+	}
+	for _, w := range workloads {
+		base := runLocal(wl, w, heap)
+		log(base)
+		rep.Results = append(rep.Results, base)
+		for _, pct := range []int{50, 25} {
+			local := heap * pct / 100
+			for _, c := range configs[1:] {
+				var r Result
+				switch {
+				case c == "zram" && zerr != nil:
+					r = Result{Outcome: "n/a: " + zerr.Error()}
+				case c == "zram":
+					r = runZram(wl, w, heap, local)
+				default:
+					r = runAgent(bin, md, wl, w, heap, local, strings.TrimPrefix(c, "rmem-"))
+				}
+				r.Workload, r.Config, r.Local = w, c, pct
+				if r.Outcome == "ok" && r.Checksum != base.Checksum {
+					r.Outcome = "wrong checksum"
+				}
+				log(r)
+				rep.Results = append(rep.Results, r)
+			}
+		}
+	}
+	return write(out, &rep)
+}
+
+func log(r Result) {
+	fmt.Fprintf(os.Stderr, "%-7s %-10s %3d%%  %8.3f s  %s\n", r.Workload, r.Config, r.Local, r.Seconds, r.Outcome)
+}
+
+// parseWorkload reads the workload's line: seconds, checksum, CPU seconds.
+func parseWorkload(out string) (secs float64, sum string, cpu float64, err error) {
+	f := strings.Fields(lastLine(out))
+	if len(f) != 3 {
+		return 0, "", 0, fmt.Errorf("workload said %q", lastLine(out))
+	}
+	secs, err = strconv.ParseFloat(f[0], 64)
+	if err == nil {
+		cpu, err = strconv.ParseFloat(f[2], 64)
+	}
+	return secs, f[1], cpu, err
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.TrimSpace(lines[len(lines)-1])
+}
+
+func runLocal(wl, w string, heap int) Result {
+	r := Result{Workload: w, Config: "local", Local: 100}
+	out, err := exec.Command(wl, w, strconv.Itoa(heap)).Output()
+	r.finish(string(out), err)
+	return r
+}
+
+func (r *Result) finish(out string, err error) (cpu float64) {
+	if err != nil {
+		r.Outcome = "failed: " + err.Error()
+		return 0
+	}
+	secs, sum, cpu, perr := parseWorkload(out)
+	if perr != nil {
+		r.Outcome = "failed: " + perr.Error()
+		return 0
+	}
+	r.Seconds, r.Checksum, r.Outcome = secs, sum, "ok"
+	return cpu
+}
+
+// zramOn makes sure swap to zram is on: it sets up /dev/zram0 (2 GiB, lz4)
+// when it is free, and returns what undoes that.
+func zramOn() (undo func(), err error) {
+	if b, _ := os.ReadFile("/proc/swaps"); strings.Contains(string(b), "/dev/zram") {
+		return nil, nil
+	}
+	if _, err := os.Stat("/sys/block/zram0"); err != nil {
+		exec.Command("modprobe", "zram").Run()
+	}
+	ds, err := os.ReadFile("/sys/block/zram0/disksize")
+	if err != nil {
+		return nil, fmt.Errorf("no zram device: %w", err)
+	}
+	if strings.TrimSpace(string(ds)) != "0" {
+		return nil, errors.New("/dev/zram0 is in use and not swap")
+	}
+	os.WriteFile("/sys/block/zram0/comp_algorithm", []byte("lz4"), 0) // default otherwise
+	if err := os.WriteFile("/sys/block/zram0/disksize", []byte("2G"), 0); err != nil {
+		return nil, fmt.Errorf("zram disksize: %w", err)
+	}
+	reset := func() { os.WriteFile("/sys/block/zram0/reset", []byte("1"), 0) }
+	for _, c := range [][]string{{"mkswap", "/dev/zram0"}, {"swapon", "/dev/zram0"}} {
+		if b, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+			reset()
+			return nil, fmt.Errorf("%s: %v: %s", c[0], err, b)
+		}
+	}
+	return func() { exec.Command("swapoff", "/dev/zram0").Run(); reset() }, nil
+}
+
+func runZram(wl, w string, heap, localMiB int) Result {
+	var r Result
+	g, err := cgroup.Create(fmt.Sprintf("rmem-bench-%d", os.Getpid()), uint64(localMiB)<<20)
+	if err != nil {
+		r.Outcome = "n/a: " + err.Error()
+		return r
+	}
+	defer g.Remove(10 * time.Second)
+	if g.Version == cgroup.V1 {
+		os.WriteFile(filepath.Join(g.Path, "memory.swappiness"), []byte("100"), 0)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cmd := g.Command(wl, w, strconv.Itoa(heap))
+	out, err := outputCtx(ctx, cmd)
+	if kills, _ := g.OOMKills(); kills > 0 {
+		r.Outcome = "oom-killed"
+		return r
+	}
+	r.finish(out, err)
+	return r
+}
+
+func outputCtx(ctx context.Context, cmd *exec.Cmd) (string, error) {
+	var b strings.Builder
+	cmd.Stdout = &b
+	if err := cmd.Start(); err != nil {
+		return "", err
+	}
+	stop := context.AfterFunc(ctx, func() { cmd.Process.Kill() })
+	defer stop()
+	err := cmd.Wait()
+	if ctx.Err() != nil {
+		return b.String(), fmt.Errorf("timed out")
+	}
+	return b.String(), err
+}
+
+// memd is the pool of the benchmark: one memd on this host.
+type memd struct {
+	cmd       *exec.Cmd
+	url       string
+	tokenFile string
+	dir       string
+}
+
+func startMemd(bin, tmp string) (*memd, error) {
+	m := &memd{url: "http://127.0.0.1:7490", dir: tmp, tokenFile: filepath.Join(tmp, "run", "token")}
+	m.cmd = exec.Command(filepath.Join(bin, "memd"), "serve", "--listen", "127.0.0.1:7490", "--tcp-listen", "127.0.0.1:7491",
+		"--runtime-dir", filepath.Join(tmp, "run"), "--data-dir", filepath.Join(tmp, "data"), "--capacity", "2GiB",
+		"--slab-size", "64MiB", "--log-format", "json")
+	logf, err := os.Create(filepath.Join(tmp, "memd.log"))
+	if err != nil {
+		return nil, err
+	}
+	m.cmd.Stdout, m.cmd.Stderr = logf, logf
+	if err := m.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("memd: %w", err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if _, err := os.Stat(m.tokenFile); err == nil {
+			if exec.Command(filepath.Join(bin, "memd"), "status", "--coordinator", m.url, "--token-file", m.tokenFile).Run() == nil {
+				return m, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			m.stop()
+			return nil, errors.New("memd did not start (see its log)")
+		}
+	}
+}
+
+func (m *memd) stop() {
+	m.cmd.Process.Signal(syscall.SIGTERM)
+	m.cmd.Wait()
+}
+
+// runAgent runs the workload under memagent run: mode swap (net "swap"),
+// or the userfaultfd pager over net.
+func runAgent(bin string, md *memd, wl, w string, heap, localMiB int, net string) Result {
+	var r Result
+	sock := filepath.Join(md.dir, "agent-"+net+".sock")
+	args := []string{"run", "--coordinator", md.url, "--token-file", md.tokenFile, "--local-mem", fmt.Sprintf("%dMiB", localMiB),
+		"--socket", sock, "--admin-socket", sock + ".admin", "--log-format", "json"}
+	if net == "swap" {
+		args = append(args, "--mode", "swap", "--swap-dir", filepath.Join(md.dir, "swap"))
+	} else {
+		args = append(args, "--network", net, "--stats")
+	}
+	args = append(args, "--", wl, w, strconv.Itoa(heap))
+	cmd := exec.Command(filepath.Join(bin, "memagent"), args...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	out, err := outputCtx(ctx, cmd)
+	if err != nil {
+		err = fmt.Errorf("%v: %s", err, lastLine(stderr.String()))
+	}
+	cpu := r.finish(out, err)
+	if cmd.ProcessState != nil && r.Outcome == "ok" {
+		// memagent's rusage includes the program it waited for.
+		ps := cmd.ProcessState
+		r.AgentCPU = max(0, (ps.UserTime()+ps.SystemTime()).Seconds()-cpu)
+	}
+	readStats(stderr.String(), &r)
+	return r
+}
+
+// readStats takes faults and the fault latency quantiles from the table
+// memagent run --stats prints (by its header).
+func readStats(s string, r *Result) {
+	sc := bufio.NewScanner(strings.NewReader(s))
+	var header []string
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) > 0 && f[0] == "PID" {
+			header = f
+			continue
+		}
+		if header == nil || len(f) == 0 {
+			continue
+		}
+		for i, h := range header {
+			if i >= len(f) {
+				break
+			}
+			switch h {
+			case "FAULTS":
+				r.Faults, _ = strconv.ParseUint(f[i], 10, 64)
+			case "P50":
+				r.P50us = micros(f[i])
+			case "P99":
+				r.P99us = micros(f[i])
+			}
+		}
+		return
+	}
+}
+
+func micros(s string) float64 {
+	d, err := time.ParseDuration(strings.ReplaceAll(s, "µs", "us"))
+	if err != nil {
+		return 0
+	}
+	return float64(d) / float64(time.Microsecond)
+}

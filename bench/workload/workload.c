@@ -1,0 +1,139 @@
+// The workloads of make bench, one per mode, over a heap of MiB megabytes:
+//   seq     write the heap, then read it 4 times in order (both timed)
+//   rand    write the heap, then 262,144 8-byte reads at uniformly random places
+//   zipf    write the heap, then 262,144 reads of pages drawn Zipfian (theta 0.99)
+//   qsort   fill the heap with random 32-bit keys and sort them (qsort(3))
+//   kmeans  points of 4 floats over the heap, 4 Lloyd iterations with k = 16
+// It prints the measured phase's seconds, a checksum of what it read (the
+// same in every configuration, or the run is wrong) and its own CPU seconds.
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+static double now(void) {
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static uint64_t rng = 88172645463325252ull;
+static uint64_t next(void) {
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return rng;
+}
+
+static int cmp(const void *a, const void *b) {
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static double cpu(void) {
+	struct rusage ru;
+	getrusage(RUSAGE_SELF, &ru);
+	return ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6;
+}
+
+int main(int argc, char **argv) {
+	if (argc != 3) {
+		fprintf(stderr, "usage: workload seq|rand|zipf|qsort|kmeans MiB\n");
+		return 2;
+	}
+	const char *m = argv[1];
+	size_t bytes = (size_t)atol(argv[2]) << 20, n = bytes / 8;
+	uint64_t *a = malloc(bytes), sum = 0;
+	if (!a) return 2;
+	double t0, t1;
+	if (!strcmp(m, "qsort")) {
+		uint32_t *b = (uint32_t *)a;
+		size_t k = bytes / 4;
+		for (size_t i = 0; i < k; i++) b[i] = (uint32_t)next();
+		t0 = now();
+		qsort(b, k, 4, cmp);
+		t1 = now();
+		for (size_t i = 1; i < k; i++) {
+			if (b[i - 1] > b[i]) { puts("BAD order"); return 1; }
+			sum = sum * 31 + b[i];
+		}
+	} else if (!strcmp(m, "kmeans")) {
+		enum { K = 16, D = 4, ITER = 4 };
+		float *p = (float *)a;
+		size_t np = bytes / (D * sizeof(float));
+		for (size_t i = 0; i < np * D; i++) p[i] = (float)(next() % 100000) / 1000.0f;
+		float c[K][D];
+		for (int j = 0; j < K; j++)
+			for (int d = 0; d < D; d++) c[j][d] = p[j * D + d];
+		t0 = now();
+		for (int it = 0; it < ITER; it++) {
+			double s[K][D] = {{0}};
+			size_t cnt[K] = {0};
+			for (size_t i = 0; i < np; i++) {
+				int best = 0;
+				float bd = INFINITY;
+				for (int j = 0; j < K; j++) {
+					float dd = 0;
+					for (int d = 0; d < D; d++) {
+						float x = p[i * D + d] - c[j][d];
+						dd += x * x;
+					}
+					if (dd < bd) { bd = dd; best = j; }
+				}
+				cnt[best]++;
+				for (int d = 0; d < D; d++) s[best][d] += p[i * D + d];
+			}
+			for (int j = 0; j < K; j++)
+				for (int d = 0; d < D; d++)
+					if (cnt[j]) c[j][d] = (float)(s[j][d] / cnt[j]);
+		}
+		t1 = now();
+		for (int j = 0; j < K; j++)
+			for (int d = 0; d < D; d++) sum = sum * 31 + (uint64_t)(c[j][d] * 1000);
+	} else {
+		t0 = now(); // seq counts its writes too; the others start after them
+		for (size_t i = 0; i < n; i++) a[i] = i * 0x9E3779B97F4A7C15ull;
+		if (strcmp(m, "seq")) t0 = now();
+		if (!strcmp(m, "seq")) {
+			for (int p = 0; p < 4; p++)
+				for (size_t i = 0; i < n; i++) sum += a[i];
+		} else if (!strcmp(m, "rand") || !strcmp(m, "zipf")) {
+			size_t pages = bytes / 4096;
+			double *cdf = NULL;
+			if (m[0] == 'z') { // Zipfian over pages, theta 0.99, page ranks shuffled
+				cdf = malloc(pages * sizeof(double));
+				double h = 0;
+				for (size_t r = 0; r < pages; r++) h += 1.0 / pow(r + 1, 0.99);
+				double acc = 0;
+				for (size_t r = 0; r < pages; r++) cdf[r] = (acc += 1.0 / pow(r + 1, 0.99) / h);
+			}
+			for (size_t k = 0; k < 262144; k++) {
+				size_t i;
+				if (cdf) {
+					double u = (double)(next() >> 11) / 9007199254740992.0;
+					size_t lo = 0, hi = pages - 1;
+					while (lo < hi) {
+						size_t mid = (lo + hi) / 2;
+						if (cdf[mid] < u) lo = mid + 1; else hi = mid;
+					}
+					size_t page = (lo * 2654435761u) % pages; // hot pages spread over the heap
+					i = page * 512 + next() % 512;
+				} else {
+					i = next() % n;
+				}
+				if (a[i] != i * 0x9E3779B97F4A7C15ull) { printf("BAD word %zu\n", i); return 1; }
+				sum += a[i];
+			}
+			free(cdf);
+		} else {
+			fprintf(stderr, "unknown workload %s\n", m);
+			return 2;
+		}
+		t1 = now();
+	}
+	printf("%.3f %016llx %.3f\n", t1 - t0, (unsigned long long)sum, cpu());
+	return 0;
+}
