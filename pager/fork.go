@@ -120,7 +120,7 @@ func (c *client) forkRegion(r *region) (*region, error) {
 		case Resident:
 			switch {
 			case p.Has(FlagBusy) && pooled:
-				// Only when settleEviction failed: being evicted clean,
+				// Only when the fork gave up waiting (park): being evicted clean,
 				// maybe dropped before fork(2); the pool has it.
 				cr.pages[idx], cr.slots[idx] = Page(0).With(Remote), r.slots[idx]
 			case p.Has(FlagBusy):
