@@ -80,13 +80,10 @@ type slotPool struct {
 // when those copies are what makes the space held pass 1.1x the space of
 // remote pages plus a slab; gen is bumped with each.
 type trimState struct {
-	gen   atomic.Uint64
-	share atomic.Uint32
-	last  time.Time // the last trim (under slotPool.mu)
-	// shortSince: since when evictions found no slot and a trim, not a
-	// slab, was to give room (under slotPool.mu; see trimFirstLocked).
-	shortSince time.Time
-	copies     func() int // the clients' pool copies of clean resident pages (not remote)
+	gen    atomic.Uint64
+	share  atomic.Uint32
+	last   time.Time  // the last trim (under slotPool.mu)
+	copies func() int // the clients' pool copies of clean resident pages (not remote)
 }
 
 type slotView struct {
@@ -386,7 +383,7 @@ func (p *slotPool) step(ctx context.Context, backoff time.Duration) time.Duratio
 	}
 	p.mu.Lock()
 	need := p.free < p.low || p.short
-	if need && p.trimFirstLocked() && p.trimForRoomLocked(copies) {
+	if need && !p.short && p.trimForRoomLocked(copies) {
 		// Copies give the room back sooner than a slab would be right.
 		p.mu.Unlock()
 		p.onRoom()
@@ -560,32 +557,12 @@ func (p *slotPool) maybeTrimLocked(copies int) bool {
 // of the copies within a round or two of their loop.
 const trimSoon = 50 * time.Millisecond
 
-// trimPatience is how long evictions that found no slot wait for a trim
-// to give room back before the reservoir takes a slab after all.
-const trimPatience = 500 * time.Millisecond
-
-// trimFirstLocked reports whether a shortage of slots may be met by a
-// trim rather than a slab: always before evictions found none (p.short),
-// and for trimPatience after they did (a slab taken then would put the
-// space held past its bound for a moment, until the next trim).
-func (p *slotPool) trimFirstLocked() bool {
-	if !p.short {
-		p.trim.shortSince = time.Time{}
-		return true
-	}
-	if p.trim.shortSince.IsZero() {
-		p.trim.shortSince = time.Now()
-	}
-	return time.Since(p.trim.shortSince) < trimPatience
-}
-
 // trimForRoomLocked asks the loops to let go of pool copies of clean
 // resident pages instead of taking a slab for free slots, when a slab more
 // would put the space held past 1.1x the remote pages plus one slab (the
 // copies are what fills it: a budget's worth of them over a slab of remote
 // pages). It reports whether it asked or one asked lately is under way;
-// once evictions found no slot for trimPatience, the reservoir grows
-// instead (trimFirstLocked).
+// while evictions find no slot (short) the reservoir grows instead.
 func (p *slotPool) trimForRoomLocked(copies int) bool {
 	copies = p.freeableLocked(copies)
 	if copies == 0 {
