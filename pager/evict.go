@@ -120,7 +120,15 @@ func (c *client) slotsFor(victims []Victim) []Victim {
 			dirty++
 		}
 	}
-	got := c.a.slots.alloc(c.ev.newSlots[:dirty])
+	got := c.a.slots.tryAlloc(c.ev.newSlots[:dirty])
+	if got < dirty && c.a.slots.copiesOverBound() {
+		// A slab more would hold more than the bound: this client's
+		// copies of clean pages give the slots, at once.
+		c.letGo(max(dirty-got, localTrimMin))
+	}
+	if got < dirty {
+		got += c.a.slots.alloc(c.ev.newSlots[got:dirty])
+	}
 	if got == dirty {
 		c.roomAgain()
 		return victims

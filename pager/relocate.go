@@ -33,16 +33,28 @@ func (rl *relocation) pending(c *client) bool { return c.a.slots.gen.Load() != r
 
 // trim lets go of the share of the client's pool copies of clean resident
 // pages that the pool asked for (slots.go, maybeTrimLocked): they become
-// dirty, written to a slot again when evicted. Recently referenced pages
-// go first: they are the likeliest to stay resident until then. A slot a
-// fork's other side names too is kept: letting go of it frees nothing.
+// dirty, written to a slot again when evicted (letGo).
 func (c *client) trim() {
 	gen := c.a.slots.trim.gen.Load()
 	if gen == c.room.trimSeen {
 		return
 	}
 	c.room.trimSeen = gen
-	want := int(max(c.st.pooled.Load()-c.st.remote.Load(), 0) * int64(c.a.slots.trim.share.Load()) / 1000)
+	c.letGo(int(max(c.st.pooled.Load()-c.st.remote.Load(), 0) * int64(c.a.slots.trim.share.Load()) / 1000))
+}
+
+// localTrimMin is the fewest copies an eviction short of slots lets go
+// of (slotsFor): a few batches' worth, so that the scan is not made for
+// every batch.
+const localTrimMin = 4 * maxEvictBatch
+
+// letGo makes up to want of the client's clean resident pages dirty,
+// letting go of their pool copies, and returns how many it did. Recently
+// referenced pages go first: they are the likeliest to stay resident
+// until then. A slot a fork's other side names too is kept: letting go of
+// it frees nothing.
+func (c *client) letGo(want int) int {
+	done := 0
 	sharing := c.a.slots.sharing() // else no slot needs a look (and a lock) of its own
 	for pass := 0; pass < 2 && want > 0; pass++ {
 		for _, r := range c.regs.list {
@@ -54,10 +66,12 @@ func (c *client) trim() {
 					(pass == 1 || p.Has(FlagRef)) && (!sharing || !c.a.slots.shared(r.slots[idx])) {
 					c.dirty(r, idx, p)
 					want--
+					done++
 				}
 			}
 		}
 	}
+	return done
 }
 
 // relocate moves a batch of the client's pages out of the slab being

@@ -173,7 +173,14 @@ func (p *slotPool) draining(s Slot) bool {
 // alloc fills out with new slots (one reference each) and returns how many
 // it took: fewer than len(out) when the pool is short, and then the
 // reservoir is asked for a slab.
-func (p *slotPool) alloc(out []Slot) int {
+func (p *slotPool) alloc(out []Slot) int { return p.take(out, true) }
+
+// tryAlloc is alloc for a caller that has another way to find room (an
+// eviction can let go of its own clean pages' copies, see slotsFor): a
+// short take is not reported to the reservoir.
+func (p *slotPool) tryAlloc(out []Slot) int { return p.take(out, false) }
+
+func (p *slotPool) take(out []Slot, report bool) int {
 	p.mu.Lock()
 	p.asked = time.Now()
 	n := 0
@@ -201,6 +208,10 @@ func (p *slotPool) alloc(out []Slot) int {
 	p.free -= n
 	p.used += n
 	short := n < len(out) || p.free < p.low
+	if !report && n < len(out) {
+		p.mu.Unlock()
+		return n
+	}
 	if n < len(out) {
 		p.short = true
 	}
@@ -586,6 +597,31 @@ func (p *slotPool) trimForRoomLocked(copies int) bool {
 	p.trim.share.Store(uint32(min(1000, (min(want, copies)*1000+copies-1)/copies)))
 	p.trim.gen.Add(1)
 	return true
+}
+
+// copiesOverBound reports whether the clients' pool copies of clean
+// resident pages are what would put the space held past its bound if a
+// slab were added (held > 1.1x the remote pages): an eviction short of
+// slots then lets go of copies instead (slotsFor).
+func (p *slotPool) copiesOverBound() bool {
+	copies := 0
+	if p.trim.copies != nil {
+		copies = p.trim.copies()
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	copies = p.freeableLocked(copies)
+	if copies == 0 {
+		return false
+	}
+	held := 0
+	for _, s := range p.slabs {
+		if s != nil {
+			held += p.pps
+		}
+	}
+	remote := max(p.used-copies, 0)
+	return held > remote+remote/10
 }
 
 // maybeDrainLocked starts draining the slab with the fewest used slots
