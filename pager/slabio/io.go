@@ -75,11 +75,35 @@ const (
 	whyUnavailable
 )
 
-// Marks of a posted WRITE (IO.rep).
+// Marks of a posted WRITE (writeReq.marks).
 const (
 	wrFailed  uint8 = 1 << iota // the replica missed it
 	wrFilling                   // the replica is Filling (Migrate)
 )
+
+// readOp is where a READ of one op stands.
+type readOp struct {
+	next uint8 // the replica to try next
+	why  uint8 // why the replicas tried so far failed
+	via  *peer // the connection of the request posted this round (nil: none)
+	// srv is the server of that replica, named at post time: the table
+	// may change (Migrate) before the completion is classified.
+	srv string
+}
+
+// writeOp is what the WRITEs of one op did.
+type writeOp struct {
+	ok  uint8 // replicas written (a Filling one does not count)
+	why uint8
+}
+
+// writeReq is one posted WRITE: an op's replica.
+type writeReq struct {
+	op    int32 // index of its op in the chunk
+	marks uint8 // wrFailed, wrFilling
+	via   *peer
+	srv   string // as readOp.srv
+}
 
 // IO is a PageIO over a Table: its own connection per replica address and
 // preallocated work requests, for one goroutine.
@@ -92,19 +116,11 @@ type IO struct {
 	active []*peer
 	wrs    []rdma.WorkRequest
 	cqes   []rdma.Completion
-	// Per op of the current chunk.
-	next []uint8 // READ: replica to try next
-	why  []uint8
-	via  []*peer
-	rep  []uint8 // READ: replica index of the posted request; WRITE: wrFailed, wrFilling
-	ok   []uint8 // WRITE: replicas written
-	pend []int32
-	more []int32
-	// WRITE: the op index of each posted request.
-	wop []int32
-	// Server of each posted request's replica, named at post time: the
-	// table may change (Migrate) before the completion is classified.
-	srv []string
+	reads  []readOp   // per op of the current READ chunk
+	writes []writeOp  // per op of the current WRITE chunk
+	reqs   []writeReq // per posted WRITE of the current chunk
+	pend   []int32    // READ: the ops still to read, this round and the next
+	more   []int32
 	// Buffers registered with every connection that can (RegisterLocal).
 	locals    [][]byte
 	octx      opCtx
@@ -122,10 +138,8 @@ func (t *Table) NewIO() *IO {
 		t: t, dial: dial, depth: d, peers: map[connKey]*peer{},
 		active: make([]*peer, 0, 16),
 		wrs:    make([]rdma.WorkRequest, 2*d), cqes: make([]rdma.Completion, d),
-		next: make([]uint8, d), why: make([]uint8, d), via: make([]*peer, d),
-		rep: make([]uint8, d), ok: make([]uint8, d),
+		reads: make([]readOp, d), writes: make([]writeOp, d), reqs: make([]writeReq, d),
 		pend: make([]int32, 0, d), more: make([]int32, 0, d),
-		wop: make([]int32, d), srv: make([]string, d),
 		opTimeout: DefaultOpTimeout,
 	}
 }
@@ -223,7 +237,7 @@ func (io *IO) readChunk(ctx context.Context, ops []pager.PageOp) error {
 	io.pend = io.pend[:0]
 	for i := range ops {
 		ops[i].Err = nil
-		io.next[i], io.why[i] = 0, 0
+		io.reads[i] = readOp{}
 		io.pend = append(io.pend, int32(i))
 	}
 	parent := ctx
@@ -231,33 +245,33 @@ func (io *IO) readChunk(ctx context.Context, ops []pager.PageOp) error {
 		ctx := io.begin(parent) // each round waits at most the op deadline
 		// Choose a replica per pending op.
 		for _, i := range io.pend {
-			op := &ops[i]
-			io.via[i] = nil
+			op, ro := &ops[i], &io.reads[i]
+			ro.via = nil
 			reps, ok := io.t.lookup(op.Slab)
 			if !ok {
 				op.Err = pager.ErrUnknownSlab
 				continue
 			}
-			for int(io.next[i]) < len(reps) {
-				r := &reps[io.next[i]]
+			for int(ro.next) < len(reps) {
+				r := &reps[ro.next]
 				switch r.State {
 				case Lost:
-					io.why[i] |= whyLost
+					ro.why |= whyLost
 				case Healthy:
 					if p := io.peer(ctx, r); p != nil {
-						io.via[i], io.rep[i], io.srv[i] = p, io.next[i], r.Server
+						ro.via, ro.srv = p, r.Server
 						io.wrs[i] = rdma.WorkRequest{ID: uint64(i), Op: rdma.OpRead, Key: r.Key, Offset: op.Off, Local: op.Buf}
 					} else {
-						io.why[i] |= whyUnavailable
+						ro.why |= whyUnavailable
 					}
 				}
-				io.next[i]++
-				if io.via[i] != nil {
+				ro.next++
+				if ro.via != nil {
 					break
 				}
 			}
-			if io.via[i] == nil {
-				io.fail(op, io.why[i])
+			if ro.via == nil {
+				io.fail(op, ro.why)
 			} else if round > 0 {
 				io.t.failovers.Add(1)
 			}
@@ -267,7 +281,7 @@ func (io *IO) readChunk(ctx context.Context, ops []pager.PageOp) error {
 		for _, p := range io.active {
 			k := 0
 			for _, i := range io.pend {
-				if io.via[i] == p {
+				if io.reads[i].via == p {
 					io.cqes[k].ID = uint64(i) // reuse cqes as an index list
 					k++
 				}
@@ -275,8 +289,8 @@ func (io *IO) readChunk(ctx context.Context, ops []pager.PageOp) error {
 			if err := io.postGather(p, k); err != nil {
 				for j := 0; j < k; j++ {
 					i := int32(io.cqes[j].ID)
-					io.via[i] = nil
-					io.why[i] |= whyUnavailable
+					io.reads[i].via = nil
+					io.reads[i].why |= whyUnavailable
 					io.more = append(io.more, i)
 				}
 				p.drop()
@@ -292,7 +306,7 @@ func (io *IO) readChunk(ctx context.Context, ops []pager.PageOp) error {
 					io.t.reads.Add(1)
 					return
 				}
-				io.classify(op.Slab, io.srv[i], c.Status, p, &io.why[i])
+				io.classify(op.Slab, io.reads[i].srv, c.Status, p, &io.reads[i].why)
 				io.more = append(io.more, i)
 			})
 			if err != nil {
@@ -303,8 +317,8 @@ func (io *IO) readChunk(ctx context.Context, ops []pager.PageOp) error {
 			// order, completed in order) unfinished: they move to the
 			// next replica.
 			for j := len(io.pend) - 1; j >= 0 && p.n > 0; j-- {
-				if i := io.pend[j]; io.via[i] == p {
-					io.why[i] |= whyUnavailable
+				if i := io.pend[j]; io.reads[i].via == p {
+					io.reads[i].why |= whyUnavailable
 					io.more = append(io.more, i)
 					p.n--
 				}
@@ -421,7 +435,7 @@ func (io *IO) writeChunk(parent context.Context, ops []pager.PageOp) error {
 	for i := range ops {
 		op := &ops[i]
 		op.Err = nil
-		io.ok[i], io.why[i] = 0, 0
+		io.writes[i] = writeOp{}
 		reps, ok := io.t.lookup(op.Slab)
 		if !ok {
 			op.Err = pager.ErrUnknownSlab
@@ -434,32 +448,32 @@ func (io *IO) writeChunk(parent context.Context, ops []pager.PageOp) error {
 			}
 			p := io.peer(ctx, r)
 			io.wrs[nw] = rdma.WorkRequest{ID: uint64(nw), Op: rdma.OpWrite, Key: r.Key, Offset: op.Off, Local: op.Buf}
-			io.wop[nw], io.srv[nw] = int32(i), r.Server
-			io.via[nw], io.rep[nw] = p, 0
+			req := &io.reqs[nw]
+			*req = writeReq{op: int32(i), via: p, srv: r.Server}
 			if r.State == Filling {
-				io.rep[nw] = wrFilling
+				req.marks = wrFilling
 			}
 			if p == nil { // not dialled: this replica misses the WRITE
-				io.why[i] |= whyUnavailable
-				io.rep[nw] |= wrFailed
+				io.writes[i].why |= whyUnavailable
+				req.marks |= wrFailed
 			}
 			nw++
 		}
 	}
 	failed := func(w int) {
-		io.why[io.wop[w]] |= whyUnavailable
-		io.rep[w] |= wrFailed
+		io.writes[io.reqs[w].op].why |= whyUnavailable
+		io.reqs[w].marks |= wrFailed
 	}
 	for _, p := range io.active {
 		buf := io.scratch(0)[:0]
 		for w := 0; w < nw; w++ {
-			if io.via[w] == p {
+			if io.reqs[w].via == p {
 				buf = append(buf, io.wrs[w])
 			}
 		}
 		if err := p.c.Post(buf); err != nil {
 			for w := 0; w < nw; w++ {
-				if io.via[w] == p {
+				if io.reqs[w].via == p {
 					failed(w)
 				}
 			}
@@ -478,8 +492,8 @@ func (io *IO) writeChunk(parent context.Context, ops []pager.PageOp) error {
 				}
 				return
 			}
-			if io.rep[w]&wrFilling == 0 {
-				io.ok[io.wop[w]]++ // a Filling replica is not read yet: it does not count
+			if req := &io.reqs[w]; req.marks&wrFilling == 0 {
+				io.writes[req.op].ok++ // a Filling replica is not read yet: it does not count
 			}
 		})
 		if err != nil {
@@ -490,7 +504,7 @@ func (io *IO) writeChunk(parent context.Context, ops []pager.PageOp) error {
 		// in order, completed in order); they are marked stale below if
 		// another replica took them.
 		for w := nw - 1; w >= 0 && p.n > 0; w-- {
-			if io.via[w] == p {
+			if io.reqs[w].via == p {
 				failed(w)
 				p.n--
 			}
@@ -502,9 +516,9 @@ func (io *IO) writeChunk(parent context.Context, ops []pager.PageOp) error {
 		if op.Err != nil {
 			continue
 		}
-		if io.ok[i] == 0 {
+		if io.writes[i].ok == 0 {
 			// Nothing written: every replica keeps the previous version.
-			if io.why[i] == 0 {
+			if io.writes[i].why == 0 {
 				op.Err = pager.ErrLost
 			} else {
 				op.Err = pager.ErrUnavailable
@@ -517,9 +531,9 @@ func (io *IO) writeChunk(parent context.Context, ops []pager.PageOp) error {
 	// that only a Filling replica took is not written (the caller
 	// retries): marking the healthy replicas that missed it stale would
 	// leave the slab nothing to read, nor to finish the copy from.
-	for w := 0; w < nw; w++ {
-		if io.rep[w]&wrFailed != 0 && io.ok[io.wop[w]] > 0 {
-			io.t.markLost(ops[io.wop[w]].Slab, io.srv[w])
+	for _, req := range io.reqs[:nw] {
+		if req.marks&wrFailed != 0 && io.writes[req.op].ok > 0 {
+			io.t.markLost(ops[req.op].Slab, req.srv)
 		}
 	}
 	return nil
