@@ -132,6 +132,9 @@ type forkState struct {
 	prepareSeq  uint32
 }
 
+// stageBuf returns staging slot s's page of the staging area.
+func (e *evictState) stageBuf(s int) []byte { return e.staging[s*pageSize : (s+1)*pageSize] }
+
 // evictState is the staging area and the eviction in flight.
 type evictState struct {
 	stagingFD  int

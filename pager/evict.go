@@ -217,7 +217,7 @@ func (c *client) evicted(m *proto.Evicted) {
 			c.set(r, idx, (p &^ (FlagDirty | FlagRef)).With(Staged))
 			c.ev.staged++
 			slab, off := c.a.slots.where(r.slots[idx])
-			c.ev.wb = append(c.ev.wb, PageOp{Slab: slab, Off: off, Buf: c.ev.staging[slot*pageSize : (slot+1)*pageSize]})
+			c.ev.wb = append(c.ev.wb, PageOp{Slab: slab, Off: off, Buf: c.ev.stageBuf(slot)})
 			c.ev.wbRef = append(c.ev.wbRef, i)
 		} else {
 			c.set(r, idx, (p &^ FlagRef).With(Remote))
@@ -233,7 +233,7 @@ func (c *client) evicted(m *proto.Evicted) {
 			}
 			c.ev.staged--
 			c.st.writeBacks.Add(1)
-			c.set(ref.r, ref.idx, ref.r.pages[ref.idx].With(Remote))
+			c.set(ref.r, ref.idx, ref.entry().With(Remote))
 		}
 	}
 	c.resolveHeld()
@@ -243,7 +243,7 @@ func (c *client) evicted(m *proto.Evicted) {
 			continue
 		}
 		slot := int(c.ev.evict.Pages[i].Slot)
-		if c.ev.stageOwner[slot] == ref && !ref.r.gone && ref.r.pages[ref.idx].State() == Remote {
+		if c.ev.stageOwner[slot] == ref && !ref.r.gone && ref.entry().State() == Remote {
 			c.freeStage(slot)
 		}
 	}
@@ -291,14 +291,14 @@ func (c *client) retryWriteBack() {
 	}
 	c.ev.wb, c.ev.wbRef = c.ev.wb[:0], c.ev.wbRef[:0]
 	for s, o := range c.ev.stageOwner {
-		if o.r == nil || o.r.gone || o.r.pages[o.idx].State() != Staged || o.r.pages[o.idx].Has(FlagBusy) {
+		if o.r == nil || o.r.gone || o.entry().State() != Staged || o.entry().Has(FlagBusy) {
 			continue
 		}
 		if len(c.ev.wb) == cap(c.ev.wb) {
 			break
 		}
-		slab, off := c.a.slots.where(o.r.slots[o.idx])
-		c.ev.wb = append(c.ev.wb, PageOp{Slab: slab, Off: off, Buf: c.ev.staging[s*pageSize : (s+1)*pageSize]})
+		slab, off := c.poolAt(o)
+		c.ev.wb = append(c.ev.wb, PageOp{Slab: slab, Off: off, Buf: c.ev.stageBuf(s)})
 		c.ev.wbRef = append(c.ev.wbRef, s)
 	}
 	if len(c.ev.wb) == 0 {
@@ -313,7 +313,7 @@ func (c *client) retryWriteBack() {
 		o := c.ev.stageOwner[s]
 		c.ev.staged--
 		c.st.writeBacks.Add(1)
-		c.set(o.r, o.idx, o.r.pages[o.idx].With(Remote))
+		c.set(o.r, o.idx, o.entry().With(Remote))
 		c.freeStage(s)
 	}
 }

@@ -15,10 +15,21 @@ import (
 // Fault resolution: a fault's page found, fetched (READ batches merged
 // into runs), installed, poisoned or held; the budget's throttle.
 
+// pageRef names a page: its region and its index there. The page's other
+// names follow from it: its address in the program (addr), its page-table
+// entry and pool slot (entry, slot), and through the slot pool the slab
+// and offset of that slot (client.poolAt).
 type pageRef struct {
 	r   *region
 	idx int
 }
+
+func (p pageRef) addr() userfaultfd.Addr { return p.r.addr(p.idx) }
+func (p pageRef) entry() Page            { return p.r.pages[p.idx] }
+func (p pageRef) slot() Slot             { return p.r.slots[p.idx] }
+
+// poolAt returns the slab and byte offset of the page's pool slot.
+func (c *client) poolAt(p pageRef) (SlabID, uint64) { return c.a.slots.where(p.slot()) }
 
 type readRef struct {
 	pageRef
@@ -302,7 +313,7 @@ func (c *client) hold(list *[]heldFault, h heldFault) {
 	}
 	if len(*list) == cap(*list) {
 		// Full: let the thread fault again later.
-		c.uffd.Wake(pageRange(h.r.addr(h.idx)))
+		c.uffd.Wake(pageRange(h.addr()))
 		return
 	}
 	*list = append(*list, h)
@@ -415,14 +426,14 @@ func (c *client) merge() {
 // one where the Copy stopped (the caller installs the rest one by one).
 func (c *client) copyRun(k, j int, since time.Time) int {
 	first := c.fq.readAt[k]
-	n, err := c.uffd.Copy(first.r.addr(first.idx), c.fq.bufs[k*pageSize:j*pageSize], userfaultfd.WriteProtected)
+	n, err := c.uffd.Copy(first.addr(), c.fq.bufs[k*pageSize:j*pageSize], userfaultfd.WriteProtected)
 	done := j - k
 	if err != nil {
 		done = min(max(n, 0)/pageSize, j-k)
 	}
 	for m := k; m < k+done; m++ {
 		ref := c.fq.readAt[m]
-		p := ref.r.pages[ref.idx] &^ FlagFetch
+		p := ref.entry() &^ FlagFetch
 		c.st.remoteReads.Add(1)
 		c.set(ref.r, ref.idx, p.With(Resident)|FlagRef)
 		if !ref.prefetch {
@@ -574,7 +585,7 @@ func (c *client) fromStage(r *region, idx int, flags userfaultfd.Flags) error {
 		return nil
 	}
 	a := r.addr(idx)
-	_, err := c.uffd.Copy(a, c.ev.staging[slot*pageSize:(slot+1)*pageSize], flags)
+	_, err := c.uffd.Copy(a, c.ev.stageBuf(slot), flags)
 	exist := userfaultfd.IsExist(err)
 	switch {
 	case err == nil:
@@ -610,7 +621,7 @@ func (c *client) retryHeld() {
 	c.fq.retry, c.fq.retrySpare = c.fq.retrySpare[:0], pending
 	for _, h := range pending {
 		if !h.r.gone {
-			c.fault(h.r.addr(h.idx), h.flags, h.since)
+			c.fault(h.addr(), h.flags, h.since)
 		}
 	}
 	c.flushReads(now)

@@ -171,7 +171,7 @@ func (c *client) writeStaged(r, cr *region, idxs []int) error {
 			continue
 		}
 		slab, off := c.a.slots.where(slots[k])
-		ops = append(ops, PageOp{Slab: slab, Off: off, Buf: c.ev.staging[stage*pageSize : (stage+1)*pageSize]})
+		ops = append(ops, PageOp{Slab: slab, Off: off, Buf: c.ev.stageBuf(stage)})
 		at = append(at, k)
 	}
 	for try := 0; ; try++ {

@@ -153,12 +153,12 @@ func (c *client) move(rl *relocation) int {
 	reads := rl.at[:0]
 	var fresh []Slot
 	for k, ref := range rl.at[:n] {
-		if ref.r.pages[ref.idx].State() == Staged {
+		if ref.entry().State() == Staged {
 			c.setSlot(ref.r, ref.idx, rl.slots[k])
 			moved++
 			continue
 		}
-		slab, off := c.a.slots.where(ref.r.slots[ref.idx])
+		slab, off := c.poolAt(ref)
 		j := len(rl.ops)
 		rl.ops = append(rl.ops, PageOp{Slab: slab, Off: off, Buf: c.fq.bufs[j*pageSize : (j+1)*pageSize]})
 		reads = append(reads, ref)
@@ -179,7 +179,7 @@ func (c *client) move(rl *relocation) int {
 			writes = append(writes, PageOp{Slab: slab, Off: off, Buf: op.Buf})
 			wrote = append(wrote, j)
 		case errors.Is(op.Err, ErrLost):
-			c.set(ref.r, ref.idx, ref.r.pages[ref.idx].With(Lost))
+			c.set(ref.r, ref.idx, ref.entry().With(Lost))
 			c.setSlot(ref.r, ref.idx, 0)
 			c.a.slots.release(fresh[j])
 		default:

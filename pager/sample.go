@@ -46,7 +46,7 @@ func (c *client) holdSample(k int) {
 	c.releaseSample(s)
 	copy(c.sample.buf[s*pageSize:(s+1)*pageSize], c.fq.reads[k].Buf)
 	ref := c.fq.readAt[k].pageRef
-	ref.r.pages[ref.idx] = ref.r.pages[ref.idx]&^FlagFetch | FlagSampled
+	ref.r.pages[ref.idx] = ref.entry()&^FlagFetch | FlagSampled
 	c.sample.owner[s] = ref
 	c.st.remoteReads.Add(1)
 }
@@ -61,7 +61,7 @@ func (c *client) releaseSample(s int) {
 	}
 	// A page dropped since, or of a region removed (its entries zeroed),
 	// has lost the flag.
-	if p := o.r.pages[o.idx]; p.State() == Remote && p.Has(FlagSampled) {
+	if p := o.entry(); p.State() == Remote && p.Has(FlagSampled) {
 		o.r.pages[o.idx] = p &^ FlagSampled
 		c.st.prefetchWasted.Add(1)
 	}
