@@ -14,6 +14,7 @@ import (
 	"math/rand"
 	"net"
 	"os"
+	"os/exec"
 	"sync"
 	"testing"
 	"time"
@@ -595,5 +596,140 @@ func TestCoreCopiesGiveRoomBeforeASlab(t *testing.T) {
 	}
 	if err := f.check(1, orderOf("forward", f.pages)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// forkChild forks f's process (FORK_PREPARE, fork(2) as Kernel.Fork,
+// FORK_DONE) and serves the child, as a child with a uffd of its own.
+// f must have been served with a pid (forkKey is the parent's pid).
+func (f *fake) forkChild(serial uint64, ppid int) *fake {
+	t := f.t
+	t.Helper()
+	if err := f.p.ForkPrepare(serial); err != nil {
+		t.Fatalf("FORK_PREPARE: %v", err)
+	}
+	ck, err := f.k.Fork()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ck.Close() })
+	if err := f.p.ForkDone(serial, int32(ppid)); err != nil {
+		t.Fatalf("FORK_DONE: %v", err)
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agentSide, procSide := unixConn(t, fds[0]), unixConn(t, fds[1])
+	sfd, slots, err := f.a.ServeForkChildForTest(ck, agentSide, ppid, ppid, serial)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := pagertest.NewProcess(ck, procSide, sfd, slots)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return &fake{t: t, a: f.a, store: f.store, k: ck, p: p, pages: f.pages}
+}
+
+// A fork's two sides are private copies: after the fork each writes its
+// own generation over the pages (the child over half of them) and reads
+// back only its own, through evictions on both sides; pages in the pool
+// at the fork stay in slots both name until one side writes its own, and
+// when both have exited every slot is free. Catches a write-back into a
+// slot the other side still names (it would show through), a child that
+// reads zeros for the parent's evicted pages, and slots a fork leaks.
+func TestCoreForkPrivate(t *testing.T) {
+	store := pagertest.New(t, pagertest.Options{})
+	opts := coreOpts(store)
+	a := startAgentOpts(t, opts)
+	k, err := pagertest.NewKernel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.FaultWait = 3 * time.Second
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The loops watch the process with a pidfd: a real one stands in,
+	// whose exit ends both sides' loops.
+	stand := exec.Command("sleep", "60")
+	if err := stand.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stand.Process.Kill(); stand.Wait() })
+	pid := stand.Process.Pid
+	sfd, slots, err := a.ServeForTest(k, unixConn(t, fds[0]), pid, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := pagertest.NewProcess(k, unixConn(t, fds[1]), sfd, slots)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	const pages = 4 * budgetPages
+	if err := p.AddRegion(1, userfaultfd.Range{Start: fakeBase, Len: pages * pagertest.PageSize}); err != nil {
+		t.Fatal(err)
+	}
+	parent := &fake{t: t, a: a, store: store, k: k, p: p, pages: pages}
+	if err := parent.write(1, 0, pages, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Some pages back in clean (their pool copies kept), most in the pool.
+	if err := parent.check(1, orderOf("random", pages)[:budgetPages/2]); err != nil {
+		t.Fatal(err)
+	}
+	child := parent.forkChild(1, pid)
+	errs := make(chan error, 2)
+	go func() {
+		if err := parent.write(2, 0, pages, nil); err != nil {
+			errs <- fmt.Errorf("parent: %w", err)
+			return
+		}
+		errs <- parent.check(2, orderOf("random", pages))
+	}()
+	go func() {
+		if err := child.write(3, 0, pages/2, nil); err != nil {
+			errs <- fmt.Errorf("child: %w", err)
+			return
+		}
+		if err := child.check(3, orderOf("reverse", pages/2)); err != nil {
+			errs <- fmt.Errorf("child, its own half: %w", err)
+			return
+		}
+		o := orderOf("random", pages)
+		var rest []int
+		for _, i := range o {
+			if i >= pages/2 {
+				rest = append(rest, i)
+			}
+		}
+		if err := child.check(1, rest); err != nil {
+			errs <- fmt.Errorf("child, the half it inherited: %w", err)
+			return
+		}
+		errs <- nil
+	}()
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := a.Stats(); len(st) != 2 || st[0].Evictions == 0 || st[1].Evictions == 0 {
+		t.Fatalf("both sides should have paged: %+v", st)
+	}
+	child.k.Exit()
+	parent.k.Exit()
+	stand.Process.Kill()
+	stand.Wait()
+	deadline := time.Now().Add(5 * time.Second)
+	for len(a.Stats()) > 0 || a.Pool().UsedBytes > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("after both exited: %d clients, pool %+v", len(a.Stats()), a.Pool())
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

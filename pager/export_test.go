@@ -97,3 +97,36 @@ func (a *Agent) ServeForTest(u faultFD, conn *net.UnixConn, pid int, localMem ui
 	c.attach(conn, pid)
 	return fd, len(c.ev.stageOwner), nil
 }
+
+// ServeForkChildForTest serves the child of fork serial of the client
+// whose pid is ppid, as ServeForTest does a process: it takes the copy of
+// the parent's pages that FORK_PREPARE made, as the HELLO of a child with
+// a uffd of its own does (without its credential checks).
+func (a *Agent) ServeForkChildForTest(u faultFD, conn *net.UnixConn, ppid, pid int, serial uint64) (stagingFD, slots int, err error) {
+	k := forkKey{ppid, serial}
+	a.mu.Lock()
+	fc := a.copies[k]
+	delete(a.copies, k)
+	a.mu.Unlock()
+	if fc == nil {
+		return -1, 0, fmt.Errorf("pager: no FORK_PREPARE of fork %d of pid %d", serial, ppid)
+	}
+	c, err := a.newClient(u, userfaultfd.FeaturePoison)
+	if err != nil {
+		a.freeRegions(fc.regs)
+		return -1, 0, err
+	}
+	c.adopt(fc.regs)
+	c.localMem.Store(fc.localMem)
+	fd, err := unix.Dup(c.ev.stagingFD)
+	if err != nil {
+		c.teardownUnstarted()
+		return -1, 0, err
+	}
+	if !a.start(c) {
+		unix.Close(fd)
+		return -1, 0, fmt.Errorf("pager: agent closed")
+	}
+	c.attach(conn, pid)
+	return fd, len(c.ev.stageOwner), nil
+}

@@ -195,6 +195,25 @@ func (k *Kernel) Exit() {
 	k.cond.Broadcast()
 }
 
+// Fork returns the address space of a child forked now, as fork(2) makes
+// it for a process whose child registers its ranges with a uffd of its
+// own (no FORK event): the mapped pages copied, none write-protected (the
+// child's registration starts without uffd-wp bits), the missing ones
+// missing. Close releases its eventfd.
+func (k *Kernel) Fork() (*Kernel, error) {
+	child, err := NewKernel()
+	if err != nil {
+		return nil, err
+	}
+	child.FaultWait = k.FaultWait
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for a, p := range k.pages {
+		child.pages[a] = &fakePage{data: p.data}
+	}
+	return child, nil
+}
+
 // Mapped reports whether a's page is mapped, and write-protected.
 func (k *Kernel) Mapped(a userfaultfd.Addr) (mapped, wp bool) {
 	k.mu.Lock()
