@@ -733,3 +733,40 @@ func TestCoreForkPrivate(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// Prefetch follows a stream and stops on random access: reading evicted
+// pages in order takes few faults (the pages ahead come in before they are
+// touched), and reading them at random fetches little that is not asked
+// for. Catches a prefetcher that never starts (every page a fault), and
+// one that keeps fetching for a random reader (pages fetched to be
+// evicted unused).
+func TestCorePrefetch(t *testing.T) {
+	for _, order := range []string{"forward", "random"} {
+		t.Run(order, func(t *testing.T) {
+			store := pagertest.New(t, pagertest.Options{})
+			f := startFake(t, coreOpts(store), 16*budgetPages)
+			if err := f.write(1, 0, f.pages, nil); err != nil {
+				t.Fatal(err)
+			}
+			before, _ := f.statsWhen(func(pager.ClientStats) bool { return true })
+			faults := f.k.Counts().Faults
+			if err := f.check(1, orderOf(order, f.pages)); err != nil {
+				t.Fatal(err)
+			}
+			st, _ := f.statsWhen(func(pager.ClientStats) bool { return true })
+			faults = f.k.Counts().Faults - faults
+			issued := st.PrefetchIssued - before.PrefetchIssued
+			t.Logf("%s: %d pages read, %d faults, %d prefetched", order, f.pages, faults, issued)
+			switch order {
+			case "forward":
+				if faults > f.pages/4 || issued < uint64(f.pages/2) {
+					t.Errorf("a stream of %d evicted pages took %d faults with %d prefetched: want under 1/4 faults", f.pages, faults, issued)
+				}
+			case "random":
+				if issued > uint64(f.pages/8) {
+					t.Errorf("random reads of %d pages prefetched %d: want at most 1/8", f.pages, issued)
+				}
+			}
+		})
+	}
+}
