@@ -172,6 +172,18 @@ func (f *fake) statsWhen(ok func(pager.ClientStats) bool) (pager.ClientStats, bo
 	}
 }
 
+// waitEvict waits (5 s at most) for an EVICT to reach the paused helper.
+func (f *fake) waitEvict() {
+	f.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !f.p.EvictPending() {
+		if time.Now().After(deadline) {
+			f.t.Fatal("no EVICT came")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 const budgetPages = 64
 
 func coreOpts(store *pagertest.Store) pager.Options {
@@ -473,13 +485,7 @@ func TestCoreForkPrepareWaitsForEviction(t *testing.T) {
 	f.p.PauseHelper()
 	reads := make(chan error, 1)
 	go func() { reads <- f.check(1, orderOf("forward", f.pages)) }() // faults in, and so evicts
-	deadline := time.Now().Add(5 * time.Second)
-	for !f.p.EvictPending() {
-		if time.Now().After(deadline) {
-			t.Fatal("no EVICT came")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	f.waitEvict()
 	prepared := make(chan error, 1)
 	go func() { prepared <- f.p.ForkPrepare(1) }()
 	// The faults go on (past the budget's margin the budget bends after
@@ -524,13 +530,7 @@ func TestCoreForkPrepareClientGone(t *testing.T) {
 	}
 	f.p.PauseHelper()
 	go f.check(1, orderOf("forward", f.pages)) // fails once the process is gone
-	deadline := time.Now().Add(5 * time.Second)
-	for !f.p.EvictPending() {
-		if time.Now().After(deadline) {
-			t.Fatal("no EVICT came")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	f.waitEvict()
 	prepared := make(chan error, 1)
 	go func() { prepared <- f.p.ForkPrepare(1) }()
 	time.Sleep(20 * time.Millisecond)
@@ -539,7 +539,7 @@ func TestCoreForkPrepareClientGone(t *testing.T) {
 	if err := <-prepared; err == nil {
 		t.Fatal("FORK_PREPARE answered on a closed connection")
 	}
-	deadline = time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(5 * time.Second)
 	for len(f.a.Stats()) > 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("the gone client is still served: %+v", f.a.Stats())

@@ -104,13 +104,7 @@ func (k *Kernel) Store(a userfaultfd.Addr, v uint64) error {
 // would.
 func (k *Kernel) access(a userfaultfd.Addr, write bool, do func(*fakePage)) error {
 	pg := pageOf(a)
-	deadline := time.Now().Add(k.faultWait())
-	timer := time.AfterFunc(k.faultWait(), func() {
-		k.mu.Lock()
-		k.cond.Broadcast()
-		k.mu.Unlock()
-	})
-	defer timer.Stop()
+	var deadline time.Time // armed at the first fault
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for {
@@ -136,6 +130,15 @@ func (k *Kernel) access(a userfaultfd.Addr, write bool, do func(*fakePage)) erro
 			k.counts.Faults++
 		}
 		k.post(userfaultfd.EncodeMsg(userfaultfd.Event{Kind: userfaultfd.EventPagefault, Addr: pg, Flags: flags}))
+		if deadline.IsZero() {
+			deadline = time.Now().Add(k.faultWait())
+			timer := time.AfterFunc(k.faultWait(), func() {
+				k.mu.Lock()
+				k.cond.Broadcast()
+				k.mu.Unlock()
+			})
+			defer timer.Stop()
+		}
 		gen := k.woken[pg]
 		for k.woken[pg] == gen && !k.closed && !k.exited {
 			if time.Now().After(deadline) {
@@ -306,21 +309,31 @@ func (k *Kernel) Copy(dst userfaultfd.Addr, src []byte, flags userfaultfd.Flags)
 	if err := k.check("copy", r); err != nil {
 		return 0, err
 	}
+	return k.install(r, flags, func(off int, p *fakePage) {
+		copy(p.data[:], src[off:off+PageSize])
+		p.wp = flags&userfaultfd.WriteProtected != 0
+		k.counts.Copies++
+	})
+}
+
+// install maps r's pages, filled by fill (given each page's offset in r),
+// until one is mapped already (EEXIST), and wakes the ones it mapped
+// unless DontWake; it returns the bytes mapped (k.mu held).
+func (k *Kernel) install(r userfaultfd.Range, flags userfaultfd.Flags, fill func(off int, p *fakePage)) (int, error) {
 	done := 0
 	var err error
-	for ; done < len(src); done += PageSize {
-		pg := dst + userfaultfd.Addr(done)
+	for ; uint64(done) < r.Len; done += PageSize {
+		pg := r.Start + userfaultfd.Addr(done)
 		if k.pages[pg] != nil || k.poison[pg] {
 			err = unix.EEXIST
 			break
 		}
-		p := &fakePage{wp: flags&userfaultfd.WriteProtected != 0}
-		copy(p.data[:], src[done:done+PageSize])
+		p := &fakePage{}
+		fill(done, p)
 		k.pages[pg] = p
-		k.counts.Copies++
 	}
 	if flags&userfaultfd.DontWake == 0 && done > 0 {
-		k.wake(userfaultfd.Range{Start: dst, Len: uint64(done)})
+		k.wake(userfaultfd.Range{Start: r.Start, Len: uint64(done)})
 	}
 	return done, err
 }
@@ -332,21 +345,7 @@ func (k *Kernel) ZeroPage(r userfaultfd.Range, flags userfaultfd.Flags) (int, er
 	if err := k.check("zeropage", r); err != nil {
 		return 0, err
 	}
-	done := 0
-	var err error
-	for ; uint64(done) < r.Len; done += PageSize {
-		pg := r.Start + userfaultfd.Addr(done)
-		if k.pages[pg] != nil || k.poison[pg] {
-			err = unix.EEXIST
-			break
-		}
-		k.pages[pg] = &fakePage{}
-		k.counts.Zeros++
-	}
-	if flags&userfaultfd.DontWake == 0 && done > 0 {
-		k.wake(userfaultfd.Range{Start: r.Start, Len: uint64(done)})
-	}
-	return done, err
+	return k.install(r, flags, func(int, *fakePage) { k.counts.Zeros++ })
 }
 
 // Poison makes r's pages raise SIGBUS and wakes them.
