@@ -48,14 +48,14 @@ func Dial(ctx context.Context, addr string, opts rdma.DialOptions) (rdma.Conn, e
 		nc.Close()
 		return nil, fmt.Errorf("rdma/tcp: dial %s: %w", addr, err)
 	}
-	c := newConn(nc, opts.QueueDepth())
+	c := newConn(nc, opts.QueueDepth(), spin.Resolve(opts.Spin))
 	c.rd.SetThreadWait(opts.ThreadWait)
-	c.spin = spin.New(spin.Resolve(opts.Spin), clientSpins)
 	return c, nil
 }
 
-// newConn wraps a connection whose handshake is done.
-func newConn(nc net.Conn, depth int) *conn {
+// newConn wraps a connection whose handshake is done; it polls for
+// replies up to maxSpin (spin.New).
+func newConn(nc net.Conn, depth int, maxSpin time.Duration) *conn {
 	return &conn{
 		nc:   nc,
 		q:    queue.New(depth),
@@ -63,7 +63,7 @@ func newConn(nc net.Conn, depth int) *conn {
 		iov:  make([][]byte, 0, 2*depth),
 		rd:   iovec.NewReader(nc),
 		wr:   iovec.NewWriter(nc),
-		spin: spin.New(spin.DefaultMax, clientSpins),
+		spin: spin.New(maxSpin, clientSpins),
 	}
 }
 

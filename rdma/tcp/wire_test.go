@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"rmem/internal/spin"
 	"rmem/rdma"
 )
 
@@ -203,7 +204,7 @@ func FuzzClientReplies(f *testing.F) {
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cli, srv := net.Pipe()
-		c := newConn(cli, 8)
+		c := newConn(cli, 8, spin.DefaultMax)
 		defer c.Close()
 		const guard = 64
 		arena := bytes.Repeat([]byte{0x5C}, 3*guard+16+40)
