@@ -770,3 +770,46 @@ func TestCorePrefetch(t *testing.T) {
 		})
 	}
 }
+
+// Evicted pages that the program writes come back writable: a write
+// fault's page is installed dirty, and once most pages fetched into a
+// region are written soon after, prefetched ones are too, so that a pass
+// writing evicted pages takes few WP faults (each a round trip through the
+// agent); what they hold is written back when evicted. Catches a page
+// installed writable but kept clean (its new contents dropped at its next
+// eviction: the read-back finds the old generation), and a write pass
+// paying a WP fault per page.
+func TestCoreWrittenPagesComeBackWritable(t *testing.T) {
+	store := pagertest.New(t, pagertest.Options{})
+	f := startFake(t, coreOpts(store), 16*budgetPages)
+	if err := f.write(1, 0, f.pages, nil); err != nil {
+		t.Fatal(err)
+	}
+	wp := f.k.Counts().WPFaults
+	if err := f.write(2, 0, f.pages, nil); err != nil {
+		t.Fatal(err)
+	}
+	wp = f.k.Counts().WPFaults - wp
+	if err := f.check(2, orderOf("random", f.pages)); err != nil {
+		t.Fatal(err)
+	}
+	st, _ := f.statsWhen(func(pager.ClientStats) bool { return true })
+	t.Logf("a write pass over %d evicted pages: %d WP faults, %d remote reads", f.pages, wp, st.RemoteReads)
+	if wp > f.pages/4 {
+		t.Errorf("a write pass over %d evicted pages took %d WP faults: want under 1/4", f.pages, wp)
+	}
+	// And a read pass after it: pages read, not written, stay clean
+	// (evicted without a write) once the estimate has seen it.
+	wb := st.WriteBacks
+	if err := f.check(2, orderOf("forward", f.pages)); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.check(2, orderOf("forward", f.pages)); err != nil {
+		t.Fatal(err)
+	}
+	st, _ = f.statsWhen(func(pager.ClientStats) bool { return true })
+	t.Logf("two read passes: %d write-backs", st.WriteBacks-wb)
+	if st.WriteBacks-wb > uint64(f.pages) {
+		t.Errorf("two read passes over %d pages wrote %d back: read pages should be evicted clean", f.pages, st.WriteBacks-wb)
+	}
+}

@@ -34,8 +34,13 @@ func (c *client) poolAt(p pageRef) (SlabID, uint64) { return c.a.slots.where(p.s
 type readRef struct {
 	pageRef
 	prefetch bool
-	sample   bool      // held back (sample.go)
-	since    time.Time // when the fault that wants it began (zero: a prefetch)
+	// write: installed writable and dirty, not write-protected: a write
+	// fault asked for it, or its region's fetched pages are mostly
+	// written soon after (writeRate.likely); either way a WP fault,
+	// a round trip through the agent, would follow at once.
+	write  bool
+	sample bool      // held back (sample.go)
+	since  time.Time // when the fault that wants it began (zero: a prefetch)
 }
 
 type heldFault struct {
@@ -173,6 +178,7 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 	}
 	if flags&userfaultfd.FaultWP != 0 {
 		if p.State() == Resident {
+			r.wr.written()
 			c.dirty(r, idx, p|FlagRef)
 			err := c.uffd.Unprotect(pageRange(a), 0)
 			if c.again(err) {
@@ -224,8 +230,9 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 			c.hold(&c.fq.retry, heldFault{pageRef{r, idx}, flags, since})
 		}
 	case Remote:
+		write := flags&userfaultfd.FaultWrite != 0
 		if p.Has(FlagFetch) {
-			c.demand(r, idx, since) // in this batch already: its install wakes the thread
+			c.demand(r, idx, since, write) // in this batch already: its install wakes the thread
 			return
 		}
 		if p.Has(FlagSampled) && c.sampleHit(r, idx, flags, since) {
@@ -233,6 +240,7 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 		}
 		c.addRead(r, idx, false)
 		c.fq.readAt[len(c.fq.readAt)-1].since = since
+		c.fq.readAt[len(c.fq.readAt)-1].write = write
 		c.prefetch(r, idx)
 	case Staged:
 		if err := c.fromStage(r, idx, 0); userfaultfd.IsMMChanged(err) {
@@ -327,17 +335,18 @@ func (c *client) addRead(r *region, idx int, prefetch bool) {
 	k := len(c.fq.reads)
 	slab, off := c.a.slots.where(r.slots[idx])
 	c.fq.reads = append(c.fq.reads, PageOp{Slab: slab, Off: off, Buf: c.fq.bufs[k*pageSize : (k+1)*pageSize]})
-	c.fq.readAt = append(c.fq.readAt, readRef{pageRef: pageRef{r, idx}, prefetch: prefetch})
+	c.fq.readAt = append(c.fq.readAt, readRef{pageRef: pageRef{r, idx}, prefetch: prefetch, write: prefetch && r.wr.likely()})
 	r.pages[idx] |= FlagFetch
 }
 
 // demand marks the READ of page idx of r in this batch as wanted by a
 // fault, not only prefetched: if it cannot be installed, the fault is held
 // for a retry rather than left waiting for a wake-up that never comes.
-func (c *client) demand(r *region, idx int, since time.Time) {
+func (c *client) demand(r *region, idx int, since time.Time, write bool) {
 	for k := range c.fq.readAt {
 		if c.fq.readAt[k].r == r && c.fq.readAt[k].idx == idx {
 			c.fq.readAt[k].prefetch = false
+			c.fq.readAt[k].write = c.fq.readAt[k].write || write
 			if c.fq.readAt[k].since.IsZero() || since.Before(c.fq.readAt[k].since) {
 				c.fq.readAt[k].since = since
 			}
@@ -386,7 +395,8 @@ func (c *client) flushReads(since time.Time) {
 		// the ioctl costs ~5.5 µs for one page, ~1.5 µs a page for 64.
 		j := k + 1
 		for j < len(c.fq.reads) && c.fq.reads[k].Err == nil && c.fq.reads[j].Err == nil && !c.fq.readAt[j].sample &&
-			c.fq.readAt[j].r == c.fq.readAt[k].r && c.fq.readAt[j].idx == c.fq.readAt[j-1].idx+1 {
+			c.fq.readAt[j].r == c.fq.readAt[k].r && c.fq.readAt[j].idx == c.fq.readAt[j-1].idx+1 &&
+			c.fq.readAt[j].write == c.fq.readAt[k].write {
 			j++
 		}
 		if j-k > 1 {
@@ -426,7 +436,7 @@ func (c *client) merge() {
 // one where the Copy stopped (the caller installs the rest one by one).
 func (c *client) copyRun(k, j int, since time.Time) int {
 	first := c.fq.readAt[k]
-	n, err := c.uffd.Copy(first.addr(), c.fq.bufs[k*pageSize:j*pageSize], userfaultfd.WriteProtected)
+	n, err := c.uffd.Copy(first.addr(), c.fq.bufs[k*pageSize:j*pageSize], installFlags(first.write))
 	done := j - k
 	if err != nil {
 		done = min(max(n, 0)/pageSize, j-k)
@@ -435,7 +445,7 @@ func (c *client) copyRun(k, j int, since time.Time) int {
 		ref := c.fq.readAt[m]
 		p := ref.entry() &^ FlagFetch
 		c.st.remoteReads.Add(1)
-		c.set(ref.r, ref.idx, p.With(Resident)|FlagRef)
+		c.installed(ref.r, ref.idx, p, ref.write)
 		if !ref.prefetch {
 			c.st.latency.Observe(time.Since(since))
 		}
@@ -456,7 +466,7 @@ func (c *client) installRead(k int, since time.Time) {
 	switch {
 	case op.Err == nil:
 		c.st.remoteReads.Add(1)
-		if err := c.install(r, idx, p, op.Buf); err != nil && !ref.prefetch {
+		if err := c.install(r, idx, p, op.Buf, ref.write); err != nil && !ref.prefetch {
 			c.hold(&c.fq.retry, heldFault{ref.pageRef, 0, since})
 		}
 		if !ref.prefetch {
@@ -517,20 +527,21 @@ func (c *client) unreachableTooLong(since time.Time, err error) bool {
 const stuckWarn = 5 * time.Second
 
 // install maps buf at page idx of r, write-protected (clean until a WP
-// fault says otherwise), and makes p, the page's entry, Resident and
-// referenced (prefetched pages too: the stream is about to use them, CLOCK
-// must not take them first). It returns nil as well when the page's range
-// is gone; another error means nothing was installed (IsMMChanged: retry
-// after reading events).
-func (c *client) install(r *region, idx int, p Page, buf []byte) error {
+// fault says otherwise) unless write (then dirty from the start: see
+// readRef.write), and makes p, the page's entry, Resident and referenced
+// (prefetched pages too: the stream is about to use them, CLOCK must not
+// take them first). It returns nil as well when the page's range is gone;
+// another error means nothing was installed (IsMMChanged: retry after
+// reading events).
+func (c *client) install(r *region, idx int, p Page, buf []byte, write bool) error {
 	a := r.addr(idx)
-	_, err := c.uffd.Copy(a, buf, userfaultfd.WriteProtected)
+	_, err := c.uffd.Copy(a, buf, installFlags(write))
 	if c.again(err) {
-		_, err = c.uffd.Copy(a, buf, userfaultfd.WriteProtected)
+		_, err = c.uffd.Copy(a, buf, installFlags(write))
 	}
 	switch {
 	case err == nil:
-		c.set(r, idx, p.With(Resident)|FlagRef)
+		c.installed(r, idx, p, write)
 	case userfaultfd.IsExist(err):
 		// Mapped already, not by us: a child forked without FORK
 		// events inherited it, after the copy of our page table that
@@ -543,6 +554,25 @@ func (c *client) install(r *region, idx int, p Page, buf []byte) error {
 		return err
 	}
 	return nil
+}
+
+func installFlags(write bool) userfaultfd.Flags {
+	if write {
+		return 0
+	}
+	return userfaultfd.WriteProtected
+}
+
+// installed records page idx of r, whose entry was p, as mapped from the
+// pool: clean (its pool copy kept) or, installed writable, dirty (the copy
+// let go: it is written when evicted).
+func (c *client) installed(r *region, idx int, p Page, write bool) {
+	if write {
+		c.dirty(r, idx, p.With(Resident)|FlagRef)
+		return
+	}
+	r.wr.fetchedClean()
+	c.set(r, idx, p.With(Resident)|FlagRef)
 }
 
 // poison makes page idx raise SIGBUS: every replica of its data is gone.
@@ -642,7 +672,7 @@ func (c *client) sampleHit(r *region, idx int, flags userfaultfd.FaultFlags, sin
 		r.pages[idx] = p
 		return false
 	}
-	err := c.install(r, idx, p, c.sample.buf[s*pageSize:(s+1)*pageSize])
+	err := c.install(r, idx, p, c.sample.buf[s*pageSize:(s+1)*pageSize], flags&userfaultfd.FaultWrite != 0)
 	if userfaultfd.IsMMChanged(err) {
 		c.hold(&c.fq.retry, heldFault{pageRef{r, idx}, flags, since})
 		return true

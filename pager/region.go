@@ -19,9 +19,43 @@ type region struct {
 	kind  proto.Kind
 	pf    *Prefetcher
 	gone  bool // deleted while an eviction of its pages was in flight
+	wr    writeRate
 	// mapped: slots is a mapping of the region's journal file
 	// (journal.go), unmapped when the region goes.
 	mapped bool
+}
+
+// writeRate estimates how often a page of a region installed clean from
+// the pool is written while resident (a WP fault): when half are, pages
+// prefetched into it are installed writable, dirty (readRef.write), which
+// saves a WP fault per page at the cost of a write-back for the few that
+// are evicted unwritten. The counts halve every writeWindow clean
+// installs, so that the estimate follows the program's phases.
+type writeRate struct {
+	clean, wp uint32
+	n         uint32 // pages asked about (likely): every probeEvery-th is installed clean
+}
+
+// probeEvery: while pages are installed writable, one in probeEvery is
+// still installed clean, so that the estimate sees the program change.
+const probeEvery = 8
+
+const writeWindow = 512
+
+func (w *writeRate) fetchedClean() {
+	if w.clean++; w.clean >= writeWindow {
+		w.clean, w.wp = w.clean/2, w.wp/2
+	}
+}
+
+func (w *writeRate) written() { w.wp++ }
+
+// likely reports whether a page to be installed now would probably be
+// written before it is evicted (half of those installed clean were
+// lately), but for the probes.
+func (w *writeRate) likely() bool {
+	w.n++
+	return w.n%probeEvery != 0 && w.clean >= 64 && 2*w.wp >= w.clean
 }
 
 func (r *region) end() userfaultfd.Addr {
