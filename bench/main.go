@@ -207,9 +207,14 @@ func zramOn() (undo func(), err error) {
 	return func() { exec.Command("swapoff", "/dev/zram0").Run(); reset() }, nil
 }
 
+var zramRuns int
+
 func runZram(wl, w string, heap, localMiB int) Result {
 	var r Result
-	g, err := cgroup.Create(fmt.Sprintf("rmem-bench-%d", os.Getpid()), uint64(localMiB)<<20)
+	// A cgroup of its own per run: one removed while the kernel still
+	// holds swap charged to it lingers offline under its name.
+	zramRuns++
+	g, err := cgroup.Create(fmt.Sprintf("rmem-bench-%d-%d", os.Getpid(), zramRuns), uint64(localMiB)<<20)
 	if err != nil {
 		r.Outcome = "n/a: " + err.Error()
 		return r
