@@ -35,6 +35,22 @@ func (c *client) setSlot(r *region, idx int, s Slot) {
 	}
 }
 
+// pageRef names a page: its region and its index there. The page's other
+// names follow from it: its address in the program (addr), its page-table
+// entry and pool slot (entry, slot), and through the slot pool the slab
+// and offset of that slot (client.poolAt).
+type pageRef struct {
+	r   *region
+	idx int
+}
+
+func (p pageRef) addr() userfaultfd.Addr { return p.r.addr(p.idx) }
+func (p pageRef) entry() Page            { return p.r.pages[p.idx] }
+func (p pageRef) slot() Slot             { return p.r.slots[p.idx] }
+
+// poolAt returns the slab and byte offset of the page's pool slot.
+func (c *client) poolAt(p pageRef) (SlabID, uint64) { return c.a.slots.where(p.slot()) }
+
 // dirty marks resident page idx of r written: its pool copy, if any, is
 // stale, and its slot is released (the other side of a fork that shares
 // it keeps its reference).
