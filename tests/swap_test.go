@@ -349,18 +349,26 @@ func swapWorkloadRun(t *testing.T, p *swapPool, replicas int, kill, check func(d
 	r.expect(t, "written")
 
 	// 256 MiB written under a 64 MiB limit: at least 192 MiB is out, in
-	// pool slabs.
-	s := swapStats(t, dir)
+	// pool slabs. The kernel may still be writing swap out after the
+	// workload's line (a slab being allocated is in the pool's list before
+	// the swap file counts it), so the two counts are compared until they
+	// agree.
+	var s swapfs.Stats
+	var slabs []pool.SlabView
+	memdtest.Eventually(t, 10*time.Second, "the pool's slabs and the swap file's agree", func() error {
+		s = swapStats(t, dir)
+		var err error
+		if slabs, err = p.cl.Slabs(context.Background(), client.SlabFilter{}); err != nil {
+			return err
+		}
+		if uint64(len(slabs)) != s.Slabs {
+			return fmt.Errorf("pool holds %d slabs, the swap file %d", len(slabs), s.Slabs)
+		}
+		return nil
+	})
 	t.Logf("after writing: %+v", s)
 	if s.PoolWriteBytes < 150<<20 || s.Slabs < 10 || s.Errors != 0 {
 		t.Errorf("swap traffic did not go to pool slabs: %+v", s)
-	}
-	slabs, err := p.cl.Slabs(context.Background(), client.SlabFilter{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if uint64(len(slabs)) != s.Slabs {
-		t.Errorf("pool holds %d slabs, the swap file %d", len(slabs), s.Slabs)
 	}
 	for _, sv := range slabs {
 		if len(sv.Replicas) != replicas {
