@@ -9,7 +9,8 @@
 # objcopy
 # (src/jemalloc.syms; src/heap.c says why), and is linked with its
 # symbols hidden, so that librmem.so exports the shim's own functions
-# only. As root, a missing libjemalloc-dev is installed with apt-get.
+# only. As root, a missing libjemalloc-dev is installed with apt-get;
+# otherwise its archive is fetched with apt-get download into a cache.
 # CC picks the compiler (default gcc).
 set -eu
 out=${1:?usage: preload/build.sh OUT.so}
@@ -23,6 +24,19 @@ if [ ! -f "$pic" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; 
 	apt-get install -y -qq libjemalloc-dev >&2 ||
 		{ apt-get update -qq >&2 && apt-get install -y -qq libjemalloc-dev >&2; } || true
 	pic=$($cc -print-file-name=libjemalloc_pic.a)
+fi
+if [ ! -f "$pic" ] && command -v apt-get >/dev/null 2>&1 && command -v dpkg-deb >/dev/null 2>&1; then
+	# Not root (a test run as an unprivileged user), or the install
+	# failed: the package's archive is fetched and unpacked into a cache
+	# of this user's, which needs no privilege.
+	cache=${XDG_CACHE_HOME:-${TMPDIR:-/tmp}}/rmem-libjemalloc-dev-$(id -u)
+	pic=$(find "$cache" -name libjemalloc_pic.a 2>/dev/null | head -1)
+	if [ -z "$pic" ]; then
+		echo "preload/build.sh: fetching libjemalloc-dev into $cache (its libjemalloc_pic.a is built into librmem.so)" >&2
+		mkdir -p "$cache" && chmod 700 "$cache"
+		(cd "$cache" && apt-get download -qq libjemalloc-dev >&2 && dpkg-deb -x libjemalloc-dev_*.deb root) || true
+		pic=$(find "$cache" -name libjemalloc_pic.a 2>/dev/null | head -1)
+	fi
 fi
 if [ ! -f "$pic" ]; then
 	echo "preload/build.sh: libjemalloc_pic.a not found: install the package libjemalloc-dev (Debian, Ubuntu) and build again" >&2
