@@ -53,12 +53,7 @@ func (c *client) maybeEvict() {
 		for j < len(victims) && victims[j].Table == victims[i].Table && victims[j].Page == victims[j-1].Page+1 {
 			j++
 		}
-		// One WRITEPROTECT per run of adjacent victims.
-		run := userfaultfd.Range{Start: r.addr(victims[i].Page), Len: uint64(j-i) * pageSize}
-		err := c.uffd.WriteProtect(run)
-		if err != nil && !userfaultfd.IsMMChanged(err) {
-			c.log.Warn("write-protect of victims failed", zap.Stringer("range", run), zap.Error(err))
-		}
+		err := c.protectDirty(r, victims[i:j])
 		for _, v := range victims[i:j] {
 			dirty := needsWrite(r, v.Page)
 			if err != nil {
@@ -106,6 +101,35 @@ func (c *client) maybeEvict() {
 		return
 	}
 	c.ev.evictBusy, c.ev.evictSent = true, time.Now()
+}
+
+// protectDirty write-protects the dirty pages of run, adjacent victims of
+// r, one WRITEPROTECT per run of dirty neighbours, so that a write while
+// the helper copies them faults to us. Clean victims are write-protected
+// already: a clean page is installed protected, and the first write to it
+// is a WP fault that makes it dirty (page states, pagetable.go); protecting
+// them again would cost an ioctl and a TLB flush of the program's CPUs
+// each, for nothing (random victims make runs of one or two pages).
+func (c *client) protectDirty(r *region, run []Victim) error {
+	for i := 0; i < len(run); {
+		if !needsWrite(r, run[i].Page) {
+			i++
+			continue
+		}
+		j := i + 1
+		for j < len(run) && needsWrite(r, run[j].Page) {
+			j++
+		}
+		rg := userfaultfd.Range{Start: r.addr(run[i].Page), Len: uint64(j-i) * pageSize}
+		if err := c.uffd.WriteProtect(rg); err != nil {
+			if !userfaultfd.IsMMChanged(err) {
+				c.log.Warn("write-protect of victims failed", zap.Stringer("range", rg), zap.Error(err))
+			}
+			return err
+		}
+		i = j
+	}
+	return nil
 }
 
 // slotsFor takes a pool slot for each dirty victim, in c.ev.newSlots in the
