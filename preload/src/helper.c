@@ -15,29 +15,78 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 sem_t g_conn_sem;
 int g_helper_exists;
 
-/* Whether each victim is resident (mincore, one call per run of
- * neighbours): a victim that is not (an agent that takes a dropped page for
- * resident) would fault in the copy below, and the fault waits for the
- * agent, which waits for this batch. */
+/* Whether each victim that is to be copied (a dirty one, with a staging
+ * slot) is resident (mincore, one call per run of neighbours with such a
+ * victim; clean victims are dropped, not read): a victim that is not (an
+ * agent that takes a dropped page for resident) would fault in the copy
+ * below, and the fault waits for the agent, which waits for this batch. */
 static void resident(const struct rmem_evict *ev, unsigned char *in)
 {
 	uint32_t i = 0;
 	while (i < ev->n) {
 		uintptr_t start = (uintptr_t)ev->pages[i].addr;
-		uint32_t j = i + 1;
+		uint32_t j = i + 1, copied = ev->pages[i].slot != RMEM_NO_SLOT;
 		while (j < ev->n && (uintptr_t)ev->pages[j].addr == start + (j - i) * g_page)
-			j++;
-		if ((start & (g_page - 1)) || mincore((void *)start, (j - i) * g_page, in + i) != 0)
+			copied |= ev->pages[j++].slot != RMEM_NO_SLOT;
+		if (!copied)
+			memset(in + i, 1, j - i);
+		else if ((start & (g_page - 1)) || mincore((void *)start, (j - i) * g_page, in + i) != 0)
 			memset(in + i, 0, j - i);
 		for (uint32_t k = i; k < j; k++)
 			in[k] &= 1;
 		i = j;
 	}
+}
+
+/* process_madvise(2)'s pidfd for the calling thread (PIDFD_SELF_THREAD,
+ * Linux 6.14; its mm is the process's), and whether the kernel takes
+ * MADV_DONTNEED through it: cleared at its first refusal, after which runs
+ * are dropped one madvise(2) each. */
+#define PIDFD_SELF_THREAD (-10000)
+static int g_pmadv_ok = 1;
+
+/* Drops the pages of the first n victims, which are sorted, one range per
+ * run of neighbours, in one process_madvise call where the kernel has it:
+ * one TLB flush for the batch instead of one per run (random victims make
+ * runs of one or two pages, and each flush interrupts the program's
+ * threads on the other CPUs). Returns how many victims, from the first,
+ * were dropped; sets *err when not all. */
+static uint32_t drop(const struct rmem_evict *ev, uint32_t n, int *err)
+{
+	struct iovec iov[RMEM_MAX_EVICT_BATCH];
+	uint32_t first[RMEM_MAX_EVICT_BATCH]; /* the first victim of each run */
+	int runs = 0;
+	for (uint32_t i = 0; i < n;) {
+		uintptr_t start = (uintptr_t)ev->pages[i].addr;
+		uint32_t j = i + 1;
+		while (j < n && (uintptr_t)ev->pages[j].addr == start + (j - i) * g_page)
+			j++;
+		iov[runs] = (struct iovec){(void *)start, (j - i) * g_page};
+		first[runs++] = i;
+		i = j;
+	}
+	if (runs > 1 && __atomic_load_n(&g_pmadv_ok, __ATOMIC_RELAXED)) {
+		long r = syscall(SYS_process_madvise, PIDFD_SELF_THREAD, iov, runs, MADV_DONTNEED, 0);
+		if (r >= 0 && (size_t)r == (size_t)(n * g_page))
+			return n;
+		if (r < 0 && (errno == EBADF || errno == EINVAL || errno == ENOSYS || errno == EPERM))
+			__atomic_store_n(&g_pmadv_ok, 0, __ATOMIC_RELAXED);
+		/* Refused, or partly done: madvise from the first run again
+		 * (dropping a dropped page again is harmless). */
+	}
+	for (int k = 0; k < runs; k++)
+		if (raw_madvise(iov[k].iov_base, iov[k].iov_len, MADV_DONTNEED) != 0) {
+			*err = errno;
+			return first[k];
+		}
+	return n;
 }
 
 /* Copies the victims into their staging slots and drops them. Runs under
@@ -79,21 +128,8 @@ static void evict(const struct rmem_evict *ev, struct rmem_evicted *out)
 			break;
 		}
 	}
-	/* Drop the pages, one madvise per run of neighbours (the agent sorts
-	 * its victims). No REMOVE event: the shim does not ask for them. */
-	uint32_t i = 0;
-	while (i < done) {
-		uintptr_t start = (uintptr_t)ev->pages[i].addr;
-		uint32_t j = i + 1;
-		while (j < done && (uintptr_t)ev->pages[j].addr == start + (j - i) * g_page)
-			j++;
-		if (raw_madvise((void *)start, (j - i) * g_page, MADV_DONTNEED) != 0) {
-			err = errno;
-			done = i;
-			break;
-		}
-		i = j;
-	}
+	/* Drop the pages (no REMOVE event: the shim does not ask for them). */
+	done = drop(ev, done, &err);
 	pthread_mutex_unlock(&table_mu);
 	out->batch = ev->batch;
 	out->done = done;
