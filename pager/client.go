@@ -104,7 +104,6 @@ type faultQueue struct {
 	earlySpare  []userfaultfd.Msg
 	parked      []userfaultfd.Msg // a FORK event and what came after it, waiting for the eviction in flight (park)
 	parkedSpare []userfaultfd.Msg
-	zeros       []byte
 }
 
 // roomState is what the client knows of the pool's room: since when
@@ -211,8 +210,7 @@ func (a *Agent) newClientWith(u faultFD, features userfaultfd.Feature, sfd, slot
 			held:  make([]heldFault, 0, maxHeld), retry: make([]heldFault, 0, maxHeld),
 			retrySpare: make([]heldFault, 0, maxHeld),
 			early:      make([]userfaultfd.Msg, 0, maxMsgs), earlySpare: make([]userfaultfd.Msg, 0, maxMsgs),
-			parked: make([]userfaultfd.Msg, 0, 2*maxMsgs), parkedSpare: make([]userfaultfd.Msg, 0, 2*maxMsgs),
-			zeros: make([]byte, pageSize)},
+			parked: make([]userfaultfd.Msg, 0, 2*maxMsgs), parkedSpare: make([]userfaultfd.Msg, 0, 2*maxMsgs)},
 		sample: samples{buf: make([]byte, sampleSlots*pageSize)},
 		ev: evictState{stagingFD: sfd, staging: staging,
 			stageFree: make([]uint32, 0, slots), stageOwner: make([]pageRef, slots),

@@ -163,10 +163,17 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 	if flags&userfaultfd.FaultWP != 0 {
 		if p.State() == Resident {
 			r.wr.written()
-			c.dirty(r, idx, p|FlagRef)
-			err := c.uffd.Unprotect(pageRange(a), 0)
+			lo, k := r.wa.run(idx, len(r.pages), func(q int) bool {
+				qp := r.pages[q]
+				return qp.State() == Resident && qp&(FlagBusy|FlagFetch) == 0
+			})
+			for q := lo; q < lo+k; q++ {
+				c.dirty(r, q, r.pages[q]|FlagRef)
+			}
+			run := userfaultfd.Range{Start: r.addr(lo), Len: uint64(k) * pageSize}
+			err := c.uffd.Unprotect(run, 0)
 			if c.again(err) {
-				err = c.uffd.Unprotect(pageRange(a), 0)
+				err = c.uffd.Unprotect(run, 0)
 			}
 			if err != nil && !userfaultfd.IsGone(err) {
 				if userfaultfd.IsMMChanged(err) {
@@ -196,6 +203,9 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 	}
 	switch p.State() {
 	case Absent:
+		if flags&userfaultfd.FaultWrite != 0 && c.zeroAhead(r, idx, since) {
+			return
+		}
 		// Dirty: a write to the zero page is not seen (no WP on it).
 		switch _, err := c.zeroFill(a, since); {
 		case err == nil:
@@ -222,10 +232,9 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 		if p.Has(FlagSampled) && c.sampleHit(r, idx, flags, since) {
 			return
 		}
-		c.addRead(r, idx, false)
+		c.addRead(r, idx, false, write)
 		c.fq.readAt[len(c.fq.readAt)-1].since = since
-		c.fq.readAt[len(c.fq.readAt)-1].write = write
-		c.prefetch(r, idx)
+		c.prefetch(r, idx, write)
 	case Staged:
 		if err := c.fromStage(r, idx, 0); userfaultfd.IsMMChanged(err) {
 			c.hold(&c.fq.retry, heldFault{pageRef{r, idx}, flags, since})
@@ -240,14 +249,15 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 }
 
 // prefetch tells r's prefetcher of a fault on page idx and queues the
-// READs it asks for.
-func (c *client) prefetch(r *region, idx int) {
+// READs it asks for. write says the fault was a write: the stream is
+// being written (a merge's output, a copy's destination), so its pages
+// come back writable (readRef.write), not to take a WP fault each.
+func (c *client) prefetch(r *region, idx int, write bool) {
 	if r.pf == nil {
 		return
 	}
 	n := r.pf.Fault(int64(idx), int64(len(r.pages)), c.fq.pfOut)
-	// Prefetching stops at the budget's margin, as faults do (throttle).
-	room := c.budgetPages() + budgetMargin - int(c.st.resident.Load()) - len(c.fq.reads)
+	room := c.prefetchRoom()
 	for _, q := range c.fq.pfOut[:n] {
 		qp := r.pages[q]
 		if room <= 0 {
@@ -255,10 +265,77 @@ func (c *client) prefetch(r *region, idx int) {
 		}
 		if qp.State() == Remote && qp&(FlagFetch|FlagBusy|FlagSampled) == 0 {
 			room--
-			c.addRead(r, int(q), true)
+			c.addRead(r, int(q), true, write)
 			c.st.prefetchIssued.Add(1)
 		}
 	}
+}
+
+// prefetchRoom is how many pages may be brought in ahead of faults:
+// prefetching stops at the budget's margin, as faults do (throttle).
+func (c *client) prefetchRoom() int {
+	return c.budgetPages() + budgetMargin - int(c.st.resident.Load()) - len(c.fq.reads)
+}
+
+// maxZeroAhead bounds the pages one write fault on a never-written page
+// maps (zeroAhead): the zero source below.
+const maxZeroAhead = 64
+
+// zeroPages is the source of zeroAhead's copies: never written, so it
+// costs the agent no memory (its pages read as the zero page).
+var zeroPages [maxZeroAhead * pageSize]byte
+
+// zeroAhead serves a write fault on never-written page idx of r, when its
+// prefetcher sees a stream (a heap being filled, a buffer written from
+// one end) that goes on over never-written pages: those pages and the
+// faulting one are mapped writable at once with one UFFDIO_COPY of zeros,
+// so the stream takes one fault a run instead of one a page, and no
+// copy-on-write of the zero page after each (a first write through
+// zeroFill). The pages are dirty, as zeroFill's. It returns false, having
+// done nothing, when there is no such run: zeroFill serves the fault.
+func (c *client) zeroAhead(r *region, idx int, since time.Time) bool {
+	if r.pf == nil {
+		return false
+	}
+	n := r.pf.Fault(int64(idx), int64(len(r.pages)), c.fq.pfOut)
+	room := min(c.prefetchRoom(), maxZeroAhead) - 1
+	if n == 0 || room <= 0 {
+		return false
+	}
+	// The run from idx along the stream's direction (its first
+	// prefetch is the next page, up or down) of never-written pages.
+	step := int(c.fq.pfOut[0]) - idx
+	if step != 1 && step != -1 {
+		return false
+	}
+	k := 0
+	for q := idx + step; k < room && q >= 0 && q < len(r.pages) && r.pages[q] == Page(0).With(Absent); q += step {
+		k++
+	}
+	if k == 0 {
+		return false
+	}
+	lo := idx
+	if step < 0 {
+		lo = idx - k
+	}
+	done, err := c.uffd.Copy(r.addr(lo), zeroPages[:(k+1)*pageSize], 0)
+	if err != nil {
+		done = max(done, 0)
+	}
+	got := min(done/pageSize, k+1)
+	for q := lo; q < lo+got; q++ {
+		c.set(r, q, r.pages[q].With(Resident)|FlagDirty|FlagRef)
+	}
+	c.st.zeroFills.Add(uint64(got))
+	if idx >= lo+got {
+		return false // the Copy stopped before the faulting page: zeroFill it
+	}
+	if err != nil {
+		c.uffd.Wake(pageRange(r.addr(idx))) // the Copy woke nothing past where it stopped
+	}
+	c.st.latency.Observe(time.Since(since))
+	return true
 }
 
 // zeroFill maps the zero page at a. It returns err nil when the page is
@@ -311,15 +388,17 @@ func (c *client) hold(list *[]heldFault, h heldFault) {
 	*list = append(*list, h)
 }
 
-// addRead queues a READ of page idx of r into the batch.
-func (c *client) addRead(r *region, idx int, prefetch bool) {
+// addRead queues a READ of page idx of r into the batch; write: see
+// readRef.write (a prefetched page is also installed writable when its
+// region's fetched pages are mostly written soon after).
+func (c *client) addRead(r *region, idx int, prefetch, write bool) {
 	if len(c.fq.reads) == cap(c.fq.reads) {
 		c.flushReads(time.Now())
 	}
 	k := len(c.fq.reads)
 	slab, off := c.a.slots.where(r.slots[idx])
 	c.fq.reads = append(c.fq.reads, PageOp{Slab: slab, Off: off, Buf: c.fq.bufs[k*pageSize : (k+1)*pageSize]})
-	c.fq.readAt = append(c.fq.readAt, readRef{pageRef: pageRef{r, idx}, prefetch: prefetch, write: prefetch && r.wr.likely()})
+	c.fq.readAt = append(c.fq.readAt, readRef{pageRef: pageRef{r, idx}, prefetch: prefetch, write: write || prefetch && r.wr.likely()})
 	r.pages[idx] |= FlagFetch
 }
 
@@ -668,6 +747,6 @@ func (c *client) sampleHit(r *region, idx int, flags userfaultfd.FaultFlags, sin
 	}
 	c.st.prefetchHits.Add(1)
 	c.st.latency.Observe(time.Since(since))
-	c.prefetch(r, idx)
+	c.prefetch(r, idx, flags&userfaultfd.FaultWrite != 0)
 	return true
 }

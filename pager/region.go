@@ -20,6 +20,7 @@ type region struct {
 	pf    *Prefetcher
 	gone  bool // deleted while an eviction of its pages was in flight
 	wr    writeRate
+	wa    writeAhead
 	// mapped: slots is a mapping of the region's journal file
 	// (journal.go), unmapped when the region goes.
 	mapped bool
@@ -34,6 +35,46 @@ type region struct {
 type writeRate struct {
 	clean, wp uint32
 	n         uint32 // pages asked about (likely): every probeEvery-th is installed clean
+}
+
+// writeAhead follows a stream of WP faults moving up or down through a
+// region's resident pages (a buffer read, then overwritten in order;
+// glibc's memmove copies large buffers from the end): each fault of the
+// stream unprotects twice as many resident pages ahead as the last, up to
+// maxWriteAhead, so the stream takes a few faults instead of one a page. A
+// page unprotected ahead is dirty: a write-back when it is evicted, even if
+// the stream stopped short of writing it.
+type writeAhead struct {
+	lo, hi int // the last run unprotected, [lo, hi)
+	ahead  int // its length
+}
+
+// maxWriteAhead bounds the pages one WP fault unprotects.
+const maxWriteAhead = 64
+
+// run returns the pages [lo, lo+k) to unprotect for a WP fault on idx of a
+// region of n pages: idx alone unless the fault continues the stream, at
+// most a run's length past either end of the last run (pages dirty
+// already take no fault), then a run from idx away from it. writable(q)
+// says whether page q may be unprotected (resident, not being evicted or
+// fetched); the run ends at the first that may not.
+func (w *writeAhead) run(idx, n int, writable func(int) bool) (lo, k int) {
+	lo, k = idx, 1
+	slack := max(w.ahead, 8)
+	want := min(2*w.ahead, maxWriteAhead)
+	switch {
+	case w.ahead == 0:
+	case idx >= w.hi && idx < w.hi+slack:
+		for k < want && idx+k < n && writable(idx+k) {
+			k++
+		}
+	case idx < w.lo && idx >= w.lo-slack:
+		for k < want && lo > 0 && writable(lo-1) {
+			lo, k = lo-1, k+1
+		}
+	}
+	w.lo, w.hi, w.ahead = lo, lo+k, k
+	return lo, k
 }
 
 // probeEvery: while pages are installed writable, one in probeEvery is
