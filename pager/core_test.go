@@ -744,7 +744,7 @@ func TestCoreForkPrivate(t *testing.T) {
 // one that keeps fetching for a random reader (pages fetched to be
 // evicted unused).
 func TestCorePrefetch(t *testing.T) {
-	for _, order := range []string{"forward", "random"} {
+	for _, order := range []string{"forward", "reverse", "random"} {
 		t.Run(order, func(t *testing.T) {
 			store := pagertest.New(t, pagertest.Options{})
 			f := startFake(t, coreOpts(store), 16*budgetPages)
@@ -752,18 +752,23 @@ func TestCorePrefetch(t *testing.T) {
 				t.Fatal(err)
 			}
 			before, _ := f.statsWhen(func(pager.ClientStats) bool { return true })
-			faults := f.k.Counts().Faults
+			kc := f.k.Counts()
 			if err := f.check(1, orderOf(order, f.pages)); err != nil {
 				t.Fatal(err)
 			}
 			st, _ := f.statsWhen(func(pager.ClientStats) bool { return true })
-			faults = f.k.Counts().Faults - faults
+			faults, copies := f.k.Counts().Faults-kc.Faults, f.k.Counts().CopyOps-kc.CopyOps
 			issued := st.PrefetchIssued - before.PrefetchIssued
-			t.Logf("%s: %d pages read, %d faults, %d prefetched", order, f.pages, faults, issued)
+			t.Logf("%s: %d pages read, %d faults, %d prefetched, %d UFFDIO_COPYs", order, f.pages, faults, issued, copies)
 			switch order {
-			case "forward":
+			case "forward", "reverse":
 				if faults > f.pages/4 || issued < uint64(f.pages/2) {
 					t.Errorf("a stream of %d evicted pages took %d faults with %d prefetched: want under 1/4 faults", f.pages, faults, issued)
+				}
+				// A run comes in with one Copy, also down a stream
+				// (sortReads); one a page without it.
+				if copies > f.pages/4 {
+					t.Errorf("a stream of %d evicted pages was installed with %d UFFDIO_COPYs: want a run each", f.pages, copies)
 				}
 			case "random":
 				if issued > uint64(f.pages/8) {

@@ -1,8 +1,10 @@
 package pager
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -423,6 +425,7 @@ func (c *client) flushReads(since time.Time) {
 	if len(c.fq.reads) == 0 {
 		return
 	}
+	c.sortReads()
 	c.merge()
 	c.io.Read(c.a.ctx, c.fq.merged)
 	for m, op := range c.fq.merged {
@@ -472,6 +475,26 @@ func (c *client) flushReads(since time.Time) {
 	c.fq.reads = c.fq.reads[:0]
 	c.fq.readAt = c.fq.readAt[:0]
 }
+
+// sortReads puts the batch's reads in address order, each with the buffer
+// of its new place, unless they are in order already: a stream that runs
+// down (glibc's memmove copies large buffers from the end) prefetches
+// pages in descending order, and only reads in ascending order merge into
+// one READ of a run and install with one UFFDIO_COPY. Nothing has been
+// read yet: a read is its page (readAt) and what follows from it.
+func (c *client) sortReads() {
+	at := c.fq.readAt
+	if slices.IsSortedFunc(at, cmpReadRef) {
+		return
+	}
+	slices.SortFunc(at, cmpReadRef)
+	for k := range at {
+		slab, off := c.a.slots.where(at[k].slot())
+		c.fq.reads[k] = PageOp{Slab: slab, Off: off, Buf: c.fq.bufs[k*pageSize : (k+1)*pageSize]}
+	}
+}
+
+func cmpReadRef(a, b readRef) int { return cmp.Compare(a.addr(), b.addr()) }
 
 // merge joins the batch's reads into c.fq.merged: a run of reads of adjacent
 // pages of one region whose slots are adjacent in one slab (an eviction

@@ -59,6 +59,7 @@ type KernelCounts struct {
 	Faults   int // MISSING faults raised
 	WPFaults int // write-protect faults raised
 	Copies   int // pages installed by Copy
+	CopyOps  int // Copy calls
 	Zeros    int // pages installed by ZeroPage
 	Poisoned int // pages poisoned
 	Dropped  int // mapped pages dropped (Drop: the helper's MADV_DONTNEED)
@@ -309,6 +310,7 @@ func (k *Kernel) Copy(dst userfaultfd.Addr, src []byte, flags userfaultfd.Flags)
 	if err := k.check("copy", r); err != nil {
 		return 0, err
 	}
+	k.counts.CopyOps++
 	return k.install(r, flags, func(off int, p *fakePage) {
 		copy(p.data[:], src[off:off+PageSize])
 		p.wp = flags&userfaultfd.WriteProtected != 0
