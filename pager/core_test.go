@@ -592,9 +592,11 @@ func TestCoreCopiesGiveRoomBeforeASlab(t *testing.T) {
 		}
 	}
 	// A slab taken for copies passes the bound by ~250 pages here; a
-	// slab taken at the bound can pass it by the few pages the remote
-	// count moves between the reservoir's look and the sample.
-	if worst > 32*pagertest.PageSize {
+	// slab taken at the bound can pass it by what the remote count moves
+	// between the reservoir's look and the sample: a few pages, or a
+	// first-touch run (zeroAhead maps up to 64 pages at once, whose
+	// evictions bring hot pages back: CI under -race saw 64).
+	if worst > 96*pagertest.PageSize {
 		t.Errorf("the space held passed 1.1x the remote pages plus a slab by %.0f pages", worst/pagertest.PageSize)
 	}
 	if err := f.check(1, orderOf("forward", f.pages)); err != nil {
