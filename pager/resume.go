@@ -239,6 +239,7 @@ func (a *Agent) resume(conn *net.UnixConn, cred *unix.Ucred, h proto.Header, hel
 		return false
 	}
 	c.startJournal(int(cred.Pid), cred.Uid) // a process the journal did not know
+	c.wakeAll()
 	if err := proto.Send(conn, buf, 2, &proto.Ack{Seq: h.Seq}); err != nil || !a.start(c) {
 		return false
 	}
@@ -247,6 +248,20 @@ func (a *Agent) resume(conn *net.UnixConn, cred *unix.Ucred, h proto.Header, hel
 		zap.Int("regions", len(adds)), zap.Int64("resident", c.st.resident.Load()), zap.Int64("remote", c.st.remote.Load()))
 	c.attach(conn, int(cred.Pid))
 	return true
+}
+
+// wakeAll wakes every thread of the process that waits on a fault in its
+// regions. A fault the previous agent read from the uffd but never
+// answered is not delivered again: its thread would sleep in the kernel
+// for good (check 11 hung 1 run in 3 when the agent was killed while the
+// program faulted). Woken, each thread retries its access and faults again,
+// to this agent; a wake where no thread waits does nothing.
+func (c *client) wakeAll() {
+	for _, r := range c.regs.list {
+		if err := c.uffd.Wake(userfaultfd.Range{Start: r.start, Len: uint64(len(r.pages)) * pageSize}); err != nil {
+			c.log.Warn("waking a resumed process's faults", zap.Uint64("region", r.id), zap.Error(err))
+		}
+	}
 }
 
 func closeAll(fds []int) {

@@ -243,6 +243,41 @@ func TestSurviveAgentKilled(t *testing.T) {
 		outcome: "resumed, exact checksum", lost: "0", recovery: recovery})
 }
 
+// kill -9 of `memagent serve` while its program faults (reading its heap
+// back): faults the dead agent had read from the uffd but not answered are
+// never delivered again, so the new agent wakes every thread that waits on
+// one (it faults again, to the new agent). Without that wake the program
+// slept in the kernel for good (check 11: 1 run in 3).
+func TestSurviveAgentKilledMidFault(t *testing.T) {
+	r := survStart(t, 1, nil, nil)
+	st, err := r.agent.stats(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reads := st.Clients[0].RemoteReads
+	r.prog.readBack(t)
+	memdtest.Eventually(t, 30*time.Second, "the program faults on its pages in the pool", func() error {
+		st, err := r.agent.stats(t)
+		if err != nil {
+			return err
+		}
+		if len(st.Clients) != 1 || st.Clients[0].RemoteReads < reads+64 {
+			return fmt.Errorf("clients %+v", st.Clients)
+		}
+		return nil
+	})
+	r.agent.proc.Kill()
+	start := time.Now()
+	r.serve(t)
+	ps := r.prog.wait(t, maRunLimit)
+	recovery := time.Since(start)
+	if last := lastLine(r.prog.out.String()); !ps.Success() || last != survChecksum() {
+		t.Fatalf("after the agent's restart mid-fault the program ended %v with %q, want %q\nstderr: %s", ps, last, survChecksum(), r.prog.err.String())
+	}
+	survived(t, survRow{scenario: "agent killed mid-fault, restarted", injected: "kill -9 memagent serve while its program reads its heap back, a new one at once",
+		outcome: "resumed, exact checksum", lost: "0", recovery: recovery})
+}
+
 // kill -9 of `memagent serve` and no agent after it: the program's faults
 // on pages in the pool wait RMEM_AGENT_WAIT, then it gets SIGBUS (never
 // zeros, never an endless hang).
