@@ -85,6 +85,12 @@ func (a *Agent) ServeForTest(u faultFD, conn *net.UnixConn, pid int, localMem ui
 		return -1, 0, err
 	}
 	c.localMem.Store(localMem)
+	return a.serveForTest(c, conn, pid)
+}
+
+// serveForTest starts client c's loop on conn, the connection of process
+// pid, and returns a descriptor of its staging memfd and its size in pages.
+func (a *Agent) serveForTest(c *client, conn *net.UnixConn, pid int) (stagingFD, slots int, err error) {
 	fd, err := unix.Dup(c.ev.stagingFD)
 	if err != nil {
 		c.teardownUnstarted()
@@ -118,15 +124,5 @@ func (a *Agent) ServeForkChildForTest(u faultFD, conn *net.UnixConn, ppid, pid i
 	}
 	c.adopt(fc.regs)
 	c.localMem.Store(fc.localMem)
-	fd, err := unix.Dup(c.ev.stagingFD)
-	if err != nil {
-		c.teardownUnstarted()
-		return -1, 0, err
-	}
-	if !a.start(c) {
-		unix.Close(fd)
-		return -1, 0, fmt.Errorf("pager: agent closed")
-	}
-	c.attach(conn, pid)
-	return fd, len(c.ev.stageOwner), nil
+	return a.serveForTest(c, conn, pid)
 }

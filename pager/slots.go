@@ -575,18 +575,8 @@ const trimSoon = 50 * time.Millisecond
 // pages). It reports whether it asked or one asked lately is under way;
 // while evictions find no slot (short) the reservoir grows instead.
 func (p *slotPool) trimForRoomLocked(copies int) bool {
-	copies = p.freeableLocked(copies)
-	if copies == 0 {
-		return false
-	}
-	held := 0
-	for _, s := range p.slabs {
-		if s != nil {
-			held += p.pps
-		}
-	}
-	remote := max(p.used-copies, 0)
-	if held <= remote+remote/10 {
+	copies, over := p.copiesOverBoundLocked(copies)
+	if !over {
 		return false
 	}
 	if time.Since(p.trim.last) < trimSoon {
@@ -610,9 +600,17 @@ func (p *slotPool) copiesOverBound() bool {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	_, over := p.copiesOverBoundLocked(copies)
+	return over
+}
+
+// copiesOverBoundLocked returns how many of copies (the clients' pool
+// copies of clean resident pages) could be let go, and whether the space
+// held is past 1.1x the remote pages, those copies left out.
+func (p *slotPool) copiesOverBoundLocked(copies int) (int, bool) {
 	copies = p.freeableLocked(copies)
 	if copies == 0 {
-		return false
+		return 0, false
 	}
 	held := 0
 	for _, s := range p.slabs {
@@ -621,7 +619,7 @@ func (p *slotPool) copiesOverBound() bool {
 		}
 	}
 	remote := max(p.used-copies, 0)
-	return held > remote+remote/10
+	return copies, held > remote+remote/10
 }
 
 // maybeDrainLocked starts draining the slab with the fewest used slots
