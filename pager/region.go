@@ -45,8 +45,8 @@ type writeRate struct {
 // page unprotected ahead is dirty: a write-back when it is evicted, even if
 // the stream stopped short of writing it.
 type writeAhead struct {
-	lo, hi int // the last run unprotected, [lo, hi)
-	ahead  int // its length
+	lo    int // the last run unprotected, [lo, lo+ahead)
+	ahead int
 }
 
 // maxWriteAhead bounds the pages one WP fault unprotects.
@@ -64,7 +64,7 @@ func (w *writeAhead) run(idx, n int, writable func(int) bool) (lo, k int) {
 	want := min(2*w.ahead, maxWriteAhead)
 	switch {
 	case w.ahead == 0:
-	case idx >= w.hi && idx < w.hi+slack:
+	case idx >= w.lo+w.ahead && idx < w.lo+w.ahead+slack:
 		for k < want && idx+k < n && writable(idx+k) {
 			k++
 		}
@@ -73,7 +73,7 @@ func (w *writeAhead) run(idx, n int, writable func(int) bool) (lo, k int) {
 			lo, k = lo-1, k+1
 		}
 	}
-	w.lo, w.hi, w.ahead = lo, lo+k, k
+	w.lo, w.ahead = lo, k
 	return lo, k
 }
 
