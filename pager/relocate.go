@@ -44,9 +44,10 @@ func (c *client) trim() {
 }
 
 // localTrimMin is the fewest copies an eviction short of slots lets go
-// of (slotsFor): a few batches' worth, so that the scan is not made for
-// every batch.
-const localTrimMin = 4 * maxEvictBatch
+// of (slotsFor): a batch's worth, so that the scan is not made for every
+// batch, and no more (each copy let go is a write when its page is
+// evicted: see trimFloor).
+const localTrimMin = maxEvictBatch
 
 // letGo makes up to want of the client's clean resident pages dirty,
 // letting go of their pool copies, and returns how many it did. Recently

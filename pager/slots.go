@@ -568,21 +568,31 @@ func (p *slotPool) maybeTrimLocked(copies int) bool {
 // of the copies within a round or two of their loop.
 const trimSoon = 50 * time.Millisecond
 
+// trimFloor is the free slots a trim that stands in for a slab keeps: a
+// few eviction batches, not the reservoir's low-water mark. Every copy let
+// go is a page written again when it is evicted, and the copies let go are
+// what the trims keep free: in 262,144 random reads of a 128 MiB heap
+// (which just overflows two 64 MiB slabs) at 32 MiB local, keeping
+// lowWater (1,024) free let go of 32k copies, 15% of the evictions; 3
+// batches, 11k.
+const trimFloor = 3 * maxEvictBatch
+
 // trimForRoomLocked asks the loops to let go of pool copies of clean
 // resident pages instead of taking a slab for free slots, when a slab more
 // would put the space held past 1.1x the remote pages plus one slab (the
 // copies are what fills it: a budget's worth of them over a slab of remote
-// pages). It reports whether it asked or one asked lately is under way;
-// while evictions find no slot (short) the reservoir grows instead.
+// pages). It reports whether it asked or one asked lately is under way, or
+// trimFloor slots are free (no slab then either); while evictions find no
+// slot (short) the reservoir grows instead.
 func (p *slotPool) trimForRoomLocked(copies int) bool {
 	copies, over := p.copiesOverBoundLocked(copies)
 	if !over {
 		return false
 	}
-	if time.Since(p.trim.last) < trimSoon {
+	want := trimFloor - p.free
+	if want <= 0 || time.Since(p.trim.last) < trimSoon {
 		return true
 	}
-	want := p.low - p.free + maxEvictBatch
 	p.trim.last = time.Now()
 	p.trim.share.Store(uint32(min(1000, (min(want, copies)*1000+copies-1)/copies)))
 	p.trim.gen.Add(1)
