@@ -58,7 +58,9 @@ type DialOptions struct {
 	// ThreadWait makes Wait block the calling OS thread in the kernel
 	// rather than park the goroutine in Go's scheduler: for callers locked
 	// to their thread (the pager's fault loops), where a park costs two
-	// thread hand-offs. Providers without a blocking wait ignore it.
+	// thread hand-offs. Over tcp the socket then leaves Go's netpoller
+	// (it would wake the runtime's poller thread for every reply the
+	// thread finds itself). Providers without a blocking wait ignore it.
 	ThreadWait bool
 	// Spin is how long a waiter for completions polls the connection
 	// before it blocks, adapted to how fast they come (internal/spin):

@@ -15,6 +15,8 @@ import (
 	"rmem/rdma"
 	"rmem/rdma/internal/iovec"
 	"rmem/rdma/internal/queue"
+
+	"golang.org/x/sys/unix"
 )
 
 // maxRun bounds the reply headers the reader asks for in one readv.
@@ -50,6 +52,19 @@ func Dial(ctx context.Context, addr string, opts rdma.DialOptions) (rdma.Conn, e
 	}
 	c := newConn(nc, opts.QueueDepth(), spin.Resolve(opts.Spin))
 	c.rd.SetThreadWait(opts.ThreadWait)
+	if _, ok := nc.(*net.TCPConn); ok && opts.ThreadWait {
+		// The thread polls the socket itself (spin, then poll(2)): out
+		// of the netpoller, a reply wakes nobody else. 262,144 random
+		// reads over tcp at 32 MiB local, same session: 22.0-23.6 s ->
+		// 20.7-21.3 s.
+		fd, err := iovec.Detach(nc)
+		if err != nil {
+			nc.Close()
+			return nil, fmt.Errorf("rdma/tcp: dial %s: %w: %w", addr, rdma.ErrTransport, err)
+		}
+		c.fd = fd
+		c.rd, c.wr = iovec.NewReaderFD(fd), iovec.NewWriterFD(fd)
+	}
 	return c, nil
 }
 
@@ -58,6 +73,7 @@ func Dial(ctx context.Context, addr string, opts rdma.DialOptions) (rdma.Conn, e
 func newConn(nc net.Conn, depth int, maxSpin time.Duration) *conn {
 	return &conn{
 		nc:   nc,
+		fd:   -1,
 		q:    queue.New(depth),
 		hdrs: make([]byte, depth*reqSize),
 		iov:  make([][]byte, 0, 2*depth),
@@ -109,8 +125,12 @@ func handshakeErr(ctx context.Context, err error) error {
 // (as verbs polls a CQ in the caller's thread): there is no background
 // goroutine, so a completion costs no goroutine hand-off.
 type conn struct {
-	nc net.Conn
-	q  *queue.Queue
+	nc net.Conn // closed already if fd >= 0
+	fd int      // the socket taken out of the netpoller (ThreadWait), or -1
+
+	fdMu     sync.Mutex
+	fdClosed bool // fd is closed (by Close); guarded by fdMu
+	q        *queue.Queue
 
 	wmu  sync.Mutex // serializes Post: ring order = wire order
 	hdrs []byte     // request headers of one Post; guarded by wmu
@@ -331,6 +351,18 @@ func (c *conn) Close() error {
 	c.closeOnce.Do(func() {
 		c.q.Close()
 		c.closeNC()
+		if c.fd >= 0 {
+			// Once no call is in a system call on it: the number
+			// may be reused at once.
+			c.wmu.Lock()
+			c.rmu.Lock()
+			c.fdMu.Lock()
+			unix.Close(c.fd)
+			c.fdClosed = true
+			c.fdMu.Unlock()
+			c.rmu.Unlock()
+			c.wmu.Unlock()
+		}
 	})
 	return nil
 }
@@ -342,8 +374,18 @@ func (c *conn) fail(err error) {
 
 // closeNC closes the socket. A reader waiting in poll(2) (thread wait)
 // holds a reference that net.Conn.Close waits for: shutting the read side
-// down first wakes it at once.
+// down first wakes it at once. A detached socket is only shut down here
+// (every call on it then fails at once); Close closes it.
 func (c *conn) closeNC() {
+	if c.fd >= 0 {
+		c.fdMu.Lock()
+		if !c.fdClosed { // a fail after Close must not shut a reused number down
+			unix.Shutdown(c.fd, unix.SHUT_RDWR)
+		}
+		c.fdMu.Unlock()
+		c.rd.Interrupt()
+		return
+	}
 	if tc, ok := c.nc.(*net.TCPConn); ok {
 		tc.CloseRead()
 	}

@@ -33,7 +33,10 @@
 //
 // # Concurrency and deadlocks
 //
-// Client: no goroutine of its own. Post writes under the connection's
+// Client: no goroutine of its own. Dialed with ThreadWait, its socket
+// leaves Go's netpoller after the handshake (iovec.Detach): its reader
+// polls the socket on its own thread, and a reply no longer also wakes the
+// runtime's poller thread. Post writes under the connection's
 // write lock; Wait and Poll read replies in the caller's goroutine under a
 // reader token (one reader at a time; other waiters sleep until it hands
 // over). When the socket is full, Post reads replies while it waits for

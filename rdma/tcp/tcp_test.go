@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -196,4 +197,44 @@ func testWaitReturnsOnContext(t *testing.T, threadWait bool) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Close did not end a blocked Wait")
 	}
+}
+
+// TestThreadWaitSocketClosed: a ThreadWait connection's socket leaves the
+// netpoller (its own descriptor): Close must close it, and a failed
+// connection too once closed; no descriptor is left behind.
+func TestThreadWaitSocketClosed(t *testing.T) {
+	e := newEnv(t, rdma.ListenOptions{}, rdma.DialOptions{ThreadWait: true})
+	key, err := e.Domain.IssueKey(e.Region, 0, 4096, rdma.AccessRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := openFDs(t)
+	for range 20 {
+		c, err := Dial(context.Background(), e.Addr, rdma.DialOptions{ThreadWait: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 8)
+		if err := c.Post([]rdma.WorkRequest{{Op: rdma.OpRead, Local: buf, Key: key}}); err != nil {
+			t.Fatal(err)
+		}
+		cq := make([]rdma.Completion, 1)
+		if _, err := c.Wait(context.Background(), cq); err != nil || cq[0].Status != rdma.StatusOK {
+			t.Fatalf("read: %v %v", err, cq[0].Status)
+		}
+		c.Close()
+		c.Close()
+	}
+	if after := openFDs(t); after > before {
+		t.Fatalf("%d descriptors open before, %d after 20 connections closed", before, after)
+	}
+}
+
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skip("no /proc/self/fd:", err)
+	}
+	return len(ents)
 }

@@ -19,7 +19,8 @@ const MaxBufs = 64
 // ErrWouldBlock is returned by Readv(wait=false) when no data is ready.
 var ErrWouldBlock = errors.New("iovec: would block")
 
-// Reader reads a net.Conn into buffer lists. It is used by one goroutine.
+// Reader reads a net.Conn (or a detached descriptor: NewReaderFD) into
+// buffer lists. It is used by one goroutine.
 type Reader struct {
 	nc net.Conn
 	rc syscall.RawConn // nil: fallback to nc.Read
@@ -73,7 +74,9 @@ func (r *Reader) SetDeadline(t time.Time) error {
 // deadline.
 func (r *Reader) Interrupt() {
 	r.stop.Store(true)
-	r.nc.SetReadDeadline(time.Unix(1, 0))
+	if r.nc != nil { // nil: detached (NewReaderFD), the flag is enough
+		r.nc.SetReadDeadline(time.Unix(1, 0))
+	}
 }
 
 // MarkDirty records that the connection's deadline is unknown (after
