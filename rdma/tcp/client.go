@@ -50,37 +50,40 @@ func Dial(ctx context.Context, addr string, opts rdma.DialOptions) (rdma.Conn, e
 		nc.Close()
 		return nil, fmt.Errorf("rdma/tcp: dial %s: %w", addr, err)
 	}
-	c := newConn(nc, opts.QueueDepth(), spin.Resolve(opts.Spin))
-	c.rd.SetThreadWait(opts.ThreadWait)
-	if _, ok := nc.(*net.TCPConn); ok && opts.ThreadWait {
-		// The thread polls the socket itself (spin, then poll(2)): out
-		// of the netpoller, a reply wakes nobody else. 262,144 random
-		// reads over tcp at 32 MiB local, same session: 22.0-23.6 s ->
-		// 20.7-21.3 s.
-		fd, err := iovec.Detach(nc)
-		if err != nil {
-			nc.Close()
-			return nil, fmt.Errorf("rdma/tcp: dial %s: %w: %w", addr, rdma.ErrTransport, err)
-		}
-		c.fd = fd
-		c.rd, c.wr = iovec.NewReaderFD(fd), iovec.NewWriterFD(fd)
+	c, err := newConn(nc, opts.QueueDepth(), spin.Resolve(opts.Spin), opts.ThreadWait)
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("rdma/tcp: dial %s: %w: %w", addr, rdma.ErrTransport, err)
 	}
 	return c, nil
 }
 
 // newConn wraps a connection whose handshake is done; it polls for
-// replies up to maxSpin (spin.New).
-func newConn(nc net.Conn, depth int, maxSpin time.Duration) *conn {
-	return &conn{
+// replies up to maxSpin (spin.New). With threadWait, Wait blocks the
+// thread in poll(2), and a TCP socket leaves Go's netpoller: out of it, a
+// reply wakes nobody but the thread that polls for it (262,144 random
+// reads over tcp at 32 MiB local, same session: 22.0-23.6 s -> 20.7-21.3 s).
+func newConn(nc net.Conn, depth int, maxSpin time.Duration, threadWait bool) (*conn, error) {
+	c := &conn{
 		nc:   nc,
 		fd:   -1,
 		q:    queue.New(depth),
 		hdrs: make([]byte, depth*reqSize),
 		iov:  make([][]byte, 0, 2*depth),
-		rd:   iovec.NewReader(nc),
-		wr:   iovec.NewWriter(nc),
 		spin: spin.New(maxSpin, clientSpins),
 	}
+	if _, ok := nc.(*net.TCPConn); ok && threadWait {
+		fd, err := iovec.Detach(nc)
+		if err != nil {
+			return nil, err
+		}
+		c.fd = fd
+		c.rd, c.wr = iovec.NewReaderFD(fd), iovec.NewWriterFD(fd)
+		return c, nil
+	}
+	c.rd, c.wr = iovec.NewReader(nc), iovec.NewWriter(nc)
+	c.rd.SetThreadWait(threadWait)
+	return c, nil
 }
 
 // clientSpins counts the spinning of tcp clients waiting for replies.

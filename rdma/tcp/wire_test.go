@@ -204,7 +204,10 @@ func FuzzClientReplies(f *testing.F) {
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cli, srv := net.Pipe()
-		c := newConn(cli, 8, spin.DefaultMax)
+		c, err := newConn(cli, 8, spin.DefaultMax, false)
+		if err != nil {
+			t.Fatal(err)
+		}
 		defer c.Close()
 		const guard = 64
 		arena := bytes.Repeat([]byte{0x5C}, 3*guard+16+40)
