@@ -211,7 +211,7 @@ func (a *Agent) newClientWith(u faultFD, features userfaultfd.Feature, sfd, slot
 			retrySpare: make([]heldFault, 0, maxHeld),
 			early:      make([]userfaultfd.Msg, 0, maxMsgs), earlySpare: make([]userfaultfd.Msg, 0, maxMsgs),
 			parked: make([]userfaultfd.Msg, 0, 2*maxMsgs), parkedSpare: make([]userfaultfd.Msg, 0, 2*maxMsgs)},
-		sample: samples{buf: make([]byte, sampleSlots*pageSize)},
+		sample: samples{buf: make([]byte, (sampleSlots+markerSlots)*pageSize)},
 		ev: evictState{stagingFD: sfd, staging: staging,
 			stageFree: make([]uint32, 0, slots), stageOwner: make([]pageRef, slots),
 			wb: make([]PageOp, 0, proto.MaxEvictBatch), wbRef: make([]int, 0, proto.MaxEvictBatch),

@@ -741,10 +741,11 @@ func TestCoreForkPrivate(t *testing.T) {
 
 // Prefetch follows a stream and stops on random access: reading evicted
 // pages in order takes few faults (the pages ahead come in before they are
-// touched), and reading them at random fetches little that is not asked
-// for. Catches a prefetcher that never starts (every page a fault), and
-// one that keeps fetching for a random reader (pages fetched to be
-// evicted unused).
+// touched, and a window's read-ahead marker fetches the next), and reading
+// them at random fetches little that is not asked for. Catches a
+// prefetcher that never starts (every page a fault), one that keeps
+// fetching for a random reader (pages fetched to be evicted unused), and
+// windows that are fetched only once the stream has passed them.
 func TestCorePrefetch(t *testing.T) {
 	for _, order := range []string{"forward", "reverse", "random"} {
 		t.Run(order, func(t *testing.T) {
@@ -761,7 +762,8 @@ func TestCorePrefetch(t *testing.T) {
 			st, _ := f.statsWhen(func(pager.ClientStats) bool { return true })
 			faults, copies := f.k.Counts().Faults-kc.Faults, f.k.Counts().CopyOps-kc.CopyOps
 			issued := st.PrefetchIssued - before.PrefetchIssued
-			t.Logf("%s: %d pages read, %d faults, %d prefetched, %d UFFDIO_COPYs", order, f.pages, faults, issued, copies)
+			ahead := st.ReadaheadHits - before.ReadaheadHits
+			t.Logf("%s: %d pages read, %d faults (%d on read-ahead markers), %d prefetched, %d UFFDIO_COPYs", order, f.pages, faults, ahead, issued, copies)
 			switch order {
 			case "forward", "reverse":
 				if faults > f.pages/4 || issued < uint64(f.pages/2) {
@@ -774,9 +776,19 @@ func TestCorePrefetch(t *testing.T) {
 				if copies > f.pages/2 {
 					t.Errorf("a stream of %d evicted pages was installed with %d UFFDIO_COPYs: want a run each", f.pages, copies)
 				}
+				// A window's marker fetches the next one while the
+				// rest of it is read (this reader takes the pages as
+				// fast as they come, so about as many faults still
+				// land past a window, on its READ in flight).
+				if ahead < uint64(faults/4) {
+					t.Errorf("%d of a stream's %d faults were on read-ahead markers: want at least 1/4", ahead, faults)
+				}
 			case "random":
 				if issued > uint64(f.pages/8) {
 					t.Errorf("random reads of %d pages prefetched %d: want at most 1/8", f.pages, issued)
+				}
+				if ahead != 0 {
+					t.Errorf("random reads hit %d read-ahead markers", ahead)
 				}
 			}
 		})

@@ -25,8 +25,20 @@ type readRef struct {
 	// written soon after (writeRate.likely); either way a WP fault,
 	// a round trip through the agent, would follow at once.
 	write  bool
-	sample bool      // held back (sample.go)
+	sample bool // held back (sample.go)
+	// marker: held back as its window's read-ahead marker (sample.go),
+	// unless a fault wants it by the time it arrives; end is the page
+	// its hit prefetches from.
+	marker bool
+	end    int
 	since  time.Time // when the fault that wants it began (zero: a prefetch)
+}
+
+// heldBack reports whether read k of the batch, arrived, stays in a slot
+// instead of being installed.
+func (c *client) heldBack(k int) bool {
+	ref := &c.fq.readAt[k]
+	return ref.sample || ref.marker && ref.prefetch && c.fq.reads[k].Err == nil
 }
 
 type heldFault struct {
@@ -260,6 +272,7 @@ func (c *client) prefetch(r *region, idx int, write bool) {
 	}
 	n := r.pf.Fault(int64(idx), int64(len(r.pages)), c.fq.pfOut)
 	room := c.prefetchRoom()
+	base, added := len(c.fq.readAt), 0
 	for _, q := range c.fq.pfOut[:n] {
 		qp := r.pages[q]
 		if room <= 0 {
@@ -269,7 +282,14 @@ func (c *client) prefetch(r *region, idx int, write bool) {
 			room--
 			c.addRead(r, int(q), true, write)
 			c.st.prefetchIssued.Add(1)
+			added++
 		}
+	}
+	// The window's marker, half of it from its far end (sample.go);
+	// not if the batch was flushed meanwhile (the window is split).
+	if added >= minMarkWindow && len(c.fq.readAt) == base+added {
+		m := &c.fq.readAt[base+added-1-added/2]
+		m.marker, m.end = true, c.fq.readAt[base+added-1].idx
 	}
 }
 
@@ -442,7 +462,7 @@ func (c *client) flushReads(since time.Time) {
 	// prefetches on as that fault would.
 	last, due := -1, false
 	for k := range c.fq.reads {
-		if c.fq.reads[k].Err == nil && c.fq.readAt[k].prefetch {
+		if c.fq.reads[k].Err == nil && c.fq.readAt[k].prefetch && !c.fq.readAt[k].marker {
 			last = k
 			due = c.sample.sampleNow() || due
 		}
@@ -456,11 +476,16 @@ func (c *client) flushReads(since time.Time) {
 			k++
 			continue
 		}
+		if c.heldBack(k) {
+			c.holdMarker(k)
+			k++
+			continue
+		}
 		// A run of pages that arrived and are adjacent in the client is
 		// installed with one UFFDIO_COPY (their buffers are adjacent too):
 		// the ioctl costs ~5.5 µs for one page, ~1.5 µs a page for 64.
 		j := k + 1
-		for j < len(c.fq.reads) && c.fq.reads[k].Err == nil && c.fq.reads[j].Err == nil && !c.fq.readAt[j].sample &&
+		for j < len(c.fq.reads) && c.fq.reads[k].Err == nil && c.fq.reads[j].Err == nil && !c.heldBack(j) &&
 			c.fq.readAt[j].r == c.fq.readAt[k].r && c.fq.readAt[j].idx == c.fq.readAt[j-1].idx+1 &&
 			c.fq.readAt[j].write == c.fq.readAt[k].write {
 			j++
@@ -768,8 +793,13 @@ func (c *client) sampleHit(r *region, idx int, flags userfaultfd.FaultFlags, sin
 	if err != nil {
 		return false
 	}
-	c.st.prefetchHits.Add(1)
 	c.st.latency.Observe(time.Since(since))
+	if s >= sampleSlots { // a marker: the next window, from its end
+		c.st.readaheadHits.Add(1)
+		c.prefetch(r, c.sample.end[s-sampleSlots], flags&userfaultfd.FaultWrite != 0)
+		return true
+	}
+	c.st.prefetchHits.Add(1)
 	c.prefetch(r, idx, flags&userfaultfd.FaultWrite != 0)
 	return true
 }

@@ -24,6 +24,7 @@ var (
 	descPFIssued = prometheus.NewDesc("rmem_agent_prefetch_issued_total", "Pages prefetched.", labels, nil)
 	descPFHits   = prometheus.NewDesc("rmem_agent_prefetch_hits_total", "Sampled prefetched pages (1 in 256, held back until touched) that the program touched.", labels, nil)
 	descPFWasted = prometheus.NewDesc("rmem_agent_prefetch_wasted_total", "Sampled prefetched pages (1 in 256) not touched before their sample slot was needed again.", labels, nil)
+	descRAHits   = prometheus.NewDesc("rmem_agent_readahead_hits_total", "Faults on a stream's read-ahead marker: served without a READ, they fetch the stream's next window.", labels, nil)
 	descLatency  = prometheus.NewDesc("rmem_agent_fault_seconds", "Time from reading a fault to resolving it.", labels, nil)
 	descLatQ     = prometheus.NewDesc("rmem_agent_fault_quantile_seconds", "Quantiles of rmem_agent_fault_seconds (p50, p99, p99.9) from the agent's ~1%-precise histogram.", labels, nil)
 	descClients  = prometheus.NewDesc("rmem_agent_clients", "Client processes served.", nil, nil)
@@ -37,7 +38,7 @@ type collector struct{ a *Agent }
 
 func (collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descResident, descRemote, descBudget, descFaults, descZero, descReads, descWP,
-		descEvict, descWB, descLost, descPooled, descWaits, descPFIssued, descPFHits, descPFWasted, descLatency, descLatQ, descClients,
+		descEvict, descWB, descLost, descPooled, descWaits, descPFIssued, descPFHits, descPFWasted, descRAHits, descLatency, descLatQ, descClients,
 		descHeld, descUsed, descNoRoom} {
 		ch <- d
 	}
@@ -85,6 +86,7 @@ func (col collector) Collect(ch chan<- prometheus.Metric) {
 		counter(descPFIssued, s.PrefetchIssued)
 		counter(descPFHits, s.PrefetchHits)
 		counter(descPFWasted, s.PrefetchWasted)
+		counter(descRAHits, s.ReadaheadHits)
 		buckets, count, sum := c.st.latency.Buckets()
 		ch <- prometheus.MustNewConstHistogram(descLatency, count, sum, buckets, lv...)
 		ch <- prometheus.MustNewConstSummary(descLatQ, count, sum, map[float64]float64{

@@ -22,12 +22,38 @@ const (
 	sampleSlots = 16
 )
 
-// samples is a client's held-back prefetched pages.
+// Read-ahead markers use the same holding back, for another end: a
+// stream's window of prefetched pages keeps one page, half a window from
+// its far end, held back (as Linux marks a page PG_readahead). The
+// program's fault there is served from the slot at once, without a READ,
+// and prefetches the next window as a fault at the far end would: the
+// stream's pages arrive while the program is still working through the
+// last half of this window, instead of after it faulted past its end and
+// waited for the whole window's READ (glibc's merge sort of 128 MiB at
+// 32 MiB local over tcp: 11.97 -> 11.48 s, the mean of 4 runs each,
+// fault p50 36-45 -> 18-24 µs). Unlike a sample held back mid-window
+// (above), whose hit fetched next to nothing, a marker's hit fetches a
+// whole window. Markers are not samples: their hits and their slots
+// recycled unused are not counted as prefetch hits or waste.
+const (
+	markerSlots = 8
+	// minMarkWindow is the smallest window that gets a marker: the
+	// marker's fault costs the program about what a fault costs, worth
+	// it only where it hides the READ of a window this size or more.
+	minMarkWindow = 8
+)
+
+// samples is a client's held-back prefetched pages: sample slots, then
+// marker slots.
 type samples struct {
-	buf   []byte // sampleSlots pages
-	owner [sampleSlots]pageRef
-	next  int    // slot to take next (round robin: the oldest)
-	seen  uint64 // prefetched pages read, counting towards the next sample
+	buf   []byte // sampleSlots + markerSlots pages
+	owner [sampleSlots + markerSlots]pageRef
+	// end is, for each marker slot, the page its window ended at: a hit
+	// prefetches as a fault there.
+	end        [markerSlots]int
+	next       int    // sample slot to take next (round robin: the oldest)
+	nextMarker int    // marker slot to take next, counted from the first
+	seen       uint64 // prefetched pages read, counting towards the next sample
 }
 
 // sampleNow reports whether the next prefetched page that arrived is held
@@ -43,6 +69,20 @@ func (s *samples) sampleNow() bool {
 func (c *client) holdSample(k int) {
 	s := c.sample.next
 	c.sample.next = (s + 1) % sampleSlots
+	c.holdIn(s, k)
+}
+
+// holdMarker keeps read k of the batch, its window's marker, in a marker
+// slot instead of installing it.
+func (c *client) holdMarker(k int) {
+	m := c.sample.nextMarker
+	c.sample.nextMarker = (m + 1) % markerSlots
+	c.sample.end[m] = c.fq.readAt[k].end
+	c.holdIn(sampleSlots+m, k)
+}
+
+// holdIn keeps read k of the batch in slot s (sample or marker).
+func (c *client) holdIn(s, k int) {
 	c.releaseSample(s)
 	copy(c.sample.buf[s*pageSize:(s+1)*pageSize], c.fq.reads[k].Buf)
 	ref := c.fq.readAt[k].pageRef
@@ -52,7 +92,7 @@ func (c *client) holdSample(k int) {
 }
 
 // releaseSample empties slot s: its page, if still held back, was not
-// used.
+// used (counted as wasted if s is a sample slot).
 func (c *client) releaseSample(s int) {
 	o := c.sample.owner[s]
 	c.sample.owner[s] = pageRef{}
@@ -63,6 +103,8 @@ func (c *client) releaseSample(s int) {
 	// has lost the flag.
 	if p := o.entry(); p.State() == Remote && p.Has(FlagSampled) {
 		o.r.pages[o.idx] = p &^ FlagSampled
-		c.st.prefetchWasted.Add(1)
+		if s < sampleSlots {
+			c.st.prefetchWasted.Add(1)
+		}
 	}
 }

@@ -138,6 +138,7 @@ type counters struct {
 	faults, zeroFills, remoteReads, wpFaults, held atomic.Uint64
 	evictions, writeBacks, lost, retries, waits    atomic.Uint64
 	prefetchIssued, prefetchHits, prefetchWasted   atomic.Uint64
+	readaheadHits                                  atomic.Uint64
 	resident, remote, pooled, regions              atomic.Int64
 	noRoomSince                                    atomic.Int64 // unix ns; 0: eviction has pool slots
 	latency                                        Histogram
@@ -183,6 +184,10 @@ type ClientStats struct {
 	PrefetchIssued uint64 `json:"prefetch_issued"`
 	PrefetchHits   uint64 `json:"prefetch_hits"`
 	PrefetchWasted uint64 `json:"prefetch_wasted"`
+	// ReadaheadHits counts faults on a stream's read-ahead marker
+	// (sample.go): served without a READ, they fetch the stream's next
+	// window while the program works through the rest of this one.
+	ReadaheadHits uint64 `json:"readahead_hits"`
 	// Exited marks the final stats of a client whose process has gone.
 	Exited bool `json:"exited,omitempty"`
 }
@@ -217,6 +222,7 @@ func (c *counters) snapshot(pageSize uint64) ClientStats {
 		Evictions:    c.evictions.Load(), WriteBacks: c.writeBacks.Load(), Lost: c.lost.Load(),
 		Retries: c.retries.Load(), BudgetWaits: c.waits.Load(),
 		PrefetchIssued: c.prefetchIssued.Load(), PrefetchHits: c.prefetchHits.Load(), PrefetchWasted: c.prefetchWasted.Load(),
+		ReadaheadHits: c.readaheadHits.Load(),
 	}
 	if ns := c.noRoomSince.Load(); ns != 0 {
 		s.NoRoomSince = time.Unix(0, ns)
