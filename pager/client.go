@@ -149,6 +149,9 @@ type evictState struct {
 	staged     int // pages in Staged state waiting for a write-back retry
 	wb         []PageOp
 	wbRef      []int
+	wbRuns     []PageOp // wb merged into runs (writeBack)
+	wbRunAt    []int    // the first op of wb in each run
+	wbBuf      []byte   // the pages of runs, copied in order (made at the first merge)
 	victims    []Victim
 }
 
@@ -215,6 +218,7 @@ func (a *Agent) newClientWith(u faultFD, features userfaultfd.Feature, sfd, slot
 		ev: evictState{stagingFD: sfd, staging: staging,
 			stageFree: make([]uint32, 0, slots), stageOwner: make([]pageRef, slots),
 			wb: make([]PageOp, 0, proto.MaxEvictBatch), wbRef: make([]int, 0, proto.MaxEvictBatch),
+			wbRuns: make([]PageOp, 0, proto.MaxEvictBatch), wbRunAt: make([]int, 0, proto.MaxEvictBatch),
 			victims: make([]Victim, proto.MaxEvictBatch)},
 	}
 	for s := slots - 1; s >= 0; s-- {

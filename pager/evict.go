@@ -248,7 +248,7 @@ func (c *client) evicted(m *proto.Evicted) {
 		}
 	}
 	if len(c.ev.wb) > 0 {
-		c.io.Write(c.a.ctx, c.ev.wb)
+		c.writeBack(c.ev.wb)
 		for j := range c.ev.wb {
 			ref := c.ev.evictRefs[c.ev.wbRef[j]]
 			if err := c.ev.wb[j].Err; err != nil {
@@ -328,7 +328,7 @@ func (c *client) retryWriteBack() {
 	if len(c.ev.wb) == 0 {
 		return
 	}
-	c.io.Write(c.a.ctx, c.ev.wb)
+	c.writeBack(c.ev.wb)
 	for j := range c.ev.wb {
 		if c.ev.wb[j].Err != nil {
 			continue
@@ -339,5 +339,49 @@ func (c *client) retryWriteBack() {
 		c.st.writeBacks.Add(1)
 		c.set(o.r, o.idx, o.entry().With(Remote))
 		c.freeStage(s)
+	}
+}
+
+// writeBack writes ops, staged pages one op each, to the pool, each op's
+// Err set. A run of ops whose pool slots are adjacent in one slab goes as
+// one WRITE of the run's pages, copied in order into wbBuf: an eviction
+// batch takes consecutive slots for its sorted victims (slotsFor), so its
+// dirty pages are mostly one run. 124 WRITEs of a page each took 1.2 ms
+// over tcp, and the loop serves no fault meanwhile (glibc's merge sort of
+// 128 MiB at 32 MiB local: 2,310 write-backs, 2.8 s of its 12 s).
+func (c *client) writeBack(ops []PageOp) {
+	e := &c.ev
+	e.wbRuns, e.wbRunAt = e.wbRuns[:0], e.wbRunAt[:0]
+	used := 0
+	for k := 0; k < len(ops); {
+		j := k + 1
+		for j < len(ops) && ops[j].Slab == ops[k].Slab && ops[j].Off == ops[j-1].Off+pageSize {
+			j++
+		}
+		run := ops[k]
+		if j-k > 1 {
+			if e.wbBuf == nil {
+				e.wbBuf = make([]byte, cap(e.wb)*pageSize)
+			}
+			buf := e.wbBuf[used : used+(j-k)*pageSize]
+			for m := k; m < j; m++ {
+				copy(buf[(m-k)*pageSize:], ops[m].Buf)
+			}
+			used += len(buf)
+			run.Buf = buf
+		}
+		e.wbRuns = append(e.wbRuns, run)
+		e.wbRunAt = append(e.wbRunAt, k)
+		k = j
+	}
+	c.io.Write(c.a.ctx, e.wbRuns)
+	for r, op := range e.wbRuns {
+		end := len(ops)
+		if r+1 < len(e.wbRunAt) {
+			end = e.wbRunAt[r+1]
+		}
+		for k := e.wbRunAt[r]; k < end; k++ {
+			ops[k].Err = op.Err
+		}
 	}
 }
