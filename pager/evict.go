@@ -358,11 +358,14 @@ func (c *client) writeBack(ops []PageOp) {
 		for j < len(ops) && ops[j].Slab == ops[k].Slab && ops[j].Off == ops[j-1].Off+pageSize {
 			j++
 		}
+		if e.wbBuf == nil && j-k > 1 {
+			e.wbBuf = make([]byte, cap(e.wb)*pageSize)
+		}
+		if used+(j-k)*pageSize > len(e.wbBuf) {
+			j = k + 1 // more than a batch: the rest go a page a WRITE
+		}
 		run := ops[k]
 		if j-k > 1 {
-			if e.wbBuf == nil {
-				e.wbBuf = make([]byte, cap(e.wb)*pageSize)
-			}
 			buf := e.wbBuf[used : used+(j-k)*pageSize]
 			for m := k; m < j; m++ {
 				copy(buf[(m-k)*pageSize:], ops[m].Buf)
