@@ -248,7 +248,7 @@ func (c *client) evicted(m *proto.Evicted) {
 		}
 	}
 	if len(c.ev.wb) > 0 {
-		c.writeBack(c.ev.wb)
+		c.writeBack()
 		for j := range c.ev.wb {
 			ref := c.ev.evictRefs[c.ev.wbRef[j]]
 			if err := c.ev.wb[j].Err; err != nil {
@@ -328,7 +328,7 @@ func (c *client) retryWriteBack() {
 	if len(c.ev.wb) == 0 {
 		return
 	}
-	c.writeBack(c.ev.wb)
+	c.writeBack()
 	for j := range c.ev.wb {
 		if c.ev.wb[j].Err != nil {
 			continue
@@ -342,15 +342,17 @@ func (c *client) retryWriteBack() {
 	}
 }
 
-// writeBack writes ops, staged pages one op each, to the pool, each op's
-// Err set. A run of ops whose pool slots are adjacent in one slab goes as
-// one WRITE of the run's pages, copied in order into wbBuf: an eviction
-// batch takes consecutive slots for its sorted victims (slotsFor), so its
-// dirty pages are mostly one run. 124 WRITEs of a page each took 1.2 ms
-// over tcp, and the loop serves no fault meanwhile (glibc's merge sort of
-// 128 MiB at 32 MiB local: 2,310 write-backs, 2.8 s of its 12 s).
-func (c *client) writeBack(ops []PageOp) {
+// writeBack writes c.ev.wb, staged pages one op each, to the pool, each
+// op's Err set. A run of ops whose pool slots are adjacent in one slab
+// goes as one WRITE of the run's pages, copied in order into wbBuf (a
+// batch's worth, as wb holds): an eviction batch takes consecutive slots
+// for its sorted victims (slotsFor), so its dirty pages are mostly one
+// run. 124 WRITEs of a page each took 1.2 ms over tcp, and the loop
+// serves no fault meanwhile (glibc's merge sort of 128 MiB at 32 MiB
+// local: 2,310 write-backs, 2.8 s of its 12 s).
+func (c *client) writeBack() {
 	e := &c.ev
+	ops := e.wb
 	e.wbRuns, e.wbRunAt = e.wbRuns[:0], e.wbRunAt[:0]
 	used := 0
 	for k := 0; k < len(ops); {
@@ -358,33 +360,21 @@ func (c *client) writeBack(ops []PageOp) {
 		for j < len(ops) && ops[j].Slab == ops[k].Slab && ops[j].Off == ops[j-1].Off+pageSize {
 			j++
 		}
-		if e.wbBuf == nil && j-k > 1 {
-			e.wbBuf = make([]byte, cap(e.wb)*pageSize)
-		}
-		if used+(j-k)*pageSize > len(e.wbBuf) {
-			j = k + 1 // more than a batch: the rest go a page a WRITE
-		}
 		run := ops[k]
 		if j-k > 1 {
-			buf := e.wbBuf[used : used+(j-k)*pageSize]
-			for m := k; m < j; m++ {
-				copy(buf[(m-k)*pageSize:], ops[m].Buf)
+			if e.wbBuf == nil {
+				e.wbBuf = make([]byte, cap(e.wb)*pageSize)
 			}
-			used += len(buf)
-			run.Buf = buf
+			run.Buf = e.wbBuf[used : used+(j-k)*pageSize]
+			for m := k; m < j; m++ {
+				copy(run.Buf[(m-k)*pageSize:], ops[m].Buf)
+			}
+			used += len(run.Buf)
 		}
 		e.wbRuns = append(e.wbRuns, run)
 		e.wbRunAt = append(e.wbRunAt, k)
 		k = j
 	}
 	c.io.Write(c.a.ctx, e.wbRuns)
-	for r, op := range e.wbRuns {
-		end := len(ops)
-		if r+1 < len(e.wbRunAt) {
-			end = e.wbRunAt[r+1]
-		}
-		for k := e.wbRunAt[r]; k < end; k++ {
-			ops[k].Err = op.Err
-		}
-	}
+	spreadErrs(ops, e.wbRuns, e.wbRunAt)
 }

@@ -448,15 +448,7 @@ func (c *client) flushReads(since time.Time) {
 	c.sortReads()
 	c.merge()
 	c.io.Read(c.a.ctx, c.fq.merged)
-	for m, op := range c.fq.merged {
-		end := len(c.fq.reads)
-		if m+1 < len(c.fq.mergedAt) {
-			end = c.fq.mergedAt[m+1]
-		}
-		for k := c.fq.mergedAt[m]; k < end; k++ {
-			c.fq.reads[k].Err = op.Err
-		}
-	}
+	spreadErrs(c.fq.reads, c.fq.merged, c.fq.mergedAt)
 	// The sample, when one is due, is the batch's last prefetched page:
 	// a stream's next fault comes past it anyway, and its hit (sampleHit)
 	// prefetches on as that fault would.
@@ -539,6 +531,20 @@ func (c *client) merge() {
 		c.fq.merged = append(c.fq.merged, PageOp{Slab: c.fq.reads[k].Slab, Off: c.fq.reads[k].Off, Buf: c.fq.bufs[k*pageSize : j*pageSize]})
 		c.fq.mergedAt = append(c.fq.mergedAt, k)
 		k = j
+	}
+}
+
+// spreadErrs sets each op's Err from the run it went in: runs[r] carried
+// ops[at[r]:at[r+1]] (merge, writeBack).
+func spreadErrs(ops, runs []PageOp, at []int) {
+	for r, run := range runs {
+		end := len(ops)
+		if r+1 < len(at) {
+			end = at[r+1]
+		}
+		for k := at[r]; k < end; k++ {
+			ops[k].Err = run.Err
+		}
 	}
 }
 
