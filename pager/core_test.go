@@ -787,8 +787,11 @@ func TestCorePrefetch(t *testing.T) {
 				if issued > uint64(f.pages/8) {
 					t.Errorf("random reads of %d pages prefetched %d: want at most 1/8", f.pages, issued)
 				}
-				if ahead != 0 {
-					t.Errorf("random reads hit %d read-ahead markers", ahead)
+				// A run of random faults may pass for a short stream
+				// now and then: at most a marker per window of 8 or
+				// more pages it prefetched.
+				if ahead > issued/8 {
+					t.Errorf("random reads hit %d read-ahead markers with %d pages prefetched", ahead, issued)
 				}
 			}
 		})
