@@ -139,6 +139,10 @@ type Agent struct {
 	loopsMu sync.Mutex // orders Options.LoopsChanged calls
 	loops   int
 
+	// childUFFD makes the uffd of a child from a FORK event's descriptor
+	// (userfaultfd.FromFD; a fake kernel's in the core tests).
+	childUFFD func(fd int, features userfaultfd.Feature) (faultFD, error)
+
 	journal *journal        // StateDir's (nil: none)
 	orphans map[int]*orphan // a previous agent's clients waiting to resume, by pid
 	leaked  []SlabID        // slabs the lease holds that no journal names
@@ -208,6 +212,7 @@ func New(opts Options) (*Agent, error) {
 		opts: opts, log: opts.Log, ln: ln, slots: newSlotPool(opts.Store, opts.Log.Named("slots")),
 		ctx: ctx, cancel: cancel,
 		clients: map[uint64]*client{}, forked: map[forkKey]*client{}, copies: map[forkKey]*forkCopy{},
+		childUFFD: func(fd int, f userfaultfd.Feature) (faultFD, error) { return userfaultfd.FromFD(fd, f) },
 	}
 	a.cond = newCond(a)
 	a.slots.onRoom = a.wakeAll

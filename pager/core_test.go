@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -49,6 +50,12 @@ func startFake(t *testing.T, opts pager.Options, pages int) *fake {
 // startFakeOn serves another fake process under agent a.
 func startFakeOn(t *testing.T, a *pager.Agent, store *pagertest.Store, pages int) *fake {
 	t.Helper()
+	return startFakeOnPid(t, a, store, pages, 0)
+}
+
+// startFakeOnPid is startFakeOn for a process with pid (0: not known).
+func startFakeOnPid(t *testing.T, a *pager.Agent, store *pagertest.Store, pages, pid int) *fake {
+	t.Helper()
 	k, err := pagertest.NewKernel()
 	if err != nil {
 		t.Fatal(err)
@@ -60,7 +67,7 @@ func startFakeOn(t *testing.T, a *pager.Agent, store *pagertest.Store, pages int
 		t.Fatal(err)
 	}
 	agentSide, procSide := unixConn(t, fds[0]), unixConn(t, fds[1])
-	sfd, slots, err := a.ServeForTest(k, agentSide, 0, 0)
+	sfd, slots, err := a.ServeForTest(k, agentSide, pid, 0)
 	if err != nil {
 		k.Close()
 		t.Fatal(err)
@@ -934,4 +941,130 @@ func TestCoreWriteAheadStreams(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// A FORK event read in one batch with faults is handled before any of
+// them is installed. The kernel hands out faults before events, so a
+// batch's faults come before its FORK although their pages were missing
+// when fork(2) copied the page tables: installed first, they would be
+// the parent's alone while the child's copy of the page table said they
+// were mapped, and the child would read zeros there. Here threads fault on
+// the 64 pages ahead of a stream while the FORK is raised (pages held
+// back as read-ahead markers or samples are installed at once from their
+// slots, the others come in the batch's READs); the child then reads
+// every page as the parent wrote it, through its own evictions.
+func TestCoreForkEventBatch(t *testing.T) {
+	store := pagertest.New(t, pagertest.Options{})
+	a := startAgentOpts(t, coreOpts(store))
+	var mu sync.Mutex
+	kids := map[int]*pagertest.Kernel{}
+	a.ChildUFFDForTest(func(fd int) (pager.FaultFD, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if k := kids[fd]; k != nil {
+			return k, nil
+		}
+		return nil, fmt.Errorf("no fake kernel has fd %d", fd)
+	})
+	pids := standIns(t, 2) // the loops watch the processes with pidfds
+	f := startFakeOnPid(t, a, store, 16*budgetPages, pids[0])
+	if err := f.write(1, 0, f.pages, nil); err != nil {
+		t.Fatal(err)
+	}
+	from := f.pages / 4
+	if err := f.check(1, orderOf("forward", from)); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := f.statsWhen(func(pager.ClientStats) bool { return true })
+	faults := f.k.Counts().Faults
+	f.k.Hold()
+	const n = 64
+	var finished sync.WaitGroup
+	var done atomic.Int64
+	errs := make(chan error, n)
+	for i := from; i < from+n; i++ {
+		finished.Add(1)
+		go func() {
+			defer finished.Done()
+			defer done.Add(1)
+			errs <- f.check(1, []int{i})
+		}()
+	}
+	// Every thread has faulted (and waits) or found its page mapped.
+	for deadline := time.Now().Add(5 * time.Second); int(done.Load())+f.k.Counts().Faults-faults < n; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d threads done, %d faulted: want %d", done.Load(), f.k.Counts().Faults-faults, n)
+		}
+	}
+	faulted := f.k.Queued()
+	ck, err := f.k.ForkEvent()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ck.Close() })
+	ck.FaultWait = f.k.FaultWait
+	mu.Lock()
+	kids[ck.Fd()] = ck
+	mu.Unlock()
+	f.k.Release()
+	finished.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("parent: %v", err)
+		}
+	}
+	var st pager.ClientStats
+	for _, s := range a.Stats() {
+		if s.PID == pids[0] {
+			st = s
+		}
+	}
+	t.Logf("%d faults read with the FORK; %d served from held-back slots", faulted,
+		st.PrefetchHits-before.PrefetchHits+st.ReadaheadHits-before.ReadaheadHits)
+	if faulted == 0 {
+		t.Fatal("no fault was read with the FORK")
+	}
+
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agentSide, procSide := unixConn(t, fds[0]), unixConn(t, fds[1])
+	var sfd, slots int
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		sfd, slots, err = a.AttachForkChildForTest(agentSide, pids[0], pids[1], 1)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+	}
+	p, err := pagertest.NewProcess(ck, procSide, sfd, slots)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	child := &fake{t: t, a: a, store: store, k: ck, p: p, pages: f.pages}
+	if err := child.check(1, orderOf("random", f.pages)); err != nil {
+		t.Fatalf("child: %v", err)
+	}
+}
+
+// standIns starts n processes that stand in for fake ones (the loops
+// watch a process with a pidfd) and returns their pids; they are killed
+// when the test ends.
+func standIns(t *testing.T, n int) []int {
+	t.Helper()
+	pids := make([]int, n)
+	for i := range pids {
+		cmd := exec.Command("sleep", "60")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		pids[i] = cmd.Process.Pid
+	}
+	return pids
 }

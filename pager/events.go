@@ -16,7 +16,7 @@ func (c *client) event(ev userfaultfd.Event) {
 	switch ev.Kind {
 	case userfaultfd.EventFork:
 		c.fork(ev.FD)
-		c.uffd.forkAhead = false // parked until now, maybe (park)
+		c.uffd.forkHandled() // installs may go on once every FORK read is handled
 	case userfaultfd.EventRemove:
 		c.dropRange(ev.Range, false)
 	case userfaultfd.EventUnmap:

@@ -122,7 +122,9 @@ func (c *client) protectDirty(r *region, run []Victim) error {
 		}
 		rg := userfaultfd.Range{Start: r.addr(run[i].Page), Len: uint64(j-i) * pageSize}
 		if err := c.uffd.WriteProtect(rg); err != nil {
-			if !userfaultfd.IsMMChanged(err) {
+			// ESRCH: the process is exiting (its uffd outlives its mm
+			// until the loop sees it go), not worth a warning a run.
+			if !userfaultfd.IsMMChanged(err) && !userfaultfd.IsGone(err) {
 				c.log.Warn("write-protect of victims failed", zap.Stringer("range", rg), zap.Error(err))
 			}
 			return err

@@ -126,3 +126,34 @@ func (a *Agent) ServeForkChildForTest(u faultFD, conn *net.UnixConn, ppid, pid i
 	c.localMem.Store(fc.localMem)
 	return a.serveForTest(c, conn, pid)
 }
+
+// FaultFD is the uffd a client's loop uses (a fake kernel in the tests).
+type FaultFD = faultFD
+
+// ChildUFFDForTest makes the uffd of a FORK event's child with f: the
+// fake kernel whose Fd the event names.
+func (a *Agent) ChildUFFDForTest(f func(fd int) (FaultFD, error)) {
+	a.childUFFD = func(fd int, _ userfaultfd.Feature) (faultFD, error) { return f(fd) }
+}
+
+// AttachForkChildForTest gives the child of fork serial of the client
+// whose pid is ppid, made by its FORK event, the connection conn of
+// process pid, as the child's HELLO does (without its credential checks).
+// It returns a descriptor of the child's staging memfd and its size in
+// pages.
+func (a *Agent) AttachForkChildForTest(conn *net.UnixConn, ppid, pid int, serial uint64) (stagingFD, slots int, err error) {
+	k := forkKey{ppid, serial}
+	a.mu.Lock()
+	c := a.forked[k]
+	delete(a.forked, k)
+	a.mu.Unlock()
+	if c == nil {
+		return -1, 0, fmt.Errorf("pager: no FORK event %d of pid %d handled", serial, ppid)
+	}
+	fd, err := unix.Dup(c.ev.stagingFD)
+	if err != nil {
+		return -1, 0, err
+	}
+	c.attach(conn, pid)
+	return fd, len(c.ev.stageOwner), nil
+}

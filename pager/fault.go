@@ -98,39 +98,64 @@ const BudgetMargin = budgetMargin * pageSize
 // budgetPages is the client's budget of resident pages.
 func (c *client) budgetPages() int { return c.a.budgetPages(c.localMem.Load()) }
 
-// errForkAhead: a FORK event was read ahead of its turn (again) and is not
-// handled yet. Reading it ended the kernel's refusal (EAGAIN) of ioctls
-// that install pages, but a page installed now would be the parent's
-// alone (the child's page tables are copied already) while the child's
+// errForkAhead: a FORK event has been read and is not handled yet.
+// Reading it ended the kernel's refusal (EAGAIN) of ioctls that install
+// pages, but a page installed now would be the parent's alone (the child's
+// page tables were copied when the event was raised) while the child's
 // copy of our page table, made when the event is handled, would say it is
-// mapped: the child would read zeros there. So nothing is installed until
-// then, as if the kernel still refused.
-var errForkAhead = fmt.Errorf("pager: a FORK event read ahead is not handled yet: %w", unix.EAGAIN)
+// mapped: the child would read zeros there. This holds for the faults read
+// with the event too: the kernel hands faults out before events, so a
+// batch's faults come before its FORK although their pages were missing
+// when the child's page tables were copied. So nothing is installed until
+// every FORK read is handled, as if the kernel still refused.
+var errForkAhead = fmt.Errorf("pager: a FORK event read is not handled yet: %w", unix.EAGAIN)
 
 // gatedUFFD is a client's uffd whose ioctls that install pages (Copy,
-// ZeroPage, Poison) fail with errForkAhead while forkAhead is set: the
-// one place that keeps the rule of errForkAhead.
+// ZeroPage, Poison) fail with errForkAhead while a FORK event it has read
+// is not handled (forkHandled): the one place that keeps the rule of
+// errForkAhead.
 type gatedUFFD struct {
 	faultFD
-	forkAhead bool // a FORK event read ahead is not handled yet
+	forks int // FORK events read and not handled yet
 }
 
+// ReadEvents reads messages as faultFD does, counting the FORK events.
+func (g *gatedUFFD) ReadEvents(msgs []userfaultfd.Msg) (int, error) {
+	n, err := g.faultFD.ReadEvents(msgs)
+	for i := range msgs[:max(n, 0)] {
+		if msgs[i].Kind() == userfaultfd.EventFork {
+			g.forks++
+		}
+	}
+	return n, err
+}
+
+// forkHandled says a FORK event read has been handled (or dropped).
+func (g *gatedUFFD) forkHandled() {
+	if g.forks > 0 {
+		g.forks--
+	}
+}
+
+// forkAhead reports whether a FORK event read is not handled yet.
+func (g *gatedUFFD) forkAhead() bool { return g.forks > 0 }
+
 func (g *gatedUFFD) Copy(dst userfaultfd.Addr, src []byte, flags userfaultfd.Flags) (int, error) {
-	if g.forkAhead {
+	if g.forkAhead() {
 		return 0, errForkAhead
 	}
 	return g.faultFD.Copy(dst, src, flags)
 }
 
 func (g *gatedUFFD) ZeroPage(r userfaultfd.Range, flags userfaultfd.Flags) (int, error) {
-	if g.forkAhead {
+	if g.forkAhead() {
 		return 0, errForkAhead
 	}
 	return g.faultFD.ZeroPage(r, flags)
 }
 
 func (g *gatedUFFD) Poison(r userfaultfd.Range, flags userfaultfd.Flags) (int, error) {
-	if g.forkAhead {
+	if g.forkAhead() {
 		return 0, errForkAhead
 	}
 	return g.faultFD.Poison(r, flags)
@@ -141,21 +166,17 @@ func (g *gatedUFFD) Poison(r userfaultfd.Range, flags userfaultfd.Flags) (int, e
 // helper's madvise, a munmap) is unread: reading the pending messages now
 // (handled later, in order, by serveUFFD) lifts that, so the page just
 // fetched is installed instead of being fetched again on a later retry.
+// Not when a FORK is among them (errForkAhead).
 func (c *client) again(err error) bool {
-	if !userfaultfd.IsMMChanged(err) || c.uffd.forkAhead || len(c.fq.early) == cap(c.fq.early) {
+	if !userfaultfd.IsMMChanged(err) || c.uffd.forkAhead() || len(c.fq.early) == cap(c.fq.early) {
 		return false
 	}
 	n, rerr := c.uffd.ReadEvents(c.fq.early[len(c.fq.early):cap(c.fq.early)])
 	if rerr != nil || n == 0 {
 		return false
 	}
-	for i := len(c.fq.early); i < len(c.fq.early)+n; i++ {
-		if c.fq.early[:cap(c.fq.early)][i].Kind() == userfaultfd.EventFork {
-			c.uffd.forkAhead = true // see errForkAhead
-		}
-	}
 	c.fq.early = c.fq.early[:len(c.fq.early)+n]
-	return !c.uffd.forkAhead
+	return !c.uffd.forkAhead()
 }
 
 // fault handles one page fault at page address a.

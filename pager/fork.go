@@ -25,7 +25,7 @@ func (c *client) fork(fd int) {
 	c.fk.forks++
 	c.forked()
 	serial := c.fk.forks
-	u, err := userfaultfd.FromFD(fd, c.features)
+	u, err := c.a.childUFFD(fd, c.features)
 	if err != nil {
 		unix.Close(fd)
 		c.log.Error("child uffd unusable; the child is not paged", zap.Error(err))
@@ -253,7 +253,6 @@ const maxSettle = 10 * time.Second
 // after them, until the eviction in flight is done. Nothing is installed
 // meanwhile (errForkAhead): the child's page tables are copied already.
 func (c *client) park(msgs []userfaultfd.Msg) {
-	c.uffd.forkAhead = true
 	c.fq.parked = append(append(c.fq.parked[:0], msgs...), c.fq.early...)
 	c.fq.early = c.fq.early[:0]
 	if c.fk.parkedSince.IsZero() {

@@ -266,6 +266,9 @@ func (c *client) handleMsgs(msgs []userfaultfd.Msg) {
 		ev, err := msgs[i].Decode()
 		if err != nil {
 			c.log.Error("bad uffd message", zap.Error(err))
+			if msgs[i].Kind() == userfaultfd.EventFork {
+				c.uffd.forkHandled() // not to be handled: nothing waits for it
+			}
 			continue
 		}
 		switch ev.Kind {

@@ -33,9 +33,10 @@ var ErrNotServed = errors.New("pagertest: fault not served in time")
 // process has exited). Fd is an eventfd that is readable while fault
 // messages wait, so the loop polls it as it polls a real uffd.
 //
-// It models what the pager relies on and no more: no REMOVE, UNMAP or
-// FORK events, and the zero page is an ordinary writable page (as after
-// the kernel's copy-on-write of it, which raises no fault either).
+// It models what the pager relies on and no more: no REMOVE or UNMAP
+// events, FORK events only when a test raises one (ForkEvent), and the
+// zero page is an ordinary writable page (as after the kernel's
+// copy-on-write of it, which raises no fault either).
 type Kernel struct {
 	// FaultWait bounds how long a thread waits for its fault to be
 	// resolved (default 10 s); then its access fails with ErrNotServed.
@@ -51,6 +52,7 @@ type Kernel struct {
 	inject map[string][]error          // errors the next calls of an op return
 	closed bool
 	exited bool
+	held   bool // Hold: messages queue up unread
 	counts KernelCounts
 }
 
@@ -157,9 +159,16 @@ func (k *Kernel) faultWait() time.Duration {
 	return 10 * time.Second
 }
 
-// post queues m and makes Fd readable (k.mu held).
+// post queues m and makes Fd readable unless held (k.mu held).
 func (k *Kernel) post(m userfaultfd.Msg) {
 	k.queue = append(k.queue, m)
+	if !k.held {
+		k.readable()
+	}
+}
+
+// readable makes Fd readable (k.mu held).
+func (k *Kernel) readable() {
 	var one [8]byte
 	binary.NativeEndian.PutUint64(one[:], 1)
 	unix.Write(k.efd, one[:])
@@ -216,6 +225,55 @@ func (k *Kernel) Fork() (*Kernel, error) {
 		child.pages[a] = &fakePage{data: p.data}
 	}
 	return child, nil
+}
+
+// ForkEvent forks the process as fork(2) does one whose uffd has FORK
+// events: the child's address space (returned) is a copy of the mapped
+// pages, their write protection kept (its ranges stay registered), the
+// missing ones missing; and a FORK message naming the child's Fd is
+// queued after the messages waiting. The loop must map that descriptor
+// to the child Kernel (the test's hook). Close releases its eventfd.
+func (k *Kernel) ForkEvent() (*Kernel, error) {
+	child, err := NewKernel()
+	if err != nil {
+		return nil, err
+	}
+	child.FaultWait = k.FaultWait
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for a, p := range k.pages {
+		child.pages[a] = &fakePage{data: p.data, wp: p.wp}
+	}
+	k.post(userfaultfd.EncodeMsg(userfaultfd.Event{Kind: userfaultfd.EventFork, FD: child.efd}))
+	return child, nil
+}
+
+// Hold keeps the messages raised from now on unread (ReadEvents finds
+// none, Fd is not readable) until Release: a test gathers messages into
+// one batch, as the kernel's queue does while the loop is busy.
+func (k *Kernel) Hold() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.held = true
+	var b [8]byte
+	unix.Read(k.efd, b[:])
+}
+
+// Release ends Hold: the messages queued meanwhile are read in one batch.
+func (k *Kernel) Release() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.held = false
+	if len(k.queue) > 0 {
+		k.readable()
+	}
+}
+
+// Queued returns how many messages wait to be read.
+func (k *Kernel) Queued() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.queue)
 }
 
 // Mapped reports whether a's page is mapped, and write-protected.
@@ -276,7 +334,7 @@ func (k *Kernel) ReadEvents(msgs []userfaultfd.Msg) (int, error) {
 	if k.closed {
 		return 0, unix.EBADF
 	}
-	if len(k.queue) == 0 {
+	if len(k.queue) == 0 || k.held {
 		return 0, unix.EAGAIN
 	}
 	n := copy(msgs, k.queue)
