@@ -105,8 +105,13 @@ type agentClient struct {
 	expectRemove map[userfaultfd.Addr]bool
 	forks        uint64
 	forkWait     []*forkedChild // copies waiting for the batch in flight
-	seq          uint32
-	sbuf         []byte
+	// The uffd reader reads under readMu and counts the FORK events it
+	// read in forksRead; the loop counts those it handled in forksDone.
+	readMu    sync.Mutex
+	forksRead atomic.Uint64
+	forksDone uint64
+	seq       uint32
+	sbuf      []byte
 
 	smu     sync.Mutex
 	stats   agentStats
@@ -467,7 +472,7 @@ func (c *agentClient) serve() {
 	events := make(chan []userfaultfd.Event)
 	quit := make(chan struct{})
 	var readSeq atomic.Uint64
-	var readMu sync.Mutex
+	readMu := &c.readMu
 	handled := uint64(0)
 	var wg sync.WaitGroup
 	wg.Add(2)
@@ -514,6 +519,9 @@ func (c *agentClient) serve() {
 					continue
 				}
 				evs = append(evs, ev)
+				if ev.Kind == userfaultfd.EventFork {
+					c.forksRead.Add(1)
+				}
 				if d := c.a.eventDelay.Load(); d > 0 && ev.Kind == userfaultfd.EventFork {
 					time.Sleep(time.Duration(d)) // a reader slow to publish a FORK (TestForkThenUnmap)
 				}
@@ -753,12 +761,25 @@ func (c *agentClient) handleEvent(e userfaultfd.Event, ev *eviction) (again bool
 			c.a.t.Errorf("agent: pid %d faults at %v outside its regions", c.pid, e.Addr)
 		}
 		data, restore := c.saved[page.Start]
+		// Not while a FORK read is not handled: reading it ended the
+		// kernel's refusal, but the child's page tables were copied
+		// without this page, and its copy of saved, made when the FORK
+		// is handled, would lack it (the child would read zeros). The
+		// kernel hands out faults before events: a FORK read with this
+		// fault, or after it, may be unhandled yet. readMu keeps the
+		// reader from reading one during the install.
+		c.readMu.Lock()
+		if c.forksRead.Load() > c.forksDone {
+			c.readMu.Unlock()
+			return true
+		}
 		var err error
 		if restore {
 			_, err = c.uffd.Copy(page.Start, data, 0)
 		} else {
 			_, err = c.uffd.ZeroPage(page, 0)
 		}
+		c.readMu.Unlock()
 		if userfaultfd.IsMMChanged(err) {
 			// A non-cooperative event (REMOVE, UNMAP, FORK) is being
 			// delivered; once the reader has taken it, this succeeds.
@@ -808,6 +829,7 @@ func (c *agentClient) handleEvent(e userfaultfd.Event, ev *eviction) (again bool
 			delete(c.resident, p)
 		}
 	case userfaultfd.EventFork:
+		c.forksDone++ // installs may go on once every FORK read is handled
 		child, err := userfaultfd.FromFD(e.FD, c.uffd.Features())
 		if err != nil {
 			c.a.t.Errorf("agent: %v", err)

@@ -396,7 +396,7 @@ func TestForkWhileAllocating(t *testing.T) {
 						evictions += n
 					}
 				case <-deadline:
-					t.Fatalf("no \"ok\" after 90 s (a deadlock?); stderr:\n%s", p.Stderr.String())
+					t.Fatalf("no \"ok\" after 90 s (a deadlock?); stderr:\n%s\nthreads:\n%s", p.Stderr.String(), threadDump(int(p.Pid())))
 				}
 			}
 		})
@@ -499,4 +499,29 @@ func TestExports(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("librmem.so exports %v, want %v", got, want)
 	}
+}
+
+// threadDump says where each thread of process pid and of its children
+// is: its state, the kernel function it sleeps in and its kernel stack
+// (root only), for a test that gives up waiting.
+func threadDump(pid int) string {
+	var b strings.Builder
+	pids := []int{pid}
+	if kids, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid)); err == nil {
+		for _, f := range strings.Fields(string(kids)) {
+			if k, err := strconv.Atoi(f); err == nil {
+				pids = append(pids, k)
+			}
+		}
+	}
+	for _, p := range pids {
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", p))
+		for _, task := range tasks {
+			stat, _ := os.ReadFile(task + "/stat")
+			wchan, _ := os.ReadFile(task + "/wchan")
+			stack, _ := os.ReadFile(task + "/stack")
+			fmt.Fprintf(&b, "%s: %s wchan %s\n%s", task, strings.TrimSpace(string(stat)), wchan, stack)
+		}
+	}
+	return b.String()
 }
