@@ -275,22 +275,25 @@ func exitedStats(a *pager.Agent, pid int) pager.ClientStats {
 // forkModes runs prog with an agent of its own twice: as root, with FORK
 // events (skipped if the kernel lacks them), and as user nobody, without.
 func forkModes(t *testing.T, prog string, run func(*testing.T, *pagertest.Store, *pager.Agent, *shimtest.Proc)) {
-	t.Run("root", func(t *testing.T) {
-		if os.Geteuid() != 0 {
-			t.Skip("FORK events need CAP_SYS_PTRACE")
-		}
-		avail, _, _ := userfaultfd.Probe()
-		if !avail.Has(userfaultfd.FeatureEventFork | userfaultfd.FeatureThreadID) {
-			t.Skip("kernel lacks EVENT_FORK or THREAD_ID")
-		}
-		store, a := forkSetup(t, 48, nil)
-		run(t, store, a, shimtest.Start(t, a.Addr(), []string{prog}))
-	})
+	t.Run("root", func(t *testing.T) { forkWithEvents(t, prog, run) })
 	t.Run("unprivileged", func(t *testing.T) {
 		uid, gid := shimtest.Nobody(t)
 		store, a := forkSetup(t, 48, []uint32{uid})
 		run(t, store, a, shimtest.StartAs(t, uid, gid, a.Addr(), []string{prog}))
 	})
+}
+
+// forkWithEvents runs prog as root, whose forks raise FORK events.
+func forkWithEvents(t *testing.T, prog string, run func(*testing.T, *pagertest.Store, *pager.Agent, *shimtest.Proc)) {
+	if os.Geteuid() != 0 {
+		t.Skip("FORK events need CAP_SYS_PTRACE")
+	}
+	avail, _, _ := userfaultfd.Probe()
+	if !avail.Has(userfaultfd.FeatureEventFork | userfaultfd.FeatureThreadID) {
+		t.Skip("kernel lacks EVENT_FORK or THREAD_ID")
+	}
+	store, a := forkSetup(t, 48, nil)
+	run(t, store, a, shimtest.Start(t, a.Addr(), []string{prog}))
 }
 
 func forkSetup(t *testing.T, slabs int, allow []uint32) (*pagertest.Store, *pager.Agent) {
@@ -387,4 +390,38 @@ func TestForkWithoutHello(t *testing.T) {
 	p.Wait()
 	waitNoClients(t, a)
 	noSlabsHeld(t, store)
+}
+
+// Forks while three threads allocate and free through tcmalloc, whose
+// spans and their metadata are paged (sbrk'd and mmap'd regions), under a
+// 4 MiB budget: 40 forks, each child checking an 8 MiB block its parent
+// filled and allocating from the allocator's state it inherited (a page
+// of it read as zeros makes tcmalloc crash on a zeroed span). preload's
+// test of the same program runs against its test agent; this one runs
+// the pager. TestCoreForkEventBatch is the exact test of the ordering
+// that such a crash found (this one passed 6 runs without it: the window
+// is a few pages held back from prefetching).
+func TestForkWhileAllocating(t *testing.T) {
+	skipUnlessUFFD(t)
+	lib := "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
+	if _, err := os.Stat(lib); err != nil {
+		t.Skipf("%s is not installed (Debian: libtcmalloc-minimal4)", lib)
+	}
+	prog := shimtest.ProgAs(t, "forkstress.c", "forkstress-tcmalloc", lib)
+	// With FORK events only (root): without, FORK_PREPARE copies the page
+	// table before fork(2) with no event to order (TestForkBusy forks
+	// both ways), and the two runs would double this test's time.
+	forkWithEvents(t, prog, func(t *testing.T, store *pagertest.Store, a *pager.Agent, p *shimtest.Proc) {
+		if l := p.Expect("ok"); l != "ok" {
+			t.Fatalf("program said %q; stderr:\n%s", l, p.Stderr.String())
+		}
+		p.Wait()
+		waitNoClients(t, a)
+		parent := exitedStats(a, int(p.Pid()))
+		t.Logf("parent %+v; %d processes paged", parent, len(a.Exited()))
+		if parent.Evictions == 0 || parent.RemoteReads == 0 {
+			t.Errorf("want the parent evicting and reading back while it forks: %+v", parent)
+		}
+		noSlabsHeld(t, store)
+	})
 }
