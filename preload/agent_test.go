@@ -108,7 +108,7 @@ type agentClient struct {
 	// The uffd reader reads under readMu and counts the FORK events it
 	// read in forksRead; the loop counts those it handled in forksDone.
 	readMu    sync.Mutex
-	forksRead atomic.Uint64
+	forksRead uint64
 	forksDone uint64
 	seq       uint32
 	sbuf      []byte
@@ -520,7 +520,7 @@ func (c *agentClient) serve() {
 				}
 				evs = append(evs, ev)
 				if ev.Kind == userfaultfd.EventFork {
-					c.forksRead.Add(1)
+					c.forksRead++
 				}
 				if d := c.a.eventDelay.Load(); d > 0 && ev.Kind == userfaultfd.EventFork {
 					time.Sleep(time.Duration(d)) // a reader slow to publish a FORK (TestForkThenUnmap)
@@ -769,7 +769,7 @@ func (c *agentClient) handleEvent(e userfaultfd.Event, ev *eviction) (again bool
 		// fault, or after it, may be unhandled yet. readMu keeps the
 		// reader from reading one during the install.
 		c.readMu.Lock()
-		if c.forksRead.Load() > c.forksDone {
+		if c.forksRead > c.forksDone {
 			c.readMu.Unlock()
 			return true
 		}

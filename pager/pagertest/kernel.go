@@ -213,19 +213,7 @@ func (k *Kernel) Exit() {
 // own (no FORK event): the mapped pages copied, none write-protected (the
 // child's registration starts without uffd-wp bits), the missing ones
 // missing. Close releases its eventfd.
-func (k *Kernel) Fork() (*Kernel, error) {
-	child, err := NewKernel()
-	if err != nil {
-		return nil, err
-	}
-	child.FaultWait = k.FaultWait
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	for a, p := range k.pages {
-		child.pages[a] = &fakePage{data: p.data}
-	}
-	return child, nil
-}
+func (k *Kernel) Fork() (*Kernel, error) { return k.fork(false) }
 
 // ForkEvent forks the process as fork(2) does one whose uffd has FORK
 // events: the child's address space (returned) is a copy of the mapped
@@ -233,7 +221,11 @@ func (k *Kernel) Fork() (*Kernel, error) {
 // missing ones missing; and a FORK message naming the child's Fd is
 // queued after the messages waiting. The loop must map that descriptor
 // to the child Kernel (the test's hook). Close releases its eventfd.
-func (k *Kernel) ForkEvent() (*Kernel, error) {
+func (k *Kernel) ForkEvent() (*Kernel, error) { return k.fork(true) }
+
+// fork copies k's mapped pages into a new Kernel, keeping their write
+// protection and raising a FORK event if event.
+func (k *Kernel) fork(event bool) (*Kernel, error) {
 	child, err := NewKernel()
 	if err != nil {
 		return nil, err
@@ -242,9 +234,11 @@ func (k *Kernel) ForkEvent() (*Kernel, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for a, p := range k.pages {
-		child.pages[a] = &fakePage{data: p.data, wp: p.wp}
+		child.pages[a] = &fakePage{data: p.data, wp: event && p.wp}
 	}
-	k.post(userfaultfd.EncodeMsg(userfaultfd.Event{Kind: userfaultfd.EventFork, FD: child.efd}))
+	if event {
+		k.post(userfaultfd.EncodeMsg(userfaultfd.Event{Kind: userfaultfd.EventFork, FD: child.efd}))
+	}
 	return child, nil
 }
 
