@@ -48,7 +48,7 @@ vet:
 	$(GO) vet $(PKGS)
 
 # The benchmark report against the kernel's own swap (docs/bench; root,
-# about 5 minutes; not part of CI).
+# about 7 minutes; not part of CI).
 bench: build
 	$(GO) run ./bench -out docs/bench -bin bin
 

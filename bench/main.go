@@ -7,8 +7,12 @@
 // swap to zram in a memory cgroup limited to the local share (an OOM kill
 // is recorded as a result), under memagent run --mode swap, and under
 // memagent run's userfaultfd pager over tcp and over shm, at 50% and 25%
-// local. Every run's checksum must equal the all-local one. The machine is
-// measured as it is (the cpuidle policy is reported, never changed).
+// local. Every run's checksum must equal the all-local one. rand and zipf
+// time each read as the program sees it, so that the report compares the
+// kernel's page faults with rmem's the same way, and a first-touch run
+// (workload touch) gives the floor: what a page fault costs on this
+// machine when nothing is paged. The machine is measured as it is (the
+// cpuidle policy is reported, never changed).
 //
 // It needs root, gcc, zram and the binaries of make build. It is not a
 // test: CI does not run it.
@@ -47,6 +51,14 @@ type Result struct {
 	P50us    float64 `json:"fault_p50_us,omitempty"`
 	P99us    float64 `json:"fault_p99_us,omitempty"`
 	AgentCPU float64 `json:"agent_cpu_seconds,omitempty"` // memagent's CPU time (its own, not the program's)
+	// Timed accesses (rand, zipf, touch), as the program sees them: those
+	// over 2 µs (its page faults) and their quantiles. Unlike P50us (the
+	// agent's, from a fault's read to its page installed), these include
+	// the fault's trap and the thread's resume, and measure zram's faults
+	// the same way.
+	SlowAccesses uint64  `json:"slow_accesses,omitempty"`
+	AccessP50us  float64 `json:"slow_access_p50_us,omitempty"`
+	AccessP99us  float64 `json:"slow_access_p99_us,omitempty"`
 }
 
 // Report is what make bench writes.
@@ -59,6 +71,10 @@ type Report struct {
 	HeapMiB   int      `json:"heap_mib"`
 	Workloads []string `json:"workloads"`
 	Results   []Result `json:"results"`
+	// Touch is the floor: the first write to each page of a fresh heap,
+	// all local (workload touch): what a page fault costs on this machine
+	// when nothing is paged.
+	Touch Result `json:"first_touch"`
 }
 
 var configs = []string{"local", "zram", "rmem-swap", "rmem-tcp", "rmem-shm"}
@@ -106,6 +122,8 @@ func run(out, bin string, heap int, workloads []string) error {
 	if p, err := cpuidle.Read("/sys"); err == nil {
 		rep.CPUIdle = p.String()
 	}
+	rep.Touch = runLocal(wl, "touch", heap)
+	log(rep.Touch)
 	for _, w := range workloads {
 		base := runLocal(wl, w, heap)
 		log(base)
@@ -138,17 +156,37 @@ func log(r Result) {
 	fmt.Fprintf(os.Stderr, "%-7s %-10s %3d%%  %8.3f s  %s\n", r.Workload, r.Config, r.Local, r.Seconds, r.Outcome)
 }
 
-// parseWorkload reads the workload's line: seconds, checksum, CPU seconds.
-func parseWorkload(out string) (secs float64, sum string, cpu float64, err error) {
+// workloadLine is what the workload prints: seconds, checksum, CPU
+// seconds, and for the timed ones the accesses over 2 µs and their p50
+// and p99 in µs.
+type workloadLine struct {
+	secs, cpu float64
+	sum       string
+	slow      uint64
+	p50, p99  float64
+}
+
+func parseWorkload(out string) (l workloadLine, err error) {
 	f := strings.Fields(lastLine(out))
-	if len(f) != 3 {
-		return 0, "", 0, fmt.Errorf("workload said %q", lastLine(out))
+	if len(f) != 3 && len(f) != 6 {
+		return l, fmt.Errorf("workload said %q", lastLine(out))
 	}
-	secs, err = strconv.ParseFloat(f[0], 64)
-	if err == nil {
-		cpu, err = strconv.ParseFloat(f[2], 64)
+	l.sum = f[1]
+	errs := []error{parseFloat(f[0], &l.secs), parseFloat(f[2], &l.cpu)}
+	if len(f) == 6 {
+		var slow float64
+		errs = append(errs, parseFloat(f[3], &slow), parseFloat(f[4], &l.p50), parseFloat(f[5], &l.p99))
+		l.slow = uint64(slow)
 	}
-	return secs, f[1], cpu, err
+	if err := errors.Join(errs...); err != nil {
+		return l, fmt.Errorf("workload said %q: %w", lastLine(out), err)
+	}
+	return l, nil
+}
+
+func parseFloat(s string, v *float64) (err error) {
+	*v, err = strconv.ParseFloat(s, 64)
+	return err
 }
 
 func lastLine(s string) string {
@@ -168,13 +206,14 @@ func (r *Result) finish(out string, err error) (cpu float64) {
 		r.Outcome = "failed: " + err.Error()
 		return 0
 	}
-	secs, sum, cpu, perr := parseWorkload(out)
+	l, perr := parseWorkload(out)
 	if perr != nil {
 		r.Outcome = "failed: " + perr.Error()
 		return 0
 	}
-	r.Seconds, r.Checksum, r.Outcome = secs, sum, "ok"
-	return cpu
+	r.Seconds, r.Checksum, r.Outcome = l.secs, l.sum, "ok"
+	r.SlowAccesses, r.AccessP50us, r.AccessP99us = l.slow, l.p50, l.p99
+	return l.cpu
 }
 
 // zramOn makes sure swap to zram is on: it sets up /dev/zram0 (2 GiB, lz4)
