@@ -46,11 +46,14 @@ type Result struct {
 	Checksum string  `json:"checksum"` // equal to the all-local run's
 	// Outcome is "ok", "oom-killed", "wrong checksum", "failed: ..." or
 	// "n/a: ..." (the configuration cannot run here).
-	Outcome  string  `json:"outcome"`
-	Faults   uint64  `json:"faults,omitempty"`
-	P50us    float64 `json:"fault_p50_us,omitempty"`
-	P99us    float64 `json:"fault_p99_us,omitempty"`
-	AgentCPU float64 `json:"agent_cpu_seconds,omitempty"` // memagent's CPU time (its own, not the program's)
+	Outcome string  `json:"outcome"`
+	Faults  uint64  `json:"faults,omitempty"`
+	P50us   float64 `json:"fault_p50_us,omitempty"`
+	P99us   float64 `json:"fault_p99_us,omitempty"`
+	// InstallP50us: of P50us, the UFFDIO_COPY that maps a page read from
+	// the pool and wakes its thread (memagent stats' INSTALL).
+	InstallP50us float64 `json:"install_p50_us,omitempty"`
+	AgentCPU     float64 `json:"agent_cpu_seconds,omitempty"` // memagent's CPU time (its own, not the program's)
 	// Timed accesses (rand, zipf, touch), as the program sees them: those
 	// over 2 µs (its page faults) and their quantiles. Unlike P50us (the
 	// agent's, from a fault's read to its page installed), these include
@@ -385,6 +388,8 @@ func readStats(s string, r *Result) {
 				r.P50us = micros(f[i])
 			case "P99":
 				r.P99us = micros(f[i])
+			case "INSTALL":
+				r.InstallP50us = micros(f[i])
 			}
 		}
 		return

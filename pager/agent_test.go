@@ -393,7 +393,8 @@ func TestOverBudget(t *testing.T) {
 				}
 			}
 			if got["rmem_agent_evictions_total"] < float64(st.Evictions) || got["rmem_agent_fault_seconds"] == 0 ||
-				got["rmem_agent_clients"] != 1 || got["rmem_agent_write_backs_total"] < float64(st.WriteBacks) {
+				got["rmem_agent_clients"] != 1 || got["rmem_agent_write_backs_total"] < float64(st.WriteBacks) ||
+				st.InstallP50 > 0 && got["rmem_agent_install_p50_seconds"] == 0 {
 				t.Fatalf("metrics disagree with stats %+v: %v", st, got)
 			}
 			if err := c.wait(t); err != nil {

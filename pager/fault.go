@@ -604,11 +604,14 @@ func (c *client) installRead(k int, since time.Time) {
 	switch {
 	case op.Err == nil:
 		c.st.remoteReads.Add(1)
+		start := time.Now()
 		if err := c.install(r, idx, p, op.Buf, ref.write); err != nil && !ref.prefetch {
 			c.hold(&c.fq.retry, heldFault{ref.pageRef, 0, since})
 		}
 		if !ref.prefetch {
-			c.st.latency.Observe(time.Since(since))
+			now := time.Now()
+			c.st.install.Observe(now.Sub(start))
+			c.st.latency.Observe(now.Sub(since))
 		}
 	case errors.Is(op.Err, ErrLost):
 		c.set(r, idx, p.With(Lost))

@@ -325,12 +325,17 @@ func maSum(n, base uint64) uint64 {
 // came back, and none lost.
 func maCheckPaged(t *testing.T, s pager.ClientStats) {
 	t.Helper()
-	t.Logf("pid %d: faults %d (zero fills %d, remote reads %d, wp %d, held %d), p50 %v p99 %v, evictions %d, write-backs %d, prefetch %d issued %d hits, lost %d",
-		s.PID, s.Faults, s.ZeroFills, s.RemoteReads, s.WPFaults, s.Held, s.FaultP50, s.FaultP99,
+	t.Logf("pid %d: faults %d (zero fills %d, remote reads %d, wp %d, held %d), p50 %v p99 %v install p50 %v, evictions %d, write-backs %d, prefetch %d issued %d hits, lost %d",
+		s.PID, s.Faults, s.ZeroFills, s.RemoteReads, s.WPFaults, s.Held, s.FaultP50, s.FaultP99, s.InstallP50,
 		s.Evictions, s.WriteBacks, s.PrefetchIssued, s.PrefetchHits, s.Lost)
 	if s.Evictions == 0 || s.WriteBacks == 0 || s.RemoteReads == 0 || s.Lost != 0 {
 		t.Errorf("pid %d: evictions %d, write-backs %d, remote reads %d, lost %d: want pages evicted, written back and read back, none lost",
 			s.PID, s.Evictions, s.WriteBacks, s.RemoteReads, s.Lost)
+	}
+	// More pages read than prefetched: some were read for a waiting
+	// thread, and their installs are timed.
+	if s.RemoteReads > s.PrefetchIssued && s.InstallP50 == 0 {
+		t.Errorf("pid %d: %d remote reads (%d prefetched) but no install p50", s.PID, s.RemoteReads, s.PrefetchIssued)
 	}
 }
 
