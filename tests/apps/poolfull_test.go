@@ -14,7 +14,7 @@ import (
 )
 
 // The pool runs out while a program pages: python3 builds a dict of
-// ~170 MiB under a 32 MiB budget in a pool of 96 MiB, and hashes it in
+// ~125 MiB under a 32 MiB budget in a pool of 64 MiB, and hashes it in
 // insertion order (TestPythonDict's sort is the random-access run). The documented
 // behaviour (docs/pager.md, Budget): its faults past the budget wait, the
 // budget holds, the agent and the pool say so; when room returns (a second
@@ -24,7 +24,7 @@ func TestPoolFull(t *testing.T) {
 	script := `
 import hashlib
 d = {}
-for i in range(600_000):
+for i in range(400_000):
     d["k%d" % i] = (i, "v%07d" % (i * 7919 % 10_000_000))
 h = hashlib.sha256()
 for k, v in d.items():
@@ -32,7 +32,7 @@ for k, v in d.items():
 print(len(d), sum(v[0] for v in d.values()), h.hexdigest())
 `
 	argv := []string{"/usr/bin/python3", "-c", script}
-	e := newEnvWith(t, "--capacity", "96MiB", "--slab-size", "16MiB")
+	e := newEnvWith(t, "--capacity", "64MiB", "--slab-size", "16MiB")
 	base := runBatch(t, []string{"/usr/bin/python3", "-c", "pass"}, "")
 	plain := runBatch(t, argv, "")
 
