@@ -177,9 +177,9 @@ func parseWorkload(out string) (l workloadLine, err error) {
 	l.sum = f[1]
 	errs := []error{parseFloat(f[0], &l.secs), parseFloat(f[2], &l.cpu)}
 	if len(f) == 6 {
-		var slow float64
-		errs = append(errs, parseFloat(f[3], &slow), parseFloat(f[4], &l.p50), parseFloat(f[5], &l.p99))
-		l.slow = uint64(slow)
+		var err error
+		l.slow, err = strconv.ParseUint(f[3], 10, 64)
+		errs = append(errs, err, parseFloat(f[4], &l.p50), parseFloat(f[5], &l.p99))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return l, fmt.Errorf("workload said %q: %w", lastLine(out), err)
