@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -364,14 +365,20 @@ func TestMinAllocDefault(t *testing.T) {
 // shim talks to the agent for it) and the agent evicts: with the shim's
 // heap (glibc mode) and with jemalloc and tcmalloc linked (foreign mode).
 // A fork that took the shim's locks before the allocator's would deadlock
-// against a thread inside the allocator waiting for the shim.
+// against a thread inside the allocator waiting for the shim. With one P
+// (make test-gomaxprocs1, which looks for the test agent starving) it forks
+// 16 times: a fork takes 1.7 s there, 1 s with -race.
 func TestForkWhileAllocating(t *testing.T) {
 	needUFFD(t)
+	var env []string
+	if runtime.GOMAXPROCS(0) == 1 {
+		env = append(env, "FORKSTRESS_FORKS=16")
+	}
 	for i, al := range allocators[:3] {
 		t.Run(al.name, func(t *testing.T) {
 			prog := progFor(t, "forkstress.c", i)
 			a := newTestAgent(t)
-			p := start(t, a.path, []string{prog})
+			p := start(t, a.path, []string{prog}, env...)
 			done := make(chan string, 1)
 			go func() {
 				l, ok := <-p.Lines

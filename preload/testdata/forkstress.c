@@ -2,8 +2,9 @@
  * big blocks (the allocator maps, purges and unmaps meanwhile, and the
  * shim talks to the agent for it): a fork must take the allocator's locks
  * and the shim's in an order no allocating thread can deadlock with, and
- * each child must find the heap whole. 3 threads, 40 forks; each child
- * allocates, checks a block its parent filled and exits 0; "ok". */
+ * each child must find the heap whole. 3 threads, 40 forks (or
+ * $FORKSTRESS_FORKS); each child allocates, checks a block its parent
+ * filled and exits 0; "ok". */
 #include "common.h"
 #include <pthread.h>
 #include <sys/wait.h>
@@ -48,7 +49,9 @@ int main(void)
 	for (uintptr_t i = 0; i < 3; i++)
 		if (pthread_create(&t[i], NULL, churn, (void *)(i + 1)))
 			die("pthread_create");
-	for (int k = 0; k < 40; k++) {
+	const char *env = getenv("FORKSTRESS_FORKS");
+	int forks = env ? atoi(env) : 40;
+	for (int k = 0; k < forks; k++) {
 		usleep(5000);
 		pid_t pid = fork();
 		if (pid < 0)
