@@ -69,8 +69,9 @@ test-race:
 # Under GOMAXPROCS=1 the kernel tests look for the agent, the poller and
 # the test harness starving each other. preload's allocator workloads
 # (TestAllocators, TestPythonDict: 190 s of paging with one P) and the
-# fork stress with jemalloc and tcmalloc linked (110 s; glibc's runs here)
-# are left to test-race, which runs them in full: CI has 30 minutes.
+# fork stress with jemalloc and tcmalloc linked (110 s; glibc's runs here,
+# 16 forks instead of 40) are left to test-race, which runs them in full: CI
+# has 30 minutes.
 GOMAXPROCS1_SKIP := ^(TestAllocators|TestPythonDict)$$|^TestForkWhileAllocating$$/^(jemalloc|tcmalloc)$$
 test-gomaxprocs1:
 	GOMAXPROCS=1 $(GO) test -count=1 -skip '$(GOMAXPROCS1_SKIP)' $(KERNEL_PKGS)
