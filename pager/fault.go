@@ -604,7 +604,10 @@ func (c *client) installRead(k int, since time.Time) {
 	switch {
 	case op.Err == nil:
 		c.st.remoteReads.Add(1)
-		start := time.Now()
+		var start time.Time // timed for a waiting thread only: no clock read per prefetched page
+		if !ref.prefetch {
+			start = time.Now()
+		}
 		if err := c.install(r, idx, p, op.Buf, ref.write); err != nil && !ref.prefetch {
 			c.hold(&c.fq.retry, heldFault{ref.pageRef, 0, since})
 		}
