@@ -27,11 +27,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/prometheus/procfs"
 
 	"rmem/internal/cgroup"
 	"rmem/internal/cpuidle"
@@ -54,6 +57,13 @@ type Result struct {
 	// the pool and wakes its thread (memagent stats' INSTALL).
 	InstallP50us float64 `json:"install_p50_us,omitempty"`
 	AgentCPU     float64 `json:"agent_cpu_seconds,omitempty"` // memagent's CPU time (its own, not the program's)
+	// AgentPoll: of AgentCPU, what its threads spent polling for their
+	// next event instead of sleeping (memagent --spin).
+	AgentPoll float64 `json:"agent_poll_seconds,omitempty"`
+	// MemdCPU is the memory server's CPU time during the run: over tcp it
+	// serves every page read and write; over shm the agent reads and
+	// writes its memory itself.
+	MemdCPU float64 `json:"memd_cpu_seconds,omitempty"`
 	// Timed accesses (rand, zipf, touch), as the program sees them: those
 	// over 2 µs (its page faults) and their quantiles. Unlike P50us (the
 	// agent's, from a fault's read to its page installed), these include
@@ -326,6 +336,19 @@ func startMemd(bin, tmp string) (*memd, error) {
 	}
 }
 
+// cpu returns memd's CPU time so far, in seconds.
+func (m *memd) cpu() (float64, error) {
+	p, err := procfs.NewProc(m.cmd.Process.Pid)
+	if err != nil {
+		return 0, err
+	}
+	st, err := p.Stat()
+	if err != nil {
+		return 0, err
+	}
+	return st.CPUTime(), nil
+}
+
 func (m *memd) stop() {
 	m.cmd.Process.Signal(syscall.SIGTERM)
 	m.cmd.Wait()
@@ -349,23 +372,43 @@ func runAgent(bin string, md *memd, wl, w string, heap, localMiB int, net string
 	cmd.Stderr = &stderr
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
+	memd0, merr := md.cpu()
 	out, err := outputCtx(ctx, cmd)
+	memd1, merr1 := md.cpu()
 	if err != nil {
 		err = fmt.Errorf("%v: %s", err, lastLine(stderr.String()))
 	}
 	cpu := r.finish(out, err)
-	if cmd.ProcessState != nil && r.Outcome == "ok" {
+	if r.Outcome != "ok" {
+		return r
+	}
+	if cmd.ProcessState != nil {
 		// memagent's rusage includes the program it waited for.
 		ps := cmd.ProcessState
 		r.AgentCPU = max(0, (ps.UserTime()+ps.SystemTime()).Seconds()-cpu)
+	}
+	if merr == nil && merr1 == nil {
+		r.MemdCPU = memd1 - memd0
 	}
 	readStats(stderr.String(), &r)
 	return r
 }
 
+// agentLine is the line memagent run --stats prints of its own agent's
+// CPU time and the part of it spent polling (cmd/memagent/table.go).
+var agentLine = regexp.MustCompile(`(?m)^agent process: ([0-9.]+)s of CPU, (?:([0-9.]+)s of it polling|none of it polling)`)
+
 // readStats takes faults and the fault latency quantiles from the table
-// memagent run --stats prints (by its header).
+// memagent run --stats prints (by its header), and the agent's CPU time
+// and polling from the line after it: the agent's own figure, more
+// exact than its rusage less the program's.
 func readStats(s string, r *Result) {
+	if m := agentLine.FindStringSubmatch(s); m != nil {
+		parseFloat(m[1], &r.AgentCPU)
+		if m[2] != "" {
+			parseFloat(m[2], &r.AgentPoll)
+		}
+	}
 	sc := bufio.NewScanner(strings.NewReader(s))
 	var header []string
 	for sc.Scan() {

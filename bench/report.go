@@ -38,7 +38,10 @@ func write(dir string, rep *Report) error {
 			"read: it serializes them, so their all-local time is the clock's); their **slow reads** tables count the reads "+
 			"over 2 µs, their page faults, for the kernel's swap and rmem alike. The agent's fault p50 (from a fault's read "+
 			"to its page installed) leaves out the trap and the resume; its **install p50** is that fault's last step for "+
-			"a page read from the pool, the UFFDIO_COPY that maps it and wakes the thread waiting for it.\n\n",
+			"a page read from the pool, the UFFDIO_COPY that maps it and wakes the thread waiting for it. **agent CPU** is "+
+			"the agent's own (not the program's), **of it polling** what its threads spent polling for their next fault or "+
+			"reply instead of sleeping (`--spin`), and **memd CPU** the memory server's during the run (over shm the agent "+
+			"reads and writes the pool's memory itself).\n\n",
 			rep.HeapMiB, t.AccessP50us, t.AccessP99us, t.SlowAccesses)
 	}
 	for _, pct := range []int{50, 25} {
@@ -52,11 +55,12 @@ func write(dir string, rep *Report) error {
 			fmt.Fprintf(&md, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", w, cell(loc), cell(z),
 				cell(rep.find(w, "rmem-swap", pct)), cell(t), cell(s), ratio(t, z), ratio(s, z), ratio(t, loc), ratio(s, loc))
 		}
-		fmt.Fprintf(&md, "\n| workload | net | faults | fault p50 µs | fault p99 µs | install p50 µs | agent CPU s |\n|---|---|---|---|---|---|---|\n")
+		fmt.Fprintf(&md, "\n| workload | net | faults | fault p50 µs | fault p99 µs | install p50 µs | agent CPU s | of it polling s | memd CPU s |\n|---|---|---|---|---|---|---|---|---|\n")
 		for _, w := range rep.Workloads {
 			for _, c := range []string{"rmem-tcp", "rmem-shm"} {
 				if r := rep.find(w, c, pct); r != nil && r.Outcome == "ok" {
-					fmt.Fprintf(&md, "| %s | %s | %d | %.1f | %.1f | %.1f | %.2f |\n", w, strings.TrimPrefix(c, "rmem-"), r.Faults, r.P50us, r.P99us, r.InstallP50us, r.AgentCPU)
+					fmt.Fprintf(&md, "| %s | %s | %d | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f |\n", w, strings.TrimPrefix(c, "rmem-"), r.Faults,
+						r.P50us, r.P99us, r.InstallP50us, r.AgentCPU, r.AgentPoll, r.MemdCPU)
 				}
 			}
 		}

@@ -217,7 +217,10 @@ func newStatsCmd(app *cli.App) *cobra.Command {
 			if err := writeTable(app.Stdout(), rows); err != nil {
 				return err
 			}
-			return writePool(app.Stdout(), st.Pool)
+			if err := writePool(app.Stdout(), st.Pool); err != nil {
+				return err
+			}
+			return writeProcess(app.Stdout(), st.Process)
 		},
 	}
 	cmd.Flags().String("admin-socket", agentd.DefaultAdminSocket, "the agent's admin socket")
@@ -429,5 +432,6 @@ func printRunStats(ctx context.Context, app *cli.App, d *agentd.Daemon, pid int)
 	}
 	if d != nil {
 		writePool(os.Stderr, d.Agent.Pool())
+		writeProcess(os.Stderr, agentd.ReadProcessCPU())
 	}
 }

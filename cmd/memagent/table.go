@@ -3,9 +3,11 @@ package main
 import (
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
+	"rmem/internal/agentd"
 	"rmem/pager"
 )
 
@@ -44,6 +46,29 @@ func writePool(w io.Writer, p pager.PoolStats) error {
 	}
 	return err
 }
+
+// writeProcess prints the agent process's CPU time in one line, with the
+// part its threads spent polling instead of sleeping, by kind of thread:
+// how many waits a poll ended (a wake-up saved) and how many blocked after
+// all.
+func writeProcess(w io.Writer, p agentd.ProcessCPU) error {
+	var sites []string
+	for _, s := range p.Spin {
+		if s.Hits+s.Misses == 0 {
+			continue
+		}
+		sites = append(sites, fmt.Sprintf("%s %s: %d waits caught, %d blocked", s.Name, secText(s.Spun), s.Hits, s.Misses))
+	}
+	polled := "none of it polling"
+	if len(sites) > 0 {
+		polled = fmt.Sprintf("%s of it polling (%s)", secText(p.Polled()), strings.Join(sites, "; "))
+	}
+	_, err := fmt.Fprintf(w, "agent process: %s of CPU, %s\n", secText(p.CPU), polled)
+	return err
+}
+
+// secText is d in seconds to 10 ms, the resolution of CPU times.
+func secText(d time.Duration) string { return fmt.Sprintf("%.2fs", d.Seconds()) }
 
 func bytesText(n uint64) string {
 	switch {

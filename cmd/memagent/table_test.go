@@ -1,10 +1,13 @@
 package main
 
 import (
-	"rmem/pager"
 	"strings"
 	"testing"
 	"time"
+
+	"rmem/internal/agentd"
+	"rmem/internal/spin"
+	"rmem/pager"
 )
 
 func TestWriteTable(t *testing.T) {
@@ -25,5 +28,28 @@ func TestWriteTable(t *testing.T) {
 	}
 	if n := strings.Count(out, "\n"); n != 3 {
 		t.Errorf("%d lines:\n%s", n, out)
+	}
+}
+
+func TestWriteProcess(t *testing.T) {
+	var b strings.Builder
+	err := writeProcess(&b, agentd.ProcessCPU{CPU: 21320 * time.Millisecond, Spin: []spin.SiteStats{
+		{Name: "agent-loop", Spun: 5994 * time.Millisecond, Hits: 149106, Misses: 34890},
+		{Name: "tcp-client", Spun: 3759 * time.Millisecond, Hits: 192154, Misses: 7544},
+		{Name: "tcp-server"}, // never waited here: left out
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "agent process: 21.32s of CPU, 9.75s of it polling (agent-loop 5.99s: 149106 waits caught, 34890 blocked; tcp-client 3.76s: 192154 waits caught, 7544 blocked)\n"
+	if b.String() != want {
+		t.Errorf("got  %q\nwant %q", b.String(), want)
+	}
+	b.Reset()
+	if err := writeProcess(&b, agentd.ProcessCPU{CPU: 30 * time.Millisecond, Spin: []spin.SiteStats{{Name: "agent-loop"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if want := "agent process: 0.03s of CPU, none of it polling\n"; b.String() != want {
+		t.Errorf("got  %q\nwant %q", b.String(), want)
 	}
 }

@@ -71,12 +71,13 @@ type Site struct {
 
 // SiteStats is what a Site counted.
 type SiteStats struct {
-	Name string
+	Name string `json:"site"`
 	// Spun is the CPU time spent polling: the price of spinning.
-	Spun time.Duration
+	Spun time.Duration `json:"spun_ns"`
 	// Hits are waits a poll ended (a wake-up saved); Misses are spins
 	// that ran out and blocked after all.
-	Hits, Misses uint64
+	Hits   uint64 `json:"hits"`
+	Misses uint64 `json:"misses"`
 }
 
 var (
