@@ -49,15 +49,15 @@ func writePool(w io.Writer, p pager.PoolStats) error {
 
 // writeProcess prints the agent process's CPU time in one line, with the
 // part its threads spent polling instead of sleeping, by kind of thread:
-// how many waits a poll ended (a wake-up saved) and how many blocked after
-// all.
+// how many waits a poll ended (a wake-up saved) and how many polls ran out
+// and blocked after all.
 func writeProcess(w io.Writer, p agentd.ProcessCPU) error {
 	var sites []string
 	for _, s := range p.Spin {
 		if s.Hits+s.Misses == 0 {
 			continue
 		}
-		sites = append(sites, fmt.Sprintf("%s %s: %d waits caught, %d blocked", s.Name, secText(s.Spun), s.Hits, s.Misses))
+		sites = append(sites, fmt.Sprintf("%s %s: %d waits caught, %d polls ran out", s.Name, secText(s.Spun), s.Hits, s.Misses))
 	}
 	polled := "none of it polling"
 	if len(sites) > 0 {

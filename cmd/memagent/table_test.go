@@ -41,7 +41,7 @@ func TestWriteProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "agent process: 21.32s of CPU, 9.75s of it polling (agent-loop 5.99s: 149106 waits caught, 34890 blocked; tcp-client 3.76s: 192154 waits caught, 7544 blocked)\n"
+	want := "agent process: 21.32s of CPU, 9.75s of it polling (agent-loop 5.99s: 149106 waits caught, 34890 polls ran out; tcp-client 3.76s: 192154 waits caught, 7544 polls ran out)\n"
 	if b.String() != want {
 		t.Errorf("got  %q\nwant %q", b.String(), want)
 	}
