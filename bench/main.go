@@ -24,6 +24,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -382,15 +383,16 @@ func runAgent(bin string, md *memd, wl, w string, heap, localMiB int, net string
 	if r.Outcome != "ok" {
 		return r
 	}
-	if cmd.ProcessState != nil {
-		// memagent's rusage includes the program it waited for.
+	if merr == nil && merr1 == nil {
+		r.MemdCPU = math.Round((memd1-memd0)*100) / 100 // clock ticks of 10 ms
+	}
+	readStats(stderr.String(), &r)
+	if r.AgentCPU == 0 && cmd.ProcessState != nil {
+		// No --stats (mode swap): memagent's rusage, which includes the
+		// program it waited for, less the program's.
 		ps := cmd.ProcessState
 		r.AgentCPU = max(0, (ps.UserTime()+ps.SystemTime()).Seconds()-cpu)
 	}
-	if merr == nil && merr1 == nil {
-		r.MemdCPU = memd1 - memd0
-	}
-	readStats(stderr.String(), &r)
 	return r
 }
 
@@ -400,8 +402,7 @@ var agentLine = regexp.MustCompile(`(?m)^agent process: ([0-9.]+)s of CPU, (?:([
 
 // readStats takes faults and the fault latency quantiles from the table
 // memagent run --stats prints (by its header), and the agent's CPU time
-// and polling from the line after it: the agent's own figure, more
-// exact than its rusage less the program's.
+// and polling from the line after it (the agent's own figures).
 func readStats(s string, r *Result) {
 	if m := agentLine.FindStringSubmatch(s); m != nil {
 		parseFloat(m[1], &r.AgentCPU)

@@ -55,7 +55,7 @@ func (t traffic) moved() int { return t.reads + t.writeBacks }
 // resident) or the first write to a clean page (a WP fault), both of which
 // reference the page; past the high watermark, victims are evicted down to
 // the low one, the dirty ones written back.
-func clockTraffic(tr []touch, tables int, pages, budget int) traffic {
+func clockTraffic(tr []touch, tables, pages, budget int) traffic {
 	tabs := make([]PageTable, tables)
 	for i := range tabs {
 		tabs[i] = make(PageTable, pages)

@@ -608,10 +608,12 @@ func (c *client) installRead(k int, since time.Time) {
 		if !ref.prefetch {
 			start = time.Now()
 		}
-		if err := c.install(r, idx, p, op.Buf, ref.write); err != nil && !ref.prefetch {
-			c.hold(&c.fq.retry, heldFault{ref.pageRef, 0, since})
-		}
-		if !ref.prefetch {
+		err := c.install(r, idx, p, op.Buf, ref.write)
+		switch {
+		case ref.prefetch:
+		case err != nil:
+			c.hold(&c.fq.retry, heldFault{ref.pageRef, 0, since}) // timed when the retry installs it
+		default:
 			now := time.Now()
 			c.st.install.Observe(now.Sub(start))
 			c.st.latency.Observe(now.Sub(since))
