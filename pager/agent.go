@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"rmem/pager/proto"
+	"rmem/pager/remote"
 	"rmem/userfaultfd"
 )
 
@@ -44,7 +45,7 @@ type Options struct {
 	// /proc/PID/status).
 	SocketGroup int
 	// Store supplies remote memory. Required.
-	Store Store
+	Store remote.Store
 	// LocalMem is each client process's budget of resident bytes
 	// (required, at least 64 KiB).
 	LocalMem uint64
@@ -145,7 +146,7 @@ type Agent struct {
 
 	journal *journal        // StateDir's (nil: none)
 	orphans map[int]*orphan // a previous agent's clients waiting to resume, by pid
-	leaked  []SlabID        // slabs the lease holds that no journal names
+	leaked  []remote.SlabID // slabs the lease holds that no journal names
 }
 
 type forkKey struct {

@@ -27,6 +27,7 @@ import (
 	"rmem/client"
 	"rmem/pager"
 	"rmem/pager/pagertest"
+	"rmem/pager/remote"
 	"rmem/preload/shimtest"
 	"rmem/userfaultfd"
 )
@@ -209,13 +210,13 @@ func skipUnlessUFFD(t *testing.T) {
 	}
 }
 
-func startAgent(t *testing.T, store pager.Store, localMem uint64) *pager.Agent {
+func startAgent(t *testing.T, store remote.Store, localMem uint64) *pager.Agent {
 	t.Helper()
 	a, _ := startAgentReg(t, store, localMem)
 	return a
 }
 
-func startAgentReg(t *testing.T, store pager.Store, localMem uint64) (*pager.Agent, *prometheus.Registry) {
+func startAgentReg(t *testing.T, store remote.Store, localMem uint64) (*pager.Agent, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	return startAgentOpts(t, pager.Options{Store: store, LocalMem: localMem, Registry: reg}), reg

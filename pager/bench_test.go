@@ -22,6 +22,7 @@ import (
 	"rmem/internal/cpuidle"
 	"rmem/pager"
 	"rmem/pager/pagertest"
+	"rmem/pager/remote"
 	"rmem/rdma"
 	"rmem/rdma/rdmatest"
 )
@@ -252,7 +253,7 @@ func skipBench(b *testing.B) {
 
 // runBench starts an agent over store with budget bytes and runs one
 // child workload, returning its result and the agent's stats of it.
-func runBench(b *testing.B, store pager.Store, budget uint64, prefetch int, spec childSpec) (benchResult, pager.ClientStats) {
+func runBench(b *testing.B, store remote.Store, budget uint64, prefetch int, spec childSpec) (benchResult, pager.ClientStats) {
 	b.Helper()
 	sock := filepath.Join(b.TempDir(), "agent.sock")
 	a, err := pager.New(pager.Options{Socket: sock, Store: store, LocalMem: budget, MaxPrefetch: prefetch, Log: zap.NewNop()})

@@ -12,6 +12,7 @@ import (
 
 	"rmem/internal/spin"
 	"rmem/pager/proto"
+	"rmem/pager/remote"
 	"rmem/userfaultfd"
 )
 
@@ -36,7 +37,7 @@ type client struct {
 	id   uint64
 	log  *zap.Logger
 	uffd gatedUFFD
-	io   PageIO
+	io   remote.PageIO
 	st   counters
 
 	mu  sync.Mutex
@@ -91,10 +92,10 @@ type socketState struct {
 type faultQueue struct {
 	msgs        []userfaultfd.Msg
 	pfds        []unix.PollFd
-	reads       []PageOp
+	reads       []remote.PageOp
 	readAt      []readRef
-	merged      []PageOp // reads joined into runs (merge)
-	mergedAt    []int    // first read of each merged op
+	merged      []remote.PageOp // reads joined into runs (merge)
+	mergedAt    []int           // first read of each merged op
 	bufs        []byte
 	pfOut       []int64
 	held        []heldFault
@@ -147,11 +148,11 @@ type evictState struct {
 	evictSent  time.Time // when the EVICT in flight was sent
 	evictSeq   uint64
 	staged     int // pages in Staged state waiting for a write-back retry
-	wb         []PageOp
+	wb         []remote.PageOp
 	wbRef      []int
-	wbRuns     []PageOp // wb merged into runs (writeBack)
-	wbRunAt    []int    // the first op of wb in each run
-	wbBuf      []byte   // the pages of runs, copied in order (made at the first merge)
+	wbRuns     []remote.PageOp // wb merged into runs (writeBack)
+	wbRunAt    []int           // the first op of wb in each run
+	wbBuf      []byte          // the pages of runs, copied in order (made at the first merge)
 	victims    []Victim
 }
 
@@ -206,8 +207,8 @@ func (a *Agent) newClientWith(u faultFD, features userfaultfd.Feature, sfd, slot
 		fq: faultQueue{
 			msgs:  make([]userfaultfd.Msg, maxMsgs),
 			pfds:  make([]unix.PollFd, 0, 4),
-			reads: make([]PageOp, 0, maxBatch), readAt: make([]readRef, 0, maxBatch),
-			merged: make([]PageOp, 0, maxBatch), mergedAt: make([]int, 0, maxBatch),
+			reads: make([]remote.PageOp, 0, maxBatch), readAt: make([]readRef, 0, maxBatch),
+			merged: make([]remote.PageOp, 0, maxBatch), mergedAt: make([]int, 0, maxBatch),
 			bufs:  make([]byte, maxBatch*pageSize),
 			pfOut: make([]int64, a.opts.MaxPrefetch),
 			held:  make([]heldFault, 0, maxHeld), retry: make([]heldFault, 0, maxHeld),
@@ -217,8 +218,8 @@ func (a *Agent) newClientWith(u faultFD, features userfaultfd.Feature, sfd, slot
 		sample: samples{buf: make([]byte, (sampleSlots+markerSlots)*pageSize)},
 		ev: evictState{stagingFD: sfd, staging: staging,
 			stageFree: make([]uint32, 0, slots), stageOwner: make([]pageRef, slots),
-			wb: make([]PageOp, 0, proto.MaxEvictBatch), wbRef: make([]int, 0, proto.MaxEvictBatch),
-			wbRuns: make([]PageOp, 0, proto.MaxEvictBatch), wbRunAt: make([]int, 0, proto.MaxEvictBatch),
+			wb: make([]remote.PageOp, 0, proto.MaxEvictBatch), wbRef: make([]int, 0, proto.MaxEvictBatch),
+			wbRuns: make([]remote.PageOp, 0, proto.MaxEvictBatch), wbRunAt: make([]int, 0, proto.MaxEvictBatch),
 			victims: make([]Victim, proto.MaxEvictBatch)},
 	}
 	for s := slots - 1; s >= 0; s-- {

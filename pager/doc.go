@@ -5,8 +5,9 @@
 //
 // It is not the kernel interface (package userfaultfd), not the transport
 // (package rdma), not the wire protocol (pager/proto) and not the pool's
-// bookkeeping (package pool); it consumes small interfaces over each: Store
-// and PageIO for remote pages (pager/poolstore over the pool,
+// bookkeeping (package pool); it consumes small interfaces over each:
+// remote.Store and remote.PageIO for remote pages (pager/remote, the leaf
+// package of the types they share; pager/poolstore over the pool,
 // pager/pagertest in memory; both built on pager/slabio). It does not parse
 // flags or print tables (cmd/memagent). What a loop needs of the kernel is
 // faultFD (kernel.go), which pagertest.Kernel fakes for tests without root.

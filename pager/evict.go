@@ -7,6 +7,7 @@ import (
 	"go.uber.org/zap"
 
 	"rmem/pager/proto"
+	"rmem/pager/remote"
 	"rmem/userfaultfd"
 )
 
@@ -243,7 +244,7 @@ func (c *client) evicted(m *proto.Evicted) {
 			c.set(r, idx, (p &^ (FlagDirty | FlagRef)).With(Staged))
 			c.ev.staged++
 			slab, off := c.a.slots.where(r.slots[idx])
-			c.ev.wb = append(c.ev.wb, PageOp{Slab: slab, Off: off, Buf: c.ev.stageBuf(slot)})
+			c.ev.wb = append(c.ev.wb, remote.PageOp{Slab: slab, Off: off, Buf: c.ev.stageBuf(slot)})
 			c.ev.wbRef = append(c.ev.wbRef, i)
 		} else {
 			c.set(r, idx, (p &^ FlagRef).With(Remote))
@@ -324,7 +325,7 @@ func (c *client) retryWriteBack() {
 			break
 		}
 		slab, off := c.poolAt(o)
-		c.ev.wb = append(c.ev.wb, PageOp{Slab: slab, Off: off, Buf: c.ev.stageBuf(s)})
+		c.ev.wb = append(c.ev.wb, remote.PageOp{Slab: slab, Off: off, Buf: c.ev.stageBuf(s)})
 		c.ev.wbRef = append(c.ev.wbRef, s)
 	}
 	if len(c.ev.wb) == 0 {

@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"rmem/pager/remote"
 	"rmem/userfaultfd"
 )
 
@@ -30,7 +31,7 @@ func (a *Agent) AllocSlotsForTest(n int) ([]Slot, error) {
 }
 
 // SlotWhere returns the slab and offset of slot s.
-func (a *Agent) SlotWhere(s Slot) (SlabID, uint64) { return a.slots.where(s) }
+func (a *Agent) SlotWhere(s Slot) (remote.SlabID, uint64) { return a.slots.where(s) }
 
 // SlotRefs returns the references to slot s.
 func (a *Agent) SlotRefs(s Slot) int {

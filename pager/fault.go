@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"rmem/pager/proto"
+	"rmem/pager/remote"
 	"rmem/userfaultfd"
 )
 
@@ -440,7 +441,7 @@ func (c *client) addRead(r *region, idx int, prefetch, write bool) {
 	}
 	k := len(c.fq.reads)
 	slab, off := c.a.slots.where(r.slots[idx])
-	c.fq.reads = append(c.fq.reads, PageOp{Slab: slab, Off: off, Buf: c.fq.bufs[k*pageSize : (k+1)*pageSize]})
+	c.fq.reads = append(c.fq.reads, remote.PageOp{Slab: slab, Off: off, Buf: c.fq.bufs[k*pageSize : (k+1)*pageSize]})
 	c.fq.readAt = append(c.fq.readAt, readRef{pageRef: pageRef{r, idx}, prefetch: prefetch, write: write || prefetch && r.wr.likely()})
 	r.pages[idx] |= FlagFetch
 }
@@ -528,7 +529,7 @@ func (c *client) sortReads() {
 	slices.SortFunc(at, cmpReadRef)
 	for k := range at {
 		slab, off := c.a.slots.where(at[k].slot())
-		c.fq.reads[k] = PageOp{Slab: slab, Off: off, Buf: c.fq.bufs[k*pageSize : (k+1)*pageSize]}
+		c.fq.reads[k] = remote.PageOp{Slab: slab, Off: off, Buf: c.fq.bufs[k*pageSize : (k+1)*pageSize]}
 	}
 }
 
@@ -549,7 +550,7 @@ func (c *client) merge() {
 			c.fq.reads[j].Slab == c.fq.reads[k].Slab && c.fq.reads[j].Off == c.fq.reads[j-1].Off+pageSize {
 			j++
 		}
-		c.fq.merged = append(c.fq.merged, PageOp{Slab: c.fq.reads[k].Slab, Off: c.fq.reads[k].Off, Buf: c.fq.bufs[k*pageSize : j*pageSize]})
+		c.fq.merged = append(c.fq.merged, remote.PageOp{Slab: c.fq.reads[k].Slab, Off: c.fq.reads[k].Off, Buf: c.fq.bufs[k*pageSize : j*pageSize]})
 		c.fq.mergedAt = append(c.fq.mergedAt, k)
 		k = j
 	}
@@ -557,7 +558,7 @@ func (c *client) merge() {
 
 // spreadErrs sets each op's Err from the run it went in: runs[r] carried
 // ops[at[r]:at[r+1]] (merge, writeBack).
-func spreadErrs(ops, runs []PageOp, at []int) {
+func spreadErrs(ops, runs []remote.PageOp, at []int) {
 	for r, run := range runs {
 		end := len(ops)
 		if r+1 < len(at) {
@@ -618,7 +619,7 @@ func (c *client) installRead(k int, since time.Time) {
 			c.st.install.Observe(now.Sub(start))
 			c.st.latency.Observe(now.Sub(since))
 		}
-	case errors.Is(op.Err, ErrLost):
+	case errors.Is(op.Err, remote.ErrLost):
 		c.set(r, idx, p.With(Lost))
 		c.setSlot(r, idx, 0) // its data is gone
 		if err := c.poison(r, idx); err != nil && !ref.prefetch {

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"rmem/pager/proto"
+	"rmem/pager/remote"
 	"rmem/userfaultfd"
 )
 
@@ -162,7 +163,7 @@ func (c *client) writeStaged(r, cr *region, idxs []int) error {
 		c.a.slots.release(slots[:got]...)
 		return fmt.Errorf("no pool slots for %d pages whose write-back failed: they are lost to the child", len(idxs))
 	}
-	ops := make([]PageOp, 0, len(idxs))
+	ops := make([]remote.PageOp, 0, len(idxs))
 	at := make([]int, 0, len(idxs))
 	for k, idx := range idxs {
 		stage := c.stageOf(r, idx)
@@ -171,7 +172,7 @@ func (c *client) writeStaged(r, cr *region, idxs []int) error {
 			continue
 		}
 		slab, off := c.a.slots.where(slots[k])
-		ops = append(ops, PageOp{Slab: slab, Off: off, Buf: c.ev.stageBuf(stage)})
+		ops = append(ops, remote.PageOp{Slab: slab, Off: off, Buf: c.ev.stageBuf(stage)})
 		at = append(at, k)
 	}
 	for try := 0; ; try++ {
@@ -183,7 +184,7 @@ func (c *client) writeStaged(r, cr *region, idxs []int) error {
 			switch {
 			case op.Err == nil:
 				cr.pages[idxs[k]], cr.slots[idxs[k]] = Page(0).With(Remote), slots[k]
-			case errors.Is(op.Err, ErrUnavailable) && try < 2 && ctx.Err() == nil:
+			case errors.Is(op.Err, remote.ErrUnavailable) && try < 2 && ctx.Err() == nil:
 				again = append(again, op)
 				againAt = append(againAt, k)
 			default:

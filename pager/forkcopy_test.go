@@ -11,6 +11,7 @@ import (
 
 	"rmem/pager"
 	"rmem/pager/pagertest"
+	"rmem/pager/remote"
 )
 
 // A fork gives the child the parent's pool slots by reference (no page
@@ -121,11 +122,11 @@ func stagedForkSetup(t *testing.T, pages []pager.Page) (*pagertest.Store, *pager
 		t.Fatal(err)
 	}
 	defer io.Close()
-	ops := make([]pager.PageOp, 0, len(want))
+	ops := make([]remote.PageOp, 0, len(want))
 	for k, i := range want {
 		slots[i] = got[k]
 		slab, off := a.SlotWhere(got[k])
-		ops = append(ops, pager.PageOp{Slab: slab, Off: off, Buf: pageOf(i, 1)})
+		ops = append(ops, remote.PageOp{Slab: slab, Off: off, Buf: pageOf(i, 1)})
 	}
 	if err := io.Write(context.Background(), ops); err != nil {
 		t.Fatal(err)
@@ -156,7 +157,7 @@ func readSlot(t *testing.T, store *pagertest.Store, a *pager.Agent, s pager.Slot
 	}
 	defer io.Close()
 	slab, off := a.SlotWhere(s)
-	ops := []pager.PageOp{{Slab: slab, Off: off, Buf: make([]byte, 4096)}}
+	ops := []remote.PageOp{{Slab: slab, Off: off, Buf: make([]byte, 4096)}}
 	io.Read(context.Background(), ops)
 	if ops[0].Err != nil {
 		t.Fatalf("reading slot %d: %v", s, ops[0].Err)

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"rmem/pager/remote"
 	"rmem/userfaultfd"
 )
 
@@ -74,7 +75,7 @@ func (j *journal) close() {
 }
 
 // slabEvent records that slab number num holds id (opAdd) or is free.
-func (j *journal) slabEvent(op uint32, num int, id SlabID) error {
+func (j *journal) slabEvent(op uint32, num int, id remote.SlabID) error {
 	if j == nil {
 		return nil
 	}
@@ -87,17 +88,17 @@ func (j *journal) slabEvent(op uint32, num int, id SlabID) error {
 }
 
 // loadSlabs replays slabs.log: the slab id of each slab number.
-func (j *journal) loadSlabs() (map[int]SlabID, error) {
+func (j *journal) loadSlabs() (map[int]remote.SlabID, error) {
 	b, err := os.ReadFile(filepath.Join(j.dir, "slabs.log"))
 	if err != nil {
 		return nil, err
 	}
-	m := map[int]SlabID{}
+	m := map[int]remote.SlabID{}
 	for ; len(b) >= 16; b = b[16:] {
 		num := int(binary.LittleEndian.Uint32(b))
 		switch binary.LittleEndian.Uint32(b[4:]) {
 		case opAdd:
-			m[num] = SlabID(binary.LittleEndian.Uint64(b[8:]))
+			m[num] = remote.SlabID(binary.LittleEndian.Uint64(b[8:]))
 		case opFree:
 			delete(m, num)
 		}
@@ -107,7 +108,7 @@ func (j *journal) loadSlabs() (map[int]SlabID, error) {
 
 // rewriteSlabs replaces slabs.log by the records of m (compaction at
 // start).
-func (j *journal) rewriteSlabs(m map[int]SlabID) error {
+func (j *journal) rewriteSlabs(m map[int]remote.SlabID) error {
 	var buf bytes.Buffer
 	for num, id := range m {
 		var rec [16]byte

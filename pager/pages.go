@@ -3,6 +3,7 @@ package pager
 // A page's entry and pool slot changed with the client's counts kept.
 
 import (
+	"rmem/pager/remote"
 	"rmem/userfaultfd"
 )
 
@@ -49,7 +50,7 @@ func (p pageRef) entry() Page            { return p.r.pages[p.idx] }
 func (p pageRef) slot() Slot             { return p.r.slots[p.idx] }
 
 // poolAt returns the slab and byte offset of the page's pool slot.
-func (c *client) poolAt(p pageRef) (SlabID, uint64) { return c.a.slots.where(p.slot()) }
+func (c *client) poolAt(p pageRef) (remote.SlabID, uint64) { return c.a.slots.where(p.slot()) }
 
 // dirty marks resident page idx of r written: its pool copy, if any, is
 // stale, and its slot is released (the other side of a fork that shares

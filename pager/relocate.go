@@ -2,6 +2,8 @@ package pager
 
 import (
 	"errors"
+
+	"rmem/pager/remote"
 )
 
 // Relocation: when the pool's freed slots are scattered over many slabs,
@@ -23,7 +25,7 @@ type relocation struct {
 	table   int    // cursor: region (index in c.regs.list) and page
 	page    int
 	skipped bool // pages were left in this sweep: another one follows
-	ops     []PageOp
+	ops     []remote.PageOp
 	at      []pageRef
 	slots   []Slot
 }
@@ -88,7 +90,7 @@ func (c *client) relocate() {
 		return
 	}
 	if rl.ops == nil {
-		rl.ops = make([]PageOp, 0, maxBatch)
+		rl.ops = make([]remote.PageOp, 0, maxBatch)
 		rl.at = make([]pageRef, 0, maxBatch)
 		rl.slots = make([]Slot, maxBatch)
 	}
@@ -161,7 +163,7 @@ func (c *client) move(rl *relocation) int {
 		}
 		slab, off := c.poolAt(ref)
 		j := len(rl.ops)
-		rl.ops = append(rl.ops, PageOp{Slab: slab, Off: off, Buf: c.fq.bufs[j*pageSize : (j+1)*pageSize]})
+		rl.ops = append(rl.ops, remote.PageOp{Slab: slab, Off: off, Buf: c.fq.bufs[j*pageSize : (j+1)*pageSize]})
 		reads = append(reads, ref)
 		fresh = append(fresh, rl.slots[k])
 	}
@@ -177,9 +179,9 @@ func (c *client) move(rl *relocation) int {
 		switch {
 		case op.Err == nil:
 			slab, off := c.a.slots.where(fresh[j])
-			writes = append(writes, PageOp{Slab: slab, Off: off, Buf: op.Buf})
+			writes = append(writes, remote.PageOp{Slab: slab, Off: off, Buf: op.Buf})
 			wrote = append(wrote, j)
-		case errors.Is(op.Err, ErrLost):
+		case errors.Is(op.Err, remote.ErrLost):
 			c.set(ref.r, ref.idx, ref.entry().With(Lost))
 			c.setSlot(ref.r, ref.idx, 0)
 			c.a.slots.release(fresh[j])

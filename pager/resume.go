@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"rmem/pager/proto"
+	"rmem/pager/remote"
 	"rmem/userfaultfd"
 )
 
@@ -32,7 +33,7 @@ const DefaultResumeWait = time.Minute
 // slabLister is a Store that can say which slabs it holds (the lease's, on
 // a restart).
 type slabLister interface {
-	Slabs() []SlabID
+	Slabs() []remote.SlabID
 }
 
 // loadJournal opens opts.StateDir and takes back what a previous agent
@@ -49,11 +50,11 @@ func (a *Agent) loadJournal() error {
 		return err
 	}
 	if sl, ok := a.opts.Store.(slabLister); ok {
-		held := map[SlabID]bool{}
+		held := map[remote.SlabID]bool{}
 		for _, id := range sl.Slabs() {
 			held[id] = true
 		}
-		known := map[SlabID]bool{}
+		known := map[remote.SlabID]bool{}
 		for num, id := range nums {
 			if !held[id] {
 				delete(nums, num) // freed, or its lease is gone

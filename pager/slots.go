@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"rmem/pager/remote"
 )
 
 // Pool space follows the data: the agent's slabs are carved into page
@@ -44,7 +46,7 @@ const slotRefMax = 255
 // slotPool is the agent's remote memory as page slots. Its methods are
 // safe for concurrent use by the loops and the reservoir.
 type slotPool struct {
-	store Store
+	store remote.Store
 	pps   int // pages per slab
 	low   int // free slots under which the reservoir allocates a slab
 	log   *zap.Logger
@@ -87,12 +89,12 @@ type trimState struct {
 }
 
 type slotView struct {
-	ids   []SlabID
+	ids   []remote.SlabID
 	drain int // slab number being drained, -1 for none
 }
 
 type poolSlab struct {
-	id   SlabID
+	id   remote.SlabID
 	refs []uint8
 	over map[int]uint32 // counts above slotRefMax, by page
 	used int
@@ -123,7 +125,7 @@ type PoolStats struct {
 	Relocated uint64 `json:"pages_relocated"`
 }
 
-func newSlotPool(store Store, log *zap.Logger) *slotPool {
+func newSlotPool(store remote.Store, log *zap.Logger) *slotPool {
 	pps := int(store.SlabSize() / pageSize)
 	p := &slotPool{
 		store: store, pps: pps, low: lowWater(pps), log: log, drain: -1,
@@ -144,7 +146,7 @@ func lowWater(pps int) int {
 const maxEvictBatch = 128 // proto.MaxEvictBatch, kept here to size lowWater
 
 func (p *slotPool) publishLocked() {
-	v := &slotView{ids: make([]SlabID, len(p.slabs)), drain: p.drain}
+	v := &slotView{ids: make([]remote.SlabID, len(p.slabs)), drain: p.drain}
 	for i, s := range p.slabs {
 		if s != nil {
 			v.ids[i] = s.id
@@ -155,7 +157,7 @@ func (p *slotPool) publishLocked() {
 
 // where returns the slab and byte offset of slot s (taken by the caller,
 // so its slab is held).
-func (p *slotPool) where(s Slot) (SlabID, uint64) {
+func (p *slotPool) where(s Slot) (remote.SlabID, uint64) {
 	i := int(s-1) / p.pps
 	v := p.view.Load()
 	if s == 0 || i >= len(v.ids) {
@@ -332,7 +334,7 @@ func (p *slotPool) stats() PoolStats {
 func (p *slotPool) full() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.noRoom != nil && errors.Is(p.noRoom, ErrFull)
+	return p.noRoom != nil && errors.Is(p.noRoom, remote.ErrFull)
 }
 
 // hasRoom reports whether the last Store.Alloc worked (or none failed).
@@ -467,7 +469,7 @@ func (p *slotPool) grow(ctx context.Context) bool {
 // shrink gives back empty slabs beyond the slack (free slots past
 // lowWater plus one slab), and starts or ends a drain.
 func (p *slotPool) shrink(ctx context.Context) {
-	var give []SlabID
+	var give []remote.SlabID
 	copies := 0
 	if p.trim.copies != nil {
 		copies = p.trim.copies()
@@ -688,7 +690,7 @@ func (p *slotPool) shared(s Slot) bool {
 
 // restore puts back the slabs a previous agent left, by slab number, with
 // no slot taken (claim takes the journaled ones).
-func (p *slotPool) restore(nums map[int]SlabID) {
+func (p *slotPool) restore(nums map[int]remote.SlabID) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for num, id := range nums {
@@ -732,7 +734,7 @@ func (p *slotPool) claim(s Slot) bool {
 }
 
 // freeSlabs gives slabs back to the Store (they were never the pool's).
-func (p *slotPool) freeSlabs(ctx context.Context, ids []SlabID) {
+func (p *slotPool) freeSlabs(ctx context.Context, ids []remote.SlabID) {
 	cctx, cancel := context.WithTimeout(ctx, storeCallLimit)
 	defer cancel()
 	if err := p.store.Free(cctx, ids); err != nil {
@@ -741,10 +743,10 @@ func (p *slotPool) freeSlabs(ctx context.Context, ids []SlabID) {
 }
 
 // slabIDs returns the slabs the pool holds.
-func (p *slotPool) slabIDs() []SlabID {
+func (p *slotPool) slabIDs() []remote.SlabID {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var ids []SlabID
+	var ids []remote.SlabID
 	for _, s := range p.slabs {
 		if s != nil {
 			ids = append(ids, s.id)

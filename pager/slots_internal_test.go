@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"go.uber.org/zap/zaptest"
+
+	"rmem/pager/remote"
 )
 
 // fakeStore is a Store of slab ids only (the slot pool never moves data).
@@ -15,20 +17,20 @@ type fakeStore struct {
 	mu       sync.Mutex
 	slabSize uint64
 	capacity int // slabs it gives at most
-	held     map[SlabID]bool
-	next     SlabID
+	held     map[remote.SlabID]bool
+	next     remote.SlabID
 }
 
 var errFull = errors.New("fake store: full")
 
 func (s *fakeStore) SlabSize() uint64 { return s.slabSize }
-func (s *fakeStore) Alloc(_ context.Context, n int) ([]SlabID, error) {
+func (s *fakeStore) Alloc(_ context.Context, n int) ([]remote.SlabID, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.held)+n > s.capacity {
 		return nil, errFull
 	}
-	var ids []SlabID
+	var ids []remote.SlabID
 	for range n {
 		s.next++
 		s.held[s.next] = true
@@ -36,7 +38,7 @@ func (s *fakeStore) Alloc(_ context.Context, n int) ([]SlabID, error) {
 	}
 	return ids, nil
 }
-func (s *fakeStore) Free(_ context.Context, ids []SlabID) error {
+func (s *fakeStore) Free(_ context.Context, ids []remote.SlabID) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, id := range ids {
@@ -44,7 +46,7 @@ func (s *fakeStore) Free(_ context.Context, ids []SlabID) error {
 	}
 	return nil
 }
-func (s *fakeStore) OpenIO() (PageIO, error) { return nil, errors.New("fake store: no I/O") }
+func (s *fakeStore) OpenIO() (remote.PageIO, error) { return nil, errors.New("fake store: no I/O") }
 func (s *fakeStore) nheld() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -52,7 +54,7 @@ func (s *fakeStore) nheld() int {
 }
 
 func newTestPool(t *testing.T, pps, capacity int) (*slotPool, *fakeStore) {
-	st := &fakeStore{slabSize: uint64(pps) * pageSize, capacity: capacity, held: map[SlabID]bool{}}
+	st := &fakeStore{slabSize: uint64(pps) * pageSize, capacity: capacity, held: map[remote.SlabID]bool{}}
 	return newSlotPool(st, zaptest.NewLogger(t)), st
 }
 

@@ -4,7 +4,7 @@ import (
 	"math/bits"
 	"sync/atomic"
 
-	"rmem/pager"
+	"rmem/pager/remote"
 )
 
 // BlockSize is the size of one block of the swap file: a page.
@@ -74,7 +74,7 @@ func segments(off, n uint64, f func(s segment) bool) {
 // add appends a transfer of buf to offset off of slab id (index si) to
 // w's batch, merging it into the last op when both the slab range and the
 // buffer are contiguous. It returns false if the batch is full.
-func (w *worker) add(si SlabIndex, id pager.SlabID, off uint64, buf []byte) bool {
+func (w *worker) add(si SlabIndex, id remote.SlabID, off uint64, buf []byte) bool {
 	if k := len(w.ops); k > 0 {
 		last := &w.ops[k-1]
 		if last.Slab == id && last.Off+uint64(len(last.Buf)) == off && contiguous(last.Buf, buf) {
@@ -85,7 +85,7 @@ func (w *worker) add(si SlabIndex, id pager.SlabID, off uint64, buf []byte) bool
 	if len(w.ops) == cap(w.ops) {
 		return false
 	}
-	w.ops = append(w.ops, pager.PageOp{Slab: id, Off: off, Buf: buf})
+	w.ops = append(w.ops, remote.PageOp{Slab: id, Off: off, Buf: buf})
 	w.idx = append(w.idx, si)
 	return true
 }

@@ -1,5 +1,5 @@
 // Package swapfs is a FUSE filesystem holding one file, swap, whose 4 KiB
-// blocks live in slabs of a pager.Store (the pool): the kernel swaps to it
+// blocks live in slabs of a remote.Store (the pool): the kernel swaps to it
 // through a loop device with direct I/O (see internal/swapdev), so pages
 // that overflow a memory cgroup go to pool memory with the same
 // replication and failover as the pager.

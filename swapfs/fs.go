@@ -13,7 +13,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"go.uber.org/zap"
 
-	"rmem/pager"
+	"rmem/pager/remote"
 )
 
 // Names of the files in the mount.
@@ -36,9 +36,9 @@ var ErrOptions = errors.New("swapfs: invalid options")
 
 // Options configure a FS.
 type Options struct {
-	Size    uint64      // bytes in the swap file, a multiple of 4096; required
-	Store   pager.Store // where blocks live; required
-	Workers int         // concurrent pool transfers (PageIOs), default 4
+	Size    uint64       // bytes in the swap file, a multiple of 4096; required
+	Store   remote.Store // where blocks live; required
+	Workers int          // concurrent pool transfers (PageIOs), default 4
 	// Retry is how long a READ or WRITE that finds no replica reachable is
 	// retried before it fails with EIO (default 30s).
 	Retry time.Duration
@@ -65,8 +65,8 @@ func (o *Options) Validate() error {
 
 // worker is one PageIO with its preallocated op array.
 type worker struct {
-	io  pager.PageIO
-	ops []pager.PageOp
+	io  remote.PageIO
+	ops []remote.PageOp
 	idx []SlabIndex // SlabIndex of each op
 }
 
@@ -81,7 +81,7 @@ type FS struct {
 	opts    Options
 	lay     layout
 	written bitmap
-	slabIDs []atomic.Uint64 // pager.SlabID per SlabIndex, 0 until allocated
+	slabIDs []atomic.Uint64 // remote.SlabID per SlabIndex, 0 until allocated
 	allocMu sync.Mutex      // serializes slab allocation
 
 	workers chan *worker
@@ -127,7 +127,7 @@ func New(opts Options) (*FS, error) {
 			fs.Close()
 			return nil, fmt.Errorf("swapfs: open io: %w", err)
 		}
-		fs.workers <- &worker{io: io, ops: make([]pager.PageOp, 0, maxOps), idx: make([]SlabIndex, 0, maxOps)}
+		fs.workers <- &worker{io: io, ops: make([]remote.PageOp, 0, maxOps), idx: make([]SlabIndex, 0, maxOps)}
 	}
 	return fs, nil
 }
@@ -142,10 +142,10 @@ func (fs *FS) Close() error {
 			w := <-fs.workers
 			w.io.Close()
 		}
-		var ids []pager.SlabID
+		var ids []remote.SlabID
 		for i := range fs.slabIDs {
 			if id := fs.slabIDs[i].Load(); id != 0 {
-				ids = append(ids, pager.SlabID(id))
+				ids = append(ids, remote.SlabID(id))
 			}
 		}
 		if len(ids) > 0 {
@@ -176,14 +176,14 @@ func (fs *FS) String() string { return "rmem-swapfs" }
 
 // slab returns the pool slab of index i, allocating it if alloc is set.
 // It returns 0 if the slab does not exist and alloc is not set.
-func (fs *FS) slab(i SlabIndex, alloc bool) (pager.SlabID, error) {
+func (fs *FS) slab(i SlabIndex, alloc bool) (remote.SlabID, error) {
 	if id := fs.slabIDs[i].Load(); id != 0 || !alloc {
-		return pager.SlabID(id), nil
+		return remote.SlabID(id), nil
 	}
 	fs.allocMu.Lock()
 	defer fs.allocMu.Unlock()
 	if id := fs.slabIDs[i].Load(); id != 0 {
-		return pager.SlabID(id), nil
+		return remote.SlabID(id), nil
 	}
 	ids, err := fs.opts.Store.Alloc(fs.ctx, 1)
 	if err != nil {
@@ -241,7 +241,7 @@ func (fs *FS) WriteAt(bufs [][]byte, off uint64) error {
 	}
 	segments(off, total, func(s segment) bool {
 		si, soff := fs.lay.slabOf(s.block)
-		var id pager.SlabID
+		var id remote.SlabID
 		if id, err = fs.slab(si, true); err != nil {
 			return false
 		}
@@ -293,7 +293,7 @@ func (fs *FS) run(w *worker, write bool) error {
 		if err == nil {
 			break
 		}
-		if !errors.Is(err, pager.ErrUnavailable) || time.Now().After(deadline) {
+		if !errors.Is(err, remote.ErrUnavailable) || time.Now().After(deadline) {
 			return err
 		}
 		fs.c.retries.Add(1)
@@ -302,7 +302,7 @@ func (fs *FS) run(w *worker, write bool) error {
 		}
 		select {
 		case <-fs.ctx.Done():
-			return pager.ErrClosed
+			return remote.ErrClosed
 		case <-time.After(min(10*time.Millisecond<<min(attempt, 6), time.Second)):
 		}
 		for i := range ops {
@@ -327,7 +327,7 @@ func (fs *FS) run(w *worker, write bool) error {
 }
 
 // markWritten sets the written bit of every block op touched in slab si.
-func (fs *FS) markWritten(si SlabIndex, op pager.PageOp) {
+func (fs *FS) markWritten(si SlabIndex, op remote.PageOp) {
 	base := uint64(si) * fs.lay.blocksPerSlab
 	for b := op.Off / BlockSize; b <= (op.Off+uint64(len(op.Buf))-1)/BlockSize; b++ {
 		fs.written.set(Block(base + b))
@@ -338,7 +338,7 @@ func (w *worker) reset() {
 	w.ops, w.idx = w.ops[:0], w.idx[:0]
 }
 
-func firstErr(ops []pager.PageOp) error {
+func firstErr(ops []remote.PageOp) error {
 	for i := range ops {
 		if ops[i].Err != nil {
 			return ops[i].Err

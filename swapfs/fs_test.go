@@ -15,8 +15,8 @@ import (
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
-	"rmem/pager"
 	"rmem/pager/pagertest"
+	"rmem/pager/remote"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -71,11 +71,11 @@ func TestSegments(t *testing.T) {
 }
 
 func TestWorkerAddMerges(t *testing.T) {
-	w := &worker{ops: make([]pager.PageOp, 0, 2), idx: make([]SlabIndex, 0, 2)}
+	w := &worker{ops: make([]remote.PageOp, 0, 2), idx: make([]SlabIndex, 0, 2)}
 	buf := make([]byte, 3*BlockSize)
 	other := make([]byte, BlockSize)
 	steps := []struct {
-		id   pager.SlabID
+		id   remote.SlabID
 		off  uint64
 		buf  []byte
 		ok   bool
@@ -176,7 +176,7 @@ func TestFailover(t *testing.T) {
 		t.Fatalf("after losing one replica: err %v, equal %v", err, bytes.Equal(got, want))
 	}
 	st.Lose(1)
-	if err := fs.ReadAt(got, 0); !errors.Is(err, pager.ErrLost) {
+	if err := fs.ReadAt(got, 0); !errors.Is(err, remote.ErrLost) {
 		t.Fatalf("after losing both replicas: %v, want ErrLost", err)
 	}
 
@@ -185,7 +185,7 @@ func TestFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	st2.Kill(0)
-	if err := fs2.ReadAt(got[:BlockSize], 0); !errors.Is(err, pager.ErrUnavailable) {
+	if err := fs2.ReadAt(got[:BlockSize], 0); !errors.Is(err, remote.ErrUnavailable) {
 		t.Fatalf("unreachable: %v, want ErrUnavailable", err)
 	}
 	if fs2.Stats().Retries == 0 {

@@ -1,4 +1,4 @@
-// Package pagertest provides Store, an in-memory pager.Store for the
+// Package pagertest provides Store, an in-memory remote.Store for the
 // pager's tests: a few memory servers (an rdma.Domain over heap memory each,
 // served by the in-memory "mem" provider or by real "tcp" on loopback), slabs
 // placed on R distinct servers, and the real replication and failover code

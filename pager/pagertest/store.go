@@ -6,14 +6,14 @@ import (
 	"sync"
 	"testing"
 
-	"rmem/pager"
+	"rmem/pager/remote"
 	"rmem/pager/slabio"
 	"rmem/rdma"
 	"rmem/rdma/rdmatest"
 	_ "rmem/rdma/tcp" // the "tcp" provider
 )
 
-var _ pager.Store = (*Store)(nil)
+var _ remote.Store = (*Store)(nil)
 
 // Options configure a Store.
 type Options struct {
@@ -57,22 +57,22 @@ type placement struct {
 	key    rdma.Key
 }
 
-// Store is an in-memory pager.Store.
+// Store is an in-memory remote.Store.
 type Store struct {
 	opts  Options
 	table *slabio.Table
 
 	mu      sync.Mutex
 	servers []*server
-	slabs   map[pager.SlabID][]placement
-	next    pager.SlabID
+	slabs   map[remote.SlabID][]placement
+	next    remote.SlabID
 	rr      int
 	allocs  int
 	limit   int // slabs held at most (0: the servers' capacity)
 }
 
-// ErrNoCapacity: not enough live servers or free slabs (a pager.ErrFull).
-var ErrNoCapacity = fmt.Errorf("pagertest: no capacity: %w", pager.ErrFull)
+// ErrNoCapacity: not enough live servers or free slabs (a remote.ErrFull).
+var ErrNoCapacity = fmt.Errorf("pagertest: no capacity: %w", remote.ErrFull)
 
 // New starts the servers; tb.Cleanup stops them.
 func New(tb testing.TB, opts Options) *Store {
@@ -84,7 +84,7 @@ func New(tb testing.TB, opts Options) *Store {
 	s := &Store{
 		opts:  opts,
 		table: slabio.NewTable(opts.SlabSize, rdma.DialOptions{Depth: 256}),
-		slabs: map[pager.SlabID][]placement{},
+		slabs: map[remote.SlabID][]placement{},
 	}
 	for i := 0; i < opts.Servers; i++ {
 		d := rdma.NewDomain(rdma.DomainOptions{})
@@ -113,20 +113,20 @@ func New(tb testing.TB, opts Options) *Store {
 // Table returns the Store's slab table (for stats and inspection).
 func (s *Store) Table() *slabio.Table { return s.table }
 
-// SlabSize implements pager.Store.
+// SlabSize implements remote.Store.
 func (s *Store) SlabSize() uint64 { return s.opts.SlabSize }
 
-// OpenIO implements pager.Store.
-func (s *Store) OpenIO() (pager.PageIO, error) { return s.table.NewIO(), nil }
+// OpenIO implements remote.Store.
+func (s *Store) OpenIO() (remote.PageIO, error) { return s.table.NewIO(), nil }
 
-// Alloc implements pager.Store.
-func (s *Store) Alloc(ctx context.Context, n int) ([]pager.SlabID, error) {
+// Alloc implements remote.Store.
+func (s *Store) Alloc(ctx context.Context, n int) ([]remote.SlabID, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.limit > 0 && len(s.slabs)+n > s.limit {
 		return nil, fmt.Errorf("%w: %d slabs held, limit %d", ErrNoCapacity, len(s.slabs), s.limit)
 	}
-	ids := make([]pager.SlabID, 0, n)
+	ids := make([]remote.SlabID, 0, n)
 	for k := 0; k < n; k++ {
 		pl, err := s.placeLocked(s.opts.Replicas, nil)
 		if err != nil {
@@ -154,7 +154,7 @@ func (s *Store) SetLimit(slabs int) {
 }
 
 // Slabs returns the slabs the Store holds.
-func (s *Store) Slabs() []pager.SlabID { return s.table.IDs() }
+func (s *Store) Slabs() []remote.SlabID { return s.table.IDs() }
 
 // Allocated returns the slabs allocated so far and currently held.
 func (s *Store) Allocated() (total, held int) {
@@ -212,7 +212,7 @@ func (s *Store) releaseLocked(ctx context.Context, p placement) {
 	sv.free = append(sv.free, p.index)
 }
 
-func (s *Store) freeLocked(ctx context.Context, id pager.SlabID) {
+func (s *Store) freeLocked(ctx context.Context, id remote.SlabID) {
 	for _, p := range s.slabs[id] {
 		s.releaseLocked(ctx, p)
 	}
@@ -220,8 +220,8 @@ func (s *Store) freeLocked(ctx context.Context, id pager.SlabID) {
 	s.table.Remove(id)
 }
 
-// Free implements pager.Store.
-func (s *Store) Free(ctx context.Context, ids []pager.SlabID) error {
+// Free implements remote.Store.
+func (s *Store) Free(ctx context.Context, ids []remote.SlabID) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, id := range ids {

@@ -1,4 +1,4 @@
-// Package poolstore is the pager.Store of a real agent: remote memory leased
+// Package poolstore is the remote.Store of a real agent: remote memory leased
 // from the pool's coordinator (pool/client over HTTP) and moved with rdma
 // to the memory servers that hold each slab's replicas.
 //
@@ -10,7 +10,7 @@
 // the slab from a surviving replica while the pager keeps using it
 // (slabio.Table.Migrate), and reports the copy done (Migrated), which frees
 // the old replica. A slab whose every replica is lost stays in the table
-// as lost, so its pages fault with pager.ErrLost (SIGBUS), never zeros.
+// as lost, so its pages fault with remote.ErrLost (SIGBUS), never zeros.
 //
 // It is NOT the placement policy (the coordinator's) and does not decide
 // what to page: it only supplies and maintains slabs.

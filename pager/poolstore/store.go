@@ -10,13 +10,13 @@ import (
 
 	"go.uber.org/zap"
 
-	"rmem/pager"
+	"rmem/pager/remote"
 	"rmem/pager/slabio"
 	"rmem/pool"
 	"rmem/rdma"
 )
 
-var _ pager.Store = (*Store)(nil)
+var _ remote.Store = (*Store)(nil)
 
 // Pool is the coordinator as the Store uses it; *pool/client.Client
 // implements it.
@@ -92,7 +92,7 @@ type Stats struct {
 	slabio.Stats
 }
 
-// Store is a pager.Store over the pool.
+// Store is a remote.Store over the pool.
 type Store struct {
 	opts  Options
 	lease pool.Lease
@@ -111,7 +111,7 @@ type Store struct {
 	adopted                                            bool
 
 	lostMu   sync.Mutex
-	lostSaid map[pager.SlabID]bool // slabs whose loss was logged (once each: a job per lost replica)
+	lostSaid map[remote.SlabID]bool // slabs whose loss was logged (once each: a job per lost replica)
 }
 
 // Open creates a lease and starts renewing it.
@@ -187,7 +187,7 @@ func (s *Store) adopt(ctx context.Context, id pool.LeaseID) error {
 		if err != nil {
 			return err
 		}
-		s.table.Put(pager.SlabID(v.ID), reps)
+		s.table.Put(remote.SlabID(v.ID), reps)
 	}
 	s.lease = resp.Lease
 	s.opts.Log.Info("took over the previous agent's lease", zap.String("lease", string(id)), zap.Int("slabs", len(views)))
@@ -198,7 +198,7 @@ func (s *Store) adopt(ctx context.Context, id pool.LeaseID) error {
 func (s *Store) Adopted() bool { return s.adopted }
 
 // Slabs returns the slabs the Store holds (its lease's).
-func (s *Store) Slabs() []pager.SlabID { return s.table.IDs() }
+func (s *Store) Slabs() []remote.SlabID { return s.table.IDs() }
 
 // Lease returns the lease the Store holds.
 func (s *Store) Lease() pool.Lease { return s.lease }
@@ -206,22 +206,22 @@ func (s *Store) Lease() pool.Lease { return s.lease }
 // Table returns the slab table.
 func (s *Store) Table() *slabio.Table { return s.table }
 
-// SlabSize implements pager.Store.
+// SlabSize implements remote.Store.
 func (s *Store) SlabSize() uint64 { return s.table.SlabSize() }
 
-// OpenIO implements pager.Store.
-func (s *Store) OpenIO() (pager.PageIO, error) { return s.table.NewIO(), nil }
+// OpenIO implements remote.Store.
+func (s *Store) OpenIO() (remote.PageIO, error) { return s.table.NewIO(), nil }
 
-// Alloc implements pager.Store.
-func (s *Store) Alloc(ctx context.Context, n int) ([]pager.SlabID, error) {
+// Alloc implements remote.Store.
+func (s *Store) Alloc(ctx context.Context, n int) ([]remote.SlabID, error) {
 	views, err := s.opts.Pool.Allocate(ctx, s.lease.ID, pool.AllocateRequest{Slabs: n, Replicas: s.opts.Replicas})
 	if errors.Is(err, pool.ErrNoCapacity) {
-		return nil, fmt.Errorf("poolstore: allocate %d slabs: %w (%w)", n, pager.ErrFull, err)
+		return nil, fmt.Errorf("poolstore: allocate %d slabs: %w (%w)", n, remote.ErrFull, err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("poolstore: allocate %d slabs: %w", n, err)
 	}
-	ids := make([]pager.SlabID, 0, len(views))
+	ids := make([]remote.SlabID, 0, len(views))
 	for _, v := range views {
 		reps, err := s.replicas(v.Replicas)
 		if err == nil && v.Size != s.table.SlabSize() {
@@ -236,7 +236,7 @@ func (s *Store) Alloc(ctx context.Context, n int) ([]pager.SlabID, error) {
 			}
 			return nil, err
 		}
-		id := pager.SlabID(v.ID)
+		id := remote.SlabID(v.ID)
 		s.table.Put(id, reps)
 		ids = append(ids, id)
 	}
@@ -275,8 +275,8 @@ func (s *Store) replica(v pool.ReplicaView) (slabio.Replica, error) {
 	return slabio.Replica{Server: string(v.Server), Network: s.opts.Network, Addr: addr, Key: k, State: st}, nil
 }
 
-// Free implements pager.Store.
-func (s *Store) Free(ctx context.Context, ids []pager.SlabID) error {
+// Free implements remote.Store.
+func (s *Store) Free(ctx context.Context, ids []remote.SlabID) error {
 	var errs []error
 	for _, id := range ids {
 		s.table.Remove(id)
@@ -394,13 +394,13 @@ func (s *Store) renew(ctx context.Context) ([]pool.Event, error) {
 // draining replica to a new one.
 func (s *Store) repair(ctx context.Context, events []pool.Event) error {
 	type work struct {
-		slab pager.SlabID
+		slab remote.SlabID
 		from string
 	}
 	var todo []work
 	seen := map[work]bool{}
 	for _, ev := range events {
-		w := work{pager.SlabID(ev.Slab), string(ev.Server)}
+		w := work{remote.SlabID(ev.Slab), string(ev.Server)}
 		if ev.Type == pool.EventReplicaLost {
 			if s.table.SetState(w.slab, w.from, slabio.Lost) == nil {
 				s.log.Warn("replica lost", zap.Uint64("slab", uint64(w.slab)), zap.String("server", w.from))
@@ -435,7 +435,7 @@ func (s *Store) repair(ctx context.Context, events []pool.Event) error {
 }
 
 // migrate replaces slab id's replica on from by a new one.
-func (s *Store) migrate(ctx context.Context, id pager.SlabID, from string) error {
+func (s *Store) migrate(ctx context.Context, id remote.SlabID, from string) error {
 	reps, ok := s.table.Replicas(id)
 	if !ok {
 		return nil // freed meanwhile
@@ -456,7 +456,7 @@ func (s *Store) migrate(ctx context.Context, id pager.SlabID, from string) error
 		s.lostMu.Lock()
 		first := !s.lostSaid[id]
 		if s.lostSaid == nil {
-			s.lostSaid = map[pager.SlabID]bool{}
+			s.lostSaid = map[remote.SlabID]bool{}
 		}
 		s.lostSaid[id] = true
 		s.lostMu.Unlock()
@@ -464,7 +464,7 @@ func (s *Store) migrate(ctx context.Context, id pager.SlabID, from string) error
 			s.log.Error("slab lost: no replica survives; its evicted pages will raise SIGBUS",
 				zap.Uint64("slab", uint64(id)))
 		}
-		return fmt.Errorf("poolstore: slab %d: %w", id, pager.ErrLost)
+		return fmt.Errorf("poolstore: slab %d: %w", id, remote.ErrLost)
 	}
 	view, err := s.opts.Pool.Replace(ctx, s.lease.ID, pool.SlabID(id), pool.ServerID(from))
 	if err != nil {

@@ -10,8 +10,8 @@ import (
 
 	"go.uber.org/goleak"
 
-	"rmem/pager"
 	"rmem/pager/poolstore"
+	"rmem/pager/remote"
 	"rmem/pager/slabio"
 	"rmem/pool"
 	"rmem/pool/client"
@@ -101,12 +101,12 @@ func TestLeaseSlabsAndMigration(t *testing.T) {
 	}
 	io, _ := s.OpenIO()
 	defer io.Close()
-	ops := make([]pager.PageOp, 0, 16)
+	ops := make([]remote.PageOp, 0, 16)
 	for _, id := range ids {
 		for p := uint64(0); p < 8; p++ {
 			b := make([]byte, 4096)
 			pattern(b, byte(uint64(id)*8+p))
-			ops = append(ops, pager.PageOp{Slab: id, Off: p * 4096 * 61, Buf: b})
+			ops = append(ops, remote.PageOp{Slab: id, Off: p * 4096 * 61, Buf: b})
 		}
 	}
 	if err := io.Write(ctx, ops); err != nil {
@@ -114,9 +114,9 @@ func TestLeaseSlabsAndMigration(t *testing.T) {
 	}
 	verify := func(what string) {
 		t.Helper()
-		rd := make([]pager.PageOp, len(ops))
+		rd := make([]remote.PageOp, len(ops))
 		for i, op := range ops {
-			rd[i] = pager.PageOp{Slab: op.Slab, Off: op.Off, Buf: make([]byte, 4096)}
+			rd[i] = remote.PageOp{Slab: op.Slab, Off: op.Off, Buf: make([]byte, 4096)}
 		}
 		if err := io.Read(ctx, rd); err != nil {
 			t.Fatal(err)
@@ -216,7 +216,7 @@ func TestAdoptLease(t *testing.T) {
 	io1, _ := s1.OpenIO()
 	page := make([]byte, 4096)
 	pattern(page, 9)
-	ops := []pager.PageOp{{Slab: ids[1], Off: 5 * 4096, Buf: page}}
+	ops := []remote.PageOp{{Slab: ids[1], Off: 5 * 4096, Buf: page}}
 	if err := io1.Write(ctx, ops); err != nil || ops[0].Err != nil {
 		t.Fatal(err, ops[0].Err)
 	}
@@ -251,7 +251,7 @@ func TestAdoptLease(t *testing.T) {
 	}
 	io2, _ := s2.OpenIO()
 	defer io2.Close()
-	rd := []pager.PageOp{{Slab: ids[1], Off: 5 * 4096, Buf: make([]byte, 4096)}}
+	rd := []remote.PageOp{{Slab: ids[1], Off: 5 * 4096, Buf: make([]byte, 4096)}}
 	if err := io2.Read(ctx, rd); err != nil || rd[0].Err != nil || string(rd[0].Buf) != string(page) {
 		t.Fatalf("the adopted slab does not read back: %v %v", err, rd[0].Err)
 	}

@@ -4,11 +4,11 @@ import (
 	"context"
 	"time"
 
-	"rmem/pager"
+	"rmem/pager/remote"
 	"rmem/rdma"
 )
 
-var _ pager.PageIO = (*IO)(nil)
+var _ remote.PageIO = (*IO)(nil)
 
 type connKey struct{ network, addr string }
 
@@ -215,8 +215,8 @@ func (io *IO) endRound() {
 	io.active = io.active[:0]
 }
 
-// Read implements pager.PageIO.
-func (io *IO) Read(ctx context.Context, ops []pager.PageOp) error {
+// Read implements remote.PageIO.
+func (io *IO) Read(ctx context.Context, ops []remote.PageOp) error {
 	defer io.endCall()
 	for len(ops) > 0 {
 		n := min(len(ops), io.depth)
@@ -233,7 +233,7 @@ func (io *IO) Read(ctx context.Context, ops []pager.PageOp) error {
 	return nil
 }
 
-func (io *IO) readChunk(ctx context.Context, ops []pager.PageOp) error {
+func (io *IO) readChunk(ctx context.Context, ops []remote.PageOp) error {
 	io.pend = io.pend[:0]
 	for i := range ops {
 		ops[i].Err = nil
@@ -249,7 +249,7 @@ func (io *IO) readChunk(ctx context.Context, ops []pager.PageOp) error {
 			ro.via = nil
 			reps, ok := io.t.lookup(op.Slab)
 			if !ok {
-				op.Err = pager.ErrUnknownSlab
+				op.Err = remote.ErrUnknownSlab
 				continue
 			}
 			for int(ro.next) < len(reps) {
@@ -382,7 +382,7 @@ func (io *IO) collect(ctx *opCtx, p *peer, f func(*rdma.Completion)) error {
 }
 
 // classify records why a request failed and marks what it says.
-func (io *IO) classify(id pager.SlabID, server string, st rdma.Status, p *peer, why *uint8) {
+func (io *IO) classify(id remote.SlabID, server string, st rdma.Status, p *peer, why *uint8) {
 	switch st {
 	case rdma.StatusRevokedKey, rdma.StatusUnknownKey:
 		// The server no longer has the slab under this key: the data is
@@ -398,17 +398,17 @@ func (io *IO) classify(id pager.SlabID, server string, st rdma.Status, p *peer, 
 	}
 }
 
-func (io *IO) fail(op *pager.PageOp, why uint8) {
+func (io *IO) fail(op *remote.PageOp, why uint8) {
 	if why&whyUnavailable != 0 {
-		op.Err = pager.ErrUnavailable
+		op.Err = remote.ErrUnavailable
 		return
 	}
-	op.Err = pager.ErrLost
+	op.Err = remote.ErrLost
 	io.t.lost.Add(1)
 }
 
-// Write implements pager.PageIO.
-func (io *IO) Write(ctx context.Context, ops []pager.PageOp) error {
+// Write implements remote.PageIO.
+func (io *IO) Write(ctx context.Context, ops []remote.PageOp) error {
 	defer io.endCall()
 	io.t.copyMu.RLock()
 	defer io.t.copyMu.RUnlock()
@@ -428,7 +428,7 @@ func (io *IO) Write(ctx context.Context, ops []pager.PageOp) error {
 	return nil
 }
 
-func (io *IO) writeChunk(parent context.Context, ops []pager.PageOp) error {
+func (io *IO) writeChunk(parent context.Context, ops []remote.PageOp) error {
 	ctx := io.begin(parent)
 	// One WR per (op, live replica), posted per connection.
 	nw := 0
@@ -438,7 +438,7 @@ func (io *IO) writeChunk(parent context.Context, ops []pager.PageOp) error {
 		io.writes[i] = writeOp{}
 		reps, ok := io.t.lookup(op.Slab)
 		if !ok {
-			op.Err = pager.ErrUnknownSlab
+			op.Err = remote.ErrUnknownSlab
 			continue
 		}
 		for ri := range reps {
@@ -519,9 +519,9 @@ func (io *IO) writeChunk(parent context.Context, ops []pager.PageOp) error {
 		if io.writes[i].ok == 0 {
 			// Nothing written: every replica keeps the previous version.
 			if io.writes[i].why == 0 {
-				op.Err = pager.ErrLost
+				op.Err = remote.ErrLost
 			} else {
-				op.Err = pager.ErrUnavailable
+				op.Err = remote.ErrUnavailable
 			}
 			continue
 		}

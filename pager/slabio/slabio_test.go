@@ -12,8 +12,8 @@ import (
 
 	"go.uber.org/goleak"
 
-	"rmem/pager"
 	"rmem/pager/pagertest"
+	"rmem/pager/remote"
 	"rmem/pager/slabio"
 )
 
@@ -21,13 +21,13 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 const page = 4096
 
-func fill(b []byte, slab pager.SlabID, off, gen uint64) {
+func fill(b []byte, slab remote.SlabID, off, gen uint64) {
 	for w := 0; w+8 <= len(b); w += 8 {
 		binary.LittleEndian.PutUint64(b[w:], uint64(slab)<<48^off<<8^gen^uint64(w))
 	}
 }
 
-func check(t *testing.T, b []byte, slab pager.SlabID, off, gen uint64) {
+func check(t *testing.T, b []byte, slab remote.SlabID, off, gen uint64) {
 	t.Helper()
 	want := make([]byte, len(b))
 	fill(want, slab, off, gen)
@@ -37,14 +37,14 @@ func check(t *testing.T, b []byte, slab pager.SlabID, off, gen uint64) {
 }
 
 // writeAll writes generation gen of n pages of every slab and returns the ops.
-func writeAll(t *testing.T, io pager.PageIO, ids []pager.SlabID, n int, gen uint64) {
+func writeAll(t *testing.T, io remote.PageIO, ids []remote.SlabID, n int, gen uint64) {
 	t.Helper()
-	var ops []pager.PageOp
+	var ops []remote.PageOp
 	for _, id := range ids {
 		for p := 0; p < n; p++ {
 			b := make([]byte, page)
 			fill(b, id, uint64(p*page), gen)
-			ops = append(ops, pager.PageOp{Slab: id, Off: uint64(p * page), Buf: b})
+			ops = append(ops, remote.PageOp{Slab: id, Off: uint64(p * page), Buf: b})
 		}
 	}
 	if err := io.Write(context.Background(), ops); err != nil {
@@ -58,12 +58,12 @@ func writeAll(t *testing.T, io pager.PageIO, ids []pager.SlabID, n int, gen uint
 }
 
 // readAll reads n pages of every slab and returns the per-op errors.
-func readAll(t *testing.T, io pager.PageIO, ids []pager.SlabID, n int, gen uint64) []error {
+func readAll(t *testing.T, io remote.PageIO, ids []remote.SlabID, n int, gen uint64) []error {
 	t.Helper()
-	var ops []pager.PageOp
+	var ops []remote.PageOp
 	for _, id := range ids {
 		for p := 0; p < n; p++ {
-			ops = append(ops, pager.PageOp{Slab: id, Off: uint64(p * page), Buf: make([]byte, page)})
+			ops = append(ops, remote.PageOp{Slab: id, Off: uint64(p * page), Buf: make([]byte, page)})
 		}
 	}
 	if err := io.Read(context.Background(), ops); err != nil {
@@ -97,7 +97,7 @@ func allIs(t *testing.T, errs []error, want error) {
 	}
 }
 
-func setup(t *testing.T, opts pagertest.Options, slabs int) (*pagertest.Store, pager.PageIO, []pager.SlabID) {
+func setup(t *testing.T, opts pagertest.Options, slabs int) (*pagertest.Store, remote.PageIO, []remote.SlabID) {
 	s := pagertest.New(t, opts)
 	ids, err := s.Alloc(context.Background(), slabs)
 	if err != nil {
@@ -139,10 +139,10 @@ func TestReadWriteFailover(t *testing.T) {
 	}
 }
 
-func readAllZero(t *testing.T, io pager.PageIO, ids []pager.SlabID) []error {
-	ops := []pager.PageOp{}
+func readAllZero(t *testing.T, io remote.PageIO, ids []remote.SlabID) []error {
+	ops := []remote.PageOp{}
 	for _, id := range ids {
-		ops = append(ops, pager.PageOp{Slab: id, Off: 5 * page, Buf: make([]byte, page)})
+		ops = append(ops, remote.PageOp{Slab: id, Off: 5 * page, Buf: make([]byte, page)})
 	}
 	if err := io.Read(context.Background(), ops); err != nil {
 		t.Fatal(err)
@@ -164,11 +164,11 @@ func TestUnreachableIsNotLost(t *testing.T) {
 	writeAll(t, io, ids, 16, 1)
 	s.Kill(0)
 	s.Kill(1)
-	allIs(t, readAll(t, io, ids, 16, 1), pager.ErrUnavailable)
+	allIs(t, readAll(t, io, ids, 16, 1), remote.ErrUnavailable)
 	// A WRITE that reaches nobody leaves both replicas trusted.
-	ops := []pager.PageOp{{Slab: ids[0], Off: 0, Buf: make([]byte, page)}}
+	ops := []remote.PageOp{{Slab: ids[0], Off: 0, Buf: make([]byte, page)}}
 	io.Write(context.Background(), ops)
-	if !errors.Is(ops[0].Err, pager.ErrUnavailable) {
+	if !errors.Is(ops[0].Err, remote.ErrUnavailable) {
 		t.Fatalf("write to dead servers: %v", ops[0].Err)
 	}
 	reps, _ := s.Table().Replicas(ids[0])
@@ -191,9 +191,9 @@ func TestWriteOnlyFillingIsNotWritten(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Kill(0)
-	ops := []pager.PageOp{{Slab: ids[0], Off: 0, Buf: make([]byte, page)}}
+	ops := []remote.PageOp{{Slab: ids[0], Off: 0, Buf: make([]byte, page)}}
 	io.Write(context.Background(), ops)
-	if !errors.Is(ops[0].Err, pager.ErrUnavailable) {
+	if !errors.Is(ops[0].Err, remote.ErrUnavailable) {
 		t.Fatalf("write taken by the Filling replica alone: %v, want ErrUnavailable", ops[0].Err)
 	}
 	reps, _ := s.Table().Replicas(ids[0])
@@ -202,7 +202,7 @@ func TestWriteOnlyFillingIsNotWritten(t *testing.T) {
 			t.Fatalf("the healthy replica that missed the WRITE is %v, want healthy", r.State)
 		}
 	}
-	allIs(t, readAll(t, io, ids, 16, 1), pager.ErrUnavailable)
+	allIs(t, readAll(t, io, ids, 16, 1), remote.ErrUnavailable)
 }
 
 func TestLost(t *testing.T) {
@@ -211,10 +211,10 @@ func TestLost(t *testing.T) {
 	s.Lose(0)
 	allNil(t, readAll(t, io, ids, 16, 1))
 	s.Lose(1)
-	allIs(t, readAll(t, io, ids, 16, 1), pager.ErrLost)
-	ops := []pager.PageOp{{Slab: 999, Buf: make([]byte, page)}}
+	allIs(t, readAll(t, io, ids, 16, 1), remote.ErrLost)
+	ops := []remote.PageOp{{Slab: 999, Buf: make([]byte, page)}}
 	io.Read(context.Background(), ops)
-	if !errors.Is(ops[0].Err, pager.ErrUnknownSlab) {
+	if !errors.Is(ops[0].Err, remote.ErrUnknownSlab) {
 		t.Fatalf("unknown slab: %v", ops[0].Err)
 	}
 }
@@ -227,7 +227,7 @@ func TestFreedSlabReadsLost(t *testing.T) {
 	// Someone still holding the old key (a stale table) gets a revoked key:
 	// the data is gone, never zeros.
 	s.Table().Put(ids[0], reps)
-	allIs(t, readAll(t, io, ids, 1, 1), pager.ErrLost)
+	allIs(t, readAll(t, io, ids, 1, 1), remote.ErrLost)
 }
 
 // Migration while writers run: the copy never overwrites newer data.
@@ -247,7 +247,7 @@ func TestMigrateUnderWrites(t *testing.T) {
 				w, _ := s.OpenIO()
 				defer w.Close()
 				b := make([]byte, page)
-				ops := make([]pager.PageOp, 1)
+				ops := make([]remote.PageOp, 1)
 				for g := uint64(2); ; g++ {
 					select {
 					case <-stop:
@@ -256,7 +256,7 @@ func TestMigrateUnderWrites(t *testing.T) {
 					}
 					p := int(g*7) % pages
 					fill(b, ids[0], uint64(p*page), g)
-					ops[0] = pager.PageOp{Slab: ids[0], Off: uint64(p * page), Buf: b}
+					ops[0] = remote.PageOp{Slab: ids[0], Off: uint64(p * page), Buf: b}
 					if err := w.Write(context.Background(), ops); err != nil || ops[0].Err != nil {
 						t.Errorf("write: %v %v", err, ops[0].Err)
 						return
@@ -282,7 +282,7 @@ func TestMigrateUnderWrites(t *testing.T) {
 			}
 			s.Kill(idx) // only the new replica may answer
 			for p := 0; p < pages; p++ {
-				ops := []pager.PageOp{{Slab: ids[0], Off: uint64(p * page), Buf: make([]byte, page)}}
+				ops := []remote.PageOp{{Slab: ids[0], Off: uint64(p * page), Buf: make([]byte, page)}}
 				if err := io.Read(context.Background(), ops); err != nil || ops[0].Err != nil {
 					t.Fatal(err, ops[0].Err)
 				}
@@ -301,9 +301,9 @@ func TestMigrateUnderWrites(t *testing.T) {
 
 func TestNoAllocs(t *testing.T) {
 	_, io, ids := setup(t, pagertest.Options{Servers: 2, Replicas: 2, SlabSize: 64 * page}, 1)
-	ops := make([]pager.PageOp, 32)
+	ops := make([]remote.PageOp, 32)
 	for i := range ops {
-		ops[i] = pager.PageOp{Slab: ids[0], Off: uint64(i * page), Buf: make([]byte, page)}
+		ops[i] = remote.PageOp{Slab: ids[0], Off: uint64(i * page), Buf: make([]byte, page)}
 	}
 	ctx := context.Background()
 	io.Write(ctx, ops) // dial
@@ -339,9 +339,9 @@ func TestRegisterLocal(t *testing.T) {
 			if err := io.RegisterLocal(buf[8*page:]); err != nil {
 				t.Fatal(err)
 			}
-			ops := make([]pager.PageOp, 16)
+			ops := make([]remote.PageOp, 16)
 			for p := range ops {
-				ops[p] = pager.PageOp{Slab: ids[0], Off: uint64(p * page), Buf: buf[p*page : (p+1)*page]}
+				ops[p] = remote.PageOp{Slab: ids[0], Off: uint64(p * page), Buf: buf[p*page : (p+1)*page]}
 			}
 			if err := io.Read(context.Background(), ops); err != nil {
 				t.Fatal(err)

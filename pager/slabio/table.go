@@ -7,7 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"rmem/pager"
+	"rmem/pager/remote"
 	"rmem/rdma"
 )
 
@@ -52,7 +52,7 @@ type Stats struct {
 	Reads     uint64 // pages (ops) read successfully
 	Writes    uint64 // ops written to at least one replica
 	Failovers uint64 // READs moved to another replica after an error
-	Lost      uint64 // ops that ended with pager.ErrLost
+	Lost      uint64 // ops that ended with remote.ErrLost
 	Stale     uint64 // replicas marked Lost after a partly failed WRITE
 	Copied    uint64 // bytes copied by Migrate
 	Stalls    uint64 // servers that missed an op deadline (skipped for a while)
@@ -70,7 +70,7 @@ type Table struct {
 	copyMu sync.RWMutex // IO.Write: R for a call; Migrate: W per chunk
 
 	mu    sync.RWMutex
-	slabs map[pager.SlabID][]Replica // copy-on-write values
+	slabs map[remote.SlabID][]Replica // copy-on-write values
 
 	reads, writes, failovers, lost, stale, copied, stalls atomic.Uint64
 	localRegistered, localRefused                         atomic.Uint64
@@ -79,14 +79,14 @@ type Table struct {
 // NewTable returns an empty table of slabs of slabSize bytes. dial are the
 // options IOs dial replicas with (Depth bounds a batch).
 func NewTable(slabSize uint64, dial rdma.DialOptions) *Table {
-	return &Table{slabSize: slabSize, dial: dial, slabs: map[pager.SlabID][]Replica{}}
+	return &Table{slabSize: slabSize, dial: dial, slabs: map[remote.SlabID][]Replica{}}
 }
 
 // SlabSize returns the slab size.
 func (t *Table) SlabSize() uint64 { return t.slabSize }
 
 // Put adds or replaces slab id with a copy of reps.
-func (t *Table) Put(id pager.SlabID, reps []Replica) {
+func (t *Table) Put(id remote.SlabID, reps []Replica) {
 	c := append([]Replica(nil), reps...)
 	t.mu.Lock()
 	t.slabs[id] = c
@@ -94,23 +94,23 @@ func (t *Table) Put(id pager.SlabID, reps []Replica) {
 }
 
 // Remove forgets slab id.
-func (t *Table) Remove(id pager.SlabID) {
+func (t *Table) Remove(id remote.SlabID) {
 	t.mu.Lock()
 	delete(t.slabs, id)
 	t.mu.Unlock()
 }
 
 // Replicas returns a copy of slab id's replicas (nil, false if unknown).
-func (t *Table) Replicas(id pager.SlabID) ([]Replica, bool) {
+func (t *Table) Replicas(id remote.SlabID) ([]Replica, bool) {
 	reps, ok := t.lookup(id)
 	return append([]Replica(nil), reps...), ok
 }
 
 // IDs returns the slabs in the table.
-func (t *Table) IDs() []pager.SlabID {
+func (t *Table) IDs() []remote.SlabID {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	ids := make([]pager.SlabID, 0, len(t.slabs))
+	ids := make([]remote.SlabID, 0, len(t.slabs))
 	for id := range t.slabs {
 		ids = append(ids, id)
 	}
@@ -118,7 +118,7 @@ func (t *Table) IDs() []pager.SlabID {
 }
 
 // lookup returns the slab's replica slice, which must not be modified.
-func (t *Table) lookup(id pager.SlabID) ([]Replica, bool) {
+func (t *Table) lookup(id remote.SlabID) ([]Replica, bool) {
 	t.mu.RLock()
 	reps, ok := t.slabs[id]
 	t.mu.RUnlock()
@@ -126,7 +126,7 @@ func (t *Table) lookup(id pager.SlabID) ([]Replica, bool) {
 }
 
 // SetState sets the state of the slab's replica on server.
-func (t *Table) SetState(id pager.SlabID, server string, st State) error {
+func (t *Table) SetState(id remote.SlabID, server string, st State) error {
 	return t.update(id, func(reps []Replica) ([]Replica, error) {
 		for i := range reps {
 			if reps[i].Server == server {
@@ -140,10 +140,10 @@ func (t *Table) SetState(id pager.SlabID, server string, st State) error {
 
 // MarkServerLost marks every replica on server Lost and returns the slabs
 // that had one.
-func (t *Table) MarkServerLost(server string) []pager.SlabID {
+func (t *Table) MarkServerLost(server string) []remote.SlabID {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	var ids []pager.SlabID
+	var ids []remote.SlabID
 	for id, reps := range t.slabs {
 		for i := range reps {
 			if reps[i].Server == server && reps[i].State != Lost {
@@ -159,12 +159,12 @@ func (t *Table) MarkServerLost(server string) []pager.SlabID {
 }
 
 // update replaces slab id's replicas by f's result on a private copy.
-func (t *Table) update(id pager.SlabID, f func([]Replica) ([]Replica, error)) error {
+func (t *Table) update(id remote.SlabID, f func([]Replica) ([]Replica, error)) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	reps, ok := t.slabs[id]
 	if !ok {
-		return fmt.Errorf("%w: %d", pager.ErrUnknownSlab, id)
+		return fmt.Errorf("%w: %d", remote.ErrUnknownSlab, id)
 	}
 	c, err := f(append([]Replica(nil), reps...))
 	if err != nil {
@@ -175,7 +175,7 @@ func (t *Table) update(id pager.SlabID, f func([]Replica) ([]Replica, error)) er
 }
 
 // markLostIf marks the replica Lost unless it changed meanwhile.
-func (t *Table) markLost(id pager.SlabID, server string) {
+func (t *Table) markLost(id remote.SlabID, server string) {
 	if t.SetState(id, server, Lost) == nil {
 		t.stale.Add(1)
 	}
@@ -197,7 +197,7 @@ const MigrateChunk = 256 << 10
 // on from (draining or lost). The slab stays usable throughout: to is
 // written by IO.Write while Filling and becomes Healthy at the end. On
 // error to is removed again and from is left as it was.
-func (t *Table) Migrate(ctx context.Context, id pager.SlabID, from string, to Replica) error {
+func (t *Table) Migrate(ctx context.Context, id remote.SlabID, from string, to Replica) error {
 	to.State = Filling
 	err := t.update(id, func(reps []Replica) ([]Replica, error) {
 		for _, r := range reps {
@@ -246,7 +246,7 @@ func dropServer(reps []Replica, server string) []Replica {
 }
 
 // copySlab copies the slab from its healthy replicas to the replica to.
-func (t *Table) copySlab(ctx context.Context, id pager.SlabID, to Replica) error {
+func (t *Table) copySlab(ctx context.Context, id remote.SlabID, to Replica) error {
 	io := t.NewIO()
 	defer io.Close()
 	dst, err := rdma.Dial(ctx, to.Network, to.Addr, t.dial)
@@ -255,11 +255,11 @@ func (t *Table) copySlab(ctx context.Context, id pager.SlabID, to Replica) error
 	}
 	defer dst.Close()
 	buf := make([]byte, min(MigrateChunk, t.slabSize))
-	ops := make([]pager.PageOp, 1)
+	ops := make([]remote.PageOp, 1)
 	for off := uint64(0); off < t.slabSize; off += uint64(len(buf)) {
 		n := min(uint64(len(buf)), t.slabSize-off)
 		t.copyMu.Lock()
-		ops[0] = pager.PageOp{Slab: id, Off: off, Buf: buf[:n]}
+		ops[0] = remote.PageOp{Slab: id, Off: off, Buf: buf[:n]}
 		err := io.Read(ctx, ops)
 		if err == nil {
 			err = ops[0].Err

@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"rmem/pager"
+	"rmem/pager/remote"
 	"rmem/pager/slabio"
 	"rmem/rdma"
 )
@@ -44,9 +44,9 @@ func TestSlabioRegisterLocal(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	ops := make([]pager.PageOp, pages)
+	ops := make([]remote.PageOp, pages)
 	for p := range ops {
-		ops[p] = pager.PageOp{Slab: 1, Off: uint64(p) * 4096 * 5 % slab, Buf: staging[p*4096 : (p+1)*4096]}
+		ops[p] = remote.PageOp{Slab: 1, Off: uint64(p) * 4096 * 5 % slab, Buf: staging[p*4096 : (p+1)*4096]}
 	}
 	if err := io.Write(ctx, ops); err != nil {
 		t.Fatal(err)

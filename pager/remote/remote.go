@@ -1,4 +1,13 @@
-package pager
+// Package remote holds the types the pager and the stores under it speak:
+// slabs of remote memory (SlabID), page transfers (PageOp), the Store and
+// PageIO interfaces with their contracts, and the errors a PageIO sets per
+// op. It is the leaf the pager's parts share, as database/sql/driver is for
+// database/sql: pager/slabio, pager/poolstore, pager/pagertest and swapfs
+// implement or consume these without importing the pager.
+//
+// It is not an implementation (pager/slabio moves pages, pager/poolstore
+// takes slabs from the pool) and holds no state.
+package remote
 
 import (
 	"context"
@@ -23,17 +32,17 @@ type PageOp struct {
 var (
 	// ErrLost: every replica of the slab is gone (dead server, revoked
 	// key): its data cannot come back. The pager poisons such pages.
-	ErrLost = errors.New("pager: every replica lost")
+	ErrLost = errors.New("remote: every replica lost")
 	// ErrUnavailable: no replica could be reached right now (transport
 	// failures) but none is known lost: retry later, never guess.
-	ErrUnavailable = errors.New("pager: no replica reachable")
+	ErrUnavailable = errors.New("remote: no replica reachable")
 	// ErrUnknownSlab: the op names a slab the Store does not hold.
-	ErrUnknownSlab = errors.New("pager: unknown slab")
+	ErrUnknownSlab = errors.New("remote: unknown slab")
 	// ErrClosed: the Store or PageIO was closed.
-	ErrClosed = errors.New("pager: closed")
+	ErrClosed = errors.New("remote: closed")
 	// ErrFull: Alloc found the pool without room (as opposed to not
 	// reaching it): programs past their budgets wait for room.
-	ErrFull = errors.New("pager: the pool has no room")
+	ErrFull = errors.New("remote: the pool has no room")
 )
 
 // Store is remote memory as the pager consumes it: slabs of SlabSize bytes,
