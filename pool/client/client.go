@@ -165,7 +165,7 @@ func LoadToken(path string) (string, error) {
 // client knows several (after a request was sent, only for idempotent
 // requests: a POST that may have been applied is not sent twice). After a
 // round over every coordinator it backs off (50ms doubling to 1s) and
-// tries again, for at most Options.RetryFor; then the error says what
+// tries again until Options.RetryFor has passed (a last round at its end); then the error says what
 // each coordinator answered.
 func (c *Client) Do(ctx context.Context, method, path string, body, out any) error {
 	return c.do(ctx, method, path, body, out, idempotent(method), nil)
@@ -260,8 +260,8 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any, ide
 			hint = "" // told to go where we were refused this round: wait
 		}
 		if hint == "" && c.allTried(tried) {
-			wait := backoff + time.Duration(rand.Int64N(int64(backoff/2+1)))
-			if time.Now().Add(wait).After(deadline) {
+			wait, giveUp := retryWait(time.Now(), deadline, backoff, time.Duration(rand.Int64N(int64(backoff/2+1))))
+			if giveUp {
 				return fmt.Errorf("client: %s %s: no leader coordinator answered within %v (%d tries: %s): %w", method, path, c.retryFor, attempt, strings.Join(last(seen, 4), "; "), err)
 			}
 			select {
@@ -273,6 +273,19 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any, ide
 			clear(tried)
 		}
 	}
+}
+
+// retryWait decides, after a round over every coordinator at now, how
+// long to back off before the next round (backoff plus jitter, cut short
+// at deadline so that the last round runs at the deadline) or whether to
+// give up: only once the deadline has passed, so a request looks for the
+// leader for all of RetryFor however long its rounds take.
+func retryWait(now, deadline time.Time, backoff, jitter time.Duration) (wait time.Duration, giveUp bool) {
+	left := deadline.Sub(now)
+	if left <= 0 {
+		return 0, true
+	}
+	return min(backoff+jitter, left), false
 }
 
 func last(s []string, n int) []string { return s[max(0, len(s)-n):] }

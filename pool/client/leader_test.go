@@ -68,7 +68,9 @@ func TestFailoverSkipsDeadCoordinator(t *testing.T) {
 	c.CloseIdleConnections()
 	live.Close()
 
+	var noneHits atomic.Int64
 	none := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		noneHits.Add(1)
 		httpapi.WriteJSON(w, 503, pool.APIError{Error: pool.ErrNotLeader.Error() + ": electing"})
 	}))
 	defer none.Close()
@@ -79,8 +81,13 @@ func TestFailoverSkipsDeadCoordinator(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "no leader coordinator answered within") || !strings.Contains(err.Error(), "not the leader") || !strings.Contains(err.Error(), "connection refused") {
 		t.Fatalf("got %v", err)
 	}
-	if d := time.Since(start); d < 250*time.Millisecond || d > 5*time.Second {
-		t.Fatalf("gave up after %v, want about RetryFor", d)
+	// It gives up only once RetryFor has passed (retryWait), never early
+	// because the next back-off would overrun it.
+	if d := time.Since(start); d < 500*time.Millisecond {
+		t.Fatalf("gave up after %v, before RetryFor (500ms)", d)
+	}
+	if n := noneHits.Load(); n < 3 {
+		t.Fatalf("the live coordinator was asked %d times in RetryFor, want a round per back-off (3 or more)", n)
 	}
 }
 
