@@ -53,13 +53,17 @@ bench: build
 	$(GO) run ./bench -out docs/bench -bin bin
 
 # The pager's files in layers, top to bottom (docs/pager.md, The loop's
-# structure): a call from a file to one above it runs back up.
+# structure): a call from a file to one above it runs back up. Then the
+# packages' layers (scripts/pkglayers.sh): no library imports internal/ or
+# cmd/, the leaves import no rmem package, the stores under the pager take
+# its types from pager/remote.
 PAGER_LAYERS = 'agent.go resume.go metrics.go' 'loop.go' 'events.go fork.go evict.go relocate.go' \
 	'fault.go sample.go' 'pages.go conn.go client.go' \
 	'region.go pagetable.go slots.go prefetch.go stats.go kernel.go budget.go journal.go journal_unsafe.go'
 
 pager-layers:
 	$(GO) run ./scripts/filedeps -q -max 3 ./pager $(PAGER_LAYERS)
+	GO=$(GO) ./scripts/pkglayers.sh
 
 # -p 1: the kernel tests share host-wide state (swap, /run/rmem, CPU time
 # that fault latencies depend on); one package at a time keeps them apart.

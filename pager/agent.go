@@ -20,6 +20,7 @@ import (
 
 	"rmem/pager/proto"
 	"rmem/pager/remote"
+	"rmem/spin"
 	"rmem/userfaultfd"
 )
 
@@ -77,11 +78,14 @@ type Options struct {
 	// 60s; negative: wait forever.
 	FaultTimeout time.Duration
 	// Spin is how long a client's loop polls for its next event before it
-	// blocks, adapted to how fast they come (internal/spin): 0 means
+	// blocks, adapted to how fast they come (package spin): 0 means
 	// spin.DefaultMax, a negative value never. Spinning saves the wake-up
 	// of a halted vCPU per fault (tens of µs on VMs whose idle vCPUs halt
 	// at once) for at most that much CPU after each event.
 	Spin time.Duration
+	// SpinSite, when set, counts the loops' polling (the daemon exports
+	// it with its other sites).
+	SpinSite *spin.Site
 	// Log receives the agent's logs (default: none).
 	Log *zap.Logger
 	// Registry, when set, gets the agent's Prometheus collector.

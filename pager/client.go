@@ -10,9 +10,9 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
-	"rmem/internal/spin"
 	"rmem/pager/proto"
 	"rmem/pager/remote"
+	"rmem/spin"
 	"rmem/userfaultfd"
 )
 
@@ -200,7 +200,7 @@ func (a *Agent) newClientWith(u faultFD, features userfaultfd.Feature, sfd, slot
 	}
 	c := &client{
 		a: a, id: id, uffd: gatedUFFD{faultFD: u}, io: io, features: features,
-		wakefd: wfd, done: make(chan struct{}), spin: spin.New(spin.Resolve(a.opts.Spin), loopSpins),
+		wakefd: wfd, done: make(chan struct{}), spin: spin.New(spin.Resolve(a.opts.Spin), a.opts.SpinSite),
 		sock: socketState{sockfd: -1, pidfd: -1,
 			sendBuf: make([]byte, 0, proto.MaxPacket), recvBuf: make([]byte, proto.MaxPacket),
 			oob: make([]byte, proto.OOBSize)},
@@ -264,6 +264,3 @@ func (c *client) forkStalled() bool {
 	}
 	return true
 }
-
-// loopSpins counts the spinning of the agent's client loops.
-var loopSpins = spin.SiteOf("agent-loop")

@@ -7,6 +7,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"rmem/spin"
 )
 
 // Conn is the client side of one connection to a memory server: a verbs RC
@@ -63,10 +65,12 @@ type DialOptions struct {
 	// thread finds itself). Providers without a blocking wait ignore it.
 	ThreadWait bool
 	// Spin is how long a waiter for completions polls the connection
-	// before it blocks, adapted to how fast they come (internal/spin):
+	// before it blocks, adapted to how fast they come (package spin):
 	// 0 means spin.DefaultMax, a negative value never. Providers without
 	// a blocking wait ignore it.
 	Spin time.Duration
+	// SpinSite, when set, counts that polling (the daemon exports it).
+	SpinSite *spin.Site
 }
 
 // Validate checks the options, naming the bad field.
@@ -96,6 +100,8 @@ type ListenOptions struct {
 	// before it blocks (as DialOptions.Spin). Providers whose server does
 	// no work per op (shm, verbs) ignore it.
 	Spin time.Duration
+	// SpinSite, when set, counts that polling (as DialOptions.SpinSite).
+	SpinSite *spin.Site
 }
 
 // Listener serves a Domain's memory to clients of one provider.

@@ -432,6 +432,6 @@ func printRunStats(ctx context.Context, app *cli.App, d *agentd.Daemon, pid int)
 	}
 	if d != nil {
 		writePool(os.Stderr, d.Agent.Pool())
-		writeProcess(os.Stderr, agentd.ReadProcessCPU())
+		writeProcess(os.Stderr, d.ProcessCPU())
 	}
 }

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"rmem/internal/agentd"
-	"rmem/internal/spin"
 	"rmem/pager"
+	"rmem/spin"
 )
 
 func TestWriteTable(t *testing.T) {

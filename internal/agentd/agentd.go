@@ -28,11 +28,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"rmem/internal/cpuidle"
-	"rmem/internal/spin"
+	"rmem/internal/spinmetrics"
 	"rmem/pager"
 	"rmem/pager/poolstore"
 	"rmem/pool"
 	"rmem/rdma"
+	"rmem/spin"
 	"rmem/userfaultfd"
 )
 
@@ -78,6 +79,7 @@ type Daemon struct {
 	Registry *prometheus.Registry
 
 	log      *zap.Logger
+	spins    []*spin.Site // the agent's loops, its tcp clients: polling counted for stats and metrics
 	stateDir string
 	shared   bool // serves users besides root: the admin socket is open to them (their own stats)
 	admin    *http.Server
@@ -121,10 +123,11 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 		id, sec := pager.PreviousLease(opts.StateDir)
 		adopt, secret = pool.LeaseID(id), sec
 	}
+	loopSpins, clientSpins := &spin.Site{Name: "agent-loop"}, &spin.Site{Name: "tcp-client"}
 	store, err := poolstore.Open(ctx, poolstore.Options{
 		Pool: opts.Pool, Agent: "memagent@" + host, Node: host, PID: os.Getpid(),
 		TTL: opts.LeaseTTL, Replicas: replicas, Network: opts.Network, Log: log.Named("store"), Adopt: adopt, AdoptSecret: secret,
-		Dial: rdma.DialOptions{Spin: opts.Spin},
+		Dial: rdma.DialOptions{Spin: opts.Spin, SpinSite: clientSpins},
 	})
 	if err != nil {
 		return nil, err
@@ -141,7 +144,7 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 		}
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), spin.Collector())
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), spinmetrics.Collector(loopSpins, clientSpins))
 	if opts.Socket != "" {
 		if err := os.MkdirAll(filepath.Dir(opts.Socket), 0o755); err != nil {
 			store.Close(context.Background())
@@ -151,7 +154,7 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 	agent, err := pager.New(pager.Options{
 		Socket: opts.Socket, SocketMode: socketMode(opts), AllowUIDs: opts.AllowUIDs, SocketGroup: opts.SocketGroup,
 		Store: store, LocalMem: opts.LocalMem, NodeMem: opts.NodeMem,
-		MinAlloc: opts.MinAlloc, FaultTimeout: opts.FaultTimeout, Spin: opts.Spin, StateDir: opts.StateDir, Log: log.Named("pager"), Registry: reg,
+		MinAlloc: opts.MinAlloc, FaultTimeout: opts.FaultTimeout, Spin: opts.Spin, SpinSite: loopSpins, StateDir: opts.StateDir, Log: log.Named("pager"), Registry: reg,
 		LoopsChanged: new(loopProcs).changed, // see procs.go
 	})
 	if err != nil {
@@ -162,7 +165,7 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 		p := agent.Pool()
 		return pool.RenewRequest{Used: p.UsedBytes, NoRoom: p.NoRoom != ""}
 	})
-	d := &Daemon{Agent: agent, Store: store, stateDir: opts.StateDir, Replicas: replicas, Registry: reg, log: log, done: make(chan error, 1),
+	d := &Daemon{Agent: agent, Store: store, spins: []*spin.Site{loopSpins, clientSpins}, stateDir: opts.StateDir, Replicas: replicas, Registry: reg, log: log, done: make(chan error, 1),
 		shared: len(opts.AllowUIDs) > 0 || opts.SocketGroup != 0}
 	if opts.AdminSocket != "" {
 		if err := d.serveAdmin(opts.AdminSocket); err != nil {
@@ -213,7 +216,7 @@ type StatsResponse struct {
 
 // ProcessCPU is the CPU time of this process and the part of it that its
 // threads spent polling for their next event instead of sleeping
-// (internal/spin, by kind of thread): the price of a fault path that does
+// (package spin, by kind of thread): the price of a fault path that does
 // not wait for wake-ups. In `memagent run` with an agent of its own, the
 // process is that agent (the program is its child, not counted).
 type ProcessCPU struct {
@@ -230,10 +233,14 @@ func (p ProcessCPU) Polled() time.Duration {
 	return d
 }
 
-// ReadProcessCPU returns this process's ProcessCPU now.
-func ReadProcessCPU() ProcessCPU {
+// ProcessCPU returns the process's ProcessCPU now, with the daemon's spin
+// sites.
+func (d *Daemon) ProcessCPU() ProcessCPU {
 	var ru unix.Rusage
-	p := ProcessCPU{Spin: spin.Sites()}
+	p := ProcessCPU{Spin: make([]spin.SiteStats, 0, len(d.spins))}
+	for _, s := range d.spins {
+		p.Spin = append(p.Spin, s.Stats())
+	}
 	if unix.Getrusage(unix.RUSAGE_SELF, &ru) == nil {
 		p.CPU = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
@@ -243,7 +250,7 @@ func ReadProcessCPU() ProcessCPU {
 // Stats returns what GET /v1/stats serves.
 func (d *Daemon) Stats() StatsResponse {
 	return StatsResponse{Clients: d.Agent.Stats(), Exited: d.Agent.Exited(), Replicas: d.Replicas, Slabs: d.Store.Stats().Slabs,
-		Pool: d.Agent.Pool(), Process: ReadProcessCPU()}
+		Pool: d.Agent.Pool(), Process: d.ProcessCPU()}
 }
 
 func (d *Daemon) serveAdmin(path string) error {

@@ -17,7 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
-	"rmem/internal/spin"
+	"rmem/internal/spinmetrics"
 	"rmem/pool"
 	"rmem/pool/client"
 	"rmem/pool/coord"
@@ -29,6 +29,7 @@ import (
 	_ "rmem/rdma/shm"   // same-host data plane
 	_ "rmem/rdma/tcp"   // the default data-plane provider
 	_ "rmem/rdma/verbs" // without the verbs build tag, a stand-in that names the missing tag
+	"rmem/spin"
 )
 
 // ErrOptions is wrapped by errors about Options.
@@ -137,7 +138,8 @@ func Run(ctx context.Context, log *zap.Logger, opts Options) (err error) {
 		opts.AdvertiseURL = scheme + "://" + ln.Addr().String()
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), spin.Collector())
+	serverSpins := &spin.Site{Name: "tcp-server"} // the data plane's connections
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), spinmetrics.Collector(serverSpins))
 	api := http.NewServeMux()
 	roles := []string{}
 
@@ -162,7 +164,7 @@ func Run(ctx context.Context, log *zap.Logger, opts Options) (err error) {
 			ID: pool.ServerID(opts.ID), Capacity: opts.Capacity, SlabSize: opts.SlabSize,
 			Listen: listen, Optional: optional, Advertise: map[string]string{"tcp": opts.TCPAdvertise},
 			ControlURL: opts.AdvertiseURL, Domain: opts.Domain, NoLock: !opts.Mlock, Log: log.Named("memserver"),
-			ListenOptions: rdma.ListenOptions{Spin: opts.Spin},
+			ListenOptions: rdma.ListenOptions{Spin: opts.Spin, SpinSite: serverSpins},
 		})
 		if err != nil {
 			return err

@@ -15,8 +15,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"rmem/internal/spin"
 	"rmem/rdma"
+	"rmem/spin"
 )
 
 const (
@@ -316,7 +316,7 @@ func FuzzServerStream(f *testing.F) {
 			}
 		}
 		cli, srv := net.Pipe()
-		c := newServerConn(srv, d, spin.DefaultMax)
+		c := newServerConn(srv, d, spin.New(spin.DefaultMax, nil))
 		done := make(chan struct{})
 		go func() { c.routineServe(); close(done) }()
 		go io.Copy(io.Discard, cli)

@@ -11,10 +11,10 @@ import (
 	"sync"
 	"time"
 
-	"rmem/internal/spin"
 	"rmem/rdma"
 	"rmem/rdma/internal/iovec"
 	"rmem/rdma/internal/queue"
+	"rmem/spin"
 
 	"golang.org/x/sys/unix"
 )
@@ -50,7 +50,7 @@ func Dial(ctx context.Context, addr string, opts rdma.DialOptions) (rdma.Conn, e
 		nc.Close()
 		return nil, fmt.Errorf("rdma/tcp: dial %s: %w", addr, err)
 	}
-	c, err := newConn(nc, opts.QueueDepth(), spin.Resolve(opts.Spin), opts.ThreadWait)
+	c, err := newConn(nc, opts.QueueDepth(), spin.New(spin.Resolve(opts.Spin), opts.SpinSite), opts.ThreadWait)
 	if err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("rdma/tcp: dial %s: %w: %w", addr, rdma.ErrTransport, err)
@@ -59,18 +59,18 @@ func Dial(ctx context.Context, addr string, opts rdma.DialOptions) (rdma.Conn, e
 }
 
 // newConn wraps a connection whose handshake is done; it polls for
-// replies up to maxSpin (spin.New). With threadWait, Wait blocks the
+// replies as w decides. With threadWait, Wait blocks the
 // thread in poll(2), and a TCP socket leaves Go's netpoller: out of it, a
 // reply wakes nobody but the thread that polls for it (262,144 random
 // reads over tcp at 32 MiB local, same session: 22.0-23.6 s -> 20.7-21.3 s).
-func newConn(nc net.Conn, depth int, maxSpin time.Duration, threadWait bool) (*conn, error) {
+func newConn(nc net.Conn, depth int, w *spin.Waiter, threadWait bool) (*conn, error) {
 	c := &conn{
 		nc:   nc,
 		fd:   -1,
 		q:    queue.New(depth),
 		hdrs: make([]byte, depth*reqSize),
 		iov:  make([][]byte, 0, 2*depth),
-		spin: spin.New(maxSpin, clientSpins),
+		spin: w,
 	}
 	if _, ok := nc.(*net.TCPConn); ok && threadWait {
 		fd, err := iovec.Detach(nc)
@@ -85,9 +85,6 @@ func newConn(nc net.Conn, depth int, maxSpin time.Duration, threadWait bool) (*c
 	c.rd.SetThreadWait(threadWait)
 	return c, nil
 }
-
-// clientSpins counts the spinning of tcp clients waiting for replies.
-var clientSpins = spin.SiteOf("tcp-client")
 
 func clientHandshake(ctx context.Context, nc net.Conn) error {
 	if dl, ok := ctx.Deadline(); ok {

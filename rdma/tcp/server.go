@@ -7,11 +7,11 @@ import (
 	"net"
 	"time"
 
-	"rmem/internal/spin"
 	"rmem/rdma"
 	"rmem/rdma/internal/atomicmem"
 	"rmem/rdma/internal/connset"
 	"rmem/rdma/internal/iovec"
+	"rmem/spin"
 )
 
 const (
@@ -33,6 +33,7 @@ type Listener struct {
 	d     *rdma.Domain
 	conns *connset.Set
 	spin  time.Duration // each connection's longest spin
+	site  *spin.Site    // where their spinning is counted (nil: nowhere)
 }
 
 // Listen serves d at addr ("host:port"; port 0 picks one).
@@ -47,7 +48,7 @@ func Listen(addr string, d *rdma.Domain, opts rdma.ListenOptions) (*Listener, er
 	if opts.TLS != nil {
 		ln = tls.NewListener(ln, opts.TLS)
 	}
-	l := &Listener{ln: ln, d: d, spin: spin.Resolve(opts.Spin)}
+	l := &Listener{ln: ln, d: d, spin: spin.Resolve(opts.Spin), site: opts.SpinSite}
 	l.conns = connset.Serve(ln, opts.MaxConns, l.open)
 	return l, nil
 }
@@ -63,11 +64,8 @@ func (l *Listener) Close() error { return l.conns.Close() }
 func (l *Listener) Conns() int { return l.conns.Len() }
 
 func (l *Listener) open(nc net.Conn) (connset.Conn, error) {
-	return newServerConn(nc, l.d, l.spin), nil
+	return newServerConn(nc, l.d, spin.New(l.spin, l.site)), nil
 }
-
-// serverSpins counts the spinning of tcp servers waiting for requests.
-var serverSpins = spin.SiteOf("tcp-server")
 
 // Serve and Shutdown make a serverConn a connset.Conn.
 func (c *serverConn) Serve()    { c.routineServe() }
@@ -101,12 +99,12 @@ type serverConn struct {
 	scratch   []byte // sink for the payload of a refused WRITE
 }
 
-func newServerConn(nc net.Conn, d *rdma.Domain, maxSpin time.Duration) *serverConn {
+func newServerConn(nc net.Conn, d *rdma.Domain, w *spin.Waiter) *serverConn {
 	if tc, ok := nc.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
 	c := &serverConn{nc: nc, rd: iovec.NewReader(nc), wr: iovec.NewWriter(nc), iov: make([][]byte, 0, 2*maxPending), hdrRun: -1,
-		spin: spin.New(maxSpin, serverSpins)}
+		spin: w}
 	c.sess = d.NewSession(rdma.SessionHooks{Abort: func() { nc.Close() }})
 	return c
 }

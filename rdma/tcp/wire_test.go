@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"rmem/internal/spin"
 	"rmem/rdma"
+	"rmem/spin"
 )
 
 func validRequest(op rdma.Opcode, n int) []byte {
@@ -204,7 +204,7 @@ func FuzzClientReplies(f *testing.F) {
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cli, srv := net.Pipe()
-		c, err := newConn(cli, 8, spin.DefaultMax, false)
+		c, err := newConn(cli, 8, spin.New(spin.DefaultMax, nil), false)
 		if err != nil {
 			t.Fatal(err)
 		}

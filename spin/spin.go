@@ -21,13 +21,12 @@
 // thread spins three times, then blocks; one whose events come fast again
 // spins from the third that does.
 // It is not a scheduler or a CPU governor: it changes nothing on the host
-// (guest_halt_poll_ns stays as the operator set it).
+// (guest_halt_poll_ns stays as the operator set it). It keeps no
+// process-wide state and knows nothing of metrics: the daemons own the
+// Sites and export them (internal/spinmetrics).
 package spin
 
 import (
-	"slices"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -61,7 +60,10 @@ type Waiter struct {
 }
 
 // Site counts the spinning of every Waiter of one kind of thread (the
-// agent's loops, a transport's readers): for metrics and reports.
+// agent's loops, a transport's readers): for metrics and reports. The
+// daemon that assembles the parts makes its sites (&Site{Name: …}), hands
+// each to the parts whose threads wait (rdma.DialOptions.SpinSite,
+// pager.Options.SpinSite, …) and exports them; a nil *Site counts nowhere.
 type Site struct {
 	Name   string
 	spun   atomic.Int64 // ns spent polling
@@ -78,35 +80,6 @@ type SiteStats struct {
 	// that ran out and blocked after all.
 	Hits   uint64 `json:"hits"`
 	Misses uint64 `json:"misses"`
-}
-
-var (
-	sitesMu sync.Mutex
-	sites   = map[string]*Site{}
-)
-
-// SiteOf returns the site named name, made on first use.
-func SiteOf(name string) *Site {
-	sitesMu.Lock()
-	defer sitesMu.Unlock()
-	s := sites[name]
-	if s == nil {
-		s = &Site{Name: name}
-		sites[name] = s
-	}
-	return s
-}
-
-// Sites returns what every site of this process counted, by name.
-func Sites() []SiteStats {
-	sitesMu.Lock()
-	defer sitesMu.Unlock()
-	out := make([]SiteStats, 0, len(sites))
-	for _, s := range sites {
-		out = append(out, s.Stats())
-	}
-	slices.SortFunc(out, func(a, b SiteStats) int { return strings.Compare(a.Name, b.Name) })
-	return out
 }
 
 // Stats returns what s counted.
