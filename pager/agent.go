@@ -8,8 +8,6 @@ import (
 	"net"
 	"os"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,6 +18,7 @@ import (
 
 	"rmem/pager/proto"
 	"rmem/pager/remote"
+	"rmem/procinfo"
 	"rmem/spin"
 	"rmem/userfaultfd"
 )
@@ -539,39 +538,25 @@ func (a *Agent) lendUFFDDevice(conn *net.UnixConn, cred *unix.Ucred, pkt, buf, o
 // allowed reports whether the agent serves the peer cred: root, the
 // agent's own user, AllowUIDs, and members of SocketGroup.
 func (a *Agent) allowed(cred *unix.Ucred) bool {
+	return allowed(cred, &a.opts, uint32(os.Geteuid()), procinfo.Groups)
+}
+
+// allowed decides for an agent of user self with opts, reading a peer's
+// supplementary groups with groups only when they decide it.
+func allowed(cred *unix.Ucred, opts *Options, self uint32, groups func(pid int) ([]int, error)) bool {
 	uid := cred.Uid
-	if uid == 0 || uid == uint32(os.Geteuid()) || slices.Contains(a.opts.AllowUIDs, uid) {
+	if uid == 0 || uid == self || slices.Contains(opts.AllowUIDs, uid) {
 		return true
 	}
-	g := a.opts.SocketGroup
+	g := opts.SocketGroup
 	if g == 0 {
 		return false
 	}
 	if cred.Gid == uint32(g) {
 		return true
 	}
-	groups, err := procGroups(int(cred.Pid))
-	return err == nil && slices.Contains(groups, g)
-}
-
-// procGroups reads the supplementary groups of pid.
-func procGroups(pid int) ([]int, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return nil, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "Groups:"); ok {
-			var gs []int
-			for _, f := range strings.Fields(rest) {
-				if g, err := strconv.Atoi(f); err == nil {
-					gs = append(gs, g)
-				}
-			}
-			return gs, nil
-		}
-	}
-	return nil, fmt.Errorf("pager: /proc/%d/status has no Groups line", pid)
+	gs, err := groups(int(cred.Pid))
+	return err == nil && slices.Contains(gs, g)
 }
 
 // start registers c and runs its loop; false if the agent is closed.

@@ -14,46 +14,60 @@ import (
 // Who the agent serves: root, its own user, AllowUIDs, and processes that
 // have SocketGroup as their primary or a supplementary group.
 func TestAllowed(t *testing.T) {
-	a := &Agent{opts: Options{AllowUIDs: []uint32{1000}, SocketGroup: 4242}}
-	self := int32(os.Getpid())
+	opts := &Options{AllowUIDs: []uint32{1000}, SocketGroup: 4242}
+	const self, member, gone = 10, 11, 12
+	groups := func(pid int) ([]int, error) {
+		switch pid {
+		case self:
+			return []int{7}, nil
+		case member:
+			return []int{7, 4242}, nil
+		}
+		return nil, os.ErrNotExist
+	}
 	cases := []struct {
 		name string
 		cred unix.Ucred
 		want bool
 	}{
 		{"root", unix.Ucred{Pid: self, Uid: 0, Gid: 0}, true},
-		{"own user", unix.Ucred{Pid: self, Uid: uint32(os.Geteuid())}, true},
+		{"own user", unix.Ucred{Pid: self, Uid: 3000}, true},
 		{"allowed uid", unix.Ucred{Pid: self, Uid: 1000, Gid: 1000}, true},
 		{"primary group", unix.Ucred{Pid: self, Uid: 2000, Gid: 4242}, true},
-		{"stranger", unix.Ucred{Pid: self, Uid: 2000, Gid: 2000}, os.Geteuid() == 2000},
-		{"gone process", unix.Ucred{Pid: 1 << 30, Uid: 2000, Gid: 2000}, false},
+		{"supplementary group", unix.Ucred{Pid: member, Uid: 2000, Gid: 2000}, true},
+		{"stranger", unix.Ucred{Pid: self, Uid: 2000, Gid: 2000}, false},
+		{"gone process", unix.Ucred{Pid: gone, Uid: 2000, Gid: 2000}, false},
 	}
 	for _, c := range cases {
-		if got := a.allowed(&c.cred); got != c.want {
+		if got := allowed(&c.cred, opts, 3000, groups); got != c.want {
 			t.Errorf("%s: allowed(%+v) = %v, want %v", c.name, c.cred, got, c.want)
 		}
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to start a process with other groups")
-	}
-	// A process of another user with the group as a supplementary one.
-	cmd := exec.Command("sleep", "30")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 2000, Gid: 2000, Groups: []uint32{7, 4242}}}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	}()
-	member := unix.Ucred{Pid: int32(cmd.Process.Pid), Uid: 2000, Gid: 2000}
-	if !a.allowed(&member) {
-		t.Errorf("a process with supplementary group 4242 is refused")
-	}
-	a.opts.SocketGroup = 0
-	if a.allowed(&member) {
+	if allowed(&unix.Ucred{Pid: member, Uid: 2000, Gid: 2000}, &Options{}, 3000, groups) {
 		t.Errorf("a process of uid 2000 is served without SocketGroup")
 	}
+	t.Run("real process", func(t *testing.T) {
+		if os.Geteuid() != 0 {
+			t.Skip("needs root to start a process with other groups")
+		}
+		a := &Agent{opts: *opts}
+		// A process of another user with the group as a supplementary one.
+		cmd := exec.Command("sleep", "30")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 2000, Gid: 2000, Groups: []uint32{7, 4242}}}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}()
+		if m := (unix.Ucred{Pid: int32(cmd.Process.Pid), Uid: 2000, Gid: 2000}); !a.allowed(&m) {
+			t.Errorf("a process with supplementary group 4242 is refused")
+		}
+		if s := (unix.Ucred{Pid: int32(os.Getpid()), Uid: 2000, Gid: 2000}); a.allowed(&s) != (os.Geteuid() == 2000) {
+			t.Errorf("a process without the group is served")
+		}
+	})
 }
 
 // A FORK_PREPARE pauses evictions until its FORK_DONE, and no longer than

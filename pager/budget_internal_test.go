@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"rmem/procinfo"
 )
 
 func TestBudgetSplit(t *testing.T) {
@@ -101,10 +103,10 @@ func TestChildOf(t *testing.T) {
 	if err := gone.Run(); err != nil {
 		t.Fatal(err)
 	}
-	if !exited(gone.Process.Pid) || !childOf(os.Getpid(), gone.Process.Pid) {
+	if !procinfo.Exited(gone.Process.Pid) || !childOf(os.Getpid(), gone.Process.Pid) {
 		t.Error("a process whose parent exited is not taken as its child")
 	}
-	if exited(os.Getpid()) {
+	if procinfo.Exited(os.Getpid()) {
 		t.Error("we have exited")
 	}
 }

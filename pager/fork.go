@@ -1,13 +1,9 @@
 package pager
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"strconv"
-	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -15,6 +11,7 @@ import (
 
 	"rmem/pager/proto"
 	"rmem/pager/remote"
+	"rmem/procinfo"
 	"rmem/userfaultfd"
 )
 
@@ -390,43 +387,8 @@ func (a *Agent) takeForkCopy(k forkKey, cred *unix.Ucred) *forkCopy {
 // a reaper; daemon()'s parent exits at once, often before the child says
 // HELLO). A process whose parent is alive and another is refused.
 func childOf(pid, ppid int) bool {
-	if p, err := parentPID(pid); err == nil && p == ppid {
+	if s, err := procinfo.ReadStat(pid); err == nil && s.PPID == ppid {
 		return true
 	}
-	return exited(ppid)
-}
-
-// exited reports whether process pid has exited: gone from /proc, or a
-// zombie.
-func exited(pid int) bool {
-	state, _, err := procStat(pid)
-	if err != nil {
-		return errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH)
-	}
-	return state == "Z" || state == "X"
-}
-
-// parentPID reads pid's parent from /proc/pid/stat.
-func parentPID(pid int) (int, error) {
-	_, ppid, err := procStat(pid)
-	return ppid, err
-}
-
-// procStat reads pid's state and parent from /proc/pid/stat.
-func procStat(pid int) (state string, ppid int, err error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return "", 0, err
-	}
-	// "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return "", 0, fmt.Errorf("pager: /proc/%d/stat: no comm", pid)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 2 {
-		return "", 0, fmt.Errorf("pager: /proc/%d/stat: too short", pid)
-	}
-	ppid, err = strconv.Atoi(f[1])
-	return f[0], ppid, err
+	return procinfo.Exited(ppid)
 }

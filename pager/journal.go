@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"rmem/pager/remote"
+	"rmem/procinfo"
 	"rmem/userfaultfd"
 )
 
@@ -474,17 +475,6 @@ func (c *client) forked() {
 // procStart returns process pid's start time (clock ticks since boot),
 // which tells it from a later process with the same pid.
 func procStart(pid int) (uint64, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, err
-	}
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 {
-		return 0, fmt.Errorf("pager: /proc/%d/stat: no comm", pid)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 20 {
-		return 0, fmt.Errorf("pager: /proc/%d/stat: too short", pid)
-	}
-	return strconv.ParseUint(f[19], 10, 64) // field 22: starttime
+	s, err := procinfo.ReadStat(pid)
+	return s.Start, err
 }

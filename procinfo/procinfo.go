@@ -1,0 +1,146 @@
+// Package procinfo reads what rmem needs to know of other processes from
+// /proc: a process's state, parent and start time (/proc/PID/stat, parsed
+// by prometheus/procfs) and its supplementary groups (/proc/PID/status). It
+// is rmem's one reader of those files: the pager (liveness probes, fork
+// pairing, the restart journal's guard against pid reuse, the socket
+// group's members) and the swap-mode runner use it.
+//
+// A process chooses its own name (comm, up to 15 bytes, any but NUL), so a
+// name such as "a) R 1 (" must not shift the fields that follow it: the
+// fields of stat start after the last ')'.
+//
+// It is not a process manager (internal/childproc) and reads nothing of
+// the whole system (memory, swap: their packages read those).
+package procinfo
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"github.com/prometheus/procfs"
+	"golang.org/x/sys/unix"
+)
+
+// Stat is what rmem reads of /proc/PID/stat.
+type Stat struct {
+	State byte // R, S, D, T, Z (zombie), X (dead), ...
+	PPID  int
+	// Start is the process's start time in clock ticks since boot: with
+	// the pid, it tells the process from a later one given the same pid.
+	Start uint64
+}
+
+// Exited reports whether the process has exited (a zombie or dead).
+func (s Stat) Exited() bool { return s.State == 'Z' || s.State == 'X' }
+
+// FS is a /proc file system; Default is the host's.
+type FS struct {
+	root string
+	fs   procfs.FS
+}
+
+// NewFS returns the /proc file system mounted at root (a directory).
+func NewFS(root string) (FS, error) {
+	fs, err := procfs.NewFS(root)
+	if err != nil {
+		return FS{}, fmt.Errorf("procinfo: %w", err)
+	}
+	return FS{root: root, fs: fs}, nil
+}
+
+// Default is the host's /proc; its methods fail (with os.ErrNotExist)
+// when /proc is not mounted.
+var Default = defaultFS()
+
+func defaultFS() FS {
+	fs, err := NewFS("/proc")
+	if err != nil {
+		return FS{root: "/proc"} // every read fails: nothing there
+	}
+	return fs
+}
+
+// ErrParse: a /proc file did not read as expected.
+var ErrParse = errors.New("procinfo: unexpected format")
+
+// Stat reads process pid's stat. An exited and reaped process's error
+// wraps os.ErrNotExist (or ESRCH, when it went while being read).
+func (f FS) Stat(pid int) (Stat, error) {
+	p, err := f.fs.Proc(pid)
+	if err != nil {
+		return Stat{}, err
+	}
+	s, err := p.Stat()
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH) {
+			return Stat{}, err
+		}
+		return Stat{}, fmt.Errorf("%w: /proc/%d/stat: %w", ErrParse, pid, err)
+	}
+	if len(s.State) != 1 {
+		return Stat{}, fmt.Errorf("%w: /proc/%d/stat: state %q", ErrParse, pid, s.State)
+	}
+	return Stat{State: s.State[0], PPID: s.PPID, Start: s.Starttime}, nil
+}
+
+// Exited reports whether process pid has exited: gone from /proc, or a
+// zombie. A stat that cannot be read for another reason is not taken for
+// an exit.
+func (f FS) Exited(pid int) bool {
+	s, err := f.Stat(pid)
+	if err != nil {
+		return errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH)
+	}
+	return s.Exited()
+}
+
+// Groups reads the supplementary groups of process pid (the Groups line
+// of /proc/PID/status).
+func (f FS) Groups(pid int) ([]int, error) {
+	b, err := os.ReadFile(filepath.Join(f.root, strconv.Itoa(pid), "status"))
+	if err != nil {
+		return nil, err
+	}
+	return parseGroups(b)
+}
+
+// parseGroups finds the Groups line of a status file. The process's name
+// (the Name line, first) may hold anything but NUL and newline (the kernel
+// escapes newlines there), so lines are matched whole.
+func parseGroups(b []byte) ([]int, error) {
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc.Buffer(make([]byte, 0, 4096), 1<<20)
+	for sc.Scan() {
+		rest, ok := bytes.CutPrefix(sc.Bytes(), []byte("Groups:"))
+		if !ok {
+			continue
+		}
+		var gs []int
+		for _, f := range bytes.Fields(rest) {
+			g, err := strconv.Atoi(string(f))
+			if err != nil || g < 0 {
+				return nil, fmt.Errorf("%w: status: group %q", ErrParse, f)
+			}
+			gs = append(gs, g)
+		}
+		return gs, nil
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%w: status: %w", ErrParse, err)
+	}
+	return nil, fmt.Errorf("%w: status has no Groups line", ErrParse)
+}
+
+// ReadStat is Default.Stat.
+func ReadStat(pid int) (Stat, error) { return Default.Stat(pid) }
+
+// Exited is Default.Exited.
+func Exited(pid int) bool { return Default.Exited(pid) }
+
+// Groups is Default.Groups.
+func Groups(pid int) ([]int, error) { return Default.Groups(pid) }

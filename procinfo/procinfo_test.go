@@ -1,0 +1,167 @@
+package procinfo
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"testing"
+)
+
+// hostile are process names (comm) built to shift the fields of
+// /proc/PID/stat if it were split at the first ')' or by spaces.
+var hostile = []string{"a) R 1 (", "x) Z 9 8 7 (", "))", "(", "a b c", "sleep) S"}
+
+// statLine is a /proc/PID/stat line as the kernel writes it (52 fields).
+func statLine(pid int, comm string, state byte, ppid int, start uint64) string {
+	s := strconv.Itoa(pid) + " (" + comm + ") " + string(state) + " " + strconv.Itoa(ppid)
+	for i := 5; i <= 52; i++ {
+		v := "0"
+		if i == 22 {
+			v = strconv.FormatUint(start, 10)
+		}
+		s += " " + v
+	}
+	return s + "\n"
+}
+
+func fakeFS(t *testing.T, files map[string]string) FS {
+	root := t.TempDir()
+	for name, body := range files {
+		p := filepath.Join(root, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fs, err := NewFS(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fs
+}
+
+func TestStatHostileNames(t *testing.T) {
+	for i, comm := range append(hostile, "a\n) X 3 (") {
+		pid := 100 + i
+		fs := fakeFS(t, map[string]string{strconv.Itoa(pid) + "/stat": statLine(pid, comm, 'S', 42, 987654)})
+		s, err := fs.Stat(pid)
+		if err != nil || s != (Stat{State: 'S', PPID: 42, Start: 987654}) {
+			t.Errorf("comm %q: Stat = %+v, %v; want S, ppid 42, start 987654", comm, s, err)
+		}
+		if fs.Exited(pid) {
+			t.Errorf("comm %q: a sleeping process taken for exited", comm)
+		}
+	}
+}
+
+func TestStatStates(t *testing.T) {
+	fs := fakeFS(t, map[string]string{
+		"1/stat": statLine(1, "z", 'Z', 0, 5),
+		"2/stat": statLine(2, "x", 'X', 0, 5),
+		"3/stat": statLine(3, "r", 'R', 0, 5),
+		"4/stat": "4 (no fields)\n",
+		"5/stat": "garbage",
+	})
+	if !fs.Exited(1) || !fs.Exited(2) || fs.Exited(3) {
+		t.Error("zombie or dead not exited, or running exited")
+	}
+	if !fs.Exited(6) {
+		t.Error("a process gone from /proc not exited")
+	}
+	if _, err := fs.Stat(6); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("gone: %v, want ErrNotExist", err)
+	}
+	for _, pid := range []int{4, 5} {
+		if _, err := fs.Stat(pid); !errors.Is(err, ErrParse) {
+			t.Errorf("pid %d: %v, want ErrParse", pid, err)
+		}
+		if fs.Exited(pid) {
+			t.Errorf("pid %d: an unreadable stat taken for an exit", pid)
+		}
+	}
+}
+
+// TestRealHostileName starts a real process whose name is hostile and
+// reads it from the host's /proc.
+func TestRealHostileName(t *testing.T) {
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Skip("no sleep(1)")
+	}
+	b, err := os.ReadFile(sleep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"a) R 1 (", "x) Z 9 8 7 ("} {
+		bin := filepath.Join(t.TempDir(), name)
+		if err := os.WriteFile(bin, b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(bin, "30")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		s, err := ReadStat(cmd.Process.Pid)
+		self, serr := ReadStat(os.Getpid())
+		if err != nil || serr != nil || s.PPID != os.Getpid() || s.Exited() || s.Start < self.Start {
+			t.Errorf("%q: Stat = %+v, %v (ours %+v, %v); want our child, running, started after us", name, s, err, self, serr)
+		}
+		cmd.Process.Kill()
+		cmd.Wait()
+		if !Exited(cmd.Process.Pid) {
+			t.Errorf("%q: reaped, not exited", name)
+		}
+	}
+}
+
+func TestGroups(t *testing.T) {
+	fs := fakeFS(t, map[string]string{
+		"7/status":  "Name:\ta) R 1 (\\nGroups: 9\nUmask:\t0022\nState:\tS (sleeping)\nGroups:\t4 24 27 \nNgid:\t0\n",
+		"8/status":  "Name:\tx\nGroups:\t\n",
+		"9/status":  "Name:\tx\nUid:\t0\n",
+		"10/status": "Name:\tx\nGroups:\t4 x\n",
+	})
+	if gs, err := fs.Groups(7); err != nil || !slices.Equal(gs, []int{4, 24, 27}) {
+		t.Errorf("Groups = %v, %v; want [4 24 27] (a name with an escaped newline is not a Groups line)", gs, err)
+	}
+	if gs, err := fs.Groups(8); err != nil || len(gs) != 0 {
+		t.Errorf("no groups: %v, %v", gs, err)
+	}
+	for _, pid := range []int{9, 10} {
+		if _, err := fs.Groups(pid); !errors.Is(err, ErrParse) {
+			t.Errorf("pid %d: %v, want ErrParse", pid, err)
+		}
+	}
+	if gs, err := Groups(os.Getpid()); err != nil {
+		t.Errorf("our own groups: %v, %v", gs, err)
+	}
+}
+
+func FuzzParseGroups(f *testing.F) {
+	f.Add([]byte("Name:\tx\nGroups:\t4 24 27\n"))
+	f.Add([]byte("Groups:"))
+	f.Add([]byte("Groups:\t-1 99999999999999999999\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		gs, err := parseGroups(b)
+		if err != nil && gs != nil {
+			t.Fatalf("groups %v with error %v", gs, err)
+		}
+		for _, g := range gs {
+			if g < 0 {
+				t.Fatalf("negative group %d", g)
+			}
+		}
+	})
+}
+
+func TestDefaultWithoutProc(t *testing.T) {
+	fs, err := NewFS(filepath.Join(t.TempDir(), "none"))
+	if err == nil {
+		t.Fatalf("NewFS of a missing directory: %+v", fs)
+	}
+}
