@@ -111,18 +111,6 @@ func checkTokenFileMode(path string) error {
 	return nil
 }
 
-func isLoopback(hostport string) bool {
-	host, _, err := net.SplitHostPort(hostport)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}
-
 // readServeConfig reads and validates every serve option before anything
 // starts, into the daemon's options.
 func readServeConfig(app *cli.App) (memdd.Options, error) {
@@ -191,7 +179,7 @@ func readServeConfig(app *cli.App) (memdd.Options, error) {
 
 	o.Token = strings.TrimSpace(app.String("token"))
 	configured := o.Token != "" || app.IsSet("token-file")
-	network := !isLoopback(o.Listen)
+	network := !memdd.Loopback(o.Listen)
 	fromFile := false
 	if o.Token == "" {
 		tok, err := client.LoadToken(tokenFile)

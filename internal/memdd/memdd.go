@@ -168,7 +168,7 @@ func Run(ctx context.Context, log *zap.Logger, opts Options) (err error) {
 			return err
 		}
 		defer ms.Close()
-		if a := opts.TCPListen; a != "" && !loopback(a) {
+		if a := opts.TCPListen; a != "" && !Loopback(a) {
 			// The data plane has no credentials of its own (memd sets no
 			// data-plane TLS): only the slab keys protect it.
 			log.Warn("the tcp data plane listens on a non-loopback address without authentication or encryption: anyone who can reach it may connect, slab keys are its only protection, and keys and pages cross the network in clear; listen on a private network only",
@@ -340,9 +340,10 @@ func Run(ctx context.Context, log *zap.Logger, opts Options) (err error) {
 	return err
 }
 
-// loopback reports whether HOST:PORT listens on loopback only ("localhost"
-// or a loopback IP; an empty host is every address).
-func loopback(hostport string) bool {
+// Loopback reports whether HOST:PORT listens on loopback only ("localhost"
+// or a loopback IP; an empty host is every address). cmd/memd asks it of
+// the control API's address: off loopback, its token must be configured.
+func Loopback(hostport string) bool {
 	host, _, err := net.SplitHostPort(hostport)
 	if err != nil {
 		return false

@@ -288,3 +288,16 @@ func TestWriteToken(t *testing.T) {
 		t.Errorf("temporary files left: %v", m)
 	}
 }
+
+// TestLoopback: only "localhost" and loopback IPs are loopback; an empty
+// host (every address) and a malformed address are not.
+func TestLoopback(t *testing.T) {
+	for addr, want := range map[string]bool{
+		"127.0.0.1:7470": true, "127.1.2.3:1": true, "[::1]:7470": true, "localhost:7470": true,
+		":7470": false, "0.0.0.0:7470": false, "[::]:7470": false, "10.0.0.1:7470": false, "node-a:7470": false, "127.0.0.1": false,
+	} {
+		if got := Loopback(addr); got != want {
+			t.Errorf("Loopback(%q) = %v, want %v", addr, got, want)
+		}
+	}
+}
