@@ -2,28 +2,19 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
-	"go.uber.org/zap"
-	"golang.org/x/sys/unix"
 
-	"rmem/internal/agentd"
-	"rmem/internal/cgroup"
 	"rmem/internal/cli"
-	"rmem/internal/swapdev"
-	"rmem/pager/poolstore"
+	"rmem/internal/swapd"
 	"rmem/pool/client"
 	"rmem/swapfs"
 )
@@ -91,8 +82,9 @@ device (active swap): it refuses, logs why and keeps serving. Use
 	return cmd
 }
 
+// runMount reads mount's flags into the daemon's options and runs it
+// (internal/swapd) until DIR is unmounted.
 func runMount(app *cli.App, dir string) error {
-	log := app.Log()
 	size, err := app.Size("size")
 	if err != nil {
 		return err
@@ -115,121 +107,20 @@ func runMount(app *cli.App, dir string) error {
 	if dir, err = filepath.Abs(dir); err != nil {
 		return err
 	}
-	if cg, err := cgroup.Self(); err == nil && strings.HasPrefix(filepath.Base(cg), "rmem-run-") {
-		return fmt.Errorf("memagent mount is inside the memory cgroup %s of a swap-mode run: it must run outside it (reclaim of its own memory would wait on its own swap writes)", cg)
-	}
-	if lock {
-		// First: every page of the daemon, now and later, stays resident,
-		// so reclaim never waits on the daemon's own swap I/O.
-		if err := unix.Mlockall(unix.MCL_CURRENT | unix.MCL_FUTURE); err != nil {
-			return fmt.Errorf("mlockall: %w (run as root, or pass --mlock=false)", err)
-		}
-	}
 	pc, err := swapPoolClient(app)
 	if err != nil {
 		return err
 	}
 	defer pc.CloseIdleConnections()
-	host, _ := os.Hostname()
-	ctx := context.Background()
-	if replicas == 0 {
-		st, err := pc.Status(ctx)
-		if err != nil {
-			return fmt.Errorf("%w (is memd running? see --coordinator): %w", agentd.ErrNoCoordinator, err)
-		}
-		replicas = agentd.ChooseReplicas(st.ServersUp, 0, log)
-	}
-	store, err := poolstore.Open(ctx, poolstore.Options{
-		Pool: pc, Agent: "memagent-swap@" + host, Node: host, PID: os.Getpid(),
-		Replicas: replicas, Log: log.Named("poolstore"),
+	err = swapd.Run(context.Background(), swapd.Options{
+		Dir: dir, Size: uint64(size), Workers: workers, Pool: pc, Replicas: replicas,
+		MetricsListen: app.String("metrics-listen"), Lock: lock,
+		StopSignals: []os.Signal{syscall.SIGTERM, syscall.SIGINT}, Log: app.Log(),
 	})
-	if err != nil {
-		return err
+	if me := (*swapd.MetricsError)(nil); errors.As(err, &me) {
+		return app.Invalid("metrics-listen", "%v", me.Err)
 	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := store.Close(cctx); err != nil {
-			log.Warn("ending the lease", zap.Error(err))
-		}
-	}()
-	fs, err := swapfs.New(swapfs.Options{Size: uint64(size), Store: store, Workers: workers, Log: log.Named("swapfs")})
-	if err != nil {
-		return err
-	}
-	defer fs.Close()
-	if addr := app.String("metrics-listen"); addr != "" {
-		stop, err := swapServeMetrics(addr, fs)
-		if err != nil {
-			return app.Invalid("metrics-listen", "%v", err)
-		}
-		defer stop()
-	}
-	srv, err := swapfs.Mount(dir, fs)
-	if err != nil {
-		return err
-	}
-	log.Info("serving pool swap file", zap.String("file", filepath.Join(dir, swapfs.SwapName)),
-		zap.Uint64("size", uint64(size)), zap.Int("replicas", replicas), zap.String("lease", string(store.Lease().ID)))
-
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
-	defer signal.Stop(sigs)
-	served := make(chan struct{})
-	go func() { srv.Wait(); close(served) }()
-	for {
-		select {
-		case <-served:
-			st := fs.Stats()
-			log.Info("unmounted", zap.String("dir", dir), zap.Uint64("pool_write_bytes", st.PoolWriteBytes),
-				zap.Uint64("pool_read_bytes", st.PoolReadBytes))
-			return nil
-		case s := <-sigs:
-			if err := swapUnmountable(dir); err != nil {
-				log.Warn("refusing to unmount, still serving", zap.Stringer("signal", s), zap.Error(err))
-				continue
-			}
-			log.Info("unmounting", zap.Stringer("signal", s), zap.String("dir", dir))
-			if err := srv.Unmount(); err != nil {
-				log.Warn("unmount failed, still serving", zap.Error(err))
-			}
-		}
-	}
-}
-
-// swapServeMetrics serves the file system's counters for Prometheus on
-// addr until stop is called.
-func swapServeMetrics(addr string, fs *swapfs.FS) (stop func(), err error) {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(fs.Collector())
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, err
-	}
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	done := make(chan struct{})
-	go func() { hs.Serve(ln); close(done) }()
-	return func() { hs.Close(); <-done }, nil
-}
-
-// swapUnmountable returns an error saying why DIR must stay mounted: its
-// swap file is attached to a loop device (and maybe active swap).
-func swapUnmountable(dir string) error {
-	file := filepath.Join(dir, swapfs.SwapName)
-	loops, swap, err := swapdev.InUse(file)
-	if err != nil {
-		return err
-	}
-	if len(loops) == 0 {
-		return nil
-	}
-	what := "attached to " + loops[0].Device
-	if swap {
-		what = "active swap on " + loops[0].Device
-	}
-	return fmt.Errorf("%s is %s: run 'memagent swapoff %s' first", file, what, file)
+	return err
 }
 
 func newUmountCmd(app *cli.App) *cobra.Command {
@@ -242,13 +133,7 @@ func newUmountCmd(app *cli.App) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := swapUnmountable(dir); err != nil {
-				return fmt.Errorf("not unmounting %s: %w", dir, err)
-			}
-			if err := unix.Unmount(dir, 0); err != nil {
-				return fmt.Errorf("umount %s: %w", dir, err)
-			}
-			return nil
+			return swapd.Unmount(dir)
 		},
 	}
 }

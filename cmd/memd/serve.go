@@ -111,18 +111,6 @@ func checkTokenFileMode(path string) error {
 	return nil
 }
 
-func isLoopback(hostport string) bool {
-	host, _, err := net.SplitHostPort(hostport)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}
-
 // readServeConfig reads and validates every serve option before anything
 // starts, into the daemon's options.
 func readServeConfig(app *cli.App) (memdd.Options, error) {
@@ -131,7 +119,12 @@ func readServeConfig(app *cli.App) (memdd.Options, error) {
 	if err != nil {
 		return o, err
 	}
-	o.CoordRole, o.ServerRole = role != "server", role != "coordinator"
+	if role != "server" {
+		o.Coord = &memdd.CoordOptions{}
+	}
+	if role != "coordinator" {
+		o.Server = &memdd.ServerOptions{}
+	}
 	o.Listen = app.String("listen")
 	if _, port, err := net.SplitHostPort(o.Listen); err != nil || port == "" {
 		return o, app.Invalid("listen", "want HOST:PORT")
@@ -142,43 +135,49 @@ func readServeConfig(app *cli.App) (memdd.Options, error) {
 	if o.SlabSize == 0 || o.SlabSize%(2<<20) != 0 {
 		return o, app.Invalid("slab-size", "must be a positive multiple of 2MiB")
 	}
-	if o.HeartbeatInterval, err = positive(app, "heartbeat-interval"); err != nil {
+	// Every role's values are checked, whichever roles run.
+	heartbeatInterval, err := positive(app, "heartbeat-interval")
+	if err != nil {
 		return o, err
 	}
-	if o.HeartbeatTimeout, err = positive(app, "heartbeat-timeout"); err != nil {
+	heartbeatTimeout, err := positive(app, "heartbeat-timeout")
+	if err != nil {
 		return o, err
 	}
-	if o.CoordRole && o.ServerRole && o.HeartbeatTimeout <= o.HeartbeatInterval {
-		return o, app.Invalid("heartbeat-timeout", "must be longer than heartbeat-interval (%s)", o.HeartbeatInterval)
+	if o.Coord != nil && o.Server != nil && heartbeatTimeout <= heartbeatInterval {
+		return o, app.Invalid("heartbeat-timeout", "must be longer than heartbeat-interval (%s)", heartbeatInterval)
 	}
-	if o.SweepInterval, err = positive(app, "sweep-interval"); err != nil {
+	sweepInterval, err := positive(app, "sweep-interval")
+	if err != nil {
 		return o, err
 	}
-	if o.Mlock, err = app.Bool("mlock"); err != nil {
+	mlock, err := app.Bool("mlock")
+	if err != nil {
 		return o, err
 	}
 	runtimeDir := app.String("runtime-dir")
 	if !filepath.IsAbs(runtimeDir) {
 		return o, app.Invalid("runtime-dir", "must be an absolute path")
 	}
-	o.DataDir = app.String("data-dir")
-	storeURL := strings.TrimSpace(app.String("store"))
-	if o.CoordRole && storeURL != "bbolt" {
-		if o.EtcdEndpoints, o.EtcdPrefix, err = store.ParseEtcdURL(storeURL); err != nil {
-			return o, app.Invalid("store", "want bbolt or etcd://HOST:PORT[,HOST:PORT...][/PREFIX]: %v", err)
+	if c := o.Coord; c != nil {
+		c.HeartbeatTimeout, c.SweepInterval = heartbeatTimeout, sweepInterval
+		if storeURL := strings.TrimSpace(app.String("store")); storeURL != "bbolt" {
+			c.Etcd = &memdd.EtcdOptions{}
+			if c.Etcd.Endpoints, c.Etcd.Prefix, err = store.ParseEtcdURL(storeURL); err != nil {
+				return o, app.Invalid("store", "want bbolt or etcd://HOST:PORT[,HOST:PORT...][/PREFIX]: %v", err)
+			}
+			if c.Etcd.ElectionTTL, err = positive(app, "election-ttl"); err != nil {
+				return o, err
+			}
+			if c.Etcd.ElectionTTL%time.Second != 0 {
+				return o, app.Invalid("election-ttl", "must be a whole number of seconds (etcd leases count in seconds)")
+			}
+			if c.Etcd.MaxTxnOps, err = app.Int("etcd-max-txn-ops", 1, 1<<20); err != nil {
+				return o, err
+			}
+		} else if c.DataDir = app.String("data-dir"); !filepath.IsAbs(c.DataDir) {
+			return o, app.Invalid("data-dir", "must be an absolute path")
 		}
-		if o.ElectionTTL, err = positive(app, "election-ttl"); err != nil {
-			return o, err
-		}
-		if o.ElectionTTL%time.Second != 0 {
-			return o, app.Invalid("election-ttl", "must be a whole number of seconds (etcd leases count in seconds)")
-		}
-		if o.EtcdMaxTxnOps, err = app.Int("etcd-max-txn-ops", 1, 1<<20); err != nil {
-			return o, err
-		}
-	}
-	if o.CoordRole && o.EtcdEndpoints == nil && !filepath.IsAbs(o.DataDir) {
-		return o, app.Invalid("data-dir", "must be an absolute path")
 	}
 	tokenFile := app.String("token-file")
 	if tokenFile == "" {
@@ -191,14 +190,14 @@ func readServeConfig(app *cli.App) (memdd.Options, error) {
 
 	o.Token = strings.TrimSpace(app.String("token"))
 	configured := o.Token != "" || app.IsSet("token-file")
-	network := !isLoopback(o.Listen)
+	network := !memdd.Loopback(o.Listen)
 	fromFile := false
 	if o.Token == "" {
 		tok, err := client.LoadToken(tokenFile)
 		switch {
 		case err == nil:
 			o.Token, fromFile = tok, true
-		case errors.Is(err, os.ErrNotExist) && o.CoordRole:
+		case errors.Is(err, os.ErrNotExist) && o.Coord != nil:
 			o.NewTokenFile = tokenFile
 		case errors.Is(err, os.ErrNotExist) && !mtls:
 			return o, app.Invalid("token", "--role server needs the coordinator's token (--token, MEMD_TOKEN, or --token-file; %s does not exist)", tokenFile)
@@ -231,7 +230,7 @@ func readServeConfig(app *cli.App) (memdd.Options, error) {
 			return o, app.Invalid("advertise-url", "want http(s)://HOST:PORT")
 		}
 	}
-	if o.EtcdEndpoints != nil {
+	if o.Coord != nil && o.Coord.Etcd != nil {
 		// Clients are sent to the leader at the URL it advertises.
 		if host, _, _ := net.SplitHostPort(o.Listen); o.AdvertiseURL == "" && (host == "" || net.ParseIP(host) != nil && net.ParseIP(host).IsUnspecified()) {
 			return o, app.Invalid("advertise-url", "a coordinator on etcd listening on a wildcard address (%s) needs the URL other nodes reach it at", o.Listen)
@@ -241,25 +240,27 @@ func readServeConfig(app *cli.App) (memdd.Options, error) {
 				return o, app.Invalid("id", "no host name to default to: %v", err)
 			}
 		}
+		// Other coordinators, for this node's memory server to find the
+		// leader through.
 		if c := app.String("coordinator"); c != "" {
 			if _, err := client.New(c, client.Options{}); err != nil {
 				return o, app.Invalid("coordinator", "%v", err)
 			}
-			o.CoordinatorURL = c
 		}
 	}
 
-	if o.ServerRole {
-		o.CoordinatorURL = app.String("coordinator")
+	if sv := o.Server; sv != nil {
+		sv.HeartbeatInterval, sv.Mlock = heartbeatInterval, mlock
+		sv.CoordinatorURL = app.String("coordinator")
 		if role == "server" {
-			if o.CoordinatorURL == "" {
+			if sv.CoordinatorURL == "" {
 				return o, app.Invalid("coordinator", "--role server needs the coordinator's URL")
 			}
-			if _, err := client.New(o.CoordinatorURL, client.Options{}); err != nil {
+			if _, err := client.New(sv.CoordinatorURL, client.Options{}); err != nil {
 				return o, app.Invalid("coordinator", "%v", err)
 			}
 		}
-		if o.Capacity, err = capacityOf(app, o.SlabSize); err != nil {
+		if sv.Capacity, err = capacityOf(app, o.SlabSize); err != nil {
 			return o, err
 		}
 		o.ID = app.String("id")
@@ -271,17 +272,17 @@ func readServeConfig(app *cli.App) (memdd.Options, error) {
 		if err := (&pool.ServerInfo{ID: pool.ServerID(o.ID), Instance: "x", SlabSize: o.SlabSize, Addrs: map[string]string{"x": "x"}}).Validate(); err != nil {
 			return o, app.Invalid("id", "%v", err)
 		}
-		o.Domain = app.String("failure-domain")
+		sv.Domain = app.String("failure-domain")
 		// "off" disables a data plane; the daemon takes "" for that.
 		tcpListen := app.String("tcp-listen")
 		if tcpListen != "off" {
 			if _, _, err := net.SplitHostPort(tcpListen); err != nil {
 				return o, app.Invalid("tcp-listen", "want HOST:PORT or off")
 			}
-			o.TCPListen = tcpListen
+			sv.TCPListen = tcpListen
 		}
-		o.TCPAdvertise = app.String("tcp-advertise")
-		if o.Spin, err = app.Spin("spin"); err != nil {
+		sv.TCPAdvertise = app.String("tcp-advertise")
+		if sv.Spin, err = app.Spin("spin"); err != nil {
 			return o, err
 		}
 		if v := app.String("verbs-listen"); v != "off" {
@@ -291,15 +292,15 @@ func readServeConfig(app *cli.App) (memdd.Options, error) {
 			if !verbs.Built {
 				return o, app.Invalid("verbs-listen", "%v", verbs.ErrNotBuilt)
 			}
-			o.VerbsListen = v
+			sv.VerbsListen = v
 		}
 		shmSocket := app.String("shm-socket")
-		o.ShmOptional = shmSocket == "" // not asked for: run without shm if it cannot start
+		sv.ShmOptional = shmSocket == "" // not asked for: run without shm if it cannot start
 		if shmSocket == "" {
 			shmSocket = filepath.Join(runtimeDir, shmSocketName)
 		}
 		if shmSocket != "off" {
-			o.ShmSocket = shmSocket
+			sv.ShmSocket = shmSocket
 		}
 		if tcpListen == "off" && shmSocket == "off" {
 			return o, app.Invalid("tcp-listen", "tcp and shm are both off: no data plane")

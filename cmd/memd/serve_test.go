@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -51,12 +52,14 @@ func TestReadServeConfig(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(withToken, "token"), []byte("from-the-file\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	base := memdd.Options{
-		Listen: defaultListen, NewTokenFile: filepath.Join(run, "token"), SlabSize: 2 << 20,
-		CoordRole: true, DataDir: data, HeartbeatTimeout: 10 * time.Second, SweepInterval: time.Second,
-		ServerRole: true, ID: host, Capacity: 4 << 20, TCPListen: defaultTCPListen,
-		ShmSocket: filepath.Join(run, "memd-data.sock"), ShmOptional: true, HeartbeatInterval: 2 * time.Second, Mlock: true,
-		Spin: 50 * time.Microsecond,
+	base := func() memdd.Options { // fresh groups for each case to edit
+		return memdd.Options{
+			Listen: defaultListen, NewTokenFile: filepath.Join(run, "token"), SlabSize: 2 << 20, ID: host,
+			Coord: &memdd.CoordOptions{DataDir: data, HeartbeatTimeout: 10 * time.Second, SweepInterval: time.Second},
+			Server: &memdd.ServerOptions{Capacity: 4 << 20, TCPListen: defaultTCPListen,
+				ShmSocket: filepath.Join(run, "memd-data.sock"), ShmOptional: true, HeartbeatInterval: 2 * time.Second, Mlock: true,
+				Spin: 50 * time.Microsecond},
+		}
 	}
 	for _, tt := range []struct {
 		name string
@@ -65,21 +68,24 @@ func TestReadServeConfig(t *testing.T) {
 	}{
 		{"defaults", nil, func(o *memdd.Options) {}},
 		{"tcp off, shm asked for", []string{"--tcp-listen", "off", "--shm-socket", "/s.sock"}, func(o *memdd.Options) {
-			o.TCPListen, o.ShmSocket, o.ShmOptional = "", "/s.sock", false
+			o.Server.TCPListen, o.Server.ShmSocket, o.Server.ShmOptional = "", "/s.sock", false
 		}},
-		{"shm off", []string{"--shm-socket", "off"}, func(o *memdd.Options) { o.ShmSocket, o.ShmOptional = "", false }},
-		{"no spinning", []string{"--spin", "0"}, func(o *memdd.Options) { o.Spin = -1 }},
-		{"coordinator", []string{"--role", "coordinator"}, func(o *memdd.Options) {
-			o.ServerRole, o.ID, o.Capacity, o.TCPListen, o.ShmSocket, o.ShmOptional, o.Spin = false, "", 0, "", "", false, 0
-		}},
+		{"shm off", []string{"--shm-socket", "off"}, func(o *memdd.Options) { o.Server.ShmSocket, o.Server.ShmOptional = "", false }},
+		{"no spinning", []string{"--spin", "0"}, func(o *memdd.Options) { o.Server.Spin = -1 }},
+		{"coordinator", []string{"--role", "coordinator"}, func(o *memdd.Options) { o.Server, o.ID = nil, "" }},
+		{"coordinator on etcd", []string{"--role", "coordinator", "--store", "etcd://e1:2379,e2:2379/pool", "--id", "c1", "--election-ttl", "3s"},
+			func(o *memdd.Options) {
+				o.Server, o.ID = nil, "c1"
+				o.Coord.DataDir, o.Coord.Etcd = "", &memdd.EtcdOptions{Endpoints: []string{"http://e1:2379", "http://e2:2379"}, Prefix: "/pool", MaxTxnOps: 128, ElectionTTL: 3 * time.Second}
+			}},
 		{"server", []string{"--role", "server", "--coordinator", "http://c:7470", "--token", " t ", "--id", "s1",
 			"--advertise-url", "http://s1:7470", "--tcp-advertise", "10.0.0.1:7471", "--failure-domain", "rack1", "--mlock=false"},
 			func(o *memdd.Options) {
-				o.CoordRole, o.CoordinatorURL, o.Token, o.NewTokenFile, o.ID = false, "http://c:7470", "t", "", "s1"
-				o.AdvertiseURL, o.TCPAdvertise, o.Domain, o.Mlock = "http://s1:7470", "10.0.0.1:7471", "rack1", false
+				o.Coord, o.Server.CoordinatorURL, o.Token, o.NewTokenFile, o.ID = nil, "http://c:7470", "t", "", "s1"
+				o.AdvertiseURL, o.Server.TCPAdvertise, o.Server.Domain, o.Server.Mlock = "http://s1:7470", "10.0.0.1:7471", "rack1", false
 			}},
 		{"token file", []string{"--runtime-dir", withToken}, func(o *memdd.Options) {
-			o.Token, o.NewTokenFile, o.ShmSocket = "from-the-file", "", filepath.Join(withToken, "memd-data.sock")
+			o.Token, o.NewTokenFile, o.Server.ShmSocket = "from-the-file", "", filepath.Join(withToken, "memd-data.sock")
 		}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -88,13 +94,23 @@ func TestReadServeConfig(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want := base
+			want := base()
 			tt.want(&want)
 			if !reflect.DeepEqual(got, want) {
-				t.Errorf("options\n got %+v\nwant %+v", got, want)
+				t.Errorf("options\n got %s\nwant %s", asJSON(got), asJSON(want))
 			}
 		})
 	}
+}
+
+// asJSON shows o with its groups (no TLS configs: they do not marshal).
+func asJSON(o memdd.Options) string {
+	o.ServerTLS, o.ClientTLS = nil, nil
+	b, err := json.Marshal(o)
+	if err != nil {
+		return err.Error()
+	}
+	return string(b)
 }
 
 // TestServeNetworkToken: a control API on a non-loopback address refuses a

@@ -35,13 +35,15 @@ import (
 // ErrOptions is wrapped by errors about Options.
 var ErrOptions = errors.New("memdd: invalid options")
 
-// Options configure a memd daemon. cmd/memd has checked every value against
-// its flag; Run checks only what it cannot start without.
+// Options configure a memd daemon: what both roles share, and one group
+// per role, nil when the role does not run. cmd/memd has checked every value
+// against its flag; Run checks only what it cannot start without.
 type Options struct {
 	// Listen is the control API's address, HOST:PORT (port 0: any free one).
 	Listen string
 	// AdvertiseURL is the control URL the coordinator reaches this memory
-	// server at; "" is http(s)://<the listener's address>.
+	// server at, and the one a coordinator on etcd is known by; "" is
+	// http(s)://<the listener's address>.
 	AdvertiseURL string
 	// Token is the control API's bearer token ("" only with mTLS).
 	Token string
@@ -56,24 +58,38 @@ type Options struct {
 	// ClientTLS is used to reach the coordinator and memory servers.
 	ClientTLS *tls.Config
 	SlabSize  uint64 // a positive multiple of 2MiB, the same on every node
+	// ID names this node: the memory server's id in the pool, and the
+	// coordinator's among several (etcd).
+	ID string
 
-	// The coordinator role.
-	CoordRole bool
-	DataDir   string // its store's directory (bbolt file memd.db), without EtcdEndpoints
-	// EtcdEndpoints, when set, keep the coordinator's state in etcd under
-	// EtcdPrefix: this coordinator is one of several, elected leader in
-	// turn (ElectionTTL: its etcd lease); ID names it.
-	EtcdEndpoints    []string
-	EtcdPrefix       string
-	EtcdMaxTxnOps    int           // etcd's --max-txn-ops (0: its default, 128)
-	ElectionTTL      time.Duration // whole seconds (0: 5s)
+	Coord  *CoordOptions  // the coordinator role (nil: not run)
+	Server *ServerOptions // the memory-server role (nil: not run)
+}
+
+// CoordOptions configure the coordinator role.
+type CoordOptions struct {
+	DataDir string // its store's directory (bbolt file memd.db), without Etcd
+	// Etcd, when set, keeps the coordinator's state in etcd instead: this
+	// coordinator is one of several, elected leader in turn.
+	Etcd             *EtcdOptions
 	HeartbeatTimeout time.Duration // a server silent this long is dead
 	SweepInterval    time.Duration // how often to look for dead servers and expired leases
+}
 
-	// The memory-server role.
-	ServerRole        bool
-	CoordinatorURL    string // the coordinators to join (comma-separated), required when CoordRole is false
-	ID                string // this server's id in the pool
+// EtcdOptions configure a coordinator's state in etcd.
+type EtcdOptions struct {
+	Endpoints   []string
+	Prefix      string        // its keys' prefix
+	MaxTxnOps   int           // etcd's --max-txn-ops (0: its default, 128)
+	ElectionTTL time.Duration // the leader's etcd lease, whole seconds (0: 5s)
+}
+
+// ServerOptions configure the memory-server role.
+type ServerOptions struct {
+	// CoordinatorURL is the coordinators to join (comma-separated);
+	// required without the coordinator role. Beside a coordinator on etcd,
+	// more coordinators to find the leader through.
+	CoordinatorURL    string
 	Capacity          uint64 // bytes donated: whole slabs
 	Domain            string // failure domain
 	TCPListen         string // data-plane tcp address ("": none)
@@ -87,22 +103,49 @@ type Options struct {
 	Spin time.Duration
 }
 
+// validate checks what Run cannot start without, naming the field.
 func (o *Options) validate() error {
 	switch {
-	case !o.CoordRole && !o.ServerRole:
-		return fmt.Errorf("%w: neither role", ErrOptions)
+	case o.Coord == nil && o.Server == nil:
+		return fmt.Errorf("%w: Coord and Server are nil: neither role", ErrOptions)
 	case o.Listen == "":
-		return fmt.Errorf("%w: no control API address", ErrOptions)
-	case o.CoordRole && o.DataDir == "" && len(o.EtcdEndpoints) == 0:
-		return fmt.Errorf("%w: the coordinator has no data directory", ErrOptions)
-	case o.CoordRole && len(o.EtcdEndpoints) > 0 && o.ID == "":
-		return fmt.Errorf("%w: a coordinator on etcd needs an id", ErrOptions)
-	case o.CoordRole && (o.HeartbeatTimeout <= 0 || o.SweepInterval <= 0):
-		return fmt.Errorf("%w: the coordinator's heartbeat timeout and sweep interval must be positive", ErrOptions)
-	case o.ServerRole && o.HeartbeatInterval <= 0:
-		return fmt.Errorf("%w: the memory server's heartbeat interval must be positive", ErrOptions)
-	case o.ServerRole && !o.CoordRole && o.CoordinatorURL == "":
-		return fmt.Errorf("%w: a memory server without the coordinator role needs the coordinator's URL", ErrOptions)
+		return fmt.Errorf("%w: Listen: no control API address", ErrOptions)
+	case o.Coord != nil && o.Coord.Etcd != nil && o.ID == "":
+		return fmt.Errorf("%w: ID: a coordinator on etcd needs one", ErrOptions)
+	}
+	if o.Coord != nil {
+		if err := o.Coord.validate(); err != nil {
+			return fmt.Errorf("%w: Coord.%w", ErrOptions, err)
+		}
+	}
+	if o.Server != nil {
+		if err := o.Server.validate(o.Coord != nil); err != nil {
+			return fmt.Errorf("%w: Server.%w", ErrOptions, err)
+		}
+	}
+	return nil
+}
+
+func (o *CoordOptions) validate() error {
+	switch {
+	case o.Etcd == nil && o.DataDir == "":
+		return errors.New("DataDir: the coordinator has no data directory (nor Etcd)")
+	case o.Etcd != nil && len(o.Etcd.Endpoints) == 0:
+		return errors.New("Etcd.Endpoints: none")
+	case o.HeartbeatTimeout <= 0:
+		return errors.New("HeartbeatTimeout: must be positive")
+	case o.SweepInterval <= 0:
+		return errors.New("SweepInterval: must be positive")
+	}
+	return nil
+}
+
+func (o *ServerOptions) validate(withCoord bool) error {
+	switch {
+	case o.HeartbeatInterval <= 0:
+		return errors.New("HeartbeatInterval: must be positive")
+	case !withCoord && o.CoordinatorURL == "":
+		return errors.New("CoordinatorURL: a memory server without the coordinator role needs the coordinator's URL")
 	}
 	return nil
 }
@@ -144,33 +187,33 @@ func Run(ctx context.Context, log *zap.Logger, opts Options) (err error) {
 	roles := []string{}
 
 	var ms *memserver.Server
-	if opts.ServerRole {
+	if sv := opts.Server; sv != nil {
 		listen := map[string]string{}
 		optional := map[string]bool{}
-		if opts.TCPListen != "" {
-			listen["tcp"] = opts.TCPListen
+		if sv.TCPListen != "" {
+			listen["tcp"] = sv.TCPListen
 		}
-		if opts.VerbsListen != "" {
-			listen["verbs"] = opts.VerbsListen
+		if sv.VerbsListen != "" {
+			listen["verbs"] = sv.VerbsListen
 		}
-		if opts.ShmSocket != "" {
-			if err := os.MkdirAll(filepath.Dir(opts.ShmSocket), 0o755); err != nil {
+		if sv.ShmSocket != "" {
+			if err := os.MkdirAll(filepath.Dir(sv.ShmSocket), 0o755); err != nil {
 				return fmt.Errorf("shm socket directory: %w", err)
 			}
-			listen["shm"] = opts.ShmSocket
-			optional["shm"] = opts.ShmOptional
+			listen["shm"] = sv.ShmSocket
+			optional["shm"] = sv.ShmOptional
 		}
 		ms, err = memserver.New(memserver.Options{
-			ID: pool.ServerID(opts.ID), Capacity: opts.Capacity, SlabSize: opts.SlabSize,
-			Listen: listen, Optional: optional, Advertise: map[string]string{"tcp": opts.TCPAdvertise},
-			ControlURL: opts.AdvertiseURL, Domain: opts.Domain, NoLock: !opts.Mlock, Log: log.Named("memserver"),
-			ListenOptions: rdma.ListenOptions{Spin: opts.Spin, SpinSite: serverSpins},
+			ID: pool.ServerID(opts.ID), Capacity: sv.Capacity, SlabSize: opts.SlabSize,
+			Listen: listen, Optional: optional, Advertise: map[string]string{"tcp": sv.TCPAdvertise},
+			ControlURL: opts.AdvertiseURL, Domain: sv.Domain, NoLock: !sv.Mlock, Log: log.Named("memserver"),
+			ListenOptions: rdma.ListenOptions{Spin: sv.Spin, SpinSite: serverSpins},
 		})
 		if err != nil {
 			return err
 		}
 		defer ms.Close()
-		if a := opts.TCPListen; a != "" && !loopback(a) {
+		if a := sv.TCPListen; a != "" && !Loopback(a) {
 			// The data plane has no credentials of its own (memd sets no
 			// data-plane TLS): only the slab keys protect it.
 			log.Warn("the tcp data plane listens on a non-loopback address without authentication or encryption: anyone who can reach it may connect, slab keys are its only protection, and keys and pages cross the network in clear; listen on a private network only",
@@ -186,7 +229,7 @@ func Run(ctx context.Context, log *zap.Logger, opts Options) (err error) {
 	var co *coord.Coordinator // the only coordinator (bbolt)
 	var ld *leader            // one of several (etcd)
 	gatherers := prometheus.Gatherers{reg}
-	if opts.CoordRole {
+	if cr := opts.Coord; cr != nil {
 		dialOpts := client.Options{Token: opts.Token, TLS: opts.ClientTLS, Timeout: 10 * time.Second, RetryFor: -1}
 		dialer := coord.DialerFunc(func(info *pool.ServerInfo) (coord.SlabServer, error) {
 			if ms != nil && info.ID == pool.ServerID(opts.ID) && info.Instance == ms.Instance() {
@@ -199,10 +242,10 @@ func Run(ctx context.Context, log *zap.Logger, opts Options) (err error) {
 		})
 		coordOpts := func(st store.Store, term coord.Term, r *prometheus.Registry) coord.Options {
 			return coord.Options{Store: st, Term: term, Dialer: dialer, SlabSize: opts.SlabSize,
-				HeartbeatTimeout: opts.HeartbeatTimeout, Log: log.Named("coord"), Registry: r}
+				HeartbeatTimeout: cr.HeartbeatTimeout, Log: log.Named("coord"), Registry: r}
 		}
-		if len(opts.EtcdEndpoints) == 0 {
-			st, err := store.OpenBolt(opts.DataDir)
+		if cr.Etcd == nil {
+			st, err := store.OpenBolt(cr.DataDir)
 			if err != nil {
 				return err
 			}
@@ -220,18 +263,18 @@ func Run(ctx context.Context, log *zap.Logger, opts Options) (err error) {
 				httpapi.WriteJSON(w, http.StatusOK, pool.Coordinators{Store: "bbolt", Self: opts.ID, Leader: &self, Coordinators: []pool.CoordinatorView{self}})
 			})
 		} else {
-			st, err := store.OpenEtcd(store.EtcdOptions{Endpoints: opts.EtcdEndpoints, Prefix: opts.EtcdPrefix, MaxTxnOps: opts.EtcdMaxTxnOps,
+			st, err := store.OpenEtcd(store.EtcdOptions{Endpoints: cr.Etcd.Endpoints, Prefix: cr.Etcd.Prefix, MaxTxnOps: cr.Etcd.MaxTxnOps,
 				Log: log.Named("etcd").WithOptions(zap.IncreaseLevel(zap.WarnLevel))})
 			if err != nil {
 				return err
 			}
 			defer st.Close()
 			self := elect.Info{ID: opts.ID, URL: opts.AdvertiseURL}
-			el, err := elect.New(elect.Options{Client: st.Client(), Prefix: st.Prefix(), Self: self, TTL: opts.ElectionTTL, Log: log.Named("elect")})
+			el, err := elect.New(elect.Options{Client: st.Client(), Prefix: st.Prefix(), Self: self, TTL: cr.Etcd.ElectionTTL, Log: log.Named("elect")})
 			if err != nil {
 				return err
 			}
-			ld = &leader{log: log.Named("coord"), st: st, el: el, self: self, newOpts: coordOpts, sweep: opts.SweepInterval,
+			ld = &leader{log: log.Named("coord"), st: st, el: el, self: self, newOpts: coordOpts, sweep: cr.SweepInterval,
 				leading: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "rmem", Subsystem: "pool", Name: "coordinator_leader",
 					Help: "1 while this coordinator leads the pool (etcd), else 0."})}
 			reg.MustRegister(ld.leading)
@@ -260,7 +303,7 @@ func Run(ctx context.Context, log *zap.Logger, opts Options) (err error) {
 	var sweepDone, joinDone, leadDone chan struct{}
 	if co != nil {
 		sweepDone = make(chan struct{})
-		go func() { defer close(sweepDone); co.RoutineSweep(runCtx, opts.SweepInterval) }()
+		go func() { defer close(sweepDone); co.RoutineSweep(runCtx, opts.Coord.SweepInterval) }()
 	}
 	// The lead loop outlives the memory server's leave (it may be the
 	// leader the leave goes to).
@@ -277,7 +320,7 @@ func Run(ctx context.Context, log *zap.Logger, opts Options) (err error) {
 		} else {
 			// Over etcd this node's own coordinator is one of those to
 			// try: it names the leader when it is not.
-			urls := opts.CoordinatorURL
+			urls := opts.Server.CoordinatorURL
 			if ld != nil {
 				urls = strings.Trim(opts.AdvertiseURL+","+urls, ",")
 				urls = dedupURLs(urls)
@@ -292,7 +335,7 @@ func Run(ctx context.Context, log *zap.Logger, opts Options) (err error) {
 		}
 		joinDone = make(chan struct{})
 		ready := make(chan struct{})
-		go func() { defer close(joinDone); ms.RoutineJoin(runCtx, regr, opts.HeartbeatInterval, ready) }()
+		go func() { defer close(joinDone); ms.RoutineJoin(runCtx, regr, opts.Server.HeartbeatInterval, ready) }()
 		if co != nil {
 			// In one process, serve only once this node's memory is in the
 			// pool: a client that can reach the API finds it there.
@@ -342,9 +385,10 @@ func Run(ctx context.Context, log *zap.Logger, opts Options) (err error) {
 	return err
 }
 
-// loopback reports whether HOST:PORT listens on loopback only ("localhost"
-// or a loopback IP; an empty host is every address).
-func loopback(hostport string) bool {
+// Loopback reports whether HOST:PORT listens on loopback only ("localhost"
+// or a loopback IP; an empty host is every address). cmd/memd asks it of
+// the control API's address: off loopback, its token must be configured.
+func Loopback(hostport string) bool {
 	host, _, err := net.SplitHostPort(hostport)
 	if err != nil {
 		return false

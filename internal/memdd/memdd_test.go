@@ -110,10 +110,10 @@ func TestRun(t *testing.T) {
 	dir := t.TempDir()
 	run := filepath.Join(dir, "run")
 	opts := Options{
-		Listen: "127.0.0.1:0", NewTokenFile: filepath.Join(run, "token"), SlabSize: slab,
-		CoordRole: true, DataDir: filepath.Join(dir, "data"), HeartbeatTimeout: time.Second, SweepInterval: 100 * time.Millisecond,
-		ServerRole: true, ID: "n1", Capacity: 2 * slab, TCPListen: "127.0.0.1:0",
-		ShmSocket: filepath.Join(run, "memd-data.sock"), HeartbeatInterval: 100 * time.Millisecond,
+		Listen: "127.0.0.1:0", NewTokenFile: filepath.Join(run, "token"), SlabSize: slab, ID: "n1",
+		Coord: &CoordOptions{DataDir: filepath.Join(dir, "data"), HeartbeatTimeout: time.Second, SweepInterval: 100 * time.Millisecond},
+		Server: &ServerOptions{Capacity: 2 * slab, TCPListen: "127.0.0.1:0",
+			ShmSocket: filepath.Join(run, "memd-data.sock"), HeartbeatInterval: 100 * time.Millisecond},
 	}
 	d := start(t, opts)
 
@@ -151,7 +151,7 @@ func TestRun(t *testing.T) {
 	if err != nil || len(ss) != 1 {
 		t.Fatalf("servers %+v: %v", ss, err)
 	}
-	if s := ss[0]; s.ID != "n1" || s.ControlURL != d.url || s.Addrs["tcp"] == "" || s.Addrs["shm"] != opts.ShmSocket {
+	if s := ss[0]; s.ID != "n1" || s.ControlURL != d.url || s.Addrs["tcp"] == "" || s.Addrs["shm"] != opts.Server.ShmSocket {
 		t.Errorf("server %+v", s)
 	}
 	if code, body := get(t, d.url+"/metrics"); code != 200 || !strings.Contains(body, "go_goroutines") || !strings.Contains(body, "rmem_") {
@@ -167,7 +167,7 @@ func TestRun(t *testing.T) {
 
 	// Again, coordinator only, on the same store and token file: the token
 	// is the one written before, and n1 left the pool on the way out.
-	opts.ServerRole = false
+	opts.Server = nil
 	d = start(t, opts)
 	c = newClient(t, d.url, tok)
 	ss, err = c.Servers(ctx)
@@ -185,10 +185,10 @@ func TestRun(t *testing.T) {
 func TestRunServerJoins(t *testing.T) {
 	dir := t.TempDir()
 	const token = "memdd-test-token"
-	co := start(t, Options{Listen: "127.0.0.1:0", Token: token, SlabSize: slab, CoordRole: true,
-		DataDir: filepath.Join(dir, "data"), HeartbeatTimeout: time.Second, SweepInterval: 100 * time.Millisecond})
-	srv := start(t, Options{Listen: "127.0.0.1:0", Token: token, SlabSize: slab, ServerRole: true,
-		CoordinatorURL: co.url, ID: "s1", Capacity: slab, TCPListen: "127.0.0.1:0", HeartbeatInterval: 100 * time.Millisecond})
+	co := start(t, Options{Listen: "127.0.0.1:0", Token: token, SlabSize: slab,
+		Coord: &CoordOptions{DataDir: filepath.Join(dir, "data"), HeartbeatTimeout: time.Second, SweepInterval: 100 * time.Millisecond}})
+	srv := start(t, Options{Listen: "127.0.0.1:0", Token: token, SlabSize: slab, ID: "s1",
+		Server: &ServerOptions{CoordinatorURL: co.url, Capacity: slab, TCPListen: "127.0.0.1:0", HeartbeatInterval: 100 * time.Millisecond}})
 	c := newClient(t, co.url, token)
 	ctx := context.Background()
 	servers := func(want pool.ServerState) []pool.ServerView {
@@ -225,8 +225,8 @@ func TestRunListenError(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	err = Run(context.Background(), nil, Options{Listen: l.Addr().String(), Token: "x", SlabSize: slab, CoordRole: true,
-		DataDir: t.TempDir(), HeartbeatTimeout: time.Second, SweepInterval: time.Second})
+	err = Run(context.Background(), nil, Options{Listen: l.Addr().String(), Token: "x", SlabSize: slab,
+		Coord: &CoordOptions{DataDir: t.TempDir(), HeartbeatTimeout: time.Second, SweepInterval: time.Second}})
 	if !errors.Is(err, syscall.EADDRINUSE) || !strings.HasPrefix(err.Error(), "control API: ") {
 		t.Fatalf("Run on an address in use: %v", err)
 	}
@@ -236,28 +236,35 @@ func TestRunListenError(t *testing.T) {
 // starts (no token file is written).
 func TestRunInvalidOptions(t *testing.T) {
 	good := func(dir string) Options {
-		return Options{Listen: "127.0.0.1:0", NewTokenFile: filepath.Join(dir, "token"), SlabSize: slab,
-			CoordRole: true, DataDir: dir, HeartbeatTimeout: time.Second, SweepInterval: time.Second,
-			ServerRole: true, ID: "n1", Capacity: slab, TCPListen: "127.0.0.1:0", HeartbeatInterval: 100 * time.Millisecond}
+		return Options{Listen: "127.0.0.1:0", NewTokenFile: filepath.Join(dir, "token"), SlabSize: slab, ID: "n1",
+			Coord:  &CoordOptions{DataDir: dir, HeartbeatTimeout: time.Second, SweepInterval: time.Second},
+			Server: &ServerOptions{Capacity: slab, TCPListen: "127.0.0.1:0", HeartbeatInterval: 100 * time.Millisecond}}
 	}
 	for _, tt := range []struct {
 		name string
 		edit func(o *Options)
+		key  string // the field the error names
 	}{
-		{"no role", func(o *Options) { o.CoordRole, o.ServerRole = false, false }},
-		{"no listen address", func(o *Options) { o.Listen = "" }},
-		{"no data dir", func(o *Options) { o.DataDir = "" }},
-		{"no sweep interval", func(o *Options) { o.SweepInterval = 0 }},
-		{"no heartbeat timeout", func(o *Options) { o.HeartbeatTimeout = 0 }},
-		{"no heartbeat interval", func(o *Options) { o.HeartbeatInterval = 0 }},
-		{"server alone without a coordinator", func(o *Options) { o.CoordRole = false }},
+		{"no role", func(o *Options) { o.Coord, o.Server = nil, nil }, "Coord and Server"},
+		{"no listen address", func(o *Options) { o.Listen = "" }, "Listen"},
+		{"no data dir", func(o *Options) { o.Coord.DataDir = "" }, "Coord.DataDir"},
+		{"no sweep interval", func(o *Options) { o.Coord.SweepInterval = 0 }, "Coord.SweepInterval"},
+		{"no heartbeat timeout", func(o *Options) { o.Coord.HeartbeatTimeout = 0 }, "Coord.HeartbeatTimeout"},
+		{"etcd without endpoints", func(o *Options) { o.Coord.Etcd = &EtcdOptions{} }, "Coord.Etcd.Endpoints"},
+		{"etcd without an id", func(o *Options) { o.Coord.Etcd, o.ID = &EtcdOptions{Endpoints: []string{"127.0.0.1:1"}}, "" }, "ID"},
+		{"no heartbeat interval", func(o *Options) { o.Server.HeartbeatInterval = 0 }, "Server.HeartbeatInterval"},
+		{"server alone without a coordinator", func(o *Options) { o.Coord = nil }, "Server.CoordinatorURL"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()
 			o := good(dir)
 			tt.edit(&o)
-			if err := Run(context.Background(), nil, o); !errors.Is(err, ErrOptions) {
+			err := Run(context.Background(), nil, o)
+			if !errors.Is(err, ErrOptions) {
 				t.Fatalf("Run: %v, want ErrOptions", err)
+			}
+			if !strings.Contains(err.Error(), ": "+tt.key) {
+				t.Errorf("Run: %v, does not name %s", err, tt.key)
 			}
 			if _, err := os.Stat(o.NewTokenFile); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("a failed start wrote the token file: %v", err)
@@ -286,5 +293,18 @@ func TestWriteToken(t *testing.T) {
 	}
 	if m, _ := filepath.Glob(filepath.Join(filepath.Dir(path), ".token-*")); len(m) != 0 {
 		t.Errorf("temporary files left: %v", m)
+	}
+}
+
+// TestLoopback: only "localhost" and loopback IPs are loopback; an empty
+// host (every address) and a malformed address are not.
+func TestLoopback(t *testing.T) {
+	for addr, want := range map[string]bool{
+		"127.0.0.1:7470": true, "127.1.2.3:1": true, "[::1]:7470": true, "localhost:7470": true,
+		":7470": false, "0.0.0.0:7470": false, "[::]:7470": false, "10.0.0.1:7470": false, "node-a:7470": false, "127.0.0.1": false,
+	} {
+		if got := Loopback(addr); got != want {
+			t.Errorf("Loopback(%q) = %v, want %v", addr, got, want)
+		}
 	}
 }

@@ -154,7 +154,7 @@ func (sh *shared) orphanGroups() ([]string, error) {
 	}
 	var out []string
 	for _, e := range ents {
-		v, ok := strings.CutPrefix(e.Name(), "rmem-run-")
+		v, ok := strings.CutPrefix(e.Name(), GroupPrefix)
 		pid, err := strconv.Atoi(v)
 		if !ok || err != nil || !e.IsDir() {
 			continue

@@ -27,6 +27,11 @@ import (
 // ErrOptions: invalid Options (the error names the field).
 var ErrOptions = errors.New("swaprun: invalid options")
 
+// GroupPrefix begins the name of each run's memory cgroup (rmem-run-PID):
+// the clean-up finds a dead run's cgroup by it, and `memagent mount`
+// (internal/swapd) refuses to serve from inside one.
+const GroupPrefix = "rmem-run-"
+
 // Options configure Run.
 type Options struct {
 	Command  []string // CMD and its arguments; required
@@ -41,7 +46,7 @@ type Options struct {
 	// Setup forces setting up a pool swap file even if one is active.
 	Setup bool
 
-	Group string // cgroup name (default rmem-run-PID)
+	Group string // cgroup name (default GroupPrefix + PID)
 	// OOMGrace is how long CMD may wait at its limit with none of its
 	// pages moving before the OOM killer may act (cgroup v1; default 20s,
 	// negative: the kernel's default, killing at once).
@@ -91,7 +96,7 @@ func (o *Options) defaults() error {
 		o.RuntimeDir = "/run/rmem"
 	}
 	if o.Group == "" {
-		o.Group = "rmem-run-" + strconv.Itoa(os.Getpid())
+		o.Group = GroupPrefix + strconv.Itoa(os.Getpid())
 	}
 	if o.Stdout == nil {
 		o.Stdout = os.Stdout
