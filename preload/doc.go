@@ -1,11 +1,22 @@
 // Package preload holds librmem.so, rmem's LD_PRELOAD shim (src/: one
-// internal header, rmem.h, with the lock order, and a file per concern;
-// proto.h is the C mirror of pager/proto), and the Go tests that build it
+// internal header, rmem.h, with the files' layers, the lock order and who
+// owns what, and a file per concern; proto.h is the C mirror of
+// pager/proto), and the Go tests that build it
 // with build.sh and run C programs, python3 and redis-server under it
 // against a small test agent. `make` builds bin/librmem.so; `memagent run`
 // preloads it. build.sh is the only build: it links the jemalloc of
 // Debian's libjemalloc_pic.a (package libjemalloc-dev) into the shim,
 // renamed and hidden.
+//
+// How the C is kept: each piece of shared state (the connection, the
+// region table, the mode and the per-thread guards, the configuration,
+// the helper thread, the heap's reservation) is written by one file
+// only, through that file's functions: the connection changes through
+// named transitions in conn.c (connect, lost, resume, orphan, astray, the
+// fork steps), and what a signal handler may read of it is atomic. The
+// files form layers (`make shim-layers` fails when a file uses what a
+// file above it defines, beyond the one exception rmem.h names), and
+// every symbol shared between them starts with rm_.
 //
 // What the shim does: it pages the process's memory through the agent.
 // Memory becomes regions, registered MISSING|WP with the process's
@@ -56,7 +67,7 @@
 //
 // Inside the process: the helper thread is the only reader of the agent
 // socket; program threads make one request at a time (req_mu) and the
-// helper hands them their reply. The helper holds the region table lock
+// helper hands them their reply (conn.c). The helper holds the region table lock
 // while it copies and drops victims, so a region cannot be unmapped under
 // it, and it touches no memory that could fault then: it checks that its
 // victims are resident (mincore) and reads mprotect-ed ones through

@@ -23,7 +23,7 @@
 #define RMEM_ENV_MIN_ALLOC "RMEM_MIN_ALLOC"
 #define RMEM_ENV_LOCAL_MEM "RMEM_LOCAL_MEM"
 #define RMEM_ENV_AGENT_WAIT "RMEM_AGENT_WAIT" /* how long to wait for an agent to resume us (resume.c) */
-#define RMEM_ENV_UFFD_USER_MODE "RMEM_UFFD_USER_MODE" /* 1: UFFD_USER_MODE_ONLY uffds, for tests (conn.c) */
+#define RMEM_ENV_UFFD_USER_MODE "RMEM_UFFD_USER_MODE" /* 1: UFFD_USER_MODE_ONLY uffds, for tests (wire.c) */
 
 enum rmem_type {
 	RMEM_HELLO = 1,      /* shim -> agent; fd: the uffd (top-level only) */

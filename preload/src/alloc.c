@@ -24,7 +24,8 @@
  * another library's constructor, or inside a foreign allocator's first
  * mmap) or in our constructor, whichever comes first. An allocation made
  * while it is being made (by dlsym, on the deciding thread) comes from a
- * small static arena whose frees are ignored. */
+ * small static arena whose frees are ignored. The mode decided is kept by
+ * mode.c. */
 #include "rmem.h"
 
 #include <dlfcn.h>
@@ -38,21 +39,7 @@
 
 void cfree(void *); /* gone from glibc's headers, still in old binaries */
 
-TLS int in_shim;
-TLS int in_fork;
-TLS int t_boot;
 static TLS int t_deciding;
-int g_ctor_done;
-int g_mode;
-
-/* The mode as this image of the process sees it, read by every call: a
- * word alone in a MADV_WIPEONFORK page, so that it reads MODE_UNKNOWN in
- * a child forked past fork(3) and its atfork handlers (_Fork(), a raw
- * clone), which did not inherit the heap's regions (fork.c): such a child
- * notices at its first malloc instead of touching them. fork.c writes it
- * back in the children of forks it sees. */
-static int g_mode0;
-static int *g_modep = &g_mode0;
 static pthread_mutex_t mode_mu = PTHREAD_MUTEX_INITIALIZER;
 
 struct fns {
@@ -164,14 +151,14 @@ static int decide(void)
 	if (t_deciding)
 		return MODE_UNKNOWN;
 	pthread_mutex_lock(&mode_mu);
-	int m = __atomic_load_n(&g_mode, __ATOMIC_ACQUIRE);
+	int m = rm_mode();
 	if (m != MODE_UNKNOWN) {
 		pthread_mutex_unlock(&mode_mu);
 		return m;
 	}
 	t_deciding = 1;
-	in_shim++;
-	init_config();
+	rm_shim_enter();
+	rm_init_config();
 	void *me = base_of((void *)decide);
 	void *libc_base = base_of(dlsym(RTLD_NEXT, "gnu_get_libc_version"));
 	LOOKUP(&libc, RTLD_NEXT, libc_base);
@@ -182,40 +169,32 @@ static int decide(void)
 	}
 	if (handle == RTLD_NEXT && base && base == libc_base && libc.malloc && libc.free && libc.calloc &&
 	    libc.realloc && libc.memalign && libc.usable) {
-		m = heap_reserve() == 0 ? MODE_GLIBC : MODE_LIBC;
+		m = rm_heap_reserve() == 0 ? MODE_GLIBC : MODE_LIBC;
 	} else {
 		m = MODE_FOREIGN;
 		LOOKUP(&fa, handle, base);
 		if (!fa.malloc || !fa.free || !fa.realloc) {
 			/* An allocator without them could not work without us
 			 * either; do what the program would do without us. */
-			say("rmem: the program's malloc comes without free or realloc: using glibc's for those", NULL);
+			rm_say("rmem: the program's malloc comes without free or realloc: using glibc's for those", NULL);
 			fa.malloc = fa.malloc ? fa.malloc : libc.malloc;
 			fa.free = fa.free ? fa.free : libc.free;
 			fa.realloc = fa.realloc ? fa.realloc : libc.realloc;
 		}
 	}
-	int *pg = raw_mmap(NULL, g_page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (pg != MAP_FAILED && raw_madvise(pg, g_page, MADV_WIPEONFORK) == 0) {
-		*pg = m;
-		__atomic_store_n(&g_modep, pg, __ATOMIC_RELEASE);
-	} else {
-		if (pg != MAP_FAILED)
-			raw_munmap(pg, g_page);
-		g_mode0 = m; /* no wipe: forked-astray children are noticed by is_connected only */
-	}
-	fork_register();
-	__atomic_store_n(&g_mode, m, __ATOMIC_RELEASE);
-	in_shim--;
+	rm_mode_page_init(m);
+	rm_fork_register(); /* fork.c's handlers: the one call up the layers (rmem.h) */
+	rm_mode_publish(m);
+	rm_shim_leave();
 	t_deciding = 0;
 	pthread_mutex_unlock(&mode_mu);
 	return m;
 }
 
 /* The shim's first entry from anywhere: decides the mode. */
-void enter(void)
+void rm_enter(void)
 {
-	if (unlikely(!__atomic_load_n(&g_mode, __ATOMIC_ACQUIRE)))
+	if (unlikely(!rm_mode()))
 		decide();
 }
 
@@ -224,30 +203,18 @@ void enter(void)
  * past fork(3) (unless in_fork: a fork(3) child before our handler). */
 static int mode_slow(void)
 {
-	int m = __atomic_load_n(&g_mode, __ATOMIC_ACQUIRE);
+	int m = rm_mode();
 	if (m == MODE_UNKNOWN)
 		return decide();
-	if (*g_modep == m || in_fork)
+	if (rm_mode_here() == m || rm_in_fork())
 		return m;
-	astray_child();
-	return __atomic_load_n(&g_mode, __ATOMIC_ACQUIRE);
-}
-
-/* In a child: writes the mode back on its (wiped) page; lost_heap: the
- * child has no heap (forked past fork(3) with heap regions). */
-void alloc_fork_child(int lost_heap)
-{
-	int m = __atomic_load_n(&g_mode, __ATOMIC_ACQUIRE);
-	if (lost_heap && m == MODE_GLIBC) {
-		m = MODE_LOST;
-		__atomic_store_n(&g_mode, m, __ATOMIC_RELEASE);
-	}
-	*g_modep = m;
+	rm_conn_astray();
+	return rm_mode();
 }
 
 static int mode(void)
 {
-	int m = *g_modep;
+	int m = rm_mode_here();
 	return m ? m : mode_slow();
 }
 
@@ -255,11 +222,11 @@ enum route { TO_JE, TO_LIBC, TO_FOREIGN, TO_BOOT };
 
 static int route(void)
 {
-	if (unlikely(t_boot))
+	if (unlikely(rm_in_boot()))
 		return TO_BOOT;
 	switch (mode()) {
 	case MODE_GLIBC:
-		return in_shim || in_fork ? TO_LIBC : TO_JE;
+		return rm_in_shim() || rm_in_fork() ? TO_LIBC : TO_JE;
 	case MODE_FOREIGN:
 		return TO_FOREIGN;
 	case MODE_UNKNOWN:
@@ -269,7 +236,10 @@ static int route(void)
 	}
 }
 
-static int fast(void) { return *g_modep == MODE_GLIBC && !(in_shim | in_fork | t_boot); }
+static int fast(void)
+{
+	return rm_mode_here() == MODE_GLIBC && !(rm_guard.in_shim | rm_guard.in_fork | rm_guard.boot);
+}
 
 /* A pointer into the heap where there is none (a child forked past
  * fork(3)): touching it raises SIGSEGV (its region was not inherited and
@@ -277,7 +247,7 @@ static int fast(void) { return *g_modep == MODE_GLIBC && !(in_shim | in_fork | t
 static void lost_pointer(void *p)
 {
 	(void)*(volatile char *)p;
-	say("rmem: a child forked without fork(3) used a pointer into its parent's heap, which it did not inherit",
+	rm_say("rmem: a child forked without fork(3) used a pointer into its parent's heap, which it did not inherit",
 	    NULL);
 	abort();
 }
@@ -298,10 +268,10 @@ static void defer_free(void *p)
 		g_dfree[g_ndfree++] = p; /* else leaked: a fork handler freeing hundreds */
 }
 
-void alloc_run_deferred(void)
+void rm_alloc_run_deferred(void)
 {
 	for (int i = 0; i < g_ndfree; i++)
-		rmem_je_free(g_dfree[i]);
+		rm_je_free(g_dfree[i]);
 	g_ndfree = 0;
 }
 
@@ -351,20 +321,20 @@ static void *f_calloc(size_t n, size_t size)
  * oblivious", not a runtime option in 5.3): a page more per block, and big
  * blocks that start mid-page (programs madvise and mprotect big blocks,
  * as they could with the shim's old per-allocation mappings). */
-static size_t large(void) { return 4 * g_page; }
-static int lg_page(void) { return __builtin_ctzl(g_page); }
+static size_t large(void) { return 4 * rm_page; }
+static int lg_page(void) { return __builtin_ctzl(rm_page); }
 
-static void *je_malloc(size_t n) { return n < large() ? rmem_je_malloc(n) : rmem_je_mallocx(n, lg_page()); }
+static void *je_malloc(size_t n) { return n < large() ? rm_je_malloc(n) : rm_je_mallocx(n, lg_page()); }
 
 static void *je_calloc(size_t n, size_t size)
 {
 	size_t total;
 	if (__builtin_mul_overflow(n, size, &total) || total < large())
-		return rmem_je_calloc(n, size);
-	return rmem_je_mallocx(total, lg_page() | RMEM_JE_ZERO);
+		return rm_je_calloc(n, size);
+	return rm_je_mallocx(total, lg_page() | RM_JE_ZERO);
 }
 
-static void *je_realloc(void *p, size_t n) { return n < large() ? rmem_je_realloc(p, n) : rmem_je_rallocx(p, n, lg_page()); }
+static void *je_realloc(void *p, size_t n) { return n < large() ? rm_je_realloc(p, n) : rm_je_rallocx(p, n, lg_page()); }
 
 static void *malloc_slow(size_t n)
 {
@@ -426,17 +396,17 @@ static void other_free(void *p)
 static void heap_free_slow(void *p)
 {
 	int m = mode();
-	if (in_fork)
+	if (rm_in_fork())
 		defer_free(p);
 	else if (m != MODE_LOST)
-		rmem_je_free(p);
+		rm_je_free(p);
 }
 
 EXPORT void free(void *p)
 {
 	if (in_heap(p)) {
-		if (likely(*g_modep == MODE_GLIBC && !in_fork))
-			rmem_je_free(p);
+		if (likely(rm_mode_here() == MODE_GLIBC && !rm_in_fork()))
+			rm_je_free(p);
 		else
 			heap_free_slow(p);
 		return;
@@ -482,12 +452,12 @@ static void *realloc_heap(void *p, size_t n)
 		free(p);
 		return NULL;
 	}
-	void *q = in_fork ? NULL : je_realloc(p, n);
+	void *q = rm_in_fork() ? NULL : je_realloc(p, n);
 	if (q)
 		return q;
 	q = libc.malloc(n); /* during a fork, or the heap is full */
 	if (q) {
-		size_t old = rmem_je_malloc_usable_size(p);
+		size_t old = rm_je_malloc_usable_size(p);
 		memcpy(q, p, old < n ? old : n);
 		free(p);
 	}
@@ -497,7 +467,7 @@ static void *realloc_heap(void *p, size_t n)
 EXPORT void *realloc(void *p, size_t n)
 {
 	if (in_heap(p)) {
-		if (likely(*g_modep == MODE_GLIBC && !in_fork && n)) {
+		if (likely(rm_mode_here() == MODE_GLIBC && !rm_in_fork() && n)) {
 			void *q = je_realloc(p, n);
 			if (likely(q != NULL))
 				return q;
@@ -529,7 +499,7 @@ static void *aligned(size_t align, size_t n)
 	void *p;
 	switch (route()) {
 	case TO_JE:
-		p = rmem_je_memalign(align, n);
+		p = rm_je_memalign(align, n);
 		return p ? p : libc.memalign(align, n);
 	case TO_LIBC:
 		return libc.memalign(align, n);
@@ -581,18 +551,18 @@ EXPORT void *valloc(size_t n)
 {
 	if (route() == TO_FOREIGN && fa.valloc)
 		return fa.valloc(n);
-	return aligned(g_page, n);
+	return aligned(rm_page, n);
 }
 
 EXPORT void *pvalloc(size_t n)
 {
 	if (route() == TO_FOREIGN && fa.pvalloc)
 		return fa.pvalloc(n);
-	if (add_overflows(n, g_page)) {
+	if (add_overflows(n, rm_page)) {
 		errno = ENOMEM;
 		return NULL;
 	}
-	return aligned(g_page, round_up(n ? n : 1, g_page));
+	return aligned(rm_page, round_up(n ? n : 1, rm_page));
 }
 
 EXPORT size_t malloc_usable_size(void *p)
@@ -600,7 +570,7 @@ EXPORT size_t malloc_usable_size(void *p)
 	if (in_heap(p)) {
 		if (mode() == MODE_LOST)
 			lost_pointer(p);
-		return rmem_je_malloc_usable_size(p);
+		return rm_je_malloc_usable_size(p);
 	}
 	if (!p)
 		return 0;
@@ -619,20 +589,20 @@ EXPORT size_t malloc_usable_size(void *p)
  * finds no heap to map and stays idle). */
 __attribute__((constructor(101))) static void rmem_init(void)
 {
-	enter();
-	sem_init(&g_conn_sem, 0, 0);
+	rm_enter();
+	rm_conn_init();
 	/* The helper's allocations (its TLS vector): glibc's in glibc mode;
 	 * in foreign mode the allocator's, whose first mapping this may be,
 	 * to be paged (pending) like the others. */
-	int glibc = __atomic_load_n(&g_mode, __ATOMIC_ACQUIRE) != MODE_FOREIGN;
-	in_shim += glibc;
-	int err = start_helper();
-	in_shim -= glibc;
-	in_shim++;
+	int glibc = rm_mode() != MODE_FOREIGN;
+	if (glibc)
+		rm_shim_enter();
+	int err = rm_helper_start();
+	if (glibc)
+		rm_shim_leave();
+	rm_shim_enter();
 	if (err)
-		say("rmem: cannot start the helper thread (", errstr(err), "): using ordinary memory", NULL);
-	__atomic_store_n(&g_ctor_done, 1, __ATOMIC_RELEASE);
-	if (pending_count())
-		connected(); /* and registers what came before us */
-	in_shim--;
+		rm_say("rmem: cannot start the helper thread (", rm_errstr(err), "): using ordinary memory", NULL);
+	rm_region_open(); /* and registers what came before us */
+	rm_shim_leave();
 }

@@ -1,7 +1,7 @@
 /* glibc mode's heap: the memory of the jemalloc embedded in librmem.so.
  *
  * preload/build.sh links Debian's libjemalloc_pic.a into the shim with its
- * public names renamed (malloc -> rmem_je_malloc, ...: jemalloc.syms) and
+ * public names renamed (malloc -> rm_je_malloc, ...: jemalloc.syms) and
  * its calls to the system redirected here: mmap, munmap, madvise,
  * mprotect and sbrk (all its memory lives in one reservation, and each
  * chunk it maps is a region), secure_getenv (it reads RMEM_MALLOC_CONF,
@@ -29,7 +29,8 @@
  * a 16 MiB heap in 5 chunk regions took 7 more slabs across a fork than
  * in 1 region, pager's TestForkSharesSlabs) and a REGION_ADD round trip.
  * A chunk mapped, and an unmap returned to PROT_NONE, inside a segment
- * keep its registration (interpose.c's fixed_locked). */
+ * keep its registration (region.c's rm_map_fixed_locked). The reservation
+ * is this file's: set once, read by in_heap (rmem.h). */
 #include "rmem.h"
 
 #include <errno.h>
@@ -37,8 +38,8 @@
 #include <string.h>
 #include <sys/mman.h>
 
-uintptr_t g_res_base;
-size_t g_res_len;
+uintptr_t rm_heap_base;
+size_t rm_heap_len;
 static uintptr_t g_bump, g_res_end; /* heap_mu */
 static pthread_mutex_t heap_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_full_said;
@@ -53,23 +54,23 @@ static int g_full_said;
  * background threads: they would be created inside malloc (see helper.c),
  * and purging stays on the allocating threads. No sbrk: all its memory is
  * in the reservation. RMEM_MALLOC_CONF adds to it. */
-HIDDEN const char *rmem_je_malloc_conf =
+HIDDEN const char *rm_je_malloc_conf =
 	"retain:true,background_thread:false,dss:disabled,abort_conf:false";
 
-int heap_reserve(void)
+int rm_heap_reserve(void)
 {
 	for (size_t len = RES_MAX; len >= RES_MIN; len /= 2) {
-		void *p = raw_mmap(NULL, len + HEAP_SEG, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+		void *p = rm_raw_mmap(NULL, len + HEAP_SEG, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 		if (p == MAP_FAILED)
 			continue;
 		uintptr_t b = round_up((uintptr_t)p, HEAP_SEG);
 		g_bump = b;
 		g_res_end = b + len;
-		g_res_base = b;
-		__atomic_store_n(&g_res_len, len, __ATOMIC_RELEASE);
+		rm_heap_base = b;
+		__atomic_store_n(&rm_heap_len, len, __ATOMIC_RELEASE);
 		return 0;
 	}
-	say("rmem: cannot reserve address space for the heap: malloc stays glibc's and is not paged", NULL);
+	rm_say("rmem: cannot reserve address space for the heap: malloc stays glibc's and is not paged", NULL);
 	return -1;
 }
 
@@ -78,41 +79,41 @@ int heap_reserve(void)
  * makes the segments it begins regions (pending before our constructor). */
 static void *heap_map(uintptr_t a, size_t len, int prot, int flags)
 {
-	in_shim++;
-	int early = !__atomic_load_n(&g_ctor_done, __ATOMIC_ACQUIRE);
-	int conn = !early && connected();
-	req_lock();
-	void *p = fixed_locked(a, len, prot, flags | MAP_FIXED, -1, 0, 0);
+	rm_shim_enter();
+	int early = rm_region_early();
+	int conn = !early && rm_connected();
+	rm_req_lock();
+	void *p = rm_map_fixed_locked(a, len, prot, flags | MAP_FIXED, -1, 0, RM_FIXED_HEAP);
 	for (uintptr_t s = a & ~(HEAP_SEG - 1); p != MAP_FAILED && s < a + len; s += HEAP_SEG) {
 		if (early)
-			pending_add(s, HEAP_SEG, KIND_HEAP, PROT_READ | PROT_WRITE);
-		else if (conn && is_connected() && !overlaps_regions(s, HEAP_SEG))
-			add_region_locked((void *)s, HEAP_SEG, KIND_HEAP, PROT_READ | PROT_WRITE); /* refused: ordinary */
+			rm_pending_add(s, HEAP_SEG, KIND_HEAP, PROT_READ | PROT_WRITE);
+		else if (conn && rm_conn_is_connected() && !rm_table_overlaps(s, HEAP_SEG))
+			rm_region_add_locked((void *)s, HEAP_SEG, KIND_HEAP, PROT_READ | PROT_WRITE); /* refused: ordinary */
 	}
-	req_unlock();
-	in_shim--;
+	rm_req_unlock();
+	rm_shim_leave();
 	return p;
 }
 
-HIDDEN void *rmem_heap_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+HIDDEN void *rm_heap_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {
 	uintptr_t a = (uintptr_t)addr;
-	size_t rl = round_up(len, g_page);
-	if (!g_res_len || fd != -1 || !(flags & MAP_ANONYMOUS) || !len || add_overflows(len, g_page)) {
+	size_t rl = round_up(len, rm_page);
+	if (!rm_heap_len || fd != -1 || !(flags & MAP_ANONYMOUS) || !len || add_overflows(len, rm_page)) {
 		errno = ENOMEM;
 		return MAP_FAILED;
 	}
 	if (flags & MAP_FIXED) { /* a commit or decommit (without overcommit) */
-		if (!in_heap(addr) || (a & (g_page - 1)) || rl > g_res_base + g_res_len - a) {
+		if (!in_heap(addr) || (a & (rm_page - 1)) || rl > rm_heap_base + rm_heap_len - a) {
 			errno = EINVAL;
 			return MAP_FAILED;
 		}
-		return mmap_fixed_over_regions(addr, len, prot, flags, fd, off);
+		return rm_map_fixed(addr, len, prot, flags, fd, off, RM_FIXED_ZAP | RM_FIXED_HEAP);
 	}
 	pthread_mutex_lock(&heap_mu);
 	uintptr_t at = g_bump;
 	if (a) /* a hint: taken if it lies in what is left, else refused */
-		at = a >= g_bump && !(a & (g_page - 1)) && a < g_res_end ? a : 0;
+		at = a >= g_bump && !(a & (rm_page - 1)) && a < g_res_end ? a : 0;
 	if (at && rl > g_res_end - at)
 		at = 0;
 	if (at)
@@ -120,50 +121,50 @@ HIDDEN void *rmem_heap_mmap(void *addr, size_t len, int prot, int flags, int fd,
 	pthread_mutex_unlock(&heap_mu);
 	if (!at) {
 		if (!a && !__atomic_exchange_n(&g_full_said, 1, __ATOMIC_ACQ_REL))
-			say("rmem: the heap's reservation is full: further allocations come from glibc (not paged)", NULL);
+			rm_say("rmem: the heap's reservation is full: further allocations come from glibc (not paged)", NULL);
 		errno = ENOMEM;
 		return MAP_FAILED;
 	}
 	void *p = heap_map(at, rl, prot, flags & ~MAP_FIXED_NOREPLACE);
 	if (p == MAP_FAILED) {
 		int e = errno; /* keep the range reserved: it is jemalloc's by position */
-		raw_mmap((void *)at, rl, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+		rm_raw_mmap((void *)at, rl, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
 		errno = e;
 	}
 	return p;
 }
 
-HIDDEN int rmem_heap_munmap(void *addr, size_t len)
+HIDDEN int rm_heap_munmap(void *addr, size_t len)
 {
 	uintptr_t a = (uintptr_t)addr;
-	size_t rl = round_up(len, g_page);
-	if (!in_heap(addr) || !page_range(a, len) || rl > g_res_base + g_res_len - a) {
+	size_t rl = round_up(len, rm_page);
+	if (!in_heap(addr) || !page_range(a, len) || rl > rm_heap_base + rm_heap_len - a) {
 		errno = EINVAL;
 		return -1;
 	}
 	/* Back to PROT_NONE; its segment stays a region. */
-	void *p = mmap_fixed_over_regions(addr, rl, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
-					  -1, 0);
+	void *p = rm_map_fixed(addr, rl, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0,
+			       RM_FIXED_ZAP | RM_FIXED_HEAP);
 	return p == MAP_FAILED ? -1 : 0;
 }
 
-HIDDEN int rmem_heap_madvise(void *addr, size_t len, int advice) { return madvise_core(addr, len, advice); }
+HIDDEN int rm_heap_madvise(void *addr, size_t len, int advice) { return rm_madvise(addr, len, advice); }
 
-HIDDEN int rmem_heap_mprotect(void *addr, size_t len, int prot) { return mprotect_core(addr, len, prot); }
+HIDDEN int rm_heap_mprotect(void *addr, size_t len, int prot) { return rm_mprotect(addr, len, prot); }
 
-HIDDEN void *rmem_heap_sbrk(intptr_t inc)
+HIDDEN void *rm_heap_sbrk(intptr_t inc)
 {
 	(void)inc;
 	errno = ENOMEM;
 	return (void *)-1;
 }
 
-HIDDEN char *rmem_heap_secure_getenv(const char *name)
+HIDDEN char *rm_heap_secure_getenv(const char *name)
 {
 	return secure_getenv(strcmp(name, "MALLOC_CONF") ? name : "RMEM_MALLOC_CONF");
 }
 
-HIDDEN ssize_t rmem_heap_readlink(const char *path, char *buf, size_t len)
+HIDDEN ssize_t rm_heap_readlink(const char *path, char *buf, size_t len)
 {
 	(void)path, (void)buf, (void)len;
 	errno = ENOENT;
@@ -173,7 +174,7 @@ HIDDEN ssize_t rmem_heap_readlink(const char *path, char *buf, size_t len)
 static void (*je_prefork)(void), (*je_postfork_parent)(void), (*je_postfork_child)(void);
 static TLS int t_je_forking;
 
-HIDDEN int rmem_heap_atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void))
+HIDDEN int rm_heap_atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void))
 {
 	je_prefork = prepare;
 	je_postfork_parent = parent;
@@ -182,13 +183,13 @@ HIDDEN int rmem_heap_atfork(void (*prepare)(void), void (*parent)(void), void (*
 }
 
 /* _Unwind_Backtrace and _Unwind_GetIP: no frames. */
-HIDDEN int rmem_heap_unwind_backtrace(void *fn, void *arg)
+HIDDEN int rm_heap_unwind_backtrace(void *fn, void *arg)
 {
 	(void)fn, (void)arg;
 	return 5; /* _URC_END_OF_STACK */
 }
 
-HIDDEN uintptr_t rmem_heap_unwind_getip(void *ctx)
+HIDDEN uintptr_t rm_heap_unwind_getip(void *ctx)
 {
 	(void)ctx;
 	return 0;
@@ -196,15 +197,15 @@ HIDDEN uintptr_t rmem_heap_unwind_getip(void *ctx)
 
 /* jemalloc's fork handlers, around fork(2) (fork.c): its locks are taken
  * after every other library's prepare handler that may allocate. */
-void heap_prefork(void)
+void rm_heap_prefork(void)
 {
-	if (__atomic_load_n(&g_mode, __ATOMIC_ACQUIRE) == MODE_GLIBC && je_prefork) {
+	if (rm_mode() == MODE_GLIBC && je_prefork) {
 		je_prefork();
 		t_je_forking = 1;
 	}
 }
 
-void heap_postfork_parent(void)
+void rm_heap_postfork_parent(void)
 {
 	if (t_je_forking) {
 		t_je_forking = 0;
@@ -212,7 +213,7 @@ void heap_postfork_parent(void)
 	}
 }
 
-void heap_postfork_child(void)
+void rm_heap_postfork_child(void)
 {
 	if (t_je_forking) {
 		t_je_forking = 0;

@@ -7,7 +7,8 @@
  * child by fork.c: creating a thread allocates (glibc callocs the new
  * thread's TLS vector through the malloc in front), which would deadlock
  * inside another allocator's mmap call (jemalloc holds its locks there).
- * It waits on g_conn_sem for a connection. */
+ * It waits for conn.c to hand it a connection (rm_conn_await). This file
+ * owns whether the process has its helper thread (rm_helper_running). */
 #include "rmem.h"
 
 #include <errno.h>
@@ -19,8 +20,12 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-sem_t g_conn_sem;
-int g_helper_exists;
+static int g_running; /* the process has its helper thread (atomic) */
+
+int rm_helper_running(void) { return __atomic_load_n(&g_running, __ATOMIC_ACQUIRE); }
+
+/* In a fork child: threads do not survive fork. */
+void rm_helper_atfork_child(void) { __atomic_store_n(&g_running, 0, __ATOMIC_RELEASE); }
 
 /* Whether each victim that is to be copied (a dirty one, with a staging
  * slot) is resident (mincore, one call per run of neighbours with such a
@@ -33,11 +38,11 @@ static void resident(const struct rmem_evict *ev, unsigned char *in)
 	while (i < ev->n) {
 		uintptr_t start = (uintptr_t)ev->pages[i].addr;
 		uint32_t j = i + 1, copied = ev->pages[i].slot != RMEM_NO_SLOT;
-		while (j < ev->n && (uintptr_t)ev->pages[j].addr == start + (j - i) * g_page)
+		while (j < ev->n && (uintptr_t)ev->pages[j].addr == start + (j - i) * rm_page)
 			copied |= ev->pages[j++].slot != RMEM_NO_SLOT;
 		if (!copied)
 			memset(in + i, 1, j - i);
-		else if ((start & (g_page - 1)) || mincore((void *)start, (j - i) * g_page, in + i) != 0)
+		else if ((start & (rm_page - 1)) || mincore((void *)start, (j - i) * rm_page, in + i) != 0)
 			memset(in + i, 0, j - i);
 		for (uint32_t k = i; k < j; k++)
 			in[k] &= 1;
@@ -66,15 +71,15 @@ static uint32_t drop(const struct rmem_evict *ev, uint32_t n, int *err)
 	for (uint32_t i = 0; i < n;) {
 		uintptr_t start = (uintptr_t)ev->pages[i].addr;
 		uint32_t j = i + 1;
-		while (j < n && (uintptr_t)ev->pages[j].addr == start + (j - i) * g_page)
+		while (j < n && (uintptr_t)ev->pages[j].addr == start + (j - i) * rm_page)
 			j++;
-		iov[runs] = (struct iovec){(void *)start, (j - i) * g_page};
+		iov[runs] = (struct iovec){(void *)start, (j - i) * rm_page};
 		first[runs++] = i;
 		i = j;
 	}
 	if (runs > 1 && __atomic_load_n(&g_pmadv_ok, __ATOMIC_RELAXED)) {
 		long r = syscall(SYS_process_madvise, PIDFD_SELF_THREAD, iov, runs, MADV_DONTNEED, 0);
-		if (r >= 0 && (size_t)r == (size_t)(n * g_page))
+		if (r >= 0 && (size_t)r == (size_t)(n * rm_page))
 			return n;
 		if (r < 0 && (errno == EBADF || errno == EINVAL || errno == ENOSYS || errno == EPERM))
 			__atomic_store_n(&g_pmadv_ok, 0, __ATOMIC_RELAXED);
@@ -82,7 +87,7 @@ static uint32_t drop(const struct rmem_evict *ev, uint32_t n, int *err)
 		 * (dropping a dropped page again is harmless). */
 	}
 	for (int k = 0; k < runs; k++)
-		if (raw_madvise(iov[k].iov_base, iov[k].iov_len, MADV_DONTNEED) != 0) {
+		if (rm_raw_madvise(iov[k].iov_base, iov[k].iov_len, MADV_DONTNEED) != 0) {
 			*err = errno;
 			return first[k];
 		}
@@ -97,20 +102,21 @@ static uint32_t drop(const struct rmem_evict *ev, uint32_t n, int *err)
  * reading one directly would kill the process. */
 static void evict(const struct rmem_evict *ev, struct rmem_evicted *out)
 {
-	uint32_t done = 0;
-	int err = 0;
+	uint32_t done = 0, slots = rm_conn_slots();
+	int err = 0, mem_fd = rm_conn_mem_fd();
+	char *staging = rm_conn_staging();
 	unsigned char in[RMEM_MAX_EVICT_BATCH];
-	pthread_mutex_lock(&table_mu);
+	rm_table_lock();
 	resident(ev, in);
 	for (; done < ev->n; done++) {
 		uintptr_t a = (uintptr_t)ev->pages[done].addr;
 		uint32_t s = ev->pages[done].slot;
-		if ((a & (g_page - 1)) || (s >= g_slots && s != RMEM_NO_SLOT)) {
+		if ((a & (rm_page - 1)) || (s >= slots && s != RMEM_NO_SLOT)) {
 			err = EINVAL;
 			break;
 		}
-		int i = table_covers_locked(a, g_page);
-		if (i < 0) {
+		int flags;
+		if (!rm_table_covers_locked(a, rm_page, &flags)) {
 			err = EFAULT;
 			break;
 		}
@@ -120,17 +126,17 @@ static void evict(const struct rmem_evict *ev, struct rmem_evicted *out)
 			err = EFAULT; /* copying it would fault, and wait for the agent waiting for us */
 			break;
 		}
-		char *dst = g_staging + (size_t)s * g_page;
-		if (!(g_regions[i].flags & R_UNREADABLE)) {
-			memcpy(dst, (void *)a, g_page);
-		} else if (g_mem_fd < 0 || pread(g_mem_fd, dst, g_page, (off_t)a) != (ssize_t)g_page) {
+		char *dst = staging + (size_t)s * rm_page;
+		if (!(flags & R_UNREADABLE)) {
+			memcpy(dst, (void *)a, rm_page);
+		} else if (mem_fd < 0 || pread(mem_fd, dst, rm_page, (off_t)a) != (ssize_t)rm_page) {
 			err = EFAULT; /* the agent keeps the page resident */
 			break;
 		}
 	}
 	/* Drop the pages (no REMOVE event: the shim does not ask for them). */
 	done = drop(ev, done, &err);
-	pthread_mutex_unlock(&table_mu);
+	rm_table_unlock();
 	out->batch = ev->batch;
 	out->done = done;
 	out->err = done < ev->n ? (uint32_t)err : 0;
@@ -147,9 +153,9 @@ static void serve(int sock)
 	} pkt;
 	for (;;) {
 		struct rmem_hdr h;
-		int n = recv_packet(sock, pkt.buf, &h, NULL, NULL);
+		int n = rm_recv(sock, pkt.buf, &h, NULL, NULL);
 		if (n < 0) {
-			lost_agent(n == -EPROTO ? EPROTO : -n);
+			rm_conn_lost(n == -EPROTO ? EPROTO : -n);
 			return;
 		}
 		const char *body = pkt.buf + sizeof h;
@@ -157,14 +163,14 @@ static void serve(int sock)
 		case RMEM_ACK:
 			if (n != sizeof(struct rmem_ack))
 				goto bad;
-			deliver_reply(((const struct rmem_ack *)body)->seq, 0);
+			rm_deliver_reply(((const struct rmem_ack *)body)->seq, 0);
 			break;
 		case RMEM_ERROR: {
 			if (n < 8)
 				goto bad;
 			struct rmem_error e;
 			memcpy(&e, body, 8);
-			deliver_reply(e.seq, e.err ? (int)e.err : EIO);
+			rm_deliver_reply(e.seq, e.err ? (int)e.err : EIO);
 			break;
 		}
 		case RMEM_EVICT: {
@@ -177,9 +183,9 @@ static void serve(int sock)
 			memcpy(ev.pages, body + 16, ev.n * sizeof ev.pages[0]);
 			struct rmem_evicted out;
 			evict(&ev, &out);
-			int err = send_packet(RMEM_EVICTED, 0, &out, sizeof out, -1);
+			int err = rm_send(sock, RMEM_EVICTED, 0, &out, sizeof out, -1);
 			if (err) {
-				lost_agent(-err);
+				rm_conn_lost(-err);
 				return;
 			}
 			break;
@@ -189,7 +195,7 @@ static void serve(int sock)
 		}
 		continue;
 	bad:
-		lost_agent(EPROTO);
+		rm_conn_lost(EPROTO);
 		shutdown(sock, SHUT_RDWR);
 		return;
 	}
@@ -198,22 +204,22 @@ static void serve(int sock)
 static void *helper_main(void *arg)
 {
 	(void)arg;
-	in_shim = 1;
+	rm_shim_enter(); /* for good */
 	for (;;) {
-		while (sem_wait(&g_conn_sem) != 0)
-			;
+		int sock = rm_conn_await();
 		for (;;) {
-			serve(g_sock);
-			if (__atomic_load_n(&g_state, __ATOMIC_ACQUIRE) != ST_RESUMING)
+			serve(sock);
+			if (rm_conn_state() != ST_RESUMING)
 				break;
-			resume_loop(); /* until an agent resumes us */
+			rm_resume_loop(); /* until an agent resumes us */
+			sock = rm_conn_sock();
 		}
 	}
 	return NULL;
 }
 
 /* Starts the helper thread. Returns 0 or an errno. */
-int start_helper(void)
+int rm_helper_start(void)
 {
 	sigset_t all, old;
 	sigfillset(&all);
@@ -227,6 +233,6 @@ int start_helper(void)
 	pthread_attr_destroy(&attr);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	if (!err)
-		g_helper_exists = 1;
+		__atomic_store_n(&g_running, 1, __ATOMIC_RELEASE);
 	return err;
 }

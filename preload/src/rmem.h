@@ -1,14 +1,36 @@
 /* librmem.so internals: the one header of the shim's files (what the shim
- * does and why: ../doc.go and docs/pager.md).
+ * does and why: ../doc.go and docs/pager.md). A section per file below.
  *
- *   util.c       configuration, say(), raw system calls
- *   table.c      the region table and the requests that change it
- *   conn.c       the connection: packets, userfaultfd, handshake
- *   helper.c     the helper thread: replies and EVICT
- *   alloc.c      the mode, the malloc family, the constructor
- *   heap.c       glibc mode's heap: the embedded jemalloc's memory
+ * The files in layers, top to bottom: a file calls and reads only what
+ * files below it define (make shim-layers checks it; the one exception is
+ * alloc.c's decide registering fork.c's atfork handlers, which the first
+ * call into the shim must do, and fork() is such a call):
+ *
+ *   fork.c       fork() and the atfork handlers
  *   interpose.c  mmap, munmap, mremap, madvise, mprotect, sbrk
- *   fork.c       fork
+ *   alloc.c      the malloc family, deciding the mode, the constructor
+ *   heap.c       glibc mode's heap: the embedded jemalloc's memory
+ *   region.c     how memory becomes, changes and stops being a region:
+ *                connecting on first use, REGION_ADD/DEL/ZAP, MAP_FIXED
+ *                over regions, madvise and mprotect of regions
+ *   helper.c     the helper thread: replies and EVICT
+ *   resume.c     the helper looking for the next agent
+ *   conn.c       the connection: its state and the transitions that
+ *                change it, requests
+ *   wire.c       packets, new userfaultfds, the handshake (HELLO by mode)
+ *   table.c      the region table and the pending ranges
+ *   mode.c       the mode (as decided by alloc.c) and this thread's guards
+ *   util.c       configuration, say(), raw system calls
+ *
+ * Each piece of shared state has one file that writes it; the others call
+ * that file's functions (transitions, accessors): the connection (conn.c),
+ * the region table and pending ranges (table.c), the mode and the
+ * per-thread guards (mode.c), the configuration (util.c), the helper
+ * thread (helper.c), the heap's reservation (heap.c). The few variables
+ * declared here are read directly for speed and written by their file
+ * only. Every symbol shared between files starts with rm_ (jemalloc's,
+ * renamed by build.sh: rm_je_*, and the system calls it makes: rm_heap_*);
+ * the exported ones are the interposed names (malloc, mmap, fork, ...).
  *
  * Locks, in this order (a thread holding one takes only later ones):
  *
@@ -18,35 +40,38 @@
  *              its fork handlers), or a foreign allocator's, which hold
  *              them when they call our mmap, munmap, madvise or sbrk
  *   mode_mu    deciding the mode (alloc.c)
- *   init_mu    the connection state
+ *   init_mu    setting the connection up: connect, fork (conn.c)
  *   req_mu     one request to the agent at a time; only its holder
- *              changes the region table's layout
- *   heap_mu    the heap's bump pointer (leaf)
- *   table_mu   the region table and the pending list
- *   reply_mu   the hand-over of replies from the helper thread
+ *              changes the region table's layout (conn.c)
+ *   heap_mu    the heap's bump pointer (heap.c; leaf)
+ *   table_mu   the region table and the pending list (table.c)
+ *   reply_mu   the hand-over of replies from the helper thread, and the
+ *              state's waiters (conn.c)
  *
  * The helper thread takes only table_mu and reply_mu, and nothing it does
  * under them touches paged memory except the resident victims it copies:
  * shim state lives in .bss, never in a region (a fault there would wait
  * for an agent that waits for the helper).
  *
+ * What a signal handler may read (no locks, nothing it could interrupt
+ * half done): the accessors marked "signal-safe" (atomic loads), the
+ * variables declared here, and rm_page.
+ *
  * Nothing here may allocate through the shim. Shim code runs with the
- * per-thread guard in_shim set: its allocations (by libc functions it
- * calls, dlsym, pthread_create) go to glibc in glibc mode and to the
- * foreign allocator in foreign mode, and its mmaps are raw. Code that can
- * run inside another allocator's mmap call (the whole mmap, munmap,
- * madvise and sbrk paths, the handshake) allocates nothing at all.
+ * per-thread guard in_shim set (rm_shim_enter): its allocations (by libc
+ * functions it calls, dlsym, pthread_create) go to glibc in glibc mode and
+ * to the foreign allocator in foreign mode, and its mmaps are raw. Code
+ * that can run inside another allocator's mmap call (the whole mmap,
+ * munmap, madvise and sbrk paths, the handshake) allocates nothing at all.
  */
 #ifndef RMEM_H
 #define RMEM_H
 
 #define _GNU_SOURCE
 #include <pthread.h>
-#include <semaphore.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
-#include <sys/un.h>
 
 #include "../proto.h"
 
@@ -75,9 +100,10 @@
 /* Region table capacity; past it new memory is ordinary (said once). */
 #define MAX_REGIONS 16384
 
-/* ST_RESUMING: the agent went away and the helper looks for the next one
- * (resume.c): requests wait. ST_ORPHANED: none came in time: requests fail,
- * faults get SIGBUS, the helper still looks. */
+/* The connection's state (conn.c). ST_RESUMING: the agent went away and
+ * the helper looks for the next one (resume.c): requests wait.
+ * ST_ORPHANED: none came in time: requests fail, faults get SIGBUS, the
+ * helper still looks. */
 enum state { ST_UNINIT, ST_CONNECTED, ST_OFF, ST_RESUMING, ST_ORPHANED };
 enum kind { KIND_HEAP = RMEM_KIND_HEAP, KIND_MMAP = RMEM_KIND_MMAP };
 
@@ -100,7 +126,7 @@ struct region {
 	int flags;
 };
 
-/* The mode (alloc.c). */
+/* The mode (decided by alloc.c, kept by mode.c). */
 enum mode {
 	MODE_UNKNOWN, /* not decided yet */
 	MODE_GLIBC,   /* the shim is the allocator: the embedded jemalloc */
@@ -109,22 +135,24 @@ enum mode {
 	MODE_LOST,    /* a child forked past fork(3) that lost its heap */
 };
 
-/* ---- util.c ---- */
-HIDDEN extern size_t g_page;
-HIDDEN extern size_t g_min_alloc;
-HIDDEN extern int g_min_from_env;
-HIDDEN extern uint64_t g_local_mem;
-HIDDEN extern char g_sock_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
-HIDDEN extern pid_t (*real_fork)(void);
-HIDDEN extern void *(*real_sbrk)(intptr_t);
-HIDDEN void init_config(void);
-HIDDEN void say(const char *first, ...);
-HIDDEN const char *errstr(int err);
-HIDDEN void *raw_mmap(void *a, size_t len, int prot, int flags, int fd, off_t off);
-HIDDEN int raw_munmap(void *a, size_t len);
-HIDDEN int raw_madvise(void *a, size_t len, int advice);
-HIDDEN int raw_mprotect(void *a, size_t len, int prot);
-HIDDEN size_t parse_size(const char *s, int *ok);
+/* ---- util.c: configuration, say(), raw system calls (nothing here allocates) ---- */
+HIDDEN extern size_t rm_page; /* set once, by rm_init_config */
+typedef pid_t rm_fork_fn(void);
+typedef void *rm_sbrk_fn(intptr_t);
+HIDDEN void rm_init_config(void);
+HIDDEN size_t rm_min_alloc(void);
+HIDDEN void rm_offer_min_alloc(uint64_t v);
+HIDDEN uint64_t rm_local_mem(void);
+HIDDEN const char *rm_sock_path(void);
+HIDDEN rm_fork_fn *rm_real_fork(void);
+HIDDEN rm_sbrk_fn *rm_real_sbrk(void);
+HIDDEN void rm_say(const char *first, ...);
+HIDDEN const char *rm_errstr(int err);
+HIDDEN void *rm_raw_mmap(void *a, size_t len, int prot, int flags, int fd, off_t off);
+HIDDEN int rm_raw_munmap(void *a, size_t len);
+HIDDEN int rm_raw_madvise(void *a, size_t len, int advice);
+HIDDEN int rm_raw_mprotect(void *a, size_t len, int prot);
+HIDDEN size_t rm_parse_size(const char *s, int *ok);
 
 static inline size_t round_up(size_t n, size_t a) { return (n + a - 1) & ~(a - 1); }
 static inline int add_overflows(size_t a, size_t b) { return a + b < a; }
@@ -132,119 +160,166 @@ static inline int add_overflows(size_t a, size_t b) { return a + b < a; }
  * wrap once len is rounded up to pages. */
 static inline int page_range(uintptr_t a, size_t len)
 {
-	return !(a & (g_page - 1)) && len && !add_overflows(a, round_up(len, g_page));
+	return !(a & (rm_page - 1)) && len && !add_overflows(a, round_up(len, rm_page));
 }
 
-/* ---- table.c ---- */
-HIDDEN extern struct region g_regions[MAX_REGIONS]; /* sorted by base; table_mu */
-HIDDEN extern int g_nregions;                        /* atomic loads */
-HIDDEN extern pthread_mutex_t table_mu;
-HIDDEN int table_covers_locked(uintptr_t a, size_t len);
-HIDDEN int overlaps_regions(uintptr_t a, size_t len);
-HIDDEN void table_mark(uintptr_t a, size_t len, int flags);
-HIDDEN int add_region_locked(void *p, size_t len, int kind, int prot);
-HIDDEN int punch_locked(uintptr_t a, size_t len);
-HIDDEN void zap_locked(uintptr_t a, size_t len);
-HIDDEN int next_piece(uintptr_t at, uintptr_t end, struct region *r, uintptr_t *lo, uintptr_t *hi);
-HIDDEN int register_all(int fd, uint64_t mode);
-HIDDEN void fork_advice_locked(int advice);
-HIDDEN void pending_add(uintptr_t a, size_t len, int kind, int prot);
-HIDDEN void pending_drop(uintptr_t a, size_t len);
-HIDDEN int pending_count(void);
-HIDDEN void pending_register(void);
+/* ---- mode.c: the mode, and this thread's guards ---- */
+/* This thread's guards, written by the functions below only. */
+struct rm_guard {
+	int in_shim; /* shim code runs: allocations go around the heap, mmaps are raw */
+	int in_fork; /* between our fork prepare and parent/child handlers */
+	int boot;    /* allocations come from the bootstrap arena */
+};
+HIDDEN extern TLS struct rm_guard rm_guard;
+/* The mode as this image of the process sees it (see mode.c). */
+HIDDEN extern int *rm_modep;
+static inline int rm_in_shim(void) { return rm_guard.in_shim; }
+static inline int rm_in_fork(void) { return rm_guard.in_fork; }
+static inline int rm_in_boot(void) { return rm_guard.boot; }
+static inline int rm_mode_here(void) { return *rm_modep; }
+HIDDEN void rm_shim_enter(void);
+HIDDEN void rm_shim_leave(void);
+HIDDEN void rm_set_in_fork(int on);
+HIDDEN void rm_set_boot(int on);
+HIDDEN int rm_mode(void); /* the mode decided, MODE_UNKNOWN before; signal-safe */
+HIDDEN void rm_mode_page_init(int m);
+HIDDEN void rm_mode_publish(int m);
+HIDDEN void rm_mode_fork_child(int lost_heap);
 
-/* ---- conn.c ---- */
-HIDDEN extern int g_state; /* atomic loads; changed under init_mu */
-HIDDEN extern pid_t g_pid; /* the process that made the connection */
-HIDDEN extern int g_uffd;  /* our own reference: a dead agent blocks, never zeros */
-HIDDEN extern int g_sock;
-HIDDEN extern int g_mem_fd; /* /proc/self/mem of g_pid, for R_UNREADABLE victims */
-HIDDEN extern char *g_staging;
-HIDDEN extern int g_staging_fd; /* kept: a resuming HELLO hands it to the next agent */
-HIDDEN extern uint32_t g_slots;
-HIDDEN extern uint64_t g_features;
-HIDDEN extern uint64_t g_fork_serial;
-HIDDEN extern uint32_t g_seq;
-HIDDEN extern uint64_t g_next_id;
-HIDDEN extern pthread_mutex_t init_mu, req_mu, reply_mu;
-HIDDEN extern pthread_cond_t reply_cv;
-struct reply {
-	uint32_t seq;
-	int done;
-	int err;  /* 0: ACK, else ERROR's errno or EPIPE */
-	int dead; /* the connection is gone */
+/* ---- table.c: the region table and the pending ranges ---- */
+HIDDEN void rm_table_lock(void);
+HIDDEN void rm_table_unlock(void);
+HIDDEN void rm_table_atfork_child(void);
+HIDDEN int rm_table_count(void); /* signal-safe */
+HIDDEN int rm_table_full(void);
+HIDDEN struct region rm_table_at_locked(int i);
+HIDDEN int rm_table_covers_locked(uintptr_t a, size_t len, int *flags);
+HIDDEN int rm_table_overlaps(uintptr_t a, size_t len);
+HIDDEN int rm_table_next_piece(uintptr_t at, uintptr_t end, struct region *r, uintptr_t *lo, uintptr_t *hi);
+HIDDEN void rm_table_insert(const struct region *r);
+HIDDEN void rm_table_cut(uintptr_t lo, uintptr_t hi);
+HIDDEN void rm_table_mark(uintptr_t a, size_t len, int flags);
+HIDDEN int rm_table_register_all(int fd, uint64_t mode);
+HIDDEN void rm_table_fork_advice(int advice);
+HIDDEN void rm_table_fence(void);
+HIDDEN int rm_table_has_heap(void);
+HIDDEN void rm_pending_add(uintptr_t a, size_t len, int kind, int prot);
+HIDDEN int rm_pending_count(void);
+HIDDEN void rm_pending_drop(uintptr_t a, size_t len);
+HIDDEN int rm_pending_pop(uintptr_t *a, size_t *len, int *kind, int *prot);
+
+/* ---- wire.c: packets, new userfaultfds, the handshake ---- */
+/* What a handshake brings: a connection not yet the process's (conn.c
+ * adopts it). */
+struct rm_session {
+	int sock;
+	int uffd;       /* the uffd the agent serves */
+	int staging_fd; /* the staging memfd */
+	char *staging;  /* mapped */
+	uint32_t slots;
+	uint64_t features;  /* the uffd's (a fork child: its parent's) */
+	uint64_t min_alloc; /* WELCOME's; 0: none */
 };
-HIDDEN extern struct reply g_reply; /* reply_mu */
-enum hs {
-	HS_TOP,        /* top-level: makes its uffd, sends it */
-	HS_FORK_EVENT, /* child of a FORK event: the agent sends it its uffd */
-	HS_FORK_OWN,   /* child of a fork without FORK events: makes a uffd,
-			  registers the regions with it, sends it */
+HIDDEN uint32_t rm_next_seq(void);
+HIDDEN int rm_send(int sock, uint16_t type, uint32_t seq, const void *body, uint32_t len, int fd);
+HIDDEN int rm_send_fds(int sock, uint16_t type, uint32_t seq, const void *body, uint32_t len, const int *fds,
+		       int nfds);
+HIDDEN int rm_recv(int sock, void *buf, struct rmem_hdr *h, int *fds, int *nfds);
+HIDDEN int rm_uffd_with(uint64_t features);
+HIDDEN int rm_hello_top(struct rm_session *s, const char **why);
+HIDDEN int rm_hello_fork_event(struct rm_session *s, pid_t parent, uint64_t features, uint64_t serial,
+			       const char **why);
+HIDDEN int rm_hello_fork_own(struct rm_session *s, pid_t parent, uint64_t features, uint64_t serial,
+			     const char **why);
+HIDDEN int rm_hello_resume(const struct rm_session *cur, int *journaled);
+
+/* ---- conn.c: the connection ---- */
+/* A fork as the connection sees it: filled by rm_conn_fork_prepare, kept
+ * by fork.c for the parent's and the wrapper's steps. */
+struct rm_fork {
+	int had_regions; /* the child inherits regions */
+	int own;         /* no FORK events: FORK_PREPARE, a uffd of the child's own */
+	int prepared;    /* FORK_PREPARE was ACKed: FORK_DONE must follow */
+	int refused;     /* FORK_PREPARE failed with this -errno */
+	uint64_t serial;
 };
-HIDDEN int send_packet(uint16_t type, uint32_t seq, const void *body, uint32_t len, int fd);
-HIDDEN int send_packet_fds(uint16_t type, uint32_t seq, const void *body, uint32_t len, const int *fds, int nfds);
-HIDDEN int recv_packet(int sock, void *buf, struct rmem_hdr *h, int *fds, int *nfds);
-HIDDEN int request_locked(uint16_t type, const void *body, uint32_t len);
-HIDDEN void deliver_reply(uint32_t seq, int err);
-HIDDEN void lost_agent(int err);
-HIDDEN int uffd_with(uint64_t features);
-HIDDEN int handshake(enum hs mode, const char **why);
-HIDDEN void say_off(const char *why, int err);
-HIDDEN int connected(void);
-HIDDEN int is_connected(void);
-HIDDEN void req_lock(void);
-HIDDEN void req_unlock(void);
+HIDDEN void rm_conn_init(void);
+HIDDEN int rm_conn_state(void);   /* signal-safe */
+HIDDEN int rm_conn_uffd(void);    /* signal-safe */
+HIDDEN char *rm_conn_staging(void); /* signal-safe */
+HIDDEN uint32_t rm_conn_slots(void); /* signal-safe */
+HIDDEN int rm_conn_sock(void);
+HIDDEN int rm_conn_mem_fd(void);
+HIDDEN int rm_conn_is_connected(void);
+HIDDEN int rm_conn_await(void);
+HIDDEN void rm_conn_wait_resumed(void);
+HIDDEN int rm_conn_connect(int *now);
+HIDDEN void rm_conn_lost(int err);
+HIDDEN int rm_conn_resume(int *journaled);
+HIDDEN void rm_conn_orphan(void);
+HIDDEN void rm_conn_astray(void);
+HIDDEN void rm_conn_fork_prepare(struct rm_fork *f, int wrapper);
+HIDDEN void rm_conn_fork_parent(const struct rm_fork *f, int wrapper);
+HIDDEN void rm_conn_fork_done(const struct rm_fork *f, pid_t pid, int err);
+HIDDEN int rm_conn_atfork_child(void);
+HIDDEN void rm_conn_fork_adopt(int had_regions, int helper_err);
+HIDDEN int rm_request_locked(uint16_t type, const void *body, uint32_t len);
+HIDDEN void rm_deliver_reply(uint32_t seq, int err);
+HIDDEN void rm_req_lock(void);
+HIDDEN void rm_req_unlock(void);
 
 /* ---- resume.c ---- */
-HIDDEN void wait_resumed(void);
-HIDDEN void resume_loop(void);
+HIDDEN void rm_resume_loop(void);
 
 /* ---- helper.c ---- */
-HIDDEN extern sem_t g_conn_sem;
-HIDDEN extern int g_helper_exists;
-HIDDEN int start_helper(void);
+HIDDEN int rm_helper_start(void);
+HIDDEN int rm_helper_running(void);
+HIDDEN void rm_helper_atfork_child(void);
 
-/* ---- alloc.c ---- */
-HIDDEN extern TLS int in_shim;
-HIDDEN extern TLS int in_fork; /* between our fork prepare and parent/child handlers */
-HIDDEN extern TLS int t_boot;  /* this thread's allocations come from the bootstrap arena */
-HIDDEN extern int g_ctor_done; /* mmaps before our constructor are registered by it */
-HIDDEN extern int g_mode;      /* the mode decided (atomic loads) */
-HIDDEN void enter(void);
-HIDDEN void alloc_fork_child(int lost_heap);
-HIDDEN void alloc_run_deferred(void);
+/* ---- region.c ---- */
+/* How rm_map_fixed* maps over regions. */
+#define RM_FIXED_ZAP 1  /* REGION_ZAP first: the contents are gone */
+#define RM_FIXED_HEAP 2 /* the heap's range: its regions are not marked R_NOTRW */
+HIDDEN void rm_region_open(void);
+HIDDEN int rm_region_early(void);
+HIDDEN int rm_connected(void);
+HIDDEN int rm_region_eligible(int flags);
+HIDDEN int rm_region_add_locked(void *p, size_t len, int kind, int prot);
+HIDDEN int rm_region_punch_locked(uintptr_t a, size_t len);
+HIDDEN void rm_region_pending_drop(uintptr_t a, size_t len);
+HIDDEN void *rm_map_fixed_locked(uintptr_t a, size_t len, int prot, int flags, int fd, off_t off, int how);
+HIDDEN void *rm_map_fixed(void *addr, size_t len, int prot, int flags, int fd, off_t off, int how);
+HIDDEN int rm_madvise(void *addr, size_t len, int advice);
+HIDDEN int rm_mprotect(void *addr, size_t len, int prot);
+HIDDEN int rm_defer_unmap(uintptr_t a, size_t len);
+HIDDEN void rm_run_deferred_locked(void);
 
 /* ---- heap.c ---- */
-HIDDEN extern uintptr_t g_res_base; /* the heap's reservation (set once) */
-HIDDEN extern size_t g_res_len;
-static inline int in_heap(const void *p) { return (uintptr_t)p - g_res_base < g_res_len; }
-HIDDEN int heap_reserve(void);
-HIDDEN void heap_prefork(void);
-HIDDEN void heap_postfork_parent(void);
-HIDDEN void heap_postfork_child(void);
+/* The heap's reservation: set once, by rm_heap_reserve. */
+HIDDEN extern uintptr_t rm_heap_base;
+HIDDEN extern size_t rm_heap_len;
+static inline int in_heap(const void *p) { return (uintptr_t)p - rm_heap_base < rm_heap_len; }
+HIDDEN int rm_heap_reserve(void);
+HIDDEN void rm_heap_prefork(void);
+HIDDEN void rm_heap_postfork_parent(void);
+HIDDEN void rm_heap_postfork_child(void);
 /* The embedded jemalloc, its public names renamed by preload/build.sh. */
-HIDDEN void *rmem_je_malloc(size_t);
-HIDDEN void *rmem_je_calloc(size_t, size_t);
-HIDDEN void *rmem_je_realloc(void *, size_t);
-HIDDEN void rmem_je_free(void *);
-HIDDEN int rmem_je_posix_memalign(void **, size_t, size_t);
-HIDDEN void *rmem_je_memalign(size_t, size_t);
-HIDDEN size_t rmem_je_malloc_usable_size(void *);
-HIDDEN void *rmem_je_mallocx(size_t, int);
-HIDDEN void *rmem_je_rallocx(void *, size_t, int);
-#define RMEM_JE_ZERO 0x40 /* MALLOCX_ZERO */
+HIDDEN void *rm_je_malloc(size_t);
+HIDDEN void *rm_je_calloc(size_t, size_t);
+HIDDEN void *rm_je_realloc(void *, size_t);
+HIDDEN void rm_je_free(void *);
+HIDDEN int rm_je_posix_memalign(void **, size_t, size_t);
+HIDDEN void *rm_je_memalign(size_t, size_t);
+HIDDEN size_t rm_je_malloc_usable_size(void *);
+HIDDEN void *rm_je_mallocx(size_t, int);
+HIDDEN void *rm_je_rallocx(void *, size_t, int);
+#define RM_JE_ZERO 0x40 /* MALLOCX_ZERO */
 
-/* ---- interpose.c ---- */
-HIDDEN int madvise_core(void *addr, size_t len, int advice);
-HIDDEN int mprotect_core(void *addr, size_t len, int prot);
-HIDDEN void *mmap_fixed_over_regions(void *addr, size_t len, int prot, int flags, int fd, off_t off);
-HIDDEN void *fixed_locked(uintptr_t a, size_t len, int prot, int flags, int fd, off_t off, int zap);
-HIDDEN int defer_unmap(uintptr_t a, size_t len);
-HIDDEN void run_deferred_locked(void);
+/* ---- alloc.c ---- */
+HIDDEN void rm_enter(void);
+HIDDEN void rm_alloc_run_deferred(void);
 
 /* ---- fork.c ---- */
-HIDDEN void fork_register(void);
-HIDDEN void astray_child(void);
-HIDDEN void child_lost_pages(const char *why, int err);
+HIDDEN void rm_fork_register(void);
 
 #endif

@@ -1,4 +1,7 @@
-/* Configuration, messages and raw system calls: nothing here allocates. */
+/* Configuration, messages and raw system calls: nothing here allocates.
+ * The configuration is read once (rm_init_config) and written here only:
+ * WELCOME's min-alloc is offered (rm_offer_min_alloc), not stored by the
+ * handshake. */
 #include "rmem.h"
 
 #include <dlfcn.h>
@@ -8,18 +11,33 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <unistd.h>
 
-size_t g_page = 4096;
-size_t g_min_alloc = DEFAULT_MIN_ALLOC;
-int g_min_from_env;
-uint64_t g_local_mem; /* RMEM_LOCAL_MEM; 0: the agent's budget */
-char g_sock_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
-pid_t (*real_fork)(void);
-void *(*real_sbrk)(intptr_t);
+size_t rm_page = 4096;
+static size_t g_min_alloc = DEFAULT_MIN_ALLOC; /* atomic: WELCOME may change it */
+static int g_min_from_env;
+static uint64_t g_local_mem; /* RMEM_LOCAL_MEM; 0: the agent's budget */
+static char g_sock_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+static rm_fork_fn *real_fork;
+static rm_sbrk_fn *real_sbrk;
+
+size_t rm_min_alloc(void) { return __atomic_load_n(&g_min_alloc, __ATOMIC_RELAXED); }
+
+/* The agent's min-alloc (WELCOME): taken unless RMEM_MIN_ALLOC set one. */
+void rm_offer_min_alloc(uint64_t v)
+{
+	if (!g_min_from_env && v > 0)
+		__atomic_store_n(&g_min_alloc, (size_t)v, __ATOMIC_RELAXED);
+}
+
+uint64_t rm_local_mem(void) { return g_local_mem; }
+const char *rm_sock_path(void) { return g_sock_path; }
+rm_fork_fn *rm_real_fork(void) { return real_fork; }
+rm_sbrk_fn *rm_real_sbrk(void) { return real_sbrk; }
 
 /* One line on stderr, the pieces concatenated (NULL ends them). */
-void say(const char *first, ...)
+void rm_say(const char *first, ...)
 {
 	char buf[512];
 	size_t n = 0;
@@ -37,22 +55,22 @@ void say(const char *first, ...)
 /* strerror without its allocation: glibc's strerror may translate the
  * message through gettext, which allocates (and so may re-enter an
  * allocator whose mmap we are serving). */
-const char *errstr(int err)
+const char *rm_errstr(int err)
 {
 	const char *s = strerrordesc_np(err);
 	return s ? s : "unknown error";
 }
 
-void *raw_mmap(void *a, size_t len, int prot, int flags, int fd, off_t off)
+void *rm_raw_mmap(void *a, size_t len, int prot, int flags, int fd, off_t off)
 {
 	return (void *)syscall(SYS_mmap, a, len, prot, flags, fd, off);
 }
 
-int raw_munmap(void *a, size_t len) { return (int)syscall(SYS_munmap, a, len); }
-int raw_madvise(void *a, size_t len, int advice) { return (int)syscall(SYS_madvise, a, len, advice); }
-int raw_mprotect(void *a, size_t len, int prot) { return (int)syscall(SYS_mprotect, a, len, prot); }
+int rm_raw_munmap(void *a, size_t len) { return (int)syscall(SYS_munmap, a, len); }
+int rm_raw_madvise(void *a, size_t len, int advice) { return (int)syscall(SYS_madvise, a, len, advice); }
+int rm_raw_mprotect(void *a, size_t len, int prot) { return (int)syscall(SYS_mprotect, a, len, prot); }
 
-size_t parse_size(const char *s, int *ok)
+size_t rm_parse_size(const char *s, int *ok)
 {
 	char *end;
 	errno = 0;
@@ -80,41 +98,41 @@ size_t parse_size(const char *s, int *ok)
  * the process's first call into the shim (constructors of other
  * libraries may run before ours). getenv, strtoull and dlsym's success
  * path allocate nothing. */
-void init_config(void)
+void rm_init_config(void)
 {
 	static int done;
 	if (__atomic_load_n(&done, __ATOMIC_ACQUIRE))
 		return;
 	long ps = sysconf(_SC_PAGESIZE);
 	if (ps > 0)
-		g_page = (size_t)ps;
+		rm_page = (size_t)ps;
 	const char *s = getenv(RMEM_ENV_MIN_ALLOC);
 	if (s && *s) {
 		int ok;
-		size_t v = parse_size(s, &ok);
+		size_t v = rm_parse_size(s, &ok);
 		if (ok && v > 0) {
 			g_min_alloc = v;
 			g_min_from_env = 1;
 		} else {
-			say("rmem: ignoring " RMEM_ENV_MIN_ALLOC "=", s,
+			rm_say("rmem: ignoring " RMEM_ENV_MIN_ALLOC "=", s,
 			    " (want bytes, optionally with K, M, G, KiB, MiB or GiB)", NULL);
 		}
 	}
 	const char *lm = getenv(RMEM_ENV_LOCAL_MEM);
 	if (lm && *lm) {
 		int ok;
-		size_t v = parse_size(lm, &ok);
+		size_t v = rm_parse_size(lm, &ok);
 		if (ok && v > 0)
 			g_local_mem = v;
 		else
-			say("rmem: ignoring " RMEM_ENV_LOCAL_MEM "=", lm,
+			rm_say("rmem: ignoring " RMEM_ENV_LOCAL_MEM "=", lm,
 			    " (want bytes, optionally with K, M, G, KiB, MiB or GiB)", NULL);
 	}
 	const char *p = getenv(RMEM_ENV_SOCKET);
 	if (!p || !*p)
 		p = RMEM_DEFAULT_SOCKET;
 	strncpy(g_sock_path, p, sizeof g_sock_path - 1);
-	real_fork = (pid_t(*)(void))dlsym(RTLD_NEXT, "fork");
-	real_sbrk = (void *(*)(intptr_t))dlsym(RTLD_NEXT, "sbrk");
+	real_fork = (rm_fork_fn *)dlsym(RTLD_NEXT, "fork");
+	real_sbrk = (rm_sbrk_fn *)dlsym(RTLD_NEXT, "sbrk");
 	__atomic_store_n(&done, 1, __ATOMIC_RELEASE);
 }

@@ -6,25 +6,30 @@
 #include <malloc.h>
 #include <sys/wait.h>
 
-extern char *early_pre_fork, *early_in_prepare, *early_in_parent, *early_in_child;
+void early_hand_over(char *p);
+int early_freed(void);
+char *early_block(int parent);
+char *early_child_block(void);
 
 int main(void)
 {
-	early_pre_fork = malloc(1000);
+	char *handed = malloc(1000);
 	char *mine = malloc(5000);
-	if (!early_pre_fork || !mine)
+	if (!handed || !mine)
 		die("malloc");
+	early_hand_over(handed);
 	fill(mine, 5000, 3);
 	pid_t pid = fork();
 	if (pid < 0)
 		die("fork");
-	char *got = pid ? early_in_parent : early_in_prepare;
-	if (!got || got[0] != 0x11 || got[(3 << 20) - 1] != 0x11 || early_pre_fork)
+	char *got = early_block(pid != 0);
+	if (!got || got[0] != 0x11 || got[(3 << 20) - 1] != 0x11 || !early_freed())
 		die("what the prepare handler did");
 	if (pid == 0) {
-		if (!early_in_child || early_in_child[199])
+		char *kid = early_child_block();
+		if (!kid || kid[199])
 			die("the child handler's calloc");
-		free(early_in_child);
+		free(kid);
 		got = realloc(got, 8 << 20);
 		if (!got || got[(3 << 20) - 1] != 0x11 || !check(mine, 5000, 3))
 			die("child memory");
