@@ -57,8 +57,12 @@ type Phase struct {
 	// during the phase: for zram the cgroup's pgmajfault, for rmem the
 	// program's faults in the agent's stats (RemoteReads: those of them
 	// read from the pool).
-	Misses      uint64  `json:"misses"`
-	RemoteReads uint64  `json:"remote_reads,omitempty"`
+	Misses      uint64 `json:"misses"`
+	RemoteReads uint64 `json:"remote_reads,omitempty"`
+	// AllFaults (zram) is the cgroup's pgfault: every page fault of the
+	// server, minor ones included, such as a page taken back from the
+	// swap cache before it was freed (not in Misses).
+	AllFaults   uint64  `json:"all_faults,omitempty"`
 	MissesPerOp float64 `json:"misses_per_request"`
 	ServerCPU   float64 `json:"server_cpu_seconds"`
 	AgentCPU    float64 `json:"agent_cpu_seconds,omitempty"`
@@ -117,7 +121,7 @@ func main() {
 	flag.IntVar(&o.keys, "keys", 216_000, "keys loaded")
 	flag.IntVar(&o.valueSize, "value-size", 1024, "bytes of each value")
 	flag.IntVar(&o.conns, "conns", 8, "client connections, one request at a time each")
-	flag.IntVar(&o.requests, "requests", 100_000, "measured GETs per key distribution")
+	flag.IntVar(&o.requests, "requests", 150_000, "measured GETs per key distribution")
 	flag.IntVar(&o.warmup, "warmup", -1, "uniform GETs after loading, not measured (-1: one per key)")
 	flag.IntVar(&o.zipfWarmup, "zipf-warmup", 50_000, "Zipfian GETs before the measured ones, not measured")
 	flag.Float64Var(&o.theta, "theta", 0.99, "the Zipfian distribution's theta")

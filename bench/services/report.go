@@ -76,7 +76,8 @@ func (rep *Report) intro(md *strings.Builder) {
 		"--network tcp|shm` of the run's own (so that its stats can be read during the run), pages to a memd on this host; "+
 		"the budget covers the heap the shim pages, not the server's code and stacks (a few MiB). **misses/req**: page faults "+
 		"that brought a page back, per GET, in the measured phase: zram's are the cgroup's `pgmajfault`, rmem's the server's "+
-		"faults in `memagent stats`. **server / agent / memd CPU**: CPU seconds each process took during the measured phase "+
+		"faults in `memagent stats` (a page the kernel has unmapped but not yet freed comes back from the swap cache with a minor fault, "+
+		"which `pgmajfault` does not count; `results.json` has the cgroup's `pgfault` too). **server / agent / memd CPU**: CPU seconds each process took during the measured phase "+
 		"(procfs); the load generator runs on the same 2 CPUs. A run that does not finish (an OOM kill, a timeout) is retried "+
 		"once and shown as what it is, never as a rate.\n\n")
 }

@@ -274,7 +274,7 @@ func (p *proc) stats(ctx context.Context) (agentStats, error) {
 // snapshot is what a measured phase is the difference of.
 type snapshot struct {
 	server, agent, memd float64 // CPU seconds
-	faults, remote      uint64
+	faults, remote, all uint64
 }
 
 func (b *bench) snap(ctx context.Context, p *proc) (s snapshot, err error) {
@@ -287,7 +287,7 @@ func (b *bench) snap(ctx context.Context, p *proc) (s snapshot, err error) {
 		if err != nil {
 			return s, err
 		}
-		s.faults = st["pgmajfault"]
+		s.faults, s.all = st["pgmajfault"], st["pgfault"]
 	case p.agent != nil:
 		if s.agent, err = harness.ProcCPU(p.agent.Process.Pid); err != nil {
 			return s, fmt.Errorf("the agent's CPU: %w", err)
@@ -402,7 +402,7 @@ func phase(dist string, res *loadgen.Result, s0, s1 snapshot) *Phase {
 		PerSecond: math.Round(res.PerSecond()), P50us: us(res.Latency.Quantile(0.5)), P99us: us(res.Latency.Quantile(0.99)),
 		P999us: us(res.Latency.Quantile(0.999)), MaxUs: us(res.Latency.Max()),
 		Wrong: res.Wrong, Missing: res.Missing, FirstWrong: res.FirstWrong,
-		Misses: s1.faults - s0.faults, RemoteReads: s1.remote - s0.remote,
+		Misses: s1.faults - s0.faults, RemoteReads: s1.remote - s0.remote, AllFaults: s1.all - s0.all,
 		ServerCPU: cpu(s0.server, s1.server), AgentCPU: cpu(s0.agent, s1.agent), MemdCPU: cpu(s0.memd, s1.memd)}
 	if res.Requests > 0 {
 		p.MissesPerOp = math.Round(float64(p.Misses)/float64(res.Requests)*1000) / 1000
