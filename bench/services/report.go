@@ -49,6 +49,7 @@ func write(dir string, rep *Report) error {
 			return err
 		}
 		rep.mainTable(&md, s)
+		rep.missRatios(&md, s)
 		rep.detailTable(&md, s)
 	}
 	rep.notes(&md)
@@ -76,10 +77,54 @@ func (rep *Report) intro(md *strings.Builder) {
 		"--network tcp|shm` of the run's own (so that its stats can be read during the run), pages to a memd on this host; "+
 		"the budget covers the heap the shim pages, not the server's code and stacks (a few MiB). **misses/req**: page faults "+
 		"that brought a page back, per GET, in the measured phase: zram's are the cgroup's `pgmajfault`, rmem's the server's "+
-		"faults in `memagent stats` (a page the kernel has unmapped but not yet freed comes back from the swap cache with a minor fault, "+
-		"which `pgmajfault` does not count; `results.json` has the cgroup's `pgfault` too). **server / agent / memd CPU**: CPU seconds each process took during the measured phase "+
+		"faults in `memagent stats`%s. **server / agent / memd CPU**: CPU seconds each process took during the measured phase "+
 		"(procfs); the load generator runs on the same 2 CPUs. A run that does not finish (an OOM kill, a timeout) is retried "+
-		"once and shown as what it is, never as a rate.\n\n")
+		"once and shown as what it is, never as a rate.\n\n", rep.minorNote())
+}
+
+// minorNote says how many of zram's faults pgmajfault leaves out: the
+// minor ones, such as a page taken back from the swap cache before it was
+// freed.
+func (rep *Report) minorNote() string {
+	var major, all uint64
+	for _, r := range rep.Runs {
+		if r.Config == "zram" {
+			for _, p := range r.Phases {
+				major, all = major+p.Misses, all+p.AllFaults
+			}
+		}
+	}
+	if major == 0 || all < major {
+		return ""
+	}
+	return fmt.Sprintf(" (all of zram's faults in these phases, minor ones included, the cgroup's `pgfault`: %.2f%% more than its `pgmajfault`)",
+		100*float64(all-major)/float64(major))
+}
+
+// missRatios says, for server s, rmem's misses per GET over zram's at the
+// same share and key distribution.
+func (rep *Report) missRatios(md *strings.Builder, s string) {
+	var parts []string
+	for _, pct := range rep.pcts() {
+		for _, d := range []string{"uniform", "zipf"} {
+			z := rep.find(s, "zram", pct)
+			if z == nil || z.phase(d) == nil || z.phase(d).MissesPerOp <= 0 {
+				continue
+			}
+			var vs []string
+			for _, c := range []string{"rmem-tcp", "rmem-shm"} {
+				if r := rep.find(s, c, pct); r != nil && r.phase(d) != nil {
+					vs = append(vs, fmt.Sprintf("%s %.2f×", strings.TrimPrefix(c, "rmem-"), r.phase(d).MissesPerOp/z.phase(d).MissesPerOp))
+				}
+			}
+			if len(vs) > 0 {
+				parts = append(parts, fmt.Sprintf("%s at %d%%: %s", d, pct, strings.Join(vs, ", ")))
+			}
+		}
+	}
+	if len(parts) > 0 {
+		fmt.Fprintf(md, "rmem's misses per GET over zram's at the same share: %s.\n\n", strings.Join(parts, "; "))
+	}
 }
 
 // mainTable: GET/s, p99 and misses per request for each configuration,
