@@ -10,7 +10,7 @@ KERNEL_PKGS := ./userfaultfd/... ./internal/uffddemo/... ./pager/... ./preload/.
 # "context deadline exceeded" on a loaded machine.
 FUZZTIME ?= 20000x
 
-.PHONY: all build shim demo bench test fmt-check vet pager-layers shim-layers test-race test-gomaxprocs1 fuzz clean
+.PHONY: all build shim demo bench bench-services test fmt-check vet pager-layers shim-layers test-race test-gomaxprocs1 fuzz clean
 
 all: build
 
@@ -47,10 +47,17 @@ fmt-check:
 vet:
 	$(GO) vet $(PKGS)
 
-# The benchmark report against the kernel's own swap (docs/bench; root,
-# about 7 minutes; not part of CI).
+# The benchmark reports against the kernel's own swap (root; not part of
+# CI): the workloads of bench/workload (docs/bench, about 7 minutes), then
+# the services (bench-services).
 bench: build
-	$(GO) run ./bench -out docs/bench -bin bin
+	$(GO) run ./bench -out docs/bench -bin $(BIN)
+	$(GO) run ./bench/services -out docs/bench/services -bin $(BIN)
+
+# Redis and memcached at 50% and 25% local, GETs/s and tail latency
+# under zram swap and rmem (docs/bench/services; root, about 15 minutes).
+bench-services: build
+	$(GO) run ./bench/services -out docs/bench/services -bin $(BIN)
 
 # The pager's files in layers, top to bottom (docs/pager.md, The loop's
 # structure): a call from a file to one above it runs back up. Then the

@@ -32,11 +32,9 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
-	"github.com/prometheus/procfs"
-
+	"rmem/bench/harness"
 	"rmem/internal/cgroup"
 	"rmem/internal/cpuidle"
 )
@@ -119,15 +117,15 @@ func run(out, bin string, heap int, workloads []string) error {
 	if b, err := exec.Command("gcc", "-O2", "-o", wl, "bench/workload/workload.c", "-lm").CombinedOutput(); err != nil {
 		return fmt.Errorf("gcc: %v: %s", err, b)
 	}
-	zramOff, zerr := zramOn()
+	zramOff, zerr := harness.ZramOn()
 	if zramOff != nil {
 		defer zramOff()
 	}
-	md, err := startMemd(bin, tmp)
+	md, err := harness.StartMemd(bin, tmp, 7490)
 	if err != nil {
 		return err
 	}
-	defer md.stop()
+	defer md.Stop()
 	rep := Report{Date: time.Now().UTC().Format(time.RFC3339), CPUs: runtime.NumCPU(), HeapMiB: heap, Workloads: workloads}
 	rep.Host, _ = os.Hostname()
 	if u, err := exec.Command("uname", "-r").Output(); err == nil {
@@ -230,36 +228,6 @@ func (r *Result) finish(out string, err error) (cpu float64) {
 	return l.cpu
 }
 
-// zramOn makes sure swap to zram is on: it sets up /dev/zram0 (2 GiB, lz4)
-// when it is free, and returns what undoes that.
-func zramOn() (undo func(), err error) {
-	if b, _ := os.ReadFile("/proc/swaps"); strings.Contains(string(b), "/dev/zram") {
-		return nil, nil
-	}
-	if _, err := os.Stat("/sys/block/zram0"); err != nil {
-		exec.Command("modprobe", "zram").Run()
-	}
-	ds, err := os.ReadFile("/sys/block/zram0/disksize")
-	if err != nil {
-		return nil, fmt.Errorf("no zram device: %w", err)
-	}
-	if strings.TrimSpace(string(ds)) != "0" {
-		return nil, errors.New("/dev/zram0 is in use and not swap")
-	}
-	os.WriteFile("/sys/block/zram0/comp_algorithm", []byte("lz4"), 0) // default otherwise
-	if err := os.WriteFile("/sys/block/zram0/disksize", []byte("2G"), 0); err != nil {
-		return nil, fmt.Errorf("zram disksize: %w", err)
-	}
-	reset := func() { os.WriteFile("/sys/block/zram0/reset", []byte("1"), 0) }
-	for _, c := range [][]string{{"mkswap", "/dev/zram0"}, {"swapon", "/dev/zram0"}} {
-		if b, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
-			reset()
-			return nil, fmt.Errorf("%s: %v: %s", c[0], err, b)
-		}
-	}
-	return func() { exec.Command("swapoff", "/dev/zram0").Run(); reset() }, nil
-}
-
 var zramRuns int
 
 func runZram(wl, w string, heap, localMiB int) Result {
@@ -279,7 +247,7 @@ func runZram(wl, w string, heap, localMiB int) Result {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cmd := g.Command(wl, w, strconv.Itoa(heap))
-	out, err := outputCtx(ctx, cmd)
+	out, err := harness.OutputCtx(ctx, cmd)
 	if kills, _ := g.OOMKills(); kills > 0 {
 		r.Outcome = "oom-killed"
 		return r
@@ -288,82 +256,15 @@ func runZram(wl, w string, heap, localMiB int) Result {
 	return r
 }
 
-func outputCtx(ctx context.Context, cmd *exec.Cmd) (string, error) {
-	var b strings.Builder
-	cmd.Stdout = &b
-	if err := cmd.Start(); err != nil {
-		return "", err
-	}
-	stop := context.AfterFunc(ctx, func() { cmd.Process.Kill() })
-	defer stop()
-	err := cmd.Wait()
-	if ctx.Err() != nil {
-		return b.String(), fmt.Errorf("timed out")
-	}
-	return b.String(), err
-}
-
-// memd is the pool of the benchmark: one memd on this host.
-type memd struct {
-	cmd       *exec.Cmd
-	url       string
-	tokenFile string
-	dir       string
-}
-
-func startMemd(bin, tmp string) (*memd, error) {
-	m := &memd{url: "http://127.0.0.1:7490", dir: tmp, tokenFile: filepath.Join(tmp, "run", "token")}
-	m.cmd = exec.Command(filepath.Join(bin, "memd"), "serve", "--listen", "127.0.0.1:7490", "--tcp-listen", "127.0.0.1:7491",
-		"--runtime-dir", filepath.Join(tmp, "run"), "--data-dir", filepath.Join(tmp, "data"), "--capacity", "2GiB",
-		"--slab-size", "64MiB", "--log-format", "json")
-	logf, err := os.Create(filepath.Join(tmp, "memd.log"))
-	if err != nil {
-		return nil, err
-	}
-	m.cmd.Stdout, m.cmd.Stderr = logf, logf
-	if err := m.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("memd: %w", err)
-	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		if _, err := os.Stat(m.tokenFile); err == nil {
-			if exec.Command(filepath.Join(bin, "memd"), "status", "--coordinator", m.url, "--token-file", m.tokenFile).Run() == nil {
-				return m, nil
-			}
-		}
-		if time.Now().After(deadline) {
-			m.stop()
-			return nil, errors.New("memd did not start (see its log)")
-		}
-	}
-}
-
-// cpu returns memd's CPU time so far, in seconds.
-func (m *memd) cpu() (float64, error) {
-	p, err := procfs.NewProc(m.cmd.Process.Pid)
-	if err != nil {
-		return 0, err
-	}
-	st, err := p.Stat()
-	if err != nil {
-		return 0, err
-	}
-	return st.CPUTime(), nil
-}
-
-func (m *memd) stop() {
-	m.cmd.Process.Signal(syscall.SIGTERM)
-	m.cmd.Wait()
-}
-
 // runAgent runs the workload under memagent run: mode swap (net "swap"),
 // or the userfaultfd pager over net.
-func runAgent(bin string, md *memd, wl, w string, heap, localMiB int, net string) Result {
+func runAgent(bin string, md *harness.Memd, wl, w string, heap, localMiB int, net string) Result {
 	var r Result
-	sock := filepath.Join(md.dir, "agent-"+net+".sock")
-	args := []string{"run", "--coordinator", md.url, "--token-file", md.tokenFile, "--local-mem", fmt.Sprintf("%dMiB", localMiB),
+	sock := filepath.Join(md.Dir, "agent-"+net+".sock")
+	args := []string{"run", "--coordinator", md.URL, "--token-file", md.TokenFile, "--local-mem", fmt.Sprintf("%dMiB", localMiB),
 		"--socket", sock, "--admin-socket", sock + ".admin", "--log-format", "json"}
 	if net == "swap" {
-		args = append(args, "--mode", "swap", "--swap-dir", filepath.Join(md.dir, "swap"))
+		args = append(args, "--mode", "swap", "--swap-dir", filepath.Join(md.Dir, "swap"))
 	} else {
 		args = append(args, "--network", net, "--stats")
 	}
@@ -373,9 +274,9 @@ func runAgent(bin string, md *memd, wl, w string, heap, localMiB int, net string
 	cmd.Stderr = &stderr
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	memd0, merr := md.cpu()
-	out, err := outputCtx(ctx, cmd)
-	memd1, merr1 := md.cpu()
+	memd0, merr := md.CPU()
+	out, err := harness.OutputCtx(ctx, cmd)
+	memd1, merr1 := md.CPU()
 	if err != nil {
 		err = fmt.Errorf("%v: %s", err, lastLine(stderr.String()))
 	}

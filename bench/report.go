@@ -9,6 +9,11 @@ import (
 	"strings"
 )
 
+// servicesLink points from this report to the services' (make
+// bench-services writes it; make bench writes both).
+const servicesLink = "**Services**: Redis and memcached with their memory 2-4x their local share, requests per second and " +
+	"tail latency under the kernel's swap and under rmem: [`services/README.md`](services/README.md) (`make bench-services`).\n\n"
+
 // write saves the report: results.json, README.md and a plot per local
 // share.
 func write(dir string, rep *Report) error {
@@ -31,6 +36,7 @@ func write(dir string, rep *Report) error {
 		"file). **rmem-tcp**, **rmem-shm**: `memagent run`'s userfaultfd pager, pages over tcp or shared "+
 		"memory to a memd on this host. Every run's checksum equals the all-local one, or it says so.\n\n",
 		rep.Date, rep.Host, rep.CPUs, rep.Kernel, rep.CPUIdle, rep.HeapMiB)
+	md.WriteString(servicesLink)
 	if t := rep.Touch; t.Outcome == "ok" && t.SlowAccesses > 0 {
 		fmt.Fprintf(&md, "**The floor**: a page fault with nothing paged, the first write to each page of a fresh "+
 			"%d MiB heap all local (the kernel zero-fills it; workload `touch`), takes p50 %.1f µs, p99 %.1f µs on this "+
@@ -79,7 +85,7 @@ func write(dir string, rep *Report) error {
 	if len(notes) > 0 {
 		md.WriteString("Runs that did not finish:\n\n" + strings.Join(notes, "\n") + "\n\n")
 	}
-	md.WriteString("`results.json` has every figure. Rerun with `make bench` (root; about 7 minutes).\n")
+	md.WriteString("`results.json` has every figure. Rerun with `make bench` (root; about 7 minutes, then the services' report).\n")
 	return os.WriteFile(filepath.Join(dir, "README.md"), []byte(md.String()), 0o644)
 }
 
