@@ -692,8 +692,7 @@ func (a *Agent) statsOf(c *client) ClientStats {
 func (c *client) teardownUnstarted() {
 	c.io.Close()
 	c.uffd.Close()
-	unix.Munmap(c.ev.staging)
-	unix.Close(c.ev.stagingFD)
+	c.ev.release()
 	unix.Close(c.wakefd)
 	close(c.done)
 }

@@ -59,16 +59,17 @@ func TestAllowed(t *testing.T) {
 // A FORK_PREPARE pauses evictions until its FORK_DONE, and no longer than
 // maxForkPause when that never comes.
 func TestForkPause(t *testing.T) {
-	c := &client{log: zap.NewNop()}
-	if c.forkStalled() {
+	var f forkState
+	log := zap.NewNop()
+	t0 := time.Unix(1000, 0)
+	if f.stalled(t0, log) {
 		t.Fatal("paused without a fork")
 	}
-	c.fk.forking, c.fk.forkedAt = 3, time.Now()
-	if !c.forkStalled() {
+	f.prepare(3, t0)
+	if !f.stalled(t0.Add(maxForkPause), log) {
 		t.Fatal("not paused during a fork")
 	}
-	c.fk.forkedAt = time.Now().Add(-maxForkPause - time.Second)
-	if c.forkStalled() || c.fk.forking != 0 {
+	if f.stalled(t0.Add(maxForkPause+time.Nanosecond), log) || f.forking != 0 {
 		t.Fatalf("still paused %v after FORK_PREPARE without FORK_DONE", maxForkPause)
 	}
 }

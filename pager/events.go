@@ -63,7 +63,7 @@ func (c *client) dropPage(r *region, idx int) {
 	p := r.pages[idx]
 	if p.State() == Staged {
 		c.ev.staged--
-		if s := c.stageOf(r, idx); s >= 0 {
+		if s := c.ev.stageOf(r, idx); s >= 0 {
 			c.freeStage(s)
 		}
 	}
@@ -76,7 +76,7 @@ func (c *client) removeRegion(r *region) {
 	for idx, p := range r.pages {
 		if p.State() == Staged {
 			c.ev.staged--
-			if s := c.stageOf(r, idx); s >= 0 {
+			if s := c.ev.stageOf(r, idx); s >= 0 {
 				c.freeStage(s)
 			}
 		}
@@ -87,7 +87,7 @@ func (c *client) removeRegion(r *region) {
 	}
 	r.gone = true
 	c.regs.remove(r)
-	c.clock = Clock{}
+	c.ev.clock = Clock{}
 	c.st.regions.Add(-1)
 	c.a.freeRegions([]*region{r})
 	c.cj.delRegion(r)
@@ -127,7 +127,7 @@ func (c *client) serveSocket() bool {
 		default:
 			c.log.Warn("client socket failed", zap.Error(err))
 		}
-		c.dropConn()
+		c.sock.drop()
 		return c.sock.pidfd >= 0
 	}
 	h, body, err := proto.Parse(pkt)
@@ -136,7 +136,7 @@ func (c *client) serveSocket() bool {
 	}
 	if err != nil {
 		c.log.Warn("bad message from client; closing its connection", zap.Error(err))
-		c.dropConn()
+		c.sock.drop()
 		return c.sock.pidfd >= 0
 	}
 	return true
@@ -149,19 +149,19 @@ func (c *client) message(h proto.Header, body []byte) error {
 		if err := m.Decode(body); err != nil {
 			return err
 		}
-		return c.reply(h.Seq, c.addRegion(&m))
+		return c.sock.reply(h.Seq, c.addRegion(&m))
 	case proto.TypeRegionDel:
 		var m proto.RegionDel
 		if err := m.Decode(body); err != nil {
 			return err
 		}
-		return c.reply(h.Seq, c.delRegion(&m))
+		return c.sock.reply(h.Seq, c.delRegion(&m))
 	case proto.TypeRegionZap:
 		var m proto.RegionZap
 		if err := m.Decode(body); err != nil {
 			return err
 		}
-		return c.reply(h.Seq, c.zapRegion(&m))
+		return c.sock.reply(h.Seq, c.zapRegion(&m))
 	case proto.TypeEvicted:
 		var m proto.Evicted
 		if err := m.Decode(body); err != nil {
@@ -178,7 +178,7 @@ func (c *client) message(h proto.Header, body []byte) error {
 		if wait {
 			return nil // answered by forkSettled
 		}
-		return c.reply(h.Seq, err)
+		return c.sock.reply(h.Seq, err)
 	case proto.TypeForkDone:
 		var m proto.ForkDone
 		if err := m.Decode(body); err != nil {
@@ -213,7 +213,7 @@ func (c *client) addRegion(m *proto.RegionAdd) error {
 		r.pf = NewPrefetcher(32, c.a.opts.MaxPrefetch)
 	}
 	c.regs.add(r)
-	c.clock = Clock{}
+	c.ev.clock = Clock{}
 	c.st.regions.Add(1)
 	return nil
 }

@@ -22,7 +22,7 @@ import (
 // together). A dirty victim for which the pool has no slot stays resident:
 // clean ones are still evicted, and faults past the budget wait (throttle).
 func (c *client) maybeEvict() {
-	if c.sock.conn == nil || c.ev.evictBusy || c.forkStalled() || len(c.ev.stageFree) == 0 || time.Now().Before(c.room.noRoomRetry) {
+	if c.sock.conn == nil || c.ev.evictBusy || c.fk.stalled(time.Now(), c.log) || len(c.ev.stageFree) == 0 || c.room.paused(time.Now()) {
 		return
 	}
 	w := WatermarksFor(c.budgetPages())
@@ -31,7 +31,7 @@ func (c *client) maybeEvict() {
 		return
 	}
 	need = min(need, proto.MaxEvictBatch, len(c.ev.stageFree))
-	n := c.clock.Victims(c.regs.tables, c.ev.victims[:need])
+	n := c.ev.clock.Victims(c.regs.tables, c.ev.victims[:need])
 	if n == 0 {
 		return
 	}
@@ -67,9 +67,7 @@ func (c *client) maybeEvict() {
 			}
 			stage := proto.NoSlot
 			if dirty {
-				stage = c.ev.stageFree[len(c.ev.stageFree)-1]
-				c.ev.stageFree = c.ev.stageFree[:len(c.ev.stageFree)-1]
-				c.ev.stageOwner[stage] = pageRef{r, v.Page}
+				stage = c.ev.takeStage(pageRef{r, v.Page})
 				// Journal order (journal.go): the staging slot, then the
 				// pool slot, both before the EVICT that drops the page.
 				c.cj.stage(int(stage), r.id, v.Page, true)
@@ -87,8 +85,7 @@ func (c *client) maybeEvict() {
 	}
 	c.ev.evictSeq++
 	c.ev.evict.Batch, c.ev.evict.N = c.ev.evictSeq, k
-	c.sock.seq++
-	if err := proto.Send(c.sock.conn, c.sock.sendBuf, c.sock.seq, &c.ev.evict); err != nil {
+	if err := c.sock.send(&c.ev.evict); err != nil {
 		c.log.Warn("sending EVICT failed; eviction stops until the client reconnects", zap.Error(err))
 		for i := 0; i < k; i++ {
 			ref := c.ev.evictRefs[i]
@@ -98,10 +95,10 @@ func (c *client) maybeEvict() {
 				c.setSlot(ref.r, ref.idx, 0)
 			}
 		}
-		c.dropConn()
+		c.sock.drop()
 		return
 	}
-	c.ev.evictBusy, c.ev.evictSent = true, time.Now()
+	c.ev.sent(time.Now())
 }
 
 // protectDirty write-protects the dirty pages of run, adjacent victims of
@@ -157,7 +154,7 @@ func (c *client) slotsFor(victims []Victim) []Victim {
 		got += c.a.slots.alloc(c.ev.newSlots[got:dirty])
 	}
 	if got == dirty {
-		c.roomAgain()
+		c.room.again(time.Now(), &c.st, c.log)
 		return victims
 	}
 	kept, d := victims[:0], 0
@@ -171,14 +168,7 @@ func (c *client) slotsFor(victims []Victim) []Victim {
 		}
 		kept = append(kept, v)
 	}
-	if c.room.noRoomSince.IsZero() {
-		c.room.noRoomSince = time.Now()
-		c.st.noRoomSince.Store(c.room.noRoomSince.UnixNano())
-		c.log.Debug("no pool slots for dirty pages: only clean pages are evicted, and faults past the budget wait")
-	}
-	if len(kept) == 0 {
-		c.room.noRoomRetry = time.Now().Add(noRoomPause)
-	}
+	c.room.short(time.Now(), len(kept) == 0, &c.st, c.log)
 	return kept
 }
 
@@ -186,20 +176,6 @@ func (c *client) slotsFor(victims []Victim) []Victim {
 // the pool when evicted: it is dirty, or (defensively) the pool has no copy.
 func needsWrite(r *region, idx int) bool {
 	return r.pages[idx].Has(FlagDirty) || r.slots[idx] == 0
-}
-
-// noRoomPause is how long eviction waits after the pool had no room for
-// it, unless the pool says it has room again sooner.
-const noRoomPause = 200 * time.Millisecond
-
-// roomAgain notes that the pool gave slots again after it had none.
-func (c *client) roomAgain() {
-	c.room.noRoomRetry = time.Time{}
-	if !c.room.noRoomSince.IsZero() {
-		c.log.Debug("pool slots for eviction again", zap.Duration("waited", time.Since(c.room.noRoomSince)))
-		c.room.noRoomSince = time.Time{}
-		c.st.noRoomSince.Store(0)
-	}
 }
 
 // evicted finishes an eviction batch: the client copied the first Done
@@ -251,7 +227,7 @@ func (c *client) evicted(m *proto.Evicted) {
 		}
 	}
 	if len(c.ev.wb) > 0 {
-		c.writeBack()
+		c.ev.writeBack(c.a.ctx, c.io)
 		for j := range c.ev.wb {
 			ref := c.ev.evictRefs[c.ev.wbRef[j]]
 			if err := c.ev.wb[j].Err; err != nil {
@@ -290,7 +266,7 @@ func (c *client) resolveHeld() {
 		switch {
 		case p.Has(FlagBusy):
 			keep = append(keep, h)
-		case p.State() == Remote && c.stageOf(r, idx) >= 0:
+		case p.State() == Remote && c.ev.stageOf(r, idx) >= 0:
 			// The slot still holds the data the pool now has. The page
 			// comes back resident: past the budget's margin it waits
 			// as any fault does (throttle).
@@ -331,7 +307,7 @@ func (c *client) retryWriteBack() {
 	if len(c.ev.wb) == 0 {
 		return
 	}
-	c.writeBack()
+	c.ev.writeBack(c.a.ctx, c.io)
 	for j := range c.ev.wb {
 		if c.ev.wb[j].Err != nil {
 			continue
@@ -343,41 +319,4 @@ func (c *client) retryWriteBack() {
 		c.set(o.r, o.idx, o.entry().With(Remote))
 		c.freeStage(s)
 	}
-}
-
-// writeBack writes c.ev.wb, staged pages one op each, to the pool, each
-// op's Err set. A run of ops whose pool slots are adjacent in one slab
-// goes as one WRITE of the run's pages, copied in order into wbBuf (a
-// batch's worth, as wb holds): an eviction batch takes consecutive slots
-// for its sorted victims (slotsFor), so its dirty pages are mostly one
-// run. 124 WRITEs of a page each took 1.2 ms over tcp, and the loop
-// serves no fault meanwhile (glibc's merge sort of 128 MiB at 32 MiB
-// local: 2,310 write-backs, 2.8 s of its 12 s).
-func (c *client) writeBack() {
-	e := &c.ev
-	ops := e.wb
-	e.wbRuns, e.wbRunAt = e.wbRuns[:0], e.wbRunAt[:0]
-	used := 0
-	for k := 0; k < len(ops); {
-		j := k + 1
-		for j < len(ops) && ops[j].Slab == ops[k].Slab && ops[j].Off == ops[j-1].Off+pageSize {
-			j++
-		}
-		run := ops[k]
-		if j-k > 1 {
-			if e.wbBuf == nil {
-				e.wbBuf = make([]byte, cap(e.wb)*pageSize)
-			}
-			run.Buf = e.wbBuf[used : used+(j-k)*pageSize]
-			for m := k; m < j; m++ {
-				copy(run.Buf[(m-k)*pageSize:], ops[m].Buf)
-			}
-			used += len(run.Buf)
-		}
-		e.wbRuns = append(e.wbRuns, run)
-		e.wbRunAt = append(e.wbRunAt, k)
-		k = j
-	}
-	c.io.Write(c.a.ctx, e.wbRuns)
-	spreadErrs(ops, e.wbRuns, e.wbRunAt)
 }

@@ -25,28 +25,21 @@ import (
 // failed): the fault waits until one can, however long (back-pressure:
 // the budget holds and nothing is lost; docs/pager.md, Budget).
 func (c *client) throttle(since time.Time) bool {
-	if c.sock.conn == nil || c.forkStalled() {
+	if c.sock.conn == nil || c.fk.forking != 0 && c.fk.stalled(time.Now(), c.log) {
 		return false // nothing evicts this client now
 	}
-	if int(c.st.resident.Load())+len(c.fq.reads) < c.budgetPages()+budgetMargin {
+	if int(c.st.resident.Load())+len(c.rd.reads) < c.budgetPages()+budgetMargin {
 		return false
 	}
 	if c.ev.evictBusy {
-		// Measured from the EVICT, not from the fault: a fault that
-		// waited for room (pool full) must not pass the budget the
-		// moment room returns and an eviction starts.
-		return time.Since(c.ev.evictSent) < maxThrottle
+		return c.ev.throttles(time.Now())
 	}
 	if to := c.a.opts.FaultTimeout; to > 0 && time.Since(since) >= to && !c.a.slots.full() {
 		// Not a full pool but an unreachable one (write-backs fail, or
 		// the coordinator does not answer): the program must not hang,
 		// so the budget bends (no page is lost: the evicted ones wait
 		// in their staging slots).
-		if !c.room.bentSaid {
-			c.room.bentSaid = true
-			c.log.Warn("the pool does not answer: the program goes over its budget rather than wait any longer",
-				zap.Int("pid", int(c.pidAtm.Load())), zap.Duration("fault_timeout", to))
-		}
+		c.room.bent(to, int(c.pidAtm.Load()), c.log)
 		return false
 	}
 	c.st.waits.Add(1)
@@ -147,14 +140,14 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 	case Remote:
 		write := flags&userfaultfd.FaultWrite != 0
 		if p.Has(FlagFetch) {
-			c.demand(r, idx, since, write) // in this batch already: its install wakes the thread
+			c.rd.demand(r, idx, since, write) // in this batch already: its install wakes the thread
 			return
 		}
 		if p.Has(FlagSampled) && c.sampleHit(r, idx, flags, since) {
 			return
 		}
 		c.addRead(r, idx, false, write)
-		c.fq.readAt[len(c.fq.readAt)-1].since = since
+		c.rd.at[len(c.rd.at)-1].since = since
 		c.prefetch(r, idx, write)
 	case Staged:
 		if err := c.fromStage(r, idx, 0); userfaultfd.IsMMChanged(err) {
@@ -179,7 +172,7 @@ func (c *client) prefetch(r *region, idx int, write bool) {
 	}
 	n := r.pf.Fault(int64(idx), int64(len(r.pages)), c.fq.pfOut)
 	room := c.prefetchRoom()
-	base, added := len(c.fq.readAt), 0
+	base, added := len(c.rd.at), 0
 	for _, q := range c.fq.pfOut[:n] {
 		qp := r.pages[q]
 		if room <= 0 {
@@ -194,16 +187,16 @@ func (c *client) prefetch(r *region, idx int, write bool) {
 	}
 	// The window's marker, half of it from its far end (sample.go);
 	// not if the batch was flushed meanwhile (the window is split).
-	if added >= minMarkWindow && len(c.fq.readAt) == base+added {
-		m := &c.fq.readAt[base+added-1-added/2]
-		m.marker, m.end = true, c.fq.readAt[base+added-1].idx
+	if added >= minMarkWindow && len(c.rd.at) == base+added {
+		m := &c.rd.at[base+added-1-added/2]
+		m.marker, m.end = true, c.rd.at[base+added-1].idx
 	}
 }
 
 // prefetchRoom is how many pages may be brought in ahead of faults:
 // prefetching stops at the budget's margin, as faults do (throttle).
 func (c *client) prefetchRoom() int {
-	return c.budgetPages() + budgetMargin - int(c.st.resident.Load()) - len(c.fq.reads)
+	return c.budgetPages() + budgetMargin - int(c.st.resident.Load()) - len(c.rd.reads)
 }
 
 // maxZeroAhead bounds the pages one write fault on a never-written page

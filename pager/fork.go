@@ -166,7 +166,7 @@ func (c *client) writeStaged(r, cr *region, idxs []int) error {
 	ops := make([]remote.PageOp, 0, len(idxs))
 	at := make([]int, 0, len(idxs))
 	for k, idx := range idxs {
-		stage := c.stageOf(r, idx)
+		stage := c.ev.stageOf(r, idx)
 		if stage < 0 {
 			c.a.slots.release(slots[k])
 			continue
@@ -247,27 +247,21 @@ const forkCopyTTL = time.Minute
 // is gone, or after maxSettle (forkSettled); nothing is handled from
 // inside another handler.
 
-// maxSettle bounds how long a fork waits for the eviction in flight.
-const maxSettle = 10 * time.Second
-
 // park sets aside msgs, from a FORK event on, and the messages read ahead
 // after them, until the eviction in flight is done. Nothing is installed
 // meanwhile (errForkAhead): the child's page tables are copied already.
 func (c *client) park(msgs []userfaultfd.Msg) {
-	c.fq.parked = append(append(c.fq.parked[:0], msgs...), c.fq.early...)
+	c.fk.park(msgs, c.fq.early, time.Now())
 	c.fq.early = c.fq.early[:0]
-	if c.fk.parkedSince.IsZero() {
-		c.fk.parkedSince = time.Now()
-	}
 }
 
 // mustPark reports whether a fork must wait for the eviction in flight.
 func (c *client) mustPark() bool {
-	return c.ev.evictBusy && c.sock.conn != nil && (c.fk.parkedSince.IsZero() || time.Since(c.fk.parkedSince) < maxSettle)
+	return c.fk.mustPark(c.ev.evictBusy && c.sock.conn != nil, time.Now())
 }
 
 // parked reports whether uffd messages wait for the eviction in flight.
-func (c *client) parked() bool { return len(c.fq.parked) > 0 }
+func (c *client) parked() bool { return len(c.fk.parked) > 0 }
 
 // forkPrepare handles FORK_PREPARE (step 1 above); it reports whether the
 // answer waits for the eviction in flight (forkSettled sends it), else
@@ -279,9 +273,9 @@ func (c *client) forkPrepare(seq uint32, m *proto.ForkPrepare) (wait bool, err e
 	case c.fk.forking != 0:
 		return false, errWithErrno(unix.EBUSY, fmt.Sprintf("FORK_PREPARE %d while fork %d is not done", m.Serial, c.fk.forking))
 	}
-	c.fk.forking, c.fk.forkedAt = m.Serial, time.Now()
+	c.fk.prepare(m.Serial, time.Now())
 	if c.mustPark() {
-		c.fk.preparing, c.fk.prepareSeq, c.fk.parkedSince = true, seq, time.Now()
+		c.fk.waitPrepare(seq, time.Now())
 		return true, nil
 	}
 	return false, c.finishForkPrepare()

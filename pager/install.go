@@ -170,7 +170,7 @@ func (c *client) poison(r *region, idx int) error {
 
 // fromStage installs a page from its staging slot and frees the slot.
 func (c *client) fromStage(r *region, idx int, flags userfaultfd.Flags) error {
-	slot := c.stageOf(r, idx)
+	slot := c.ev.stageOf(r, idx)
 	if slot < 0 {
 		c.log.Error("staged page without a slot", zap.Uint64("region", r.id), zap.Int("page", idx))
 		return nil

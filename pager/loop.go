@@ -21,18 +21,14 @@ import (
 // attach hands the client its connection and pid (from the agent's
 // goroutine) and wakes the loop.
 func (c *client) attach(conn *net.UnixConn, pid int) {
-	c.mu.Lock()
-	c.ctl.pending, c.ctl.pid = conn, pid
-	c.mu.Unlock()
+	c.ctl.hand(conn, pid)
 	c.pidAtm.Store(int64(pid))
 	c.wake()
 }
 
 // shutdown asks the loop to stop and waits for it.
 func (c *client) shutdown() {
-	c.mu.Lock()
-	c.ctl.stop = true
-	c.mu.Unlock()
+	c.ctl.stopLoop()
 	c.wake()
 	<-c.done
 }
@@ -99,8 +95,8 @@ func (c *client) RoutineServe() {
 			case int(p.Fd) == c.wakefd:
 				var b [8]byte
 				unix.Read(c.wakefd, b[:])
-				if !c.room.noRoomRetry.IsZero() && c.a.slots.hasFree() {
-					c.room.noRoomRetry = time.Time{} // onRoom: evict now, not at the pause's end
+				if c.room.pausing() && c.a.slots.hasFree() {
+					c.room.resume() // onRoom: evict now, not at the pause's end
 				}
 			case int(p.Fd) == c.uffd.Fd():
 				if p.Revents&(unix.POLLERR|unix.POLLHUP) != 0 {
@@ -157,46 +153,24 @@ func (c *client) gone() bool {
 		return false
 	}
 	now := time.Now()
-	if now.Sub(c.sock.probed) < probePeriod {
+	if !c.sock.probeDue(now) {
 		return false
 	}
-	c.sock.probed = now
 	err := c.uffd.WriteProtect(pageRange(c.regs.list[0].start))
 	return errors.Is(err, unix.ESRCH)
 }
 
 // control applies what the agent asked for; it reports whether to stop.
 func (c *client) control() bool {
-	c.mu.Lock()
-	stop, conn, pid := c.ctl.stop, c.ctl.pending, c.ctl.pid
-	c.ctl.pending = nil
-	c.mu.Unlock()
+	stop, conn, pid := c.ctl.take()
 	if stop {
 		return true
 	}
 	if conn != nil {
-		c.setConn(conn, pid)
+		c.sock.set(conn, pid, c.log)
 		c.startJournal(pid, c.uid.Load()) // now that the pid is known (a forked child's)
 	}
 	return false
-}
-
-func (c *client) setConn(conn *net.UnixConn, pid int) {
-	if c.sock.conn != nil {
-		c.sock.conn.Close()
-	}
-	c.sock.conn, c.sock.sockfd = conn, -1
-	if rc, err := conn.SyscallConn(); err == nil {
-		rc.Control(func(fd uintptr) { c.sock.sockfd = int(fd) })
-	}
-	if c.sock.pidfd < 0 && pid > 0 {
-		fd, err := unix.PidfdOpen(pid, 0)
-		if err != nil {
-			c.log.Warn("pidfd_open failed: exit is seen only through the socket", zap.Int("pid", pid), zap.Error(err))
-		} else {
-			c.sock.pidfd = fd
-		}
-	}
 }
 
 // teardown frees everything the client holds. The client's evicted pages
@@ -205,10 +179,7 @@ func (c *client) setConn(conn *net.UnixConn, pid int) {
 // its own reference to the uffd, blocks on its next fault instead of
 // reading zeros.
 func (c *client) teardown() {
-	c.mu.Lock()
-	agentStop := c.ctl.stop
-	c.mu.Unlock()
-	if !agentStop {
+	if !c.ctl.stopped() {
 		c.a.freeRegions(c.regs.list)
 		c.cj.remove()
 	} else {
@@ -216,22 +187,10 @@ func (c *client) teardown() {
 	}
 	c.io.Close()
 	c.uffd.Close()
-	if c.sock.conn != nil {
-		c.sock.conn.Close()
-	}
-	c.mu.Lock()
-	if c.ctl.pending != nil {
-		c.ctl.pending.Close()
-		c.ctl.pending = nil
-	}
-	c.mu.Unlock()
-	if c.sock.pidfd >= 0 {
-		unix.Close(c.sock.pidfd)
-	}
-	unix.Munmap(c.ev.staging)
-	unix.Close(c.ev.stagingFD)
+	c.sock.close()
+	c.ctl.closePending()
+	c.ev.release()
 	unix.Close(c.wakefd)
-	c.closed = true
 	c.a.dropClient(c)
 }
 
@@ -240,9 +199,7 @@ func (c *client) teardown() {
 func (c *client) serveUFFD() {
 	for !c.parked() {
 		if len(c.fq.early) > 0 {
-			batch := c.fq.early
-			c.fq.early, c.fq.earlySpare = c.fq.earlySpare[:0], batch
-			c.handleMsgs(batch)
+			c.handleMsgs(c.fq.takeEarly())
 			continue
 		}
 		n, err := c.uffd.ReadEvents(c.fq.msgs)
@@ -306,9 +263,7 @@ func (c *client) forkSettled() {
 		return
 	}
 	if c.parked() {
-		msgs := c.fq.parked
-		c.fq.parked, c.fq.parkedSpare = c.fq.parkedSpare[:0], msgs
-		c.handleMsgs(msgs)
+		c.handleMsgs(c.fk.unpark())
 	}
 	if c.fk.preparing && !c.mustPark() {
 		c.fk.preparing = false
@@ -316,9 +271,9 @@ func (c *client) forkSettled() {
 		if c.sock.conn == nil {
 			return // the client went away meanwhile
 		}
-		if err := c.reply(c.fk.prepareSeq, err); err != nil {
+		if err := c.sock.reply(c.fk.prepareSeq, err); err != nil {
 			c.log.Warn("answering FORK_PREPARE failed", zap.Error(err))
-			c.dropConn()
+			c.sock.drop()
 		}
 	}
 }

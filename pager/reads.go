@@ -6,8 +6,6 @@ import (
 	"slices"
 	"time"
 
-	"go.uber.org/zap"
-
 	"rmem/pager/remote"
 )
 
@@ -32,72 +30,143 @@ type readRef struct {
 	since  time.Time // when the fault that wants it began (zero: a prefetch)
 }
 
-// heldBack reports whether read k of the batch, arrived, stays in a slot
-// instead of being installed.
-func (c *client) heldBack(k int) bool {
-	ref := &c.fq.readAt[k]
-	return ref.sample || ref.marker && ref.prefetch && c.fq.reads[k].Err == nil
+// readBatch is a batch's READs: the ops (reads, each into its page of
+// bufs), the page each is for (at, in the same order), and the ops merged
+// into runs.
+type readBatch struct {
+	reads    []remote.PageOp
+	at       []readRef
+	merged   []remote.PageOp // reads joined into runs (merge)
+	mergedAt []int           // first read of each merged op
+	bufs     []byte
 }
 
-// addRead queues a READ of page idx of r into the batch; write: see
-// readRef.write (a prefetched page is also installed writable when its
-// region's fetched pages are mostly written soon after).
-func (c *client) addRead(r *region, idx int, prefetch, write bool) {
-	if len(c.fq.reads) == cap(c.fq.reads) {
-		c.flushReads(time.Now())
-	}
-	k := len(c.fq.reads)
-	slab, off := c.a.slots.where(r.slots[idx])
-	c.fq.reads = append(c.fq.reads, remote.PageOp{Slab: slab, Off: off, Buf: c.fq.bufs[k*pageSize : (k+1)*pageSize]})
-	c.fq.readAt = append(c.fq.readAt, readRef{pageRef: pageRef{r, idx}, prefetch: prefetch, write: write || prefetch && r.wr.likely()})
-	r.pages[idx] |= FlagFetch
+// full reports whether the batch has no room for another READ.
+func (b *readBatch) full() bool { return len(b.reads) == cap(b.reads) }
+
+// buf returns the buffers of reads [k, j).
+func (b *readBatch) buf(k, j int) []byte { return b.bufs[k*pageSize : j*pageSize] }
+
+// add queues a READ of ref's page from slab at off.
+func (b *readBatch) add(ref readRef, slab remote.SlabID, off uint64) {
+	k := len(b.reads)
+	b.reads = append(b.reads, remote.PageOp{Slab: slab, Off: off, Buf: b.buf(k, k+1)})
+	b.at = append(b.at, ref)
+}
+
+// reset empties the batch.
+func (b *readBatch) reset() {
+	b.reads = b.reads[:0]
+	b.at = b.at[:0]
+}
+
+// heldBack reports whether read k of the batch, arrived, stays in a slot
+// instead of being installed.
+func (b *readBatch) heldBack(k int) bool {
+	ref := &b.at[k]
+	return ref.sample || ref.marker && ref.prefetch && b.reads[k].Err == nil
 }
 
 // demand marks the READ of page idx of r in this batch as wanted by a
-// fault, not only prefetched: if it cannot be installed, the fault is held
-// for a retry rather than left waiting for a wake-up that never comes.
-func (c *client) demand(r *region, idx int, since time.Time, write bool) {
-	for k := range c.fq.readAt {
-		if c.fq.readAt[k].r == r && c.fq.readAt[k].idx == idx {
-			c.fq.readAt[k].prefetch = false
-			c.fq.readAt[k].write = c.fq.readAt[k].write || write
-			if c.fq.readAt[k].since.IsZero() || since.Before(c.fq.readAt[k].since) {
-				c.fq.readAt[k].since = since
+// fault waiting since since (a write: installed writable), not only
+// prefetched: if it cannot be installed, the fault is held for a retry
+// rather than left waiting for a wake-up that never comes.
+func (b *readBatch) demand(r *region, idx int, since time.Time, write bool) {
+	for k := range b.at {
+		if ref := &b.at[k]; ref.r == r && ref.idx == idx {
+			ref.prefetch = false
+			ref.write = ref.write || write
+			if ref.since.IsZero() || since.Before(ref.since) {
+				ref.since = since
 			}
 			return
 		}
 	}
 }
 
-// flushReads posts the batch of READs and installs what arrived.
-func (c *client) flushReads(since time.Time) {
-	if len(c.fq.reads) == 0 {
+// sort puts the batch's reads in address order, each with the buffer of
+// its new place, unless they are in order already: a stream that runs
+// down (glibc's memmove copies large buffers from the end) prefetches
+// pages in descending order, and only reads in ascending order merge into
+// one READ of a run and install with one UFFDIO_COPY. Nothing has been
+// read yet: a read is its page (at) and what follows from it, its slot
+// in pool.
+func (b *readBatch) sort(pool *slotPool) {
+	if slices.IsSortedFunc(b.at, cmpReadRef) {
 		return
 	}
-	c.sortReads()
-	c.merge()
-	c.io.Read(c.a.ctx, c.fq.merged)
-	spreadErrs(c.fq.reads, c.fq.merged, c.fq.mergedAt)
+	slices.SortFunc(b.at, cmpReadRef)
+	for k := range b.at {
+		slab, off := pool.where(b.at[k].slot())
+		b.reads[k] = remote.PageOp{Slab: slab, Off: off, Buf: b.buf(k, k+1)}
+	}
+}
+
+func cmpReadRef(a, b readRef) int { return cmp.Compare(a.addr(), b.addr()) }
+
+// merge joins the batch's reads into b.merged: a run of reads of adjacent
+// pages of one region whose slots are adjacent in one slab (an eviction
+// batch takes consecutive slots for the sorted victims, so a run evicted
+// together is one run in the pool; their buffers are adjacent too) is one
+// READ, so that a prefetched stream moves in a few large transfers rather
+// than many 4 KiB ones (measured on the sequential benchmark: a 32-page
+// batch took ~150 µs as 32 READs).
+func (b *readBatch) merge() {
+	b.merged, b.mergedAt = b.merged[:0], b.mergedAt[:0]
+	for k := 0; k < len(b.reads); {
+		j := k + 1
+		for j < len(b.reads) && b.at[j].r == b.at[k].r && b.at[j].idx == b.at[j-1].idx+1 &&
+			b.reads[j].Slab == b.reads[k].Slab && b.reads[j].Off == b.reads[j-1].Off+pageSize {
+			j++
+		}
+		b.merged = append(b.merged, remote.PageOp{Slab: b.reads[k].Slab, Off: b.reads[k].Off, Buf: b.buf(k, j)})
+		b.mergedAt = append(b.mergedAt, k)
+		k = j
+	}
+}
+
+// addRead queues a READ of page idx of r into the batch; write: see
+// readRef.write (a prefetched page is also installed writable when its
+// region's fetched pages are mostly written soon after).
+func (c *client) addRead(r *region, idx int, prefetch, write bool) {
+	if c.rd.full() {
+		c.flushReads(time.Now())
+	}
+	slab, off := c.a.slots.where(r.slots[idx])
+	c.rd.add(readRef{pageRef: pageRef{r, idx}, prefetch: prefetch, write: write || prefetch && r.wr.likely()}, slab, off)
+	r.pages[idx] |= FlagFetch
+}
+
+// flushReads posts the batch of READs and installs what arrived.
+func (c *client) flushReads(since time.Time) {
+	b := &c.rd
+	if len(b.reads) == 0 {
+		return
+	}
+	b.sort(c.a.slots)
+	b.merge()
+	c.io.Read(c.a.ctx, b.merged)
+	spreadErrs(b.reads, b.merged, b.mergedAt)
 	// The sample, when one is due, is the batch's last prefetched page:
 	// a stream's next fault comes past it anyway, and its hit (sampleHit)
 	// prefetches on as that fault would.
 	last, due := -1, false
-	for k := range c.fq.reads {
-		if c.fq.reads[k].Err == nil && c.fq.readAt[k].prefetch && !c.fq.readAt[k].marker {
+	for k := range b.reads {
+		if b.reads[k].Err == nil && b.at[k].prefetch && !b.at[k].marker {
 			last = k
 			due = c.sample.sampleNow() || due
 		}
 	}
 	if due {
-		c.fq.readAt[last].sample = true
+		b.at[last].sample = true
 	}
-	for k := 0; k < len(c.fq.reads); {
-		if c.fq.readAt[k].sample {
+	for k := 0; k < len(b.reads); {
+		if b.at[k].sample {
 			c.holdSample(k)
 			k++
 			continue
 		}
-		if c.heldBack(k) {
+		if b.heldBack(k) {
 			c.holdMarker(k)
 			k++
 			continue
@@ -106,9 +175,9 @@ func (c *client) flushReads(since time.Time) {
 		// installed with one UFFDIO_COPY (their buffers are adjacent too):
 		// the ioctl costs ~5.5 µs for one page, ~1.5 µs a page for 64.
 		j := k + 1
-		for j < len(c.fq.reads) && c.fq.reads[k].Err == nil && c.fq.reads[j].Err == nil && !c.heldBack(j) &&
-			c.fq.readAt[j].r == c.fq.readAt[k].r && c.fq.readAt[j].idx == c.fq.readAt[j-1].idx+1 &&
-			c.fq.readAt[j].write == c.fq.readAt[k].write {
+		for j < len(b.reads) && b.reads[k].Err == nil && b.reads[j].Err == nil && !b.heldBack(j) &&
+			b.at[j].r == b.at[k].r && b.at[j].idx == b.at[j-1].idx+1 &&
+			b.at[j].write == b.at[k].write {
 			j++
 		}
 		if j-k > 1 {
@@ -118,77 +187,22 @@ func (c *client) flushReads(since time.Time) {
 			c.installRead(k, since)
 		}
 	}
-	c.fq.reads = c.fq.reads[:0]
-	c.fq.readAt = c.fq.readAt[:0]
-}
-
-// sortReads puts the batch's reads in address order, each with the buffer
-// of its new place, unless they are in order already: a stream that runs
-// down (glibc's memmove copies large buffers from the end) prefetches
-// pages in descending order, and only reads in ascending order merge into
-// one READ of a run and install with one UFFDIO_COPY. Nothing has been
-// read yet: a read is its page (readAt) and what follows from it.
-func (c *client) sortReads() {
-	at := c.fq.readAt
-	if slices.IsSortedFunc(at, cmpReadRef) {
-		return
-	}
-	slices.SortFunc(at, cmpReadRef)
-	for k := range at {
-		slab, off := c.a.slots.where(at[k].slot())
-		c.fq.reads[k] = remote.PageOp{Slab: slab, Off: off, Buf: c.fq.bufs[k*pageSize : (k+1)*pageSize]}
-	}
-}
-
-func cmpReadRef(a, b readRef) int { return cmp.Compare(a.addr(), b.addr()) }
-
-// merge joins the batch's reads into c.fq.merged: a run of reads of adjacent
-// pages of one region whose slots are adjacent in one slab (an eviction
-// batch takes consecutive slots for the sorted victims, so a run evicted
-// together is one run in the pool; their buffers are adjacent too) is one
-// READ, so that a prefetched stream moves in a few large transfers rather
-// than many 4 KiB ones (measured on the sequential benchmark: a 32-page
-// batch took ~150 µs as 32 READs).
-func (c *client) merge() {
-	c.fq.merged, c.fq.mergedAt = c.fq.merged[:0], c.fq.mergedAt[:0]
-	for k := 0; k < len(c.fq.reads); {
-		j := k + 1
-		for j < len(c.fq.reads) && c.fq.readAt[j].r == c.fq.readAt[k].r && c.fq.readAt[j].idx == c.fq.readAt[j-1].idx+1 &&
-			c.fq.reads[j].Slab == c.fq.reads[k].Slab && c.fq.reads[j].Off == c.fq.reads[j-1].Off+pageSize {
-			j++
-		}
-		c.fq.merged = append(c.fq.merged, remote.PageOp{Slab: c.fq.reads[k].Slab, Off: c.fq.reads[k].Off, Buf: c.fq.bufs[k*pageSize : j*pageSize]})
-		c.fq.mergedAt = append(c.fq.mergedAt, k)
-		k = j
-	}
-}
-
-// spreadErrs sets each op's Err from the run it went in: runs[r] carried
-// ops[at[r]:at[r+1]] (merge, writeBack).
-func spreadErrs(ops, runs []remote.PageOp, at []int) {
-	for r, run := range runs {
-		end := len(ops)
-		if r+1 < len(at) {
-			end = at[r+1]
-		}
-		for k := at[r]; k < end; k++ {
-			ops[k].Err = run.Err
-		}
-	}
+	b.reset()
 }
 
 // copyRun installs reads [k, j), adjacent pages of one region, with one
 // Copy, and returns how many it installed: all, or the pages before the
 // one where the Copy stopped (the caller installs the rest one by one).
 func (c *client) copyRun(k, j int, since time.Time) int {
-	first := c.fq.readAt[k]
-	n, err := c.uffd.Copy(first.addr(), c.fq.bufs[k*pageSize:j*pageSize], installFlags(first.write))
+	b := &c.rd
+	first := b.at[k]
+	n, err := c.uffd.Copy(first.addr(), c.rd.buf(k, j), installFlags(first.write))
 	done := j - k
 	if err != nil {
 		done = min(max(n, 0)/pageSize, j-k)
 	}
 	for m := k; m < k+done; m++ {
-		ref := c.fq.readAt[m]
+		ref := b.at[m]
 		p := ref.entry() &^ FlagFetch
 		c.st.remoteReads.Add(1)
 		c.installed(ref.r, ref.idx, p, ref.write)
@@ -201,8 +215,9 @@ func (c *client) copyRun(k, j int, since time.Time) int {
 
 // installRead installs read k of the batch, or poisons or retries it.
 func (c *client) installRead(k int, since time.Time) {
-	op := &c.fq.reads[k]
-	ref := c.fq.readAt[k]
+	b := &c.rd
+	op := &b.reads[k]
+	ref := b.at[k]
 	if !ref.since.IsZero() {
 		since = ref.since // a retried fault: its wait began then
 	}
@@ -236,7 +251,7 @@ func (c *client) installRead(k int, since time.Time) {
 		if ref.prefetch {
 			return
 		}
-		if c.unreachableTooLong(since, op.Err) {
+		if c.room.giveUp(since, time.Now(), c.a.opts.FaultTimeout, op.Err, int(c.pidAtm.Load()), c.log) {
 			// No replica answered for FaultTimeout: the program gets
 			// SIGBUS, never zeros (its page may still exist somewhere,
 			// but it cannot wait forever).
@@ -251,31 +266,3 @@ func (c *client) installRead(k int, since time.Time) {
 		c.hold(&c.fq.retry, heldFault{ref.pageRef, 0, since})
 	}
 }
-
-// unreachableTooLong reports whether a fault waiting since since for a
-// page no replica of which answers (err) has waited FaultTimeout: then it
-// is given up. It says so once per client when a fault first waits 5 s,
-// and when it gives up.
-func (c *client) unreachableTooLong(since time.Time, err error) bool {
-	waited := time.Since(since)
-	limit := c.a.opts.FaultTimeout
-	if waited >= stuckWarn && c.room.stuckSaid.IsZero() {
-		c.room.stuckSaid = time.Now()
-		c.log.Warn("a fault waits for the pool: no replica of its page answers; the program gets SIGBUS if none does in time",
-			zap.Int("pid", int(c.pidAtm.Load())), zap.Duration("waited", waited.Round(time.Millisecond)),
-			zap.Duration("fault_timeout", limit), zap.Error(err))
-	}
-	if limit <= 0 || waited < limit {
-		return false
-	}
-	if !c.room.gaveUp {
-		c.room.gaveUp = true
-		c.log.Error("PAGES LOST TO THE PROGRAM: no replica answered within the fault timeout; its faults on them get SIGBUS",
-			zap.Int("pid", int(c.pidAtm.Load())), zap.Duration("fault_timeout", limit), zap.Error(err))
-	}
-	return true
-}
-
-// stuckWarn is how long a fault waits for an unreachable pool before the
-// agent says so.
-const stuckWarn = 5 * time.Second
