@@ -3,6 +3,7 @@ package pager
 import (
 	"errors"
 	"io"
+	"time"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -109,11 +110,12 @@ func (c *client) remap(from, to userfaultfd.Addr, length uint64) {
 	c.dropRange(userfaultfd.Range{Start: from, Len: length}, true)
 }
 
-// serveSocket handles one packet from the client. It reports false when
-// the client is gone (socket closed and no pidfd to tell).
-func (c *client) serveSocket() bool {
+// serveSocket handles one packet from the client at now (the turn's
+// time). It reports false when the client is gone (socket closed and no
+// pidfd to tell).
+func (c *client) serveSocket(now time.Time) bool {
 	var fds [proto.MaxFDs]int
-	pkt, nfds, err := proto.Recv(c.sock.conn, c.sock.recvBuf, c.sock.oob, fds[:])
+	pkt, nfds, err := c.sock.recv(fds[:])
 	for _, fd := range fds[:nfds] {
 		unix.Close(fd) // the client sends none after HELLO
 	}
@@ -132,7 +134,7 @@ func (c *client) serveSocket() bool {
 	}
 	h, body, err := proto.Parse(pkt)
 	if err == nil {
-		err = c.message(h, body)
+		err = c.message(h, body, now)
 	}
 	if err != nil {
 		c.log.Warn("bad message from client; closing its connection", zap.Error(err))
@@ -142,7 +144,7 @@ func (c *client) serveSocket() bool {
 	return true
 }
 
-func (c *client) message(h proto.Header, body []byte) error {
+func (c *client) message(h proto.Header, body []byte, now time.Time) error {
 	switch h.Type {
 	case proto.TypeRegionAdd:
 		var m proto.RegionAdd
@@ -167,14 +169,14 @@ func (c *client) message(h proto.Header, body []byte) error {
 		if err := m.Decode(body); err != nil {
 			return err
 		}
-		c.evicted(&m)
+		c.evicted(&m, now)
 		return nil
 	case proto.TypeForkPrepare:
 		var m proto.ForkPrepare
 		if err := m.Decode(body); err != nil {
 			return err
 		}
-		wait, err := c.forkPrepare(h.Seq, &m)
+		wait, err := c.forkPrepare(h.Seq, &m, now)
 		if wait {
 			return nil // answered by forkSettled
 		}

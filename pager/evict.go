@@ -21,8 +21,9 @@ import (
 // helper, and take consecutive pool slots (one READ when they come back
 // together). A dirty victim for which the pool has no slot stays resident:
 // clean ones are still evicted, and faults past the budget wait (throttle).
-func (c *client) maybeEvict() {
-	if c.sock.conn == nil || c.ev.evictBusy || c.fk.stalled(time.Now(), c.log) || len(c.ev.stageFree) == 0 || c.room.paused(time.Now()) {
+// now is the turn's time.
+func (c *client) maybeEvict(now time.Time) {
+	if c.sock.conn == nil || c.ev.evictBusy || c.fk.stalled(now, c.log) || len(c.ev.stageFree) == 0 || c.room.paused(now) {
 		return
 	}
 	w := WatermarksFor(c.budgetPages())
@@ -42,7 +43,7 @@ func (c *client) maybeEvict() {
 		}
 		return a.Page - b.Page
 	})
-	victims = c.slotsFor(victims)
+	victims = c.slotsFor(victims, now)
 	if len(victims) == 0 {
 		return
 	}
@@ -98,7 +99,7 @@ func (c *client) maybeEvict() {
 		c.sock.drop()
 		return
 	}
-	c.ev.sent(time.Now())
+	c.ev.sent(c.a.opts.Now()) // when it went, not the turn's time: the throttle counts from it
 }
 
 // protectDirty write-protects the dirty pages of run, adjacent victims of
@@ -137,7 +138,7 @@ func (c *client) protectDirty(r *region, run []Victim) error {
 // them, or without the dirty ones beyond the slots the pool had (they stay
 // resident; their reference bit is spent). With none left, eviction pauses
 // until the pool has room again (onRoom wakes the loop) or noRoomPause.
-func (c *client) slotsFor(victims []Victim) []Victim {
+func (c *client) slotsFor(victims []Victim, now time.Time) []Victim {
 	dirty := 0
 	for _, v := range victims {
 		if needsWrite(c.regs.list[v.Table], v.Page) {
@@ -154,7 +155,7 @@ func (c *client) slotsFor(victims []Victim) []Victim {
 		got += c.a.slots.alloc(c.ev.newSlots[got:dirty])
 	}
 	if got == dirty {
-		c.room.again(time.Now(), &c.st, c.log)
+		c.room.again(now, &c.st, c.log)
 		return victims
 	}
 	kept, d := victims[:0], 0
@@ -168,7 +169,7 @@ func (c *client) slotsFor(victims []Victim) []Victim {
 		}
 		kept = append(kept, v)
 	}
-	c.room.short(time.Now(), len(kept) == 0, &c.st, c.log)
+	c.room.short(now, len(kept) == 0, &c.st, c.log)
 	return kept
 }
 
@@ -182,7 +183,7 @@ func needsWrite(r *region, idx int) bool {
 // victims to their staging slots and dropped them. Dirty ones are written
 // to every replica; then held faults are served (from the slots while they
 // still hold the data) and the slots are freed.
-func (c *client) evicted(m *proto.Evicted) {
+func (c *client) evicted(m *proto.Evicted, now time.Time) {
 	if !c.ev.evictBusy || m.Batch != c.ev.evict.Batch {
 		c.log.Warn("EVICTED for a batch not in flight", zap.Uint64("batch", m.Batch))
 		return
@@ -239,7 +240,7 @@ func (c *client) evicted(m *proto.Evicted) {
 			c.set(ref.r, ref.idx, ref.entry().With(Remote))
 		}
 	}
-	c.resolveHeld()
+	c.resolveHeld(now)
 	for i := 0; i < done; i++ {
 		ref := c.ev.evictRefs[i]
 		if c.ev.evict.Pages[i].Slot == proto.NoSlot {
@@ -252,9 +253,8 @@ func (c *client) evicted(m *proto.Evicted) {
 	}
 }
 
-// resolveHeld serves the faults that waited for the eviction.
-func (c *client) resolveHeld() {
-	now := time.Now()
+// resolveHeld serves the faults that waited for the eviction, at now.
+func (c *client) resolveHeld(now time.Time) {
 	keep := c.fq.held[:0]
 	for _, h := range c.fq.held {
 		r, idx := h.r, h.idx
@@ -270,21 +270,21 @@ func (c *client) resolveHeld() {
 			// The slot still holds the data the pool now has. The page
 			// comes back resident: past the budget's margin it waits
 			// as any fault does (throttle).
-			if c.throttle(h.since) {
+			if c.throttle(h.since, now) {
 				c.hold(&c.fq.retry, h)
 				continue
 			}
 			if err := c.fromStage(r, idx, userfaultfd.WriteProtected); userfaultfd.IsMMChanged(err) {
 				c.hold(&c.fq.retry, h) // served from the pool then
 			} else {
-				c.st.latency.Observe(time.Since(h.since))
+				c.observeFault(h.since)
 			}
 		default:
-			c.fault(r.addr(idx), h.flags, h.since)
+			c.fault(r.addr(idx), h.flags, h.since, now)
 		}
 	}
 	c.fq.held = keep
-	c.flushReads(now)
+	c.flushReads(now, now)
 }
 
 // retryWriteBack writes Staged pages whose write-back failed.

@@ -48,7 +48,9 @@ func (a *Agent) SlotRefs(s Slot) int {
 func (a *Agent) ReleaseSlotsForTest(ss ...Slot) { a.slots.release(ss...) }
 
 // ReservoirStepForTest runs one round of the reservoir now.
-func (a *Agent) ReservoirStepForTest() { a.slots.step(context.Background(), reservoirTick) }
+func (a *Agent) ReservoirStepForTest() {
+	a.slots.step(context.Background(), a.opts.Now(), reservoirTick)
+}
 
 // ForkRegionForTest runs the fork's copy of one region (forkRegion) on a
 // client of a that has never served a process: the parent region holds

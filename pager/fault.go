@@ -23,18 +23,19 @@ import (
 // eviction could start (the pool has no room for dirty pages and no clean
 // one is left, or every staging slot holds a page whose write-back
 // failed): the fault waits until one can, however long (back-pressure:
-// the budget holds and nothing is lost; docs/pager.md, Budget).
-func (c *client) throttle(since time.Time) bool {
-	if c.sock.conn == nil || c.fk.forking != 0 && c.fk.stalled(time.Now(), c.log) {
+// the budget holds and nothing is lost; docs/pager.md, Budget). The fault
+// has waited since since; now is the time of the batch or turn.
+func (c *client) throttle(since, now time.Time) bool {
+	if c.sock.conn == nil || c.fk.stalled(now, c.log) {
 		return false // nothing evicts this client now
 	}
 	if int(c.st.resident.Load())+len(c.rd.reads) < c.budgetPages()+budgetMargin {
 		return false
 	}
 	if c.ev.evictBusy {
-		return c.ev.throttles(time.Now())
+		return c.ev.throttles(now)
 	}
-	if to := c.a.opts.FaultTimeout; to > 0 && time.Since(since) >= to && !c.a.slots.full() {
+	if to := c.a.opts.FaultTimeout; to > 0 && now.Sub(since) >= to && !c.a.slots.full() {
 		// Not a full pool but an unreachable one (write-backs fail, or
 		// the coordinator does not answer): the program must not hang,
 		// so the budget bends (no page is lost: the evicted ones wait
@@ -59,7 +60,9 @@ const BudgetMargin = budgetMargin * pageSize
 func (c *client) budgetPages() int { return c.a.budgetPages(c.localMem.Load()) }
 
 // fault handles one page fault at page address a.
-func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since time.Time) {
+// It has waited since since (its first read); now is the time of the batch
+// or turn that handles it.
+func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since, now time.Time) {
 	r, idx := c.regs.find(a)
 	if r == nil {
 		// Not a region we know: nothing of it was ever evicted, so this
@@ -97,7 +100,7 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 				c.log.Error("unprotect failed", zap.Stringer("addr", a), zap.Error(err))
 				c.uffd.Wake(pageRange(a))
 			}
-			c.st.latency.Observe(time.Since(since))
+			c.observeFault(since)
 			return
 		}
 		// A write to a page we do not hold mapped: most often it is
@@ -111,7 +114,7 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 		}
 		return
 	}
-	if st := p.State(); (st == Absent || st == Remote || st == Staged) && c.throttle(since) {
+	if st := p.State(); (st == Absent || st == Remote || st == Staged) && c.throttle(since, now) {
 		c.hold(&c.fq.retry, heldFault{pageRef{r, idx}, flags, since})
 		return
 	}
@@ -143,18 +146,18 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 			c.rd.demand(r, idx, since, write) // in this batch already: its install wakes the thread
 			return
 		}
-		if p.Has(FlagSampled) && c.sampleHit(r, idx, flags, since) {
+		if p.Has(FlagSampled) && c.sampleHit(r, idx, flags, since, now) {
 			return
 		}
-		c.addRead(r, idx, false, write)
+		c.addRead(r, idx, false, write, now)
 		c.rd.at[len(c.rd.at)-1].since = since
-		c.prefetch(r, idx, write)
+		c.prefetch(r, idx, write, now)
 	case Staged:
 		if err := c.fromStage(r, idx, 0); userfaultfd.IsMMChanged(err) {
 			c.hold(&c.fq.retry, heldFault{pageRef{r, idx}, flags, since})
 			return
 		}
-		c.st.latency.Observe(time.Since(since))
+		c.observeFault(since)
 	case Lost:
 		if err := c.poison(r, idx); userfaultfd.IsMMChanged(err) {
 			c.hold(&c.fq.retry, heldFault{pageRef{r, idx}, flags, since})
@@ -166,7 +169,7 @@ func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since t
 // READs it asks for. write says the fault was a write: the stream is
 // being written (a merge's output, a copy's destination), so its pages
 // come back writable (readRef.write), not to take a WP fault each.
-func (c *client) prefetch(r *region, idx int, write bool) {
+func (c *client) prefetch(r *region, idx int, write bool, now time.Time) {
 	if r.pf == nil {
 		return
 	}
@@ -180,7 +183,7 @@ func (c *client) prefetch(r *region, idx int, write bool) {
 		}
 		if qp.State() == Remote && qp&(FlagFetch|FlagBusy|FlagSampled) == 0 {
 			room--
-			c.addRead(r, int(q), true, write)
+			c.addRead(r, int(q), true, write, now)
 			c.st.prefetchIssued.Add(1)
 			added++
 		}
@@ -256,30 +259,29 @@ func (c *client) zeroAhead(r *region, idx int, since time.Time) bool {
 	if err != nil {
 		c.uffd.Wake(pageRange(r.addr(idx))) // the Copy woke nothing past where it stopped
 	}
-	c.st.latency.Observe(time.Since(since))
+	c.observeFault(since)
 	return true
 }
 
-// retryHeld serves again the faults whose READ found no replica reachable.
-func (c *client) retryHeld() {
+// retryHeld serves again, at now (the turn's time), the faults held for a
+// retry: their READ found no replica reachable, their install was
+// refused, or they waited at the budget.
+func (c *client) retryHeld(now time.Time) {
 	if len(c.fq.retry) == 0 {
 		return
 	}
-	now := time.Now()
-	pending := c.fq.retry
-	c.fq.retry, c.fq.retrySpare = c.fq.retrySpare[:0], pending
-	for _, h := range pending {
+	for _, h := range c.fq.takeRetry() {
 		if !h.r.gone {
-			c.fault(h.addr(), h.flags, h.since)
+			c.fault(h.addr(), h.flags, h.since, now)
 		}
 	}
-	c.flushReads(now)
+	c.flushReads(now, now)
 }
 
 // sampleHit serves a fault on a held-back page from its slot, counts the
 // hit and prefetches on as the stream's fault there; it reports false if
 // the page must be read as any other (its flag cleared then).
-func (c *client) sampleHit(r *region, idx int, flags userfaultfd.FaultFlags, since time.Time) bool {
+func (c *client) sampleHit(r *region, idx int, flags userfaultfd.FaultFlags, since, now time.Time) bool {
 	s := -1
 	for i, o := range c.sample.owner {
 		if o.r == r && o.idx == idx {
@@ -301,13 +303,13 @@ func (c *client) sampleHit(r *region, idx int, flags userfaultfd.FaultFlags, sin
 	if err != nil {
 		return false
 	}
-	c.st.latency.Observe(time.Since(since))
+	c.observeFault(since)
 	if s >= sampleSlots { // a marker: the next window, from its end
 		c.st.readaheadHits.Add(1)
-		c.prefetch(r, c.sample.end[s-sampleSlots], flags&userfaultfd.FaultWrite != 0)
+		c.prefetch(r, c.sample.end[s-sampleSlots], flags&userfaultfd.FaultWrite != 0, now)
 		return true
 	}
 	c.st.prefetchHits.Add(1)
-	c.prefetch(r, idx, flags&userfaultfd.FaultWrite != 0)
+	c.prefetch(r, idx, flags&userfaultfd.FaultWrite != 0, now)
 	return true
 }

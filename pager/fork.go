@@ -250,14 +250,15 @@ const forkCopyTTL = time.Minute
 // park sets aside msgs, from a FORK event on, and the messages read ahead
 // after them, until the eviction in flight is done. Nothing is installed
 // meanwhile (errForkAhead): the child's page tables are copied already.
-func (c *client) park(msgs []userfaultfd.Msg) {
-	c.fk.park(msgs, c.fq.early, time.Now())
+func (c *client) park(msgs []userfaultfd.Msg, now time.Time) {
+	c.fk.park(msgs, c.fq.early, now)
 	c.fq.early = c.fq.early[:0]
 }
 
-// mustPark reports whether a fork must wait for the eviction in flight.
-func (c *client) mustPark() bool {
-	return c.fk.mustPark(c.ev.evictBusy && c.sock.conn != nil, time.Now())
+// mustPark reports whether a fork must wait at now for the eviction in
+// flight.
+func (c *client) mustPark(now time.Time) bool {
+	return c.fk.mustPark(c.ev.evictBusy && c.sock.conn != nil, now)
 }
 
 // parked reports whether uffd messages wait for the eviction in flight.
@@ -265,17 +266,17 @@ func (c *client) parked() bool { return len(c.fk.parked) > 0 }
 
 // forkPrepare handles FORK_PREPARE (step 1 above); it reports whether the
 // answer waits for the eviction in flight (forkSettled sends it), else
-// the answer is err.
-func (c *client) forkPrepare(seq uint32, m *proto.ForkPrepare) (wait bool, err error) {
+// the answer is err. now is the turn's time.
+func (c *client) forkPrepare(seq uint32, m *proto.ForkPrepare, now time.Time) (wait bool, err error) {
 	switch {
 	case c.features&userfaultfd.FeatureEventFork != 0:
 		return false, errWithErrno(unix.EINVAL, "FORK_PREPARE from a client whose uffd has FORK events")
 	case c.fk.forking != 0:
 		return false, errWithErrno(unix.EBUSY, fmt.Sprintf("FORK_PREPARE %d while fork %d is not done", m.Serial, c.fk.forking))
 	}
-	c.fk.prepare(m.Serial, time.Now())
-	if c.mustPark() {
-		c.fk.waitPrepare(seq, time.Now())
+	c.fk.prepare(m.Serial, now)
+	if c.mustPark(now) {
+		c.fk.waitPrepare(seq, now)
 		return true, nil
 	}
 	return false, c.finishForkPrepare()
@@ -296,10 +297,11 @@ func (c *client) finishForkPrepare() error {
 		c.fk.forking = 0
 		return errWithErrno(unix.ENOMEM, "copying the pooled pages for the child: "+err.Error())
 	}
+	copied := c.a.opts.Now() // the copy may have taken a while (writeStaged)
 	c.a.addForkCopy(forkKey{int(c.pidAtm.Load()), serial}, &forkCopy{
-		regs: regs, uid: c.uid.Load(), localMem: c.localMem.Load(), made: time.Now(),
+		regs: regs, uid: c.uid.Load(), localMem: c.localMem.Load(), made: copied,
 	})
-	c.fk.forkedAt = time.Now() // the pause counts from the ACK
+	c.fk.forkedAt = copied // the pause counts from the ACK
 	c.log.Debug("pages copied for a fork", zap.Uint64("serial", serial), zap.Int("regions", len(regs)))
 	return nil
 }
@@ -323,11 +325,11 @@ func (a *Agent) addForkCopy(k forkKey, fc *forkCopy) {
 	if old != nil {
 		a.freeRegions(old.regs)
 	}
-	time.AfterFunc(forkCopyTTL, a.dropStaleCopies)
+	time.AfterFunc(forkCopyTTL, func() { a.dropStaleCopies(a.opts.Now()) })
 }
 
-// dropStaleCopies frees the copies older than forkCopyTTL.
-func (a *Agent) dropStaleCopies() {
+// dropStaleCopies frees the copies older than forkCopyTTL at now.
+func (a *Agent) dropStaleCopies(now time.Time) {
 	var stale []*region
 	a.mu.Lock()
 	if a.closed {
@@ -335,7 +337,7 @@ func (a *Agent) dropStaleCopies() {
 		return
 	}
 	for k, fc := range a.copies {
-		if time.Since(fc.made) >= forkCopyTTL {
+		if now.Sub(fc.made) >= forkCopyTTL {
 			a.log.Warn("a forked child never said HELLO; its copy of the parent's pages is dropped",
 				zap.Int("ppid", k.ppid), zap.Uint64("serial", k.serial), zap.Int("child", fc.child))
 			stale = append(stale, fc.regs...)

@@ -39,7 +39,10 @@ func (c *client) wake() {
 }
 
 // RoutineServe is the client's loop: one goroutine on a locked OS thread
-// that owns every piece of the client's state.
+// that owns every piece of the client's state. It reads the clock
+// (Options.Now) once a turn, when poll returns, and passes that time to
+// what the turn runs: the parts decide with it (raft's Tick, as an
+// argument); a batch of faults read takes its own arrival time.
 func (c *client) RoutineServe() {
 	defer close(c.done)
 	runtime.LockOSThread()
@@ -47,11 +50,12 @@ func (c *client) RoutineServe() {
 	c.a.loopsAdd(1) // Options.LoopsChanged
 	defer c.a.loopsAdd(-1)
 	defer c.teardown()
+	now := c.a.opts.Now()
 	for {
 		if c.control() {
 			return
 		}
-		c.forkSettled()
+		c.forkSettled(now)
 		if len(c.fq.early) > 0 { // read ahead outside serveUFFD
 			c.serveUFFD()
 		}
@@ -89,6 +93,7 @@ func (c *client) RoutineServe() {
 			c.log.Error("poll failed; dropping client", zap.Error(err))
 			return
 		}
+		now = c.a.opts.Now()
 		for _, p := range c.fq.pfds {
 			switch {
 			case p.Revents == 0:
@@ -117,7 +122,7 @@ func (c *client) RoutineServe() {
 				if len(c.fq.early) > 0 {
 					c.serveUFFD()
 				}
-				if !c.serveSocket() {
+				if !c.serveSocket(now) {
 					c.log.Info("client closed its connection")
 					return
 				}
@@ -131,11 +136,11 @@ func (c *client) RoutineServe() {
 		}
 		c.relocate()
 		c.trim()
-		c.maybeEvict()
-		c.retryHeld()
+		c.maybeEvict(now)
+		c.retryHeld(now)
 		c.retryWriteBack()
-		c.maybeEvict()
-		if c.sock.pidfd < 0 && c.gone() {
+		c.maybeEvict(now)
+		if c.sock.pidfd < 0 && c.gone(now) {
 			c.log.Info("client without HELLO exited")
 			return
 		}
@@ -147,12 +152,12 @@ func (c *client) RoutineServe() {
 // docs/pager.md): write-protecting a page of its address space fails
 // with ESRCH once the mm is gone. It is harmless otherwise: a clean
 // resident page is protected already, a dirty one takes one more WP
-// fault, a page not mapped is not touched.
-func (c *client) gone() bool {
+// fault, a page not mapped is not touched. A probe is made once every
+// probePeriod (now: the turn's time).
+func (c *client) gone(now time.Time) bool {
 	if len(c.regs.list) == 0 {
 		return false
 	}
-	now := time.Now()
 	if !c.sock.probeDue(now) {
 		return false
 	}
@@ -216,9 +221,11 @@ func (c *client) serveUFFD() {
 	}
 }
 
-// handleMsgs handles a batch of uffd messages.
+// handleMsgs handles a batch of uffd messages. The clock is read once for
+// the batch: its faults' arrival (their latency and their wait count from
+// it) and the time of what their handling decides.
 func (c *client) handleMsgs(msgs []userfaultfd.Msg) {
-	now := time.Now()
+	now := c.a.opts.Now()
 	for i := range msgs {
 		ev, err := msgs[i].Decode()
 		if err != nil {
@@ -235,37 +242,37 @@ func (c *client) handleMsgs(msgs []userfaultfd.Msg) {
 			} else {
 				c.st.wpFaults.Add(1)
 			}
-			c.fault(ev.Addr.RoundDown(pageSize), ev.Flags, now)
+			c.fault(ev.Addr.RoundDown(pageSize), ev.Flags, now, now)
 		case userfaultfd.EventFork:
 			// Before the batch's READs are installed: the child's page
 			// tables were copied when the event was raised, without the
 			// pages still in flight, so its copy of ours must say they
 			// are in the pool (installing first would say resident).
-			if c.mustPark() {
-				c.park(msgs[i:]) // the READs are not installed (errForkAhead)
-				c.flushReads(now)
+			if c.mustPark(now) {
+				c.park(msgs[i:], now) // the READs are not installed (errForkAhead)
+				c.flushReads(now, now)
 				return
 			}
 			c.event(ev)
 		default:
-			c.flushReads(now)
+			c.flushReads(now, now)
 			c.event(ev)
 		}
 	}
-	c.flushReads(now)
+	c.flushReads(now, now)
 }
 
 // forkSettled resumes a fork that waited for the eviction in flight, when
 // it may: its FORK event and the messages after it are handled, or its
-// FORK_PREPARE answered.
-func (c *client) forkSettled() {
-	if (!c.parked() && !c.fk.preparing) || c.mustPark() {
+// FORK_PREPARE answered; now is the turn's time.
+func (c *client) forkSettled(now time.Time) {
+	if (!c.parked() && !c.fk.preparing) || c.mustPark(now) {
 		return
 	}
 	if c.parked() {
 		c.handleMsgs(c.fk.unpark())
 	}
-	if c.fk.preparing && !c.mustPark() {
+	if c.fk.preparing && !c.mustPark(now) {
 		c.fk.preparing = false
 		err := c.finishForkPrepare()
 		if c.sock.conn == nil {

@@ -128,17 +128,19 @@ func (b *readBatch) merge() {
 // addRead queues a READ of page idx of r into the batch; write: see
 // readRef.write (a prefetched page is also installed writable when its
 // region's fetched pages are mostly written soon after).
-func (c *client) addRead(r *region, idx int, prefetch, write bool) {
+func (c *client) addRead(r *region, idx int, prefetch, write bool, now time.Time) {
 	if c.rd.full() {
-		c.flushReads(time.Now())
+		c.flushReads(now, now)
 	}
 	slab, off := c.a.slots.where(r.slots[idx])
 	c.rd.add(readRef{pageRef: pageRef{r, idx}, prefetch: prefetch, write: write || prefetch && r.wr.likely()}, slab, off)
 	r.pages[idx] |= FlagFetch
 }
 
-// flushReads posts the batch of READs and installs what arrived.
-func (c *client) flushReads(since time.Time) {
+// flushReads posts the batch of READs and installs what arrived. A fault
+// that wants a page of a run waited since since (one of its own: since
+// that); now is the time of the batch or turn.
+func (c *client) flushReads(since, now time.Time) {
 	b := &c.rd
 	if len(b.reads) == 0 {
 		return
@@ -184,7 +186,7 @@ func (c *client) flushReads(since time.Time) {
 			k += c.copyRun(k, j, since)
 		}
 		for ; k < j; k++ {
-			c.installRead(k, since)
+			c.installRead(k, since, now)
 		}
 	}
 	b.reset()
@@ -201,20 +203,26 @@ func (c *client) copyRun(k, j int, since time.Time) int {
 	if err != nil {
 		done = min(max(n, 0)/pageSize, j-k)
 	}
+	var end time.Time // read once for the run, and only if a thread waits
 	for m := k; m < k+done; m++ {
 		ref := b.at[m]
 		p := ref.entry() &^ FlagFetch
 		c.st.remoteReads.Add(1)
 		c.installed(ref.r, ref.idx, p, ref.write)
 		if !ref.prefetch {
-			c.st.latency.Observe(time.Since(since))
+			if end.IsZero() {
+				end = c.a.opts.Now()
+			}
+			c.st.latency.Observe(end.Sub(since))
 		}
 	}
 	return done
 }
 
-// installRead installs read k of the batch, or poisons or retries it.
-func (c *client) installRead(k int, since time.Time) {
+// installRead installs read k of the batch, or poisons or retries it; a
+// fault that waits for it has waited since since (or ref.since), and now
+// is the time of the batch or turn (FaultTimeout counts to it).
+func (c *client) installRead(k int, since, now time.Time) {
 	b := &c.rd
 	op := &b.reads[k]
 	ref := b.at[k]
@@ -229,7 +237,7 @@ func (c *client) installRead(k int, since time.Time) {
 		c.st.remoteReads.Add(1)
 		var start time.Time // timed for a waiting thread only: no clock read per prefetched page
 		if !ref.prefetch {
-			start = time.Now()
+			start = c.a.opts.Now()
 		}
 		err := c.install(r, idx, p, op.Buf, ref.write)
 		switch {
@@ -237,9 +245,9 @@ func (c *client) installRead(k int, since time.Time) {
 		case err != nil:
 			c.hold(&c.fq.retry, heldFault{ref.pageRef, 0, since}) // timed when the retry installs it
 		default:
-			now := time.Now()
-			c.st.install.Observe(now.Sub(start))
-			c.st.latency.Observe(now.Sub(since))
+			end := c.a.opts.Now()
+			c.st.install.Observe(end.Sub(start))
+			c.st.latency.Observe(end.Sub(since))
 		}
 	case errors.Is(op.Err, remote.ErrLost):
 		c.set(r, idx, p.With(Lost))
@@ -251,7 +259,7 @@ func (c *client) installRead(k int, since time.Time) {
 		if ref.prefetch {
 			return
 		}
-		if c.room.giveUp(since, time.Now(), c.a.opts.FaultTimeout, op.Err, int(c.pidAtm.Load()), c.log) {
+		if c.room.giveUp(since, now, c.a.opts.FaultTimeout, op.Err, int(c.pidAtm.Load()), c.log) {
 			// No replica answered for FaultTimeout: the program gets
 			// SIGBUS, never zeros (its page may still exist somewhere,
 			// but it cannot wait forever).
