@@ -56,7 +56,7 @@ bench: build
 # structure): a call from a file to one above it runs back up.
 PAGER_LAYERS = 'agent.go resume.go metrics.go' 'loop.go' 'events.go fork.go evict.go relocate.go' \
 	'fault.go' 'reads.go' 'install.go sample.go' 'pages.go conn.go client.go room.go forkstate.go evictstate.go' \
-	'region.go pagetable.go slots.go prefetch.go stats.go kernel.go budget.go journal.go journal_unsafe.go'
+	'region.go pagetable.go slots.go prefetch.go stats.go kernel.go budget.go journal.go journal_unsafe.go watch.go'
 
 pager-layers:
 	$(GO) run ./scripts/filedeps -q -max 3 ./pager $(PAGER_LAYERS)

@@ -150,6 +150,8 @@ type Agent struct {
 	loopsMu sync.Mutex // orders Options.LoopsChanged calls
 	loops   int
 
+	watch turnWatch // told after each turn of a loop, round of the reservoir, client started or dropped
+
 	// childUFFD makes the uffd of a child from a FORK event's descriptor
 	// (userfaultfd.FromFD; a fake kernel's in the core tests).
 	childUFFD func(fd int, features userfaultfd.Feature) (faultFD, error)
@@ -251,7 +253,7 @@ func New(opts Options) (*Agent, error) {
 	go func() {
 		defer a.wg.Done()
 		a.freeLeaked()
-		a.slots.RoutineReservoir(ctx, nil)
+		a.slots.RoutineReservoir(ctx, a.watch.note)
 	}()
 	return a, nil
 }
@@ -596,6 +598,7 @@ func (a *Agent) start(c *client) bool {
 	a.nclients.Add(1)
 	a.wg.Add(1)
 	a.mu.Unlock()
+	a.watch.note()
 	go func() {
 		defer a.wg.Done()
 		c.RoutineServe()
@@ -667,6 +670,7 @@ func (a *Agent) dropClient(c *client) {
 		}
 	}
 	a.mu.Unlock()
+	a.watch.note()
 }
 
 // minLocalMem is the smallest budget a client may have (16 pages).

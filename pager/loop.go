@@ -52,6 +52,7 @@ func (c *client) RoutineServe() {
 	defer c.teardown()
 	now := c.a.opts.Now()
 	for {
+		c.a.watch.note() // the last turn's work is done
 		if c.control() {
 			return
 		}

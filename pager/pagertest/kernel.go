@@ -42,18 +42,19 @@ type Kernel struct {
 	// resolved (default 10 s); then its access fails with ErrNotServed.
 	FaultWait time.Duration
 
-	mu     sync.Mutex
-	cond   *sync.Cond
-	efd    int
-	queue  []userfaultfd.Msg
-	pages  map[userfaultfd.Addr]*fakePage
-	poison map[userfaultfd.Addr]bool
-	woken  map[userfaultfd.Addr]uint64 // bumped by each wake of a page
-	inject map[string][]error          // errors the next calls of an op return
-	closed bool
-	exited bool
-	held   bool // Hold: messages queue up unread
-	counts KernelCounts
+	mu      sync.Mutex
+	cond    *sync.Cond // a wake, an exit, the close: the threads look again
+	changed *sync.Cond // counts changed: Await looks again
+	efd     int
+	queue   []userfaultfd.Msg
+	pages   map[userfaultfd.Addr]*fakePage
+	poison  map[userfaultfd.Addr]bool
+	woken   map[userfaultfd.Addr]uint64 // bumped by each wake of a page
+	inject  map[string][]error          // errors the next calls of an op return
+	closed  bool
+	exited  bool
+	held    bool // Hold: messages queue up unread
+	counts  KernelCounts
 }
 
 // KernelCounts are what a Kernel saw.
@@ -65,6 +66,7 @@ type KernelCounts struct {
 	Zeros    int // pages installed by ZeroPage
 	Poisoned int // pages poisoned
 	Dropped  int // mapped pages dropped (Drop: the helper's MADV_DONTNEED)
+	Accesses int // Load and Store calls that completed (not those that failed)
 }
 
 type fakePage struct {
@@ -81,6 +83,7 @@ func NewKernel() (*Kernel, error) {
 	k := &Kernel{efd: efd, pages: map[userfaultfd.Addr]*fakePage{}, poison: map[userfaultfd.Addr]bool{},
 		woken: map[userfaultfd.Addr]uint64{}, inject: map[string][]error{}}
 	k.cond = sync.NewCond(&k.mu)
+	k.changed = sync.NewCond(&k.mu)
 	return k, nil
 }
 
@@ -120,6 +123,8 @@ func (k *Kernel) access(a userfaultfd.Addr, write bool, do func(*fakePage)) erro
 		p := k.pages[pg]
 		if p != nil && (!write || !p.wp) {
 			do(p)
+			k.counts.Accesses++
+			k.changed.Broadcast()
 			return nil
 		}
 		flags := userfaultfd.FaultFlags(0)
@@ -161,6 +166,7 @@ func (k *Kernel) faultWait() time.Duration {
 
 // post queues m and makes Fd readable unless held (k.mu held).
 func (k *Kernel) post(m userfaultfd.Msg) {
+	k.changed.Broadcast() // a fault raised (or a FORK) counts as a change
 	k.queue = append(k.queue, m)
 	if !k.held {
 		k.readable()
@@ -263,6 +269,30 @@ func (k *Kernel) Release() {
 	}
 }
 
+// Await waits until cond holds of the Kernel's counts, checked now and
+// at each change of them (a fault raised, an access done, a page
+// installed, poisoned or dropped), for at most d; it reports whether cond
+// held. cond runs with the Kernel locked: it must not call its methods.
+func (k *Kernel) Await(d time.Duration, cond func(KernelCounts) bool) bool {
+	late := false
+	t := time.AfterFunc(d, func() {
+		k.mu.Lock()
+		late = true
+		k.changed.Broadcast()
+		k.mu.Unlock()
+	})
+	defer t.Stop()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for !cond(k.counts) {
+		if late {
+			return false
+		}
+		k.changed.Wait()
+	}
+	return true
+}
+
 // Queued returns how many messages wait to be read.
 func (k *Kernel) Queued() int {
 	k.mu.Lock()
@@ -316,6 +346,7 @@ func (k *Kernel) Drop(r userfaultfd.Range) {
 			delete(k.pages, pg)
 		}
 	}
+	k.changed.Broadcast()
 }
 
 // Fd returns the eventfd the loop polls.
@@ -389,6 +420,7 @@ func (k *Kernel) install(r userfaultfd.Range, flags userfaultfd.Flags, fill func
 	if flags&userfaultfd.DontWake == 0 && done > 0 {
 		k.wake(userfaultfd.Range{Start: r.Start, Len: uint64(done)})
 	}
+	k.changed.Broadcast()
 	return done, err
 }
 
@@ -416,6 +448,7 @@ func (k *Kernel) Poison(r userfaultfd.Range, flags userfaultfd.Flags) (int, erro
 		k.poison[pg] = true
 		k.counts.Poisoned++
 	}
+	k.changed.Broadcast()
 	k.wake(r)
 	return int(r.Len), nil
 }
