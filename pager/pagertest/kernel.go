@@ -36,7 +36,10 @@ var ErrNotServed = errors.New("pagertest: fault not served in time")
 // It models what the pager relies on and no more: no REMOVE or UNMAP
 // events, FORK events only when a test raises one (ForkEvent), and the
 // zero page is an ordinary writable page (as after the kernel's
-// copy-on-write of it, which raises no fault either).
+// copy-on-write of it, which raises no fault either). As the kernel's
+// (mmap_changing), its ioctls that change the address space (Copy,
+// ZeroPage, Poison, WriteProtect, Unprotect) fail with EAGAIN from a
+// FORK event until that event is read.
 type Kernel struct {
 	// FaultWait bounds how long a thread waits for its fault to be
 	// resolved (default 10 s); then its access fails with ErrNotServed.
@@ -54,6 +57,7 @@ type Kernel struct {
 	closed  bool
 	exited  bool
 	held    bool // Hold: messages queue up unread
+	forks   int  // FORK events raised and not read: the address space is changing
 	counts  KernelCounts
 }
 
@@ -243,6 +247,7 @@ func (k *Kernel) fork(event bool) (*Kernel, error) {
 		child.pages[a] = &fakePage{data: p.data, wp: event && p.wp}
 	}
 	if event {
+		k.forks++
 		k.post(userfaultfd.EncodeMsg(userfaultfd.Event{Kind: userfaultfd.EventFork, FD: child.efd}))
 	}
 	return child, nil
@@ -363,6 +368,11 @@ func (k *Kernel) ReadEvents(msgs []userfaultfd.Msg) (int, error) {
 		return 0, unix.EAGAIN
 	}
 	n := copy(msgs, k.queue)
+	for i := range msgs[:n] {
+		if msgs[i].Kind() == userfaultfd.EventFork {
+			k.forks-- // read: the ioctls work again (as after the kernel's mmap_changing)
+		}
+	}
 	k.queue = k.queue[:copy(k.queue, k.queue[n:])]
 	if len(k.queue) == 0 {
 		var b [8]byte
@@ -379,6 +389,8 @@ func (k *Kernel) check(op string, r userfaultfd.Range) error {
 		return unix.ESRCH
 	case r.Len == 0 || r.Len%PageSize != 0 || r.Start%PageSize != 0:
 		return fmt.Errorf("pagertest: %s of %v: %w", op, r, unix.EINVAL)
+	case k.forks > 0 && op != "wake":
+		return unix.EAGAIN // a FORK event not read yet
 	}
 	return k.injected(op)
 }
