@@ -12,17 +12,18 @@ import (
 	"rmem/userfaultfd"
 )
 
-// AllocSlotsForTest takes n pool slots for a test, growing the pool by
-// slabs from the Store (as the reservoir does) when it is short.
+// AllocSlotsForTest takes n pool slots for a test, waiting (2 s at most)
+// for the reservoir to bring the slabs they need: an alloc that comes back
+// short asks it for a slab, and its rounds wake the wait.
 func (a *Agent) AllocSlotsForTest(n int) ([]Slot, error) {
 	out := make([]Slot, n)
-	got := a.slots.alloc(out)
-	for got < n {
-		if !a.slots.grow(a.ctx) {
-			a.slots.release(out[:got]...)
-			return nil, fmt.Errorf("pager: only %d of %d slots: the store gives no slab", got, n)
-		}
+	got := 0
+	if !a.WaitForTest(2*time.Second, func() bool {
 		got += a.slots.alloc(out[got:])
+		return got == n
+	}) {
+		a.slots.release(out[:got]...)
+		return nil, fmt.Errorf("pager: only %d of %d slots", got, n)
 	}
 	return out, nil
 }
