@@ -73,3 +73,31 @@ func TestForkPause(t *testing.T) {
 		t.Fatalf("still paused %v after FORK_PREPARE without FORK_DONE", maxForkPause)
 	}
 }
+
+// A fork's copy waits forkCopyTTL for its child's HELLO, and a previous
+// agent's clients wait ResumeWait to come back: both decided at the time
+// given, not when a timer happens to fire.
+func TestExpiries(t *testing.T) {
+	t0 := time.Unix(1_000_000, 0)
+	a := &Agent{log: zap.NewNop(), copies: map[forkKey]*forkCopy{}, orphans: map[int]*orphan{}}
+	a.opts.ResumeWait = time.Minute
+	a.copies[forkKey{1, 1}] = &forkCopy{made: t0}
+	a.dropStaleCopies(t0.Add(forkCopyTTL - time.Nanosecond))
+	if len(a.copies) != 1 {
+		t.Fatalf("a fork's copy dropped before %v", forkCopyTTL)
+	}
+	a.dropStaleCopies(t0.Add(forkCopyTTL))
+	if len(a.copies) != 0 {
+		t.Fatalf("a fork's copy kept %v after it was made", forkCopyTTL)
+	}
+	a.orphans[42] = &orphan{}
+	a.resumeBy = t0.Add(a.opts.ResumeWait)
+	a.dropOrphans(t0.Add(a.opts.ResumeWait - time.Nanosecond))
+	if len(a.orphans) != 1 {
+		t.Fatalf("a previous agent's client dropped before %v", a.opts.ResumeWait)
+	}
+	a.dropOrphans(t0.Add(a.opts.ResumeWait))
+	if len(a.orphans) != 0 {
+		t.Fatalf("a previous agent's client kept %v after the agent started", a.opts.ResumeWait)
+	}
+}
