@@ -89,6 +89,16 @@ type Options struct {
 	Log *zap.Logger
 	// Registry, when set, gets the agent's Prometheus collector.
 	Registry prometheus.Registerer
+	// Now is the clock the agent's decisions read (default time.Now): when
+	// to evict, throttle or give up a fault, how long a fork pauses
+	// evictions, the pool's pacing (slots.go), how long a fork's copy or a
+	// previous agent's client waits. A client's loop reads it once per
+	// turn, when poll returns, and passes that time down to the parts it
+	// runs (and once per batch of faults read, their arrival); fault
+	// latencies are measured with it too. Tests pass a fake one and move it
+	// on. Deadlines of socket I/O (the handshake) are the kernel's and read
+	// the real clock.
+	Now func() time.Time
 	// LoopsChanged, when set, is called as a client's loop starts and
 	// ends with the number of loops then running (one call at a time, in
 	// order). Each loop is a goroutine locked to its OS thread: the daemon
@@ -143,13 +153,16 @@ type Agent struct {
 	loopsMu sync.Mutex // orders Options.LoopsChanged calls
 	loops   int
 
+	watch turnWatch // told after each turn of a loop, round of the reservoir, client started or dropped
+
 	// childUFFD makes the uffd of a child from a FORK event's descriptor
 	// (userfaultfd.FromFD; a fake kernel's in the core tests).
 	childUFFD func(fd int, features userfaultfd.Feature) (faultFD, error)
 
-	journal *journal        // StateDir's (nil: none)
-	orphans map[int]*orphan // a previous agent's clients waiting to resume, by pid
-	leaked  []remote.SlabID // slabs the lease holds that no journal names
+	journal  *journal        // StateDir's (nil: none)
+	orphans  map[int]*orphan // a previous agent's clients waiting to resume, by pid
+	resumeBy time.Time       // and until when (Options.ResumeWait)
+	leaked   []remote.SlabID // slabs the lease holds that no journal names
 }
 
 type forkKey struct {
@@ -193,6 +206,9 @@ func New(opts Options) (*Agent, error) {
 	if opts.Log == nil {
 		opts.Log = zap.NewNop()
 	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
 	if fi, err := os.Lstat(opts.Socket); err == nil && fi.Mode()&os.ModeSocket != 0 {
 		os.Remove(opts.Socket)
 	}
@@ -213,7 +229,7 @@ func New(opts Options) (*Agent, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	a := &Agent{
-		opts: opts, log: opts.Log, ln: ln, slots: newSlotPool(opts.Store, opts.Log.Named("slots")),
+		opts: opts, log: opts.Log, ln: ln, slots: newSlotPool(opts.Store, opts.Log.Named("slots"), opts.Now),
 		ctx: ctx, cancel: cancel,
 		clients: map[uint64]*client{}, forked: map[forkKey]*client{}, copies: map[forkKey]*forkCopy{},
 		childUFFD: func(fd int, f userfaultfd.Feature) (faultFD, error) { return userfaultfd.FromFD(fd, f) },
@@ -240,7 +256,7 @@ func New(opts Options) (*Agent, error) {
 	go func() {
 		defer a.wg.Done()
 		a.freeLeaked()
-		a.slots.RoutineReservoir(ctx)
+		a.slots.RoutineReservoir(ctx, a.watch.note)
 	}()
 	return a, nil
 }
@@ -571,6 +587,7 @@ func (a *Agent) start(c *client) bool {
 	a.nclients.Add(1)
 	a.wg.Add(1)
 	a.mu.Unlock()
+	a.watch.note()
 	go func() {
 		defer a.wg.Done()
 		c.RoutineServe()
@@ -642,6 +659,7 @@ func (a *Agent) dropClient(c *client) {
 		}
 	}
 	a.mu.Unlock()
+	a.watch.note()
 }
 
 // minLocalMem is the smallest budget a client may have (16 pages).
@@ -681,8 +699,7 @@ func (a *Agent) statsOf(c *client) ClientStats {
 func (c *client) teardownUnstarted() {
 	c.io.Close()
 	c.uffd.Close()
-	unix.Munmap(c.ev.staging)
-	unix.Close(c.ev.stagingFD)
+	c.ev.release()
 	unix.Close(c.wakefd)
 	close(c.done)
 }

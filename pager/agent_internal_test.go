@@ -73,16 +73,45 @@ func TestAllowed(t *testing.T) {
 // A FORK_PREPARE pauses evictions until its FORK_DONE, and no longer than
 // maxForkPause when that never comes.
 func TestForkPause(t *testing.T) {
-	c := &client{log: zap.NewNop()}
-	if c.forkStalled() {
+	var f forkState
+	log := zap.NewNop()
+	t0 := time.Unix(1000, 0)
+	if f.stalled(t0, log) {
 		t.Fatal("paused without a fork")
 	}
-	c.fk.forking, c.fk.forkedAt = 3, time.Now()
-	if !c.forkStalled() {
+	f.prepare(3, t0)
+	if !f.stalled(t0.Add(maxForkPause), log) {
 		t.Fatal("not paused during a fork")
 	}
-	c.fk.forkedAt = time.Now().Add(-maxForkPause - time.Second)
-	if c.forkStalled() || c.fk.forking != 0 {
+	if f.stalled(t0.Add(maxForkPause+time.Nanosecond), log) || f.forking != 0 {
 		t.Fatalf("still paused %v after FORK_PREPARE without FORK_DONE", maxForkPause)
+	}
+}
+
+// A fork's copy waits forkCopyTTL for its child's HELLO, and a previous
+// agent's clients wait ResumeWait to come back: both decided at the time
+// given, not when a timer happens to fire.
+func TestExpiries(t *testing.T) {
+	t0 := time.Unix(1_000_000, 0)
+	a := &Agent{log: zap.NewNop(), copies: map[forkKey]*forkCopy{}, orphans: map[int]*orphan{}}
+	a.opts.ResumeWait = time.Minute
+	a.copies[forkKey{1, 1}] = &forkCopy{made: t0}
+	a.dropStaleCopies(t0.Add(forkCopyTTL - time.Nanosecond))
+	if len(a.copies) != 1 {
+		t.Fatalf("a fork's copy dropped before %v", forkCopyTTL)
+	}
+	a.dropStaleCopies(t0.Add(forkCopyTTL))
+	if len(a.copies) != 0 {
+		t.Fatalf("a fork's copy kept %v after it was made", forkCopyTTL)
+	}
+	a.orphans[42] = &orphan{}
+	a.resumeBy = t0.Add(a.opts.ResumeWait)
+	a.dropOrphans(t0.Add(a.opts.ResumeWait - time.Nanosecond))
+	if len(a.orphans) != 1 {
+		t.Fatalf("a previous agent's client dropped before %v", a.opts.ResumeWait)
+	}
+	a.dropOrphans(t0.Add(a.opts.ResumeWait))
+	if len(a.orphans) != 0 {
+		t.Fatalf("a previous agent's client kept %v after the agent started", a.opts.ResumeWait)
 	}
 }

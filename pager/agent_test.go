@@ -402,7 +402,7 @@ func TestOverBudget(t *testing.T) {
 				t.Fatal(err)
 			}
 			waitNoClients(t, a)
-			noSlabsHeld(t, store)
+			noSlabsHeld(t, store, a)
 			// Its final figures outlive it, for `memagent run --stats`.
 			ex := a.Exited()
 			if len(ex) != 1 || !ex[0].Exited || ex[0].ID != st.ID || ex[0].Evictions < st.Evictions || ex[0].RemoteReads < st.RemoteReads {
@@ -412,45 +412,43 @@ func TestOverBudget(t *testing.T) {
 	}
 }
 
+// agentWait bounds each wait for the agent to get somewhere (checked
+// after each turn of its loops and round of its reservoir: WaitForTest):
+// one that does not get there fails its test instead of hanging the suite.
+const agentWait = 30 * time.Second
+
 // waitStats waits until the only client's stats satisfy ok.
 func waitStats(t *testing.T, a *pager.Agent, ok func(pager.ClientStats) bool) pager.ClientStats {
 	t.Helper()
-	for i := 0; ; i++ {
-		st := statsOf(t, a)
-		if ok(st) {
-			return st
-		}
-		if i > 500 {
-			t.Fatalf("stats never got there: %+v", st)
-		}
-		time.Sleep(10 * time.Millisecond)
+	var sts []pager.ClientStats
+	got := a.WaitForTest(agentWait, func() bool {
+		sts = a.Stats()
+		return len(sts) != 1 || ok(sts[0])
+	})
+	if len(sts) != 1 {
+		t.Fatalf("%d clients, want 1: %+v", len(sts), sts)
 	}
+	if !got {
+		t.Fatalf("stats never got there: %+v", sts[0])
+	}
+	return sts[0]
 }
 
-// noSlabsHeld fails the test if store still holds slabs: once every
-// process paged from it has gone, each slab must have been freed.
 // noSlabsHeld checks that the agent gives every slab back once no process
-// has pages in the pool (its reservoir does so within a few seconds).
-func noSlabsHeld(t *testing.T, store *pagertest.Store) {
+// has pages in the pool (its reservoir does so within a few seconds: a
+// slab's worth of slack is kept until no slot was asked for in a second).
+func noSlabsHeld(t *testing.T, store *pagertest.Store, a *pager.Agent) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		_, held := store.Allocated()
-		if held == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d slabs held after every process paged from the store exited", held)
-		}
+	held := 0
+	if !a.WaitForTest(agentWait, func() bool { _, held = store.Allocated(); return held == 0 }) {
+		t.Fatalf("%d slabs held after every process paged from the store exited", held)
 	}
 }
 
 func waitNoClients(t *testing.T, a *pager.Agent) {
 	t.Helper()
-	for i := 0; len(a.Stats()) != 0; i++ {
-		if i > 500 {
-			t.Fatalf("client not dropped after exit: %+v", a.Stats())
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !a.WaitForTest(agentWait, func() bool { return len(a.Stats()) == 0 }) {
+		t.Fatalf("client not dropped after exit: %+v", a.Stats())
 	}
 }
 
@@ -572,16 +570,13 @@ func TestPoolFollowsFrees(t *testing.T) {
 	p.Send("g")
 	p.Expect("zapped")
 	var ps pager.PoolStats
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+	if !a.WaitForTest(agentWait, func() bool {
 		ps = a.Pool()
 		// Two batches of free slots are kept besides a slab (lowWater's
 		// floor, above 1/11 of these small 1 MiB slabs).
-		if float64(ps.HeldBytes) <= 1.1*float64(ps.UsedBytes)+float64(ps.SlabSize)+2*128*4096 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the pool still holds %d bytes for %d used after the program freed half its heap: %+v", ps.HeldBytes, ps.UsedBytes, ps)
-		}
+		return float64(ps.HeldBytes) <= 1.1*float64(ps.UsedBytes)+float64(ps.SlabSize)+2*128*4096
+	}) {
+		t.Fatalf("the pool still holds %d bytes for %d used after the program freed half its heap: %+v", ps.HeldBytes, ps.UsedBytes, ps)
 	}
 	t.Logf("before the frees: %d held, %+v; after: %+v", held0, before, ps)
 	if ps.Drained == 0 || ps.Relocated == 0 {
@@ -591,7 +586,7 @@ func TestPoolFollowsFrees(t *testing.T) {
 	p.Expect("ok")
 	p.Wait()
 	waitNoClients(t, a)
-	noSlabsHeld(t, store)
+	noSlabsHeld(t, store, a)
 }
 
 // The whole pool unreachable (every server cut off, its memory intact):
@@ -649,14 +644,14 @@ func TestAgentRestartResumes(t *testing.T) {
 	a1.Close() // as if killed: its client keeps its uffd and regions
 	a2 := startAgentOpts(t, opts)
 	var st pager.ClientStats
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if sts := a2.Stats(); len(sts) == 1 {
+	if !a2.WaitForTest(agentWait, func() bool {
+		sts := a2.Stats()
+		if len(sts) == 1 {
 			st = sts[0]
-			break
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the client did not resume with the new agent")
-		}
+		return len(sts) == 1
+	}) {
+		t.Fatal("the client did not resume with the new agent")
 	}
 	t.Logf("before %+v\nresumed %+v", before, st)
 	if st.RemoteBytes < before.RemoteBytes/2 {

@@ -3,6 +3,7 @@ package pager
 import (
 	"os"
 	"os/exec"
+	"sync"
 	"testing"
 	"time"
 
@@ -48,7 +49,8 @@ func TestBudgetSplit(t *testing.T) {
 // refused and the child stays for its own HELLO.
 func TestForkPairing(t *testing.T) {
 	a := &Agent{clients: map[uint64]*client{}, forked: map[forkKey]*client{}}
-	a.cond = newCond(a)
+	waiting := make(chan struct{}, 1)
+	a.cond = sync.NewCond(waitSignal{&a.mu, waiting})
 	c := &client{id: 9}
 	c.uid.Store(uint32(os.Getuid()))
 	ppid := os.Getpid()
@@ -60,7 +62,7 @@ func TestForkPairing(t *testing.T) {
 	defer func() { kid.Process.Kill(); kid.Wait() }()
 	child := &unix.Ucred{Pid: int32(kid.Process.Pid), Uid: uint32(os.Getuid())}
 	go func() {
-		time.Sleep(20 * time.Millisecond) // the HELLO may come first
+		<-waiting // the HELLO came first: its pairing waits for the FORK
 		a.mu.Lock()
 		a.forked[forkKey{ppid, 2}] = c
 		a.cond.Broadcast()
@@ -82,6 +84,22 @@ func TestForkPairing(t *testing.T) {
 	}
 	if got := a.takeForkChild(ppid, 1, child, soon()); got != nil {
 		t.Fatal("paired with the wrong serial")
+	}
+}
+
+// waitSignal is the Locker of a sync.Cond that says when a waiter has
+// started to wait: only Wait calls the Cond's Unlock (the code under test
+// takes and leaves the mutex itself).
+type waitSignal struct {
+	*sync.Mutex
+	waiting chan struct{}
+}
+
+func (w waitSignal) Unlock() {
+	w.Mutex.Unlock()
+	select {
+	case w.waiting <- struct{}{}:
+	default:
 	}
 }
 

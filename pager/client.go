@@ -26,12 +26,12 @@ const (
 	maxBatch    = 128  // READs per batch (faults + prefetches)
 	maxHeld     = 4096 // faults waiting for an eviction or a retry
 	retryPeriod = 5 * time.Millisecond
-	maxThrottle = 50 * time.Millisecond
-	probePeriod = time.Second
 )
 
-// client is one client process and the loop that serves it. Everything
-// but the fields under mu and the counters is owned by the loop goroutine.
+// client is one client process and the loop that serves it: an assembly
+// of parts, one per concern, each a type with the methods that keep it
+// (its file in parentheses). Everything but ctl, wakefd, done, the atomics
+// and the counters is owned by the loop goroutine.
 type client struct {
 	a    *Agent
 	id   uint64
@@ -40,9 +40,7 @@ type client struct {
 	io   remote.PageIO
 	st   counters
 
-	mu  sync.Mutex
-	ctl control // guarded by mu
-
+	ctl      control // what the agent's goroutines hand the loop
 	wakefd   int
 	done     chan struct{}
 	pidAtm   atomic.Int64
@@ -50,110 +48,98 @@ type client struct {
 	localMem atomic.Uint64 // the budget its HELLO asked for (0: the agent's)
 
 	// Loop state, by concern.
-	sock     socketState // the process: its socket, pidfd and packets
+	sock     socketState // the process: its socket, pidfd and packets (conn.go)
 	regs     regions
-	clock    Clock
-	fq       faultQueue // faults read, reads in flight, faults held
-	room     roomState  // the pool's room and what was said about it
-	fk       forkState
-	ev       evictState // staging slots and the eviction in flight
+	fq       faultQueue // uffd messages read, faults held (install.go)
+	rd       readBatch  // the batch's READs (reads.go)
+	room     roomState  // the pool's room and what was said about it (room.go)
+	fk       forkState  // forks, and a fork waiting for the eviction in flight (forkstate.go)
+	ev       evictState // CLOCK, staging slots and the eviction in flight (evictstate.go)
 	sample   samples
 	features userfaultfd.Feature
-	closed   bool
 
 	cj *clientJournal // what a next agent needs to resume it (journal.go); nil: none
 
 	spin *spin.Waiter // how long the loop polls before it blocks
 }
 
-// control is what the agent's goroutines hand the loop (client.mu).
+// control is what the agent's goroutines hand the loop, under its mutex:
+// a connection (a forked child's HELLO) with its pid, and the stop flag.
 type control struct {
+	mu      sync.Mutex
 	pid     int
-	pending *net.UnixConn // a connection handed over by the agent (forked child)
+	pending *net.UnixConn
 	stop    bool
 }
 
-// socketState is the client's connection: the socket, the process's
-// pidfd, the packet buffers and the sequence of requests.
-type socketState struct {
-	conn    *net.UnixConn
-	sockfd  int
-	pidfd   int
-	sendBuf []byte
-	recvBuf []byte
-	oob     []byte
-	seq     uint32
-	probed  time.Time // last liveness probe (gone)
+// hand gives the loop conn, the connection of process pid.
+func (ct *control) hand(conn *net.UnixConn, pid int) {
+	ct.mu.Lock()
+	ct.pending, ct.pid = conn, pid
+	ct.mu.Unlock()
 }
 
-// faultQueue is the fault path's state: uffd messages read, the reads of
-// a batch and where they go, prefetches out, faults held for room or a
-// page in flight, and messages read ahead.
+// stopLoop asks the loop to stop.
+func (ct *control) stopLoop() {
+	ct.mu.Lock()
+	ct.stop = true
+	ct.mu.Unlock()
+}
+
+// take returns whether to stop, and the connection handed since the last
+// take (nil: none) with its pid.
+func (ct *control) take() (stop bool, conn *net.UnixConn, pid int) {
+	ct.mu.Lock()
+	defer ct.mu.Unlock()
+	conn, ct.pending = ct.pending, nil
+	return ct.stop, conn, ct.pid
+}
+
+// stopped reports whether the agent stopped the loop (rather than the
+// client going away).
+func (ct *control) stopped() bool {
+	ct.mu.Lock()
+	defer ct.mu.Unlock()
+	return ct.stop
+}
+
+// closePending closes a connection handed and never taken.
+func (ct *control) closePending() {
+	ct.mu.Lock()
+	defer ct.mu.Unlock()
+	if ct.pending != nil {
+		ct.pending.Close()
+		ct.pending = nil
+	}
+}
+
+// faultQueue is the fault path's queues: uffd messages read, and read
+// ahead (again), the poll set, the prefetcher's answer, and faults held
+// for an eviction in flight (held) or a retry.
 type faultQueue struct {
-	msgs        []userfaultfd.Msg
-	pfds        []unix.PollFd
-	reads       []remote.PageOp
-	readAt      []readRef
-	merged      []remote.PageOp // reads joined into runs (merge)
-	mergedAt    []int           // first read of each merged op
-	bufs        []byte
-	pfOut       []int64
-	held        []heldFault
-	retry       []heldFault
-	retrySpare  []heldFault
-	early       []userfaultfd.Msg // messages read ahead by again
-	earlySpare  []userfaultfd.Msg
-	parked      []userfaultfd.Msg // a FORK event and what came after it, waiting for the eviction in flight (park)
-	parkedSpare []userfaultfd.Msg
+	msgs       []userfaultfd.Msg
+	pfds       []unix.PollFd
+	pfOut      []int64
+	held       []heldFault
+	retry      []heldFault
+	retrySpare []heldFault
+	early      []userfaultfd.Msg // messages read ahead by again
+	earlySpare []userfaultfd.Msg
 }
 
-// roomState is what the client knows of the pool's room: since when
-// evictions found no slots, drains and trims it took part in, and what it
-// has said about an unreachable pool (once each).
-type roomState struct {
-	noRoomSince time.Time // eviction found no pool slots for dirty pages
-	noRoomRetry time.Time // and tries again from then on (or when room returns)
-	reloc       relocation
-	trimSeen    uint64    // the pool's last trim this client did
-	stuckSaid   time.Time // a fault waited stuckWarn for an unreachable pool (said once)
-	gaveUp      bool      // faults were given up (FaultTimeout): said once
-	bentSaid    bool      // the budget bent for an unreachable pool: said once
+// takeRetry returns the faults held for a retry, emptying the list (its
+// spare takes the faults held again meanwhile).
+func (q *faultQueue) takeRetry() []heldFault {
+	pending := q.retry
+	q.retry, q.retrySpare = q.retrySpare[:0], pending
+	return pending
 }
 
-// forkState follows the process's forks.
-type forkState struct {
-	forks    uint64
-	forking  uint64    // serial of a FORK_PREPARE until its FORK_DONE: no evictions meanwhile
-	forkedAt time.Time // when that FORK_PREPARE was answered (see forkStalled)
-	// A fork waiting for the eviction in flight (park): since when, and
-	// a FORK_PREPARE's request not answered yet.
-	parkedSince time.Time
-	preparing   bool
-	prepareSeq  uint32
-}
-
-// stageBuf returns staging slot s's page of the staging area.
-func (e *evictState) stageBuf(s int) []byte { return e.staging[s*pageSize : (s+1)*pageSize] }
-
-// evictState is the staging area and the eviction in flight.
-type evictState struct {
-	stagingFD  int
-	staging    []byte
-	stageFree  []uint32
-	stageOwner []pageRef
-	evict      proto.Evict
-	evictRefs  [proto.MaxEvictBatch]pageRef
-	newSlots   [proto.MaxEvictBatch]Slot // pool slots for an eviction's dirty victims
-	evictBusy  bool
-	evictSent  time.Time // when the EVICT in flight was sent
-	evictSeq   uint64
-	staged     int // pages in Staged state waiting for a write-back retry
-	wb         []remote.PageOp
-	wbRef      []int
-	wbRuns     []remote.PageOp // wb merged into runs (writeBack)
-	wbRunAt    []int           // the first op of wb in each run
-	wbBuf      []byte          // the pages of runs, copied in order (made at the first merge)
-	victims    []Victim
+// takeEarly returns the messages read ahead, emptying the list.
+func (q *faultQueue) takeEarly() []userfaultfd.Msg {
+	batch := q.early
+	q.early, q.earlySpare = q.earlySpare[:0], batch
+	return batch
 }
 
 // newClient prepares a client for uffd (owned from now on); the loop
@@ -207,14 +193,15 @@ func (a *Agent) newClientWith(u faultFD, features userfaultfd.Feature, sfd, slot
 		fq: faultQueue{
 			msgs:  make([]userfaultfd.Msg, maxMsgs),
 			pfds:  make([]unix.PollFd, 0, 4),
-			reads: make([]remote.PageOp, 0, maxBatch), readAt: make([]readRef, 0, maxBatch),
-			merged: make([]remote.PageOp, 0, maxBatch), mergedAt: make([]int, 0, maxBatch),
-			bufs:  make([]byte, maxBatch*pageSize),
 			pfOut: make([]int64, a.opts.MaxPrefetch),
 			held:  make([]heldFault, 0, maxHeld), retry: make([]heldFault, 0, maxHeld),
 			retrySpare: make([]heldFault, 0, maxHeld),
-			early:      make([]userfaultfd.Msg, 0, maxMsgs), earlySpare: make([]userfaultfd.Msg, 0, maxMsgs),
-			parked: make([]userfaultfd.Msg, 0, 2*maxMsgs), parkedSpare: make([]userfaultfd.Msg, 0, 2*maxMsgs)},
+			early:      make([]userfaultfd.Msg, 0, maxMsgs), earlySpare: make([]userfaultfd.Msg, 0, maxMsgs)},
+		rd: readBatch{
+			reads: make([]remote.PageOp, 0, maxBatch), at: make([]readRef, 0, maxBatch),
+			merged: make([]remote.PageOp, 0, maxBatch), mergedAt: make([]int, 0, maxBatch),
+			bufs: make([]byte, maxBatch*pageSize)},
+		fk:     forkState{parked: make([]userfaultfd.Msg, 0, 2*maxMsgs), parkedSpare: make([]userfaultfd.Msg, 0, 2*maxMsgs)},
 		sample: samples{buf: make([]byte, (sampleSlots+markerSlots)*pageSize)},
 		ev: evictState{stagingFD: sfd, staging: staging,
 			stageFree: make([]uint32, 0, slots), stageOwner: make([]pageRef, slots),
@@ -227,7 +214,7 @@ func (a *Agent) newClientWith(u faultFD, features userfaultfd.Feature, sfd, slot
 	}
 	c.log = a.log.With(zap.Uint64("client", c.id))
 	if lr, ok := io.(localRegistrar); ok {
-		for _, mem := range [][]byte{c.fq.bufs, c.ev.staging} {
+		for _, mem := range [][]byte{c.rd.bufs, c.ev.staging} {
 			if err := lr.RegisterLocal(mem); err != nil {
 				c.log.Warn("registering page buffers for zero-copy transfers failed; pages go through the transport's bounce buffer", zap.Error(err))
 			}
@@ -241,26 +228,4 @@ func (a *Agent) newClientWith(u faultFD, features userfaultfd.Feature, sfd, slot
 // staging slots, which live until teardown closes the IO.
 type localRegistrar interface {
 	RegisterLocal(mem []byte) error
-}
-
-// maxForkPause bounds how long a FORK_PREPARE pauses evictions without its
-// FORK_DONE (the shim sends it as soon as fork(2) returns).
-const maxForkPause = 10 * time.Second
-
-// forkStalled reports whether evictions are paused for a fork; a pause
-// whose FORK_DONE never came ends after maxForkPause, so that a shim that
-// failed to send it does not leave the process over budget for good.
-func (c *client) forkStalled() bool {
-	if c.fk.forking == 0 {
-		return false
-	}
-	if c.fk.preparing {
-		return true // forkSettled ends it
-	}
-	if time.Since(c.fk.forkedAt) > maxForkPause {
-		c.log.Warn("no FORK_DONE after FORK_PREPARE; evictions resume", zap.Uint64("serial", c.fk.forking))
-		c.fk.forking = 0
-		return false
-	}
-	return true
 }

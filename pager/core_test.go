@@ -6,7 +6,10 @@ package pager_test
 // space and its helper thread are pagertest's. They need no root, no
 // userfaultfd and no child process, so they run everywhere, fast; the
 // tests with real programs (agent_test.go, fork_test.go) check the same
-// paths against the kernel.
+// paths against the kernel. The agent decides by a fake clock
+// (pagertest.Clock) that moves only when a test moves it, and the tests
+// wait for events (the agent's WaitForTest, Kernel.Await,
+// Process.WaitEvict), never for time to pass.
 
 import (
 	"errors"
@@ -16,7 +19,6 @@ import (
 	"os"
 	"os/exec"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -34,27 +36,45 @@ const fakeBase = userfaultfd.Addr(0x7f0000000000)
 type fake struct {
 	t     *testing.T
 	a     *pager.Agent
+	clk   *pagertest.Clock // the agent's
 	store *pagertest.Store
 	k     *pagertest.Kernel
 	p     *pagertest.Process
 	pages int
 }
 
-// startFake serves a fake process with one region of pages pages under
-// an agent with opts (Store and LocalMem set by the caller).
-func startFake(t *testing.T, opts pager.Options, pages int) *fake {
+// coreWait bounds every wait for an event: an event that does not come
+// fails its test instead of hanging the suite (it is not a time anything
+// is expected to take).
+const coreWait = 10 * time.Second
+
+// coreAgent runs an agent with opts (Store and LocalMem set by the
+// caller) on a fake clock, returned.
+func coreAgent(t *testing.T, opts pager.Options) (*pager.Agent, *pagertest.Clock) {
 	t.Helper()
-	return startFakeOn(t, startAgentOpts(t, opts), opts.Store.(*pagertest.Store), pages)
+	clk := pagertest.NewClock()
+	opts.Now = clk.Now
+	return startAgentOpts(t, opts), clk
 }
 
-// startFakeOn serves another fake process under agent a.
-func startFakeOn(t *testing.T, a *pager.Agent, store *pagertest.Store, pages int) *fake {
+// startFake serves a fake process with one region of pages pages under
+// an agent with opts (Store and LocalMem set by the caller) on a fake
+// clock.
+func startFake(t *testing.T, opts pager.Options, pages int) *fake {
 	t.Helper()
-	return startFakeOnPid(t, a, store, pages, 0)
+	a, clk := coreAgent(t, opts)
+	return startFakeOn(t, a, clk, opts.Store.(*pagertest.Store), pages)
+}
+
+// startFakeOn serves another fake process under agent a, whose clock is
+// clk.
+func startFakeOn(t *testing.T, a *pager.Agent, clk *pagertest.Clock, store *pagertest.Store, pages int) *fake {
+	t.Helper()
+	return startFakeOnPid(t, a, clk, store, pages, 0)
 }
 
 // startFakeOnPid is startFakeOn for a process with pid (0: not known).
-func startFakeOnPid(t *testing.T, a *pager.Agent, store *pagertest.Store, pages, pid int) *fake {
+func startFakeOnPid(t *testing.T, a *pager.Agent, clk *pagertest.Clock, store *pagertest.Store, pages, pid int) *fake {
 	t.Helper()
 	k, err := pagertest.NewKernel()
 	if err != nil {
@@ -80,7 +100,7 @@ func startFakeOnPid(t *testing.T, a *pager.Agent, store *pagertest.Store, pages,
 	if err := p.AddRegion(1, userfaultfd.Range{Start: fakeBase, Len: uint64(pages) * pagertest.PageSize}); err != nil {
 		t.Fatalf("REGION_ADD: %v", err)
 	}
-	return &fake{t: t, a: a, store: store, k: k, p: p, pages: pages}
+	return &fake{t: t, a: a, clk: clk, store: store, k: k, p: p, pages: pages}
 }
 
 func unixConn(t *testing.T, fd int) *net.UnixConn {
@@ -161,33 +181,53 @@ func orderOf(kind string, n int) []int {
 	return o
 }
 
-// statsWhen waits (5 s at most) for the client's stats to satisfy ok.
+// stats returns the stats of the agent's only client.
+func (f *fake) stats() pager.ClientStats {
+	f.t.Helper()
+	st := f.a.Stats()
+	if len(st) != 1 {
+		f.t.Fatalf("%d clients, want 1: %+v", len(st), st)
+	}
+	return st[0]
+}
+
+// statsWhen waits for the stats of the agent's only client to satisfy ok,
+// checked after each turn of its loop; false if they do not within
+// coreWait.
 func (f *fake) statsWhen(ok func(pager.ClientStats) bool) (pager.ClientStats, bool) {
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	var last pager.ClientStats
+	held := f.a.WaitForTest(coreWait, func() bool {
 		st := f.a.Stats()
-		if len(st) == 1 && ok(st[0]) {
-			return st[0], true
+		if len(st) != 1 {
+			return false
 		}
-		if time.Now().After(deadline) {
-			if len(st) == 1 {
-				return st[0], false
-			}
-			return pager.ClientStats{}, false
-		}
-		time.Sleep(5 * time.Millisecond)
+		last = st[0]
+		return ok(last)
+	})
+	return last, held
+}
+
+// gone waits for the agent to have dropped every client and freed their
+// pool slots.
+func (f *fake) gone() {
+	f.t.Helper()
+	if !f.a.WaitForTest(coreWait, func() bool { return len(f.a.Stats()) == 0 && f.a.Pool().UsedBytes == 0 }) {
+		f.t.Fatalf("the processes have gone, and still: %+v, pool %+v", f.a.Stats(), f.a.Pool())
 	}
 }
 
-// waitEvict waits (5 s at most) for an EVICT to reach the paused helper.
+// advance moves the agent's clock on by d and wakes its loops and its
+// reservoir, as their timers would, to decide at the new time.
+func (f *fake) advance(d time.Duration) {
+	f.clk.Advance(d)
+	f.a.WakeForTest()
+}
+
+// waitEvict waits for an EVICT to reach the paused helper.
 func (f *fake) waitEvict() {
 	f.t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !f.p.EvictPending() {
-		if time.Now().After(deadline) {
-			f.t.Fatal("no EVICT came")
-		}
-		time.Sleep(time.Millisecond)
+	if !f.p.WaitEvict(coreWait) {
+		f.t.Fatal("no EVICT came")
 	}
 }
 
@@ -215,7 +255,7 @@ func TestCoreFirstTouch(t *testing.T) {
 		t.Fatal(err)
 	}
 	kc := f.k.Counts()
-	st, _ := f.statsWhen(func(pager.ClientStats) bool { return true })
+	st := f.stats()
 	if kc.Zeros != f.pages || kc.Copies != 0 || st.RemoteReads != 0 || st.Evictions != 0 {
 		t.Fatalf("first touches: kernel %+v, stats %+v; want %d zero fills and nothing else", kc, st, f.pages)
 	}
@@ -238,7 +278,7 @@ func TestCoreBudgetAndReadBack(t *testing.T) {
 				t.Fatal(err)
 			}
 			limit := budgetPages + pager.BudgetMargin/pagertest.PageSize
-			st, _ := f.statsWhen(func(pager.ClientStats) bool { return true })
+			st := f.stats()
 			if peak > limit || st.Evictions == 0 || st.WriteBacks < uint64(f.pages-limit) {
 				t.Fatalf("peak %d pages mapped (limit %d), stats %+v", peak, limit, st)
 			}
@@ -346,9 +386,10 @@ func TestCoreFailover(t *testing.T) {
 	}
 }
 
-// No server answers: a fault waits up to FaultTimeout, then SIGBUS (the
-// documented bound); not a hang, not zeros. Catches a fault retried
-// forever on an unreachable pool.
+// No server answers: a fault is retried until it has waited FaultTimeout
+// (on the agent's clock), then SIGBUS (the documented bound); not a hang,
+// not zeros, not a give-up before its time. Catches a fault retried
+// forever on an unreachable pool, or given up at its first failure.
 func TestCoreUnreachablePoolSIGBUS(t *testing.T) {
 	store := pagertest.New(t, pagertest.Options{Servers: 1, Network: "tcp"})
 	opts := coreOpts(store)
@@ -358,13 +399,28 @@ func TestCoreUnreachablePoolSIGBUS(t *testing.T) {
 		t.Fatal(err)
 	}
 	store.Kill(0)
-	start := time.Now()
-	_, err := f.k.Load(f.addr(0, 0))
-	if !errors.Is(err, pagertest.ErrSIGBUS) {
-		t.Fatalf("a fault on an unreachable pool ended with %v, want SIGBUS", err)
+	loaded := make(chan error, 1)
+	go func() {
+		_, err := f.k.Load(f.addr(0, 0))
+		loaded <- err
+	}()
+	if st, ok := f.statsWhen(func(s pager.ClientStats) bool { return s.Retries >= 3 }); !ok {
+		t.Fatalf("the fault on an unreachable pool is not retried: %+v", st)
 	}
-	if waited := time.Since(start); waited < opts.FaultTimeout {
-		t.Fatalf("SIGBUS after %v, before the fault timeout %v", waited, opts.FaultTimeout)
+	select {
+	case err := <-loaded:
+		t.Fatalf("the fault ended (%v) before its fault timeout", err)
+	default:
+	}
+	retries := f.stats().Retries
+	f.advance(opts.FaultTimeout - time.Millisecond)
+	// Two retries more: one at least in a turn that began at the new time.
+	if st, ok := f.statsWhen(func(s pager.ClientStats) bool { return s.Retries >= retries+2 }); !ok || st.Lost != 0 {
+		t.Fatalf("given up before the fault timeout: %+v", st)
+	}
+	f.advance(time.Millisecond)
+	if err := <-loaded; !errors.Is(err, pagertest.ErrSIGBUS) {
+		t.Fatalf("a fault on an unreachable pool ended with %v, want SIGBUS", err)
 	}
 }
 
@@ -438,12 +494,18 @@ func TestCorePoolFullWaits(t *testing.T) {
 	if !ok {
 		t.Fatalf("no fault waited with the pool full: %+v", st)
 	}
+	// Waiting, not progressing: its fault is tried again and again, and
+	// waits each time.
+	if st, ok := f.statsWhen(func(s pager.ClientStats) bool { return s.BudgetWaits >= st.BudgetWaits+20 }); !ok {
+		t.Fatalf("the fault waiting for room is not tried again: %+v", st)
+	}
 	select {
 	case err := <-errc:
 		t.Fatalf("the program finished with the pool full (%v): the budget gave way", err)
-	case <-time.After(100 * time.Millisecond):
+	default:
 	}
 	store.SetLimit(0)
+	f.advance(pager.NoRoomPause) // evictions try again, and find room
 	if err := <-errc; err != nil {
 		t.Fatal(err)
 	}
@@ -468,13 +530,8 @@ func TestCoreExitFreesSlots(t *testing.T) {
 		t.Fatal("nothing in the pool")
 	}
 	f.k.Exit()
-	deadline := time.Now().Add(5 * time.Second)
-	for len(f.a.Stats()) > 0 || f.a.Pool().UsedBytes > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the exited process is still served: %+v, pool %+v", f.a.Stats(), f.a.Pool())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	f.advance(pager.ProbePeriod) // the next probe finds it gone
+	f.gone()
 }
 
 // A FORK_PREPARE that meets an eviction in flight is answered only once
@@ -493,10 +550,11 @@ func TestCoreForkPrepareWaitsForEviction(t *testing.T) {
 	reads := make(chan error, 1)
 	go func() { reads <- f.check(1, orderOf("forward", f.pages)) }() // faults in, and so evicts
 	f.waitEvict()
-	prepared := make(chan error, 1)
-	go func() { prepared <- f.p.ForkPrepare(1) }()
-	// The faults go on (past the budget's margin the budget bends after
-	// 50 ms for a helper that does not answer).
+	prepared := f.p.ForkPrepareAsync(1)
+	// The faults go on: a fork under way pauses evictions, and faults
+	// past the budget's margin do not wait for one (before the
+	// FORK_PREPARE they waited: the eviction in flight does not end, and
+	// the agent's clock does not move on to bend the budget).
 	if err := <-reads; err != nil {
 		t.Fatalf("reading while FORK_PREPARE waits for EVICTED: %v", err)
 	}
@@ -511,7 +569,7 @@ func TestCoreForkPrepareWaitsForEviction(t *testing.T) {
 		if err != nil {
 			t.Fatalf("FORK_PREPARE: %v", err)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(coreWait):
 		t.Fatal("FORK_PREPARE not answered after EVICTED")
 	}
 	if err := f.p.ForkDone(1, -int32(unix.EAGAIN)); err != nil { // the fork failed: the copy is freed
@@ -538,22 +596,16 @@ func TestCoreForkPrepareClientGone(t *testing.T) {
 	f.p.PauseHelper()
 	go f.check(1, orderOf("forward", f.pages)) // fails once the process is gone
 	f.waitEvict()
-	prepared := make(chan error, 1)
-	go func() { prepared <- f.p.ForkPrepare(1) }()
-	time.Sleep(20 * time.Millisecond)
+	// Sent before the connection closes: the loop reads it (parked: the
+	// eviction is in flight) before it reads the end of the connection.
+	prepared := f.p.ForkPrepareAsync(1)
 	f.k.Exit()
 	f.p.Close()
 	if err := <-prepared; err == nil {
 		t.Fatal("FORK_PREPARE answered on a closed connection")
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for len(f.a.Stats()) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the gone client is still served: %+v", f.a.Stats())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	g := startFakeOn(t, f.a, store, 2*budgetPages)
+	f.gone()
+	g := startFakeOn(t, f.a, f.clk, store, 2*budgetPages)
 	if err := g.write(1, 0, g.pages, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -591,7 +643,7 @@ func TestCoreCopiesGiveRoomBeforeASlab(t *testing.T) {
 		if err := f.write(1, from, from+10, nil); err != nil {
 			t.Fatal(err)
 		}
-		st, _ := f.statsWhen(func(pager.ClientStats) bool { return true })
+		st := f.stats()
 		held := float64(f.a.Pool().HeldBytes)
 		if over := held - (1.1*float64(st.RemoteBytes) + pps*pagertest.PageSize); over > worst {
 			worst = over
@@ -642,7 +694,7 @@ func (f *fake) forkChild(serial uint64, ppid int) *fake {
 		t.Fatal(err)
 	}
 	t.Cleanup(p.Close)
-	return &fake{t: t, a: f.a, store: f.store, k: ck, p: p, pages: f.pages}
+	return &fake{t: t, a: f.a, clk: f.clk, store: f.store, k: ck, p: p, pages: f.pages}
 }
 
 // A fork's two sides are private copies: after the fork each writes its
@@ -654,8 +706,7 @@ func (f *fake) forkChild(serial uint64, ppid int) *fake {
 // reads zeros for the parent's evicted pages, and slots a fork leaks.
 func TestCoreForkPrivate(t *testing.T) {
 	store := pagertest.New(t, pagertest.Options{})
-	opts := coreOpts(store)
-	a := startAgentOpts(t, opts)
+	a, clk := coreAgent(t, coreOpts(store))
 	k, err := pagertest.NewKernel()
 	if err != nil {
 		t.Fatal(err)
@@ -686,7 +737,7 @@ func TestCoreForkPrivate(t *testing.T) {
 	if err := p.AddRegion(1, userfaultfd.Range{Start: fakeBase, Len: pages * pagertest.PageSize}); err != nil {
 		t.Fatal(err)
 	}
-	parent := &fake{t: t, a: a, store: store, k: k, p: p, pages: pages}
+	parent := &fake{t: t, a: a, clk: clk, store: store, k: k, p: p, pages: pages}
 	if err := parent.write(1, 0, pages, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -737,13 +788,7 @@ func TestCoreForkPrivate(t *testing.T) {
 	parent.k.Exit()
 	stand.Process.Kill()
 	stand.Wait()
-	deadline := time.Now().Add(5 * time.Second)
-	for len(a.Stats()) > 0 || a.Pool().UsedBytes > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("after both exited: %d clients, pool %+v", len(a.Stats()), a.Pool())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	parent.gone() // the pidfd tells both loops
 }
 
 // Prefetch follows a stream and stops on random access: reading evicted
@@ -761,12 +806,12 @@ func TestCorePrefetch(t *testing.T) {
 			if err := f.write(1, 0, f.pages, nil); err != nil {
 				t.Fatal(err)
 			}
-			before, _ := f.statsWhen(func(pager.ClientStats) bool { return true })
+			before := f.stats()
 			kc := f.k.Counts()
 			if err := f.check(1, orderOf(order, f.pages)); err != nil {
 				t.Fatal(err)
 			}
-			st, _ := f.statsWhen(func(pager.ClientStats) bool { return true })
+			st := f.stats()
 			faults, copies := f.k.Counts().Faults-kc.Faults, f.k.Counts().CopyOps-kc.CopyOps
 			issued := st.PrefetchIssued - before.PrefetchIssued
 			ahead := st.ReadaheadHits - before.ReadaheadHits
@@ -827,7 +872,7 @@ func TestCoreWrittenPagesComeBackWritable(t *testing.T) {
 	if err := f.check(2, orderOf("random", f.pages)); err != nil {
 		t.Fatal(err)
 	}
-	st, _ := f.statsWhen(func(pager.ClientStats) bool { return true })
+	st := f.stats()
 	t.Logf("a write pass over %d evicted pages: %d WP faults, %d remote reads", f.pages, wp, st.RemoteReads)
 	// Without writable installs nearly every page takes one (935 of
 	// 1024); with the region's estimate alone 212 (291 under -race on a
@@ -845,7 +890,7 @@ func TestCoreWrittenPagesComeBackWritable(t *testing.T) {
 	if err := f.check(2, orderOf("forward", f.pages)); err != nil {
 		t.Fatal(err)
 	}
-	st, _ = f.statsWhen(func(pager.ClientStats) bool { return true })
+	st = f.stats()
 	t.Logf("two read passes: %d write-backs", st.WriteBacks-wb)
 	if st.WriteBacks-wb > uint64(f.pages) {
 		t.Errorf("two read passes over %d pages wrote %d back: read pages should be evicted clean", f.pages, st.WriteBacks-wb)
@@ -955,7 +1000,7 @@ func TestCoreWriteAheadStreams(t *testing.T) {
 // every page as the parent wrote it, through its own evictions.
 func TestCoreForkEventBatch(t *testing.T) {
 	store := pagertest.New(t, pagertest.Options{})
-	a := startAgentOpts(t, coreOpts(store))
+	a, clk := coreAgent(t, coreOpts(store))
 	var mu sync.Mutex
 	kids := map[int]*pagertest.Kernel{}
 	a.ChildUFFDForTest(func(fd int) (pager.FaultFD, error) {
@@ -967,7 +1012,7 @@ func TestCoreForkEventBatch(t *testing.T) {
 		return nil, fmt.Errorf("no fake kernel has fd %d", fd)
 	})
 	pids := standIns(t, 2) // the loops watch the processes with pidfds
-	f := startFakeOnPid(t, a, store, 16*budgetPages, pids[0])
+	f := startFakeOnPid(t, a, clk, store, 16*budgetPages, pids[0])
 	if err := f.write(1, 0, f.pages, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -975,26 +1020,33 @@ func TestCoreForkEventBatch(t *testing.T) {
 	if err := f.check(1, orderOf("forward", from)); err != nil {
 		t.Fatal(err)
 	}
-	before, _ := f.statsWhen(func(pager.ClientStats) bool { return true })
+	before := f.stats()
 	faults := f.k.Counts().Faults
+	accesses := f.k.Counts().Accesses
 	f.k.Hold()
 	const n = 64
 	var finished sync.WaitGroup
-	var done atomic.Int64
+	release := make(chan struct{})
 	errs := make(chan error, n)
 	for i := from; i < from+n; i++ {
 		finished.Add(1)
 		go func() {
 			defer finished.Done()
-			defer done.Add(1)
+			// One access first: it faults (and waits, its message
+			// unread) or finds the page mapped. The whole page is
+			// checked after the FORK.
+			if _, err := f.k.Load(f.addr(i, words[0])); err != nil {
+				errs <- err
+				return
+			}
+			<-release
 			errs <- f.check(1, []int{i})
 		}()
 	}
 	// Every thread has faulted (and waits) or found its page mapped.
-	for deadline := time.Now().Add(5 * time.Second); int(done.Load())+f.k.Counts().Faults-faults < n; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d threads done, %d faulted: want %d", done.Load(), f.k.Counts().Faults-faults, n)
-		}
+	if !f.k.Await(coreWait, func(kc pagertest.KernelCounts) bool { return kc.Accesses-accesses+kc.Faults-faults >= n }) {
+		kc := f.k.Counts()
+		t.Fatalf("%d threads found their page, %d faulted: want %d", kc.Accesses-accesses, kc.Faults-faults, n)
 	}
 	faulted := f.k.Queued()
 	ck, err := f.k.ForkEvent()
@@ -1007,6 +1059,7 @@ func TestCoreForkEventBatch(t *testing.T) {
 	kids[ck.Fd()] = ck
 	mu.Unlock()
 	f.k.Release()
+	close(release)
 	finished.Wait()
 	close(errs)
 	for err := range errs {
@@ -1031,22 +1084,16 @@ func TestCoreForkEventBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	agentSide, procSide := unixConn(t, fds[0]), unixConn(t, fds[1])
-	var sfd, slots int
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		sfd, slots, err = a.AttachForkChildForTest(agentSide, pids[0], pids[1], 1)
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
+	sfd, slots, err := a.AttachForkChildForTest(agentSide, pids[0], pids[1], 1, coreWait)
+	if err != nil {
+		t.Fatal(err)
 	}
 	p, err := pagertest.NewProcess(ck, procSide, sfd, slots)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(p.Close)
-	child := &fake{t: t, a: a, store: store, k: ck, p: p, pages: f.pages}
+	child := &fake{t: t, a: a, clk: clk, store: store, k: ck, p: p, pages: f.pages}
 	if err := child.check(1, orderOf("random", f.pages)); err != nil {
 		t.Fatalf("child: %v", err)
 	}

@@ -79,8 +79,10 @@
 // # Concurrency
 //
 // Each client's state is owned by its loop goroutine; the agent talks to
-// it only through client.mu (a pending connection, the stop flag) and the
-// wake eventfd. Counters are atomics, read by Stats and the collector.
+// it only through client.ctl (under its mutex: a pending connection, the
+// stop flag) and the wake eventfd. Counters are atomics, read by Stats
+// and the collector. The loop reads the clock (Options.Now) once a turn
+// and passes that time to the decisions it runs; timers only wake it.
 // Agent.mu guards the registry and the fork-pairing table; it is never held
 // while calling into a client. Close stops the accept loop, every client
 // loop and every handshake, and waits for them.

@@ -3,6 +3,7 @@ package pager
 import (
 	"errors"
 	"io"
+	"time"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -63,7 +64,7 @@ func (c *client) dropPage(r *region, idx int) {
 	p := r.pages[idx]
 	if p.State() == Staged {
 		c.ev.staged--
-		if s := c.stageOf(r, idx); s >= 0 {
+		if s := c.ev.stageOf(r, idx); s >= 0 {
 			c.freeStage(s)
 		}
 	}
@@ -76,7 +77,7 @@ func (c *client) removeRegion(r *region) {
 	for idx, p := range r.pages {
 		if p.State() == Staged {
 			c.ev.staged--
-			if s := c.stageOf(r, idx); s >= 0 {
+			if s := c.ev.stageOf(r, idx); s >= 0 {
 				c.freeStage(s)
 			}
 		}
@@ -87,7 +88,7 @@ func (c *client) removeRegion(r *region) {
 	}
 	r.gone = true
 	c.regs.remove(r)
-	c.clock = Clock{}
+	c.ev.clock = Clock{}
 	c.st.regions.Add(-1)
 	c.a.freeRegions([]*region{r})
 	c.cj.delRegion(r)
@@ -109,11 +110,12 @@ func (c *client) remap(from, to userfaultfd.Addr, length uint64) {
 	c.dropRange(userfaultfd.Range{Start: from, Len: length}, true)
 }
 
-// serveSocket handles one packet from the client. It reports false when
-// the client is gone (socket closed and no pidfd to tell).
-func (c *client) serveSocket() bool {
+// serveSocket handles one packet from the client at now (the turn's
+// time). It reports false when the client is gone (socket closed and no
+// pidfd to tell).
+func (c *client) serveSocket(now time.Time) bool {
 	var fds [proto.MaxFDs]int
-	pkt, nfds, err := proto.Recv(c.sock.conn, c.sock.recvBuf, c.sock.oob, fds[:])
+	pkt, nfds, err := c.sock.recv(fds[:])
 	for _, fd := range fds[:nfds] {
 		unix.Close(fd) // the client sends none after HELLO
 	}
@@ -127,58 +129,58 @@ func (c *client) serveSocket() bool {
 		default:
 			c.log.Warn("client socket failed", zap.Error(err))
 		}
-		c.dropConn()
+		c.sock.drop()
 		return c.sock.pidfd >= 0
 	}
 	h, body, err := proto.Parse(pkt)
 	if err == nil {
-		err = c.message(h, body)
+		err = c.message(h, body, now)
 	}
 	if err != nil {
 		c.log.Warn("bad message from client; closing its connection", zap.Error(err))
-		c.dropConn()
+		c.sock.drop()
 		return c.sock.pidfd >= 0
 	}
 	return true
 }
 
-func (c *client) message(h proto.Header, body []byte) error {
+func (c *client) message(h proto.Header, body []byte, now time.Time) error {
 	switch h.Type {
 	case proto.TypeRegionAdd:
 		var m proto.RegionAdd
 		if err := m.Decode(body); err != nil {
 			return err
 		}
-		return c.reply(h.Seq, c.addRegion(&m))
+		return c.sock.reply(h.Seq, c.addRegion(&m))
 	case proto.TypeRegionDel:
 		var m proto.RegionDel
 		if err := m.Decode(body); err != nil {
 			return err
 		}
-		return c.reply(h.Seq, c.delRegion(&m))
+		return c.sock.reply(h.Seq, c.delRegion(&m))
 	case proto.TypeRegionZap:
 		var m proto.RegionZap
 		if err := m.Decode(body); err != nil {
 			return err
 		}
-		return c.reply(h.Seq, c.zapRegion(&m))
+		return c.sock.reply(h.Seq, c.zapRegion(&m))
 	case proto.TypeEvicted:
 		var m proto.Evicted
 		if err := m.Decode(body); err != nil {
 			return err
 		}
-		c.evicted(&m)
+		c.evicted(&m, now)
 		return nil
 	case proto.TypeForkPrepare:
 		var m proto.ForkPrepare
 		if err := m.Decode(body); err != nil {
 			return err
 		}
-		wait, err := c.forkPrepare(h.Seq, &m)
+		wait, err := c.forkPrepare(h.Seq, &m, now)
 		if wait {
 			return nil // answered by forkSettled
 		}
-		return c.reply(h.Seq, err)
+		return c.sock.reply(h.Seq, err)
 	case proto.TypeForkDone:
 		var m proto.ForkDone
 		if err := m.Decode(body); err != nil {
@@ -213,7 +215,7 @@ func (c *client) addRegion(m *proto.RegionAdd) error {
 		r.pf = NewPrefetcher(32, c.a.opts.MaxPrefetch)
 	}
 	c.regs.add(r)
-	c.clock = Clock{}
+	c.ev.clock = Clock{}
 	c.st.regions.Add(1)
 	return nil
 }

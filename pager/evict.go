@@ -21,8 +21,9 @@ import (
 // helper, and take consecutive pool slots (one READ when they come back
 // together). A dirty victim for which the pool has no slot stays resident:
 // clean ones are still evicted, and faults past the budget wait (throttle).
-func (c *client) maybeEvict() {
-	if c.sock.conn == nil || c.ev.evictBusy || c.forkStalled() || len(c.ev.stageFree) == 0 || time.Now().Before(c.room.noRoomRetry) {
+// now is the turn's time.
+func (c *client) maybeEvict(now time.Time) {
+	if c.sock.conn == nil || c.ev.evictBusy || c.fk.stalled(now, c.log) || len(c.ev.stageFree) == 0 || c.room.paused(now) {
 		return
 	}
 	w := WatermarksFor(c.budgetPages())
@@ -31,7 +32,7 @@ func (c *client) maybeEvict() {
 		return
 	}
 	need = min(need, proto.MaxEvictBatch, len(c.ev.stageFree))
-	n := c.clock.Victims(c.regs.tables, c.ev.victims[:need])
+	n := c.ev.clock.Victims(c.regs.tables, c.ev.victims[:need])
 	if n == 0 {
 		return
 	}
@@ -42,7 +43,7 @@ func (c *client) maybeEvict() {
 		}
 		return a.Page - b.Page
 	})
-	victims = c.slotsFor(victims)
+	victims = c.slotsFor(victims, now)
 	if len(victims) == 0 {
 		return
 	}
@@ -67,9 +68,7 @@ func (c *client) maybeEvict() {
 			}
 			stage := proto.NoSlot
 			if dirty {
-				stage = c.ev.stageFree[len(c.ev.stageFree)-1]
-				c.ev.stageFree = c.ev.stageFree[:len(c.ev.stageFree)-1]
-				c.ev.stageOwner[stage] = pageRef{r, v.Page}
+				stage = c.ev.takeStage(pageRef{r, v.Page})
 				// Journal order (journal.go): the staging slot, then the
 				// pool slot, both before the EVICT that drops the page.
 				c.cj.stage(int(stage), r.id, v.Page, true)
@@ -87,8 +86,7 @@ func (c *client) maybeEvict() {
 	}
 	c.ev.evictSeq++
 	c.ev.evict.Batch, c.ev.evict.N = c.ev.evictSeq, k
-	c.sock.seq++
-	if err := proto.Send(c.sock.conn, c.sock.sendBuf, c.sock.seq, &c.ev.evict); err != nil {
+	if err := c.sock.send(&c.ev.evict); err != nil {
 		c.log.Warn("sending EVICT failed; eviction stops until the client reconnects", zap.Error(err))
 		for i := 0; i < k; i++ {
 			ref := c.ev.evictRefs[i]
@@ -98,10 +96,10 @@ func (c *client) maybeEvict() {
 				c.setSlot(ref.r, ref.idx, 0)
 			}
 		}
-		c.dropConn()
+		c.sock.drop()
 		return
 	}
-	c.ev.evictBusy, c.ev.evictSent = true, time.Now()
+	c.ev.sent(c.a.opts.Now()) // when it went, not the turn's time: the throttle counts from it
 }
 
 // protectDirty write-protects the dirty pages of run, adjacent victims of
@@ -140,7 +138,7 @@ func (c *client) protectDirty(r *region, run []Victim) error {
 // them, or without the dirty ones beyond the slots the pool had (they stay
 // resident; their reference bit is spent). With none left, eviction pauses
 // until the pool has room again (onRoom wakes the loop) or noRoomPause.
-func (c *client) slotsFor(victims []Victim) []Victim {
+func (c *client) slotsFor(victims []Victim, now time.Time) []Victim {
 	dirty := 0
 	for _, v := range victims {
 		if needsWrite(c.regs.list[v.Table], v.Page) {
@@ -157,7 +155,7 @@ func (c *client) slotsFor(victims []Victim) []Victim {
 		got += c.a.slots.alloc(c.ev.newSlots[got:dirty])
 	}
 	if got == dirty {
-		c.roomAgain()
+		c.room.again(now, &c.st, c.log)
 		return victims
 	}
 	kept, d := victims[:0], 0
@@ -171,14 +169,7 @@ func (c *client) slotsFor(victims []Victim) []Victim {
 		}
 		kept = append(kept, v)
 	}
-	if c.room.noRoomSince.IsZero() {
-		c.room.noRoomSince = time.Now()
-		c.st.noRoomSince.Store(c.room.noRoomSince.UnixNano())
-		c.log.Debug("no pool slots for dirty pages: only clean pages are evicted, and faults past the budget wait")
-	}
-	if len(kept) == 0 {
-		c.room.noRoomRetry = time.Now().Add(noRoomPause)
-	}
+	c.room.short(now, len(kept) == 0, &c.st, c.log)
 	return kept
 }
 
@@ -188,25 +179,11 @@ func needsWrite(r *region, idx int) bool {
 	return r.pages[idx].Has(FlagDirty) || r.slots[idx] == 0
 }
 
-// noRoomPause is how long eviction waits after the pool had no room for
-// it, unless the pool says it has room again sooner.
-const noRoomPause = 200 * time.Millisecond
-
-// roomAgain notes that the pool gave slots again after it had none.
-func (c *client) roomAgain() {
-	c.room.noRoomRetry = time.Time{}
-	if !c.room.noRoomSince.IsZero() {
-		c.log.Debug("pool slots for eviction again", zap.Duration("waited", time.Since(c.room.noRoomSince)))
-		c.room.noRoomSince = time.Time{}
-		c.st.noRoomSince.Store(0)
-	}
-}
-
 // evicted finishes an eviction batch: the client copied the first Done
 // victims to their staging slots and dropped them. Dirty ones are written
 // to every replica; then held faults are served (from the slots while they
 // still hold the data) and the slots are freed.
-func (c *client) evicted(m *proto.Evicted) {
+func (c *client) evicted(m *proto.Evicted, now time.Time) {
 	if !c.ev.evictBusy || m.Batch != c.ev.evict.Batch {
 		c.log.Warn("EVICTED for a batch not in flight", zap.Uint64("batch", m.Batch))
 		return
@@ -251,7 +228,7 @@ func (c *client) evicted(m *proto.Evicted) {
 		}
 	}
 	if len(c.ev.wb) > 0 {
-		c.writeBack()
+		c.ev.writeBack(c.a.ctx, c.io)
 		for j := range c.ev.wb {
 			ref := c.ev.evictRefs[c.ev.wbRef[j]]
 			if err := c.ev.wb[j].Err; err != nil {
@@ -263,7 +240,7 @@ func (c *client) evicted(m *proto.Evicted) {
 			c.set(ref.r, ref.idx, ref.entry().With(Remote))
 		}
 	}
-	c.resolveHeld()
+	c.resolveHeld(now)
 	for i := 0; i < done; i++ {
 		ref := c.ev.evictRefs[i]
 		if c.ev.evict.Pages[i].Slot == proto.NoSlot {
@@ -276,9 +253,8 @@ func (c *client) evicted(m *proto.Evicted) {
 	}
 }
 
-// resolveHeld serves the faults that waited for the eviction.
-func (c *client) resolveHeld() {
-	now := time.Now()
+// resolveHeld serves the faults that waited for the eviction, at now.
+func (c *client) resolveHeld(now time.Time) {
 	keep := c.fq.held[:0]
 	for _, h := range c.fq.held {
 		r, idx := h.r, h.idx
@@ -290,25 +266,25 @@ func (c *client) resolveHeld() {
 		switch {
 		case p.Has(FlagBusy):
 			keep = append(keep, h)
-		case p.State() == Remote && c.stageOf(r, idx) >= 0:
+		case p.State() == Remote && c.ev.stageOf(r, idx) >= 0:
 			// The slot still holds the data the pool now has. The page
 			// comes back resident: past the budget's margin it waits
 			// as any fault does (throttle).
-			if c.throttle(h.since) {
+			if c.throttle(h.since, now) {
 				c.hold(&c.fq.retry, h)
 				continue
 			}
 			if err := c.fromStage(r, idx, userfaultfd.WriteProtected); userfaultfd.IsMMChanged(err) {
 				c.hold(&c.fq.retry, h) // served from the pool then
 			} else {
-				c.st.latency.Observe(time.Since(h.since))
+				c.observeFault(h.since)
 			}
 		default:
-			c.fault(r.addr(idx), h.flags, h.since)
+			c.fault(r.addr(idx), h.flags, h.since, now)
 		}
 	}
 	c.fq.held = keep
-	c.flushReads(now)
+	c.flushReads(now, now)
 }
 
 // retryWriteBack writes Staged pages whose write-back failed.
@@ -331,7 +307,7 @@ func (c *client) retryWriteBack() {
 	if len(c.ev.wb) == 0 {
 		return
 	}
-	c.writeBack()
+	c.ev.writeBack(c.a.ctx, c.io)
 	for j := range c.ev.wb {
 		if c.ev.wb[j].Err != nil {
 			continue
@@ -343,41 +319,4 @@ func (c *client) retryWriteBack() {
 		c.set(o.r, o.idx, o.entry().With(Remote))
 		c.freeStage(s)
 	}
-}
-
-// writeBack writes c.ev.wb, staged pages one op each, to the pool, each
-// op's Err set. A run of ops whose pool slots are adjacent in one slab
-// goes as one WRITE of the run's pages, copied in order into wbBuf (a
-// batch's worth, as wb holds): an eviction batch takes consecutive slots
-// for its sorted victims (slotsFor), so its dirty pages are mostly one
-// run. 124 WRITEs of a page each took 1.2 ms over tcp, and the loop
-// serves no fault meanwhile (glibc's merge sort of 128 MiB at 32 MiB
-// local: 2,310 write-backs, 2.8 s of its 12 s).
-func (c *client) writeBack() {
-	e := &c.ev
-	ops := e.wb
-	e.wbRuns, e.wbRunAt = e.wbRuns[:0], e.wbRunAt[:0]
-	used := 0
-	for k := 0; k < len(ops); {
-		j := k + 1
-		for j < len(ops) && ops[j].Slab == ops[k].Slab && ops[j].Off == ops[j-1].Off+pageSize {
-			j++
-		}
-		run := ops[k]
-		if j-k > 1 {
-			if e.wbBuf == nil {
-				e.wbBuf = make([]byte, cap(e.wb)*pageSize)
-			}
-			run.Buf = e.wbBuf[used : used+(j-k)*pageSize]
-			for m := k; m < j; m++ {
-				copy(run.Buf[(m-k)*pageSize:], ops[m].Buf)
-			}
-			used += len(run.Buf)
-		}
-		e.wbRuns = append(e.wbRuns, run)
-		e.wbRunAt = append(e.wbRunAt, k)
-		k = j
-	}
-	c.io.Write(c.a.ctx, e.wbRuns)
-	spreadErrs(ops, e.wbRuns, e.wbRunAt)
 }

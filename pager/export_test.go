@@ -13,21 +13,44 @@ import (
 )
 
 // AllocSlotsForTest takes n pool slots for a test, waiting (2 s at most)
-// for the reservoir to bring the slabs they need.
+// for the reservoir to bring the slabs they need: an alloc that comes back
+// short asks it for a slab, and its rounds wake the wait.
 func (a *Agent) AllocSlotsForTest(n int) ([]Slot, error) {
 	out := make([]Slot, n)
 	got := 0
-	for deadline := time.Now().Add(2 * time.Second); got < n; {
+	if !a.WaitForTest(2*time.Second, func() bool {
 		got += a.slots.alloc(out[got:])
-		if got < n && time.Now().After(deadline) {
-			a.slots.release(out[:got]...)
-			return nil, fmt.Errorf("pager: only %d of %d slots", got, n)
-		}
-		if got < n {
-			time.Sleep(5 * time.Millisecond)
-		}
+		return got == n
+	}) {
+		a.slots.release(out[:got]...)
+		return nil, fmt.Errorf("pager: only %d of %d slots", got, n)
 	}
 	return out, nil
+}
+
+// The agent's periods, for tests that move its clock (Options.Now).
+const (
+	ProbePeriod = probePeriod
+	NoRoomPause = noRoomPause
+	MaxThrottle = maxThrottle
+)
+
+// WaitForTest waits until cond holds, checking it after each turn of a
+// loop, round of the reservoir and client started or dropped (what
+// changes the stats, the pool and the clients), for at most d; it reports
+// whether cond held.
+func (a *Agent) WaitForTest(d time.Duration, cond func() bool) bool { return a.watch.wait(d, cond) }
+
+// WakeForTest wakes every loop and the reservoir, as their timers would,
+// and drops what has waited too long (fork copies, a previous agent's
+// clients): after a test moved the agent's clock (Options.Now), the
+// decisions see the new time.
+func (a *Agent) WakeForTest() {
+	a.wakeAll()
+	a.slots.kickReservoir()
+	now := a.opts.Now()
+	a.dropStaleCopies(now)
+	a.dropOrphans(now)
 }
 
 // SlotWhere returns the slab and offset of slot s.
@@ -48,7 +71,9 @@ func (a *Agent) SlotRefs(s Slot) int {
 func (a *Agent) ReleaseSlotsForTest(ss ...Slot) { a.slots.release(ss...) }
 
 // ReservoirStepForTest runs one round of the reservoir now.
-func (a *Agent) ReservoirStepForTest() { a.slots.step(context.Background(), reservoirTick) }
+func (a *Agent) ReservoirStepForTest() {
+	a.slots.step(context.Background(), a.opts.Now(), reservoirTick)
+}
 
 // ForkRegionForTest runs the fork's copy of one region (forkRegion) on a
 // client of a that has never served a process: the parent region holds
@@ -139,13 +164,25 @@ func (a *Agent) ChildUFFDForTest(f func(fd int) (FaultFD, error)) {
 
 // AttachForkChildForTest gives the child of fork serial of the client
 // whose pid is ppid, made by its FORK event, the connection conn of
-// process pid, as the child's HELLO does (without its credential checks).
-// It returns a descriptor of the child's staging memfd and its size in
-// pages.
-func (a *Agent) AttachForkChildForTest(conn *net.UnixConn, ppid, pid int, serial uint64) (stagingFD, slots int, err error) {
+// process pid, as the child's HELLO does (without its credential checks),
+// waiting (d at most) for the parent's loop to have handled the FORK. It
+// returns a descriptor of the child's staging memfd and its size in pages.
+func (a *Agent) AttachForkChildForTest(conn *net.UnixConn, ppid, pid int, serial uint64, d time.Duration) (stagingFD, slots int, err error) {
 	k := forkKey{ppid, serial}
+	late := false
+	t := time.AfterFunc(d, func() {
+		a.mu.Lock()
+		late = true
+		a.cond.Broadcast()
+		a.mu.Unlock()
+	})
+	defer t.Stop()
 	a.mu.Lock()
 	c := a.forked[k]
+	for c == nil && !late && !a.closed {
+		a.cond.Wait()
+		c = a.forked[k]
+	}
 	delete(a.forked, k)
 	a.mu.Unlock()
 	if c == nil {

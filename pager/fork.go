@@ -163,7 +163,7 @@ func (c *client) writeStaged(r, cr *region, idxs []int) error {
 	ops := make([]remote.PageOp, 0, len(idxs))
 	at := make([]int, 0, len(idxs))
 	for k, idx := range idxs {
-		stage := c.stageOf(r, idx)
+		stage := c.ev.stageOf(r, idx)
 		if stage < 0 {
 			c.a.slots.release(slots[k])
 			continue
@@ -244,41 +244,36 @@ const forkCopyTTL = time.Minute
 // is gone, or after maxSettle (forkSettled); nothing is handled from
 // inside another handler.
 
-// maxSettle bounds how long a fork waits for the eviction in flight.
-const maxSettle = 10 * time.Second
-
 // park sets aside msgs, from a FORK event on, and the messages read ahead
 // after them, until the eviction in flight is done. Nothing is installed
 // meanwhile (errForkAhead): the child's page tables are copied already.
-func (c *client) park(msgs []userfaultfd.Msg) {
-	c.fq.parked = append(append(c.fq.parked[:0], msgs...), c.fq.early...)
+func (c *client) park(msgs []userfaultfd.Msg, now time.Time) {
+	c.fk.park(msgs, c.fq.early, now)
 	c.fq.early = c.fq.early[:0]
-	if c.fk.parkedSince.IsZero() {
-		c.fk.parkedSince = time.Now()
-	}
 }
 
-// mustPark reports whether a fork must wait for the eviction in flight.
-func (c *client) mustPark() bool {
-	return c.ev.evictBusy && c.sock.conn != nil && (c.fk.parkedSince.IsZero() || time.Since(c.fk.parkedSince) < maxSettle)
+// mustPark reports whether a fork must wait at now for the eviction in
+// flight.
+func (c *client) mustPark(now time.Time) bool {
+	return c.fk.mustPark(c.ev.evictBusy && c.sock.conn != nil, now)
 }
 
 // parked reports whether uffd messages wait for the eviction in flight.
-func (c *client) parked() bool { return len(c.fq.parked) > 0 }
+func (c *client) parked() bool { return len(c.fk.parked) > 0 }
 
 // forkPrepare handles FORK_PREPARE (step 1 above); it reports whether the
 // answer waits for the eviction in flight (forkSettled sends it), else
-// the answer is err.
-func (c *client) forkPrepare(seq uint32, m *proto.ForkPrepare) (wait bool, err error) {
+// the answer is err. now is the turn's time.
+func (c *client) forkPrepare(seq uint32, m *proto.ForkPrepare, now time.Time) (wait bool, err error) {
 	switch {
 	case c.features&userfaultfd.FeatureEventFork != 0:
 		return false, errWithErrno(unix.EINVAL, "FORK_PREPARE from a client whose uffd has FORK events")
 	case c.fk.forking != 0:
 		return false, errWithErrno(unix.EBUSY, fmt.Sprintf("FORK_PREPARE %d while fork %d is not done", m.Serial, c.fk.forking))
 	}
-	c.fk.forking, c.fk.forkedAt = m.Serial, time.Now()
-	if c.mustPark() {
-		c.fk.preparing, c.fk.prepareSeq, c.fk.parkedSince = true, seq, time.Now()
+	c.fk.prepare(m.Serial, now)
+	if c.mustPark(now) {
+		c.fk.waitPrepare(seq, now)
 		return true, nil
 	}
 	return false, c.finishForkPrepare()
@@ -299,10 +294,11 @@ func (c *client) finishForkPrepare() error {
 		c.fk.forking = 0
 		return errWithErrno(unix.ENOMEM, "copying the pooled pages for the child: "+err.Error())
 	}
+	copied := c.a.opts.Now() // the copy may have taken a while (writeStaged)
 	c.a.addForkCopy(forkKey{int(c.pidAtm.Load()), serial}, &forkCopy{
-		regs: regs, uid: c.uid.Load(), localMem: c.localMem.Load(), made: time.Now(),
+		regs: regs, uid: c.uid.Load(), localMem: c.localMem.Load(), made: copied,
 	})
-	c.fk.forkedAt = time.Now() // the pause counts from the ACK
+	c.fk.forkedAt = copied // the pause counts from the ACK
 	c.log.Debug("pages copied for a fork", zap.Uint64("serial", serial), zap.Int("regions", len(regs)))
 	return nil
 }
@@ -326,11 +322,11 @@ func (a *Agent) addForkCopy(k forkKey, fc *forkCopy) {
 	if old != nil {
 		a.freeRegions(old.regs)
 	}
-	time.AfterFunc(forkCopyTTL, a.dropStaleCopies)
+	time.AfterFunc(forkCopyTTL, func() { a.dropStaleCopies(a.opts.Now()) })
 }
 
-// dropStaleCopies frees the copies older than forkCopyTTL.
-func (a *Agent) dropStaleCopies() {
+// dropStaleCopies frees the copies older than forkCopyTTL at now.
+func (a *Agent) dropStaleCopies(now time.Time) {
 	var stale []*region
 	a.mu.Lock()
 	if a.closed {
@@ -338,7 +334,7 @@ func (a *Agent) dropStaleCopies() {
 		return
 	}
 	for k, fc := range a.copies {
-		if time.Since(fc.made) >= forkCopyTTL {
+		if now.Sub(fc.made) >= forkCopyTTL {
 			a.log.Warn("a forked child never said HELLO; its copy of the parent's pages is dropped",
 				zap.Int("ppid", k.ppid), zap.Uint64("serial", k.serial), zap.Int("child", fc.child))
 			stale = append(stale, fc.regs...)

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"rmem/pager"
 	"rmem/pager/pagertest"
@@ -40,26 +39,37 @@ func TestForkPrivate(t *testing.T) {
 		p.Expect("ready")
 		waitStats(t, a, func(st pager.ClientStats) bool { return st.Evictions > 0 })
 		p.Send("g")
+		// The peak is sampled after each turn of either loop: when the
+		// resident pages change.
 		peak := uint64(0)
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-			sts := a.Stats()
-			waiting := 0
+		var sts []pager.ClientStats
+		waits := map[uint64]uint64{}
+		if !a.WaitForTest(agentWait, func() bool {
+			sts = a.Stats()
 			for _, st := range sts {
 				peak = max(peak, st.ResidentBytes)
 				if st.BudgetWaits > 0 && !st.NoRoomSince.IsZero() {
-					waiting++
+					waits[st.ID] = st.BudgetWaits
 				}
 			}
-			if waiting == 2 && a.Pool().NoRoom != "" {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("parent and child never both waited for room: %+v, pool %+v", sts, a.Pool())
-			}
+			return len(waits) == 2 && a.Pool().NoRoom != ""
+		}) {
+			t.Fatalf("parent and child never both waited for room: %+v, pool %+v", sts, a.Pool())
 		}
-		time.Sleep(300 * time.Millisecond) // waiting, not progressing
-		for _, st := range a.Stats() {
-			peak = max(peak, st.ResidentBytes)
+		// Waiting, not progressing: each tries its faults again and
+		// again, and waits each time.
+		if !a.WaitForTest(agentWait, func() bool {
+			sts = a.Stats()
+			more := 0
+			for _, st := range sts {
+				peak = max(peak, st.ResidentBytes)
+				if w, ok := waits[st.ID]; ok && st.BudgetWaits >= w+20 {
+					more++
+				}
+			}
+			return more == 2
+		}) {
+			t.Fatalf("parent and child do not try their faults again while the pool is full: %+v, waits then %v", sts, waits)
 		}
 		t.Logf("both wait for pool room: %+v", a.Pool())
 		if budget := uint64(4 << 20); peak > budget+pager.BudgetMargin {
@@ -75,7 +85,7 @@ func TestForkPrivate(t *testing.T) {
 		}
 		p.Wait()
 		waitNoClients(t, a)
-		noSlabsHeld(t, store)
+		noSlabsHeld(t, store, a)
 		if s := p.Stderr.String(); s != "" {
 			t.Errorf("the shim said:\n%s", s)
 		}
@@ -127,7 +137,7 @@ func TestForkSharesSlabs(t *testing.T) {
 		if parent.WriteBacks == 0 {
 			t.Errorf("the parent rewrote its heap under its budget without write-backs: %+v", parent)
 		}
-		noSlabsHeld(t, store)
+		noSlabsHeld(t, store, a)
 	}
 	forkModes(t, prog, run)
 }
@@ -151,7 +161,7 @@ func TestForkBusy(t *testing.T) {
 		if parent.Evictions == 0 || parent.RemoteReads == 0 || len(a.Exited()) != 5 {
 			t.Fatalf("want the parent and 4 children paged, the parent with evictions and remote reads: %+v", a.Exited())
 		}
-		noSlabsHeld(t, store)
+		noSlabsHeld(t, store, a)
 	}
 	forkModes(t, prog, run)
 }
@@ -185,7 +195,7 @@ func TestForkLostPagesLoud(t *testing.T) {
 		if n := len(a.Exited()); n != 2 {
 			t.Errorf("%d processes paged, want the parent and its fork(3) child: %+v", n, a.Exited())
 		}
-		noSlabsHeld(t, store)
+		noSlabsHeld(t, store, a)
 	}
 	forkModes(t, prog, run)
 }
@@ -213,7 +223,7 @@ func TestForkDaemon(t *testing.T) {
 		if st.PID == 0 || st.RemoteReads == 0 || len(a.Exited()) != 3 {
 			t.Fatalf("want the program, the daemon and its child paged, the daemon with remote reads: %+v", a.Exited())
 		}
-		noSlabsHeld(t, store)
+		noSlabsHeld(t, store, a)
 	}
 	forkModes(t, prog, run)
 }
@@ -255,7 +265,7 @@ func TestGoClientUnprivileged(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitNoClients(t, a)
-	noSlabsHeld(t, store)
+	noSlabsHeld(t, store, a)
 }
 
 // forkSetup starts an agent (4 MiB budget) that serves the users allow
@@ -324,18 +334,15 @@ func forkPrivate(t *testing.T, store *pagertest.Store, a *pager.Agent, p *shimte
 		t.Fatalf("want P and C lines, got %v", got)
 	}
 	// Both processes are paged: each has evicted pages of its own.
-	for i := 0; ; i++ {
-		st := a.Stats()
-		if len(st) == 2 && st[0].Evictions > 0 && st[1].Evictions > 0 && st[1].PID != 0 {
-			t.Logf("parent %+v", st[0])
-			t.Logf("child %+v", st[1])
-			break
-		}
-		if i > 500 {
-			t.Fatalf("want two paged clients, got %+v", st)
-		}
-		time.Sleep(10 * time.Millisecond)
+	var st []pager.ClientStats
+	if !a.WaitForTest(agentWait, func() bool {
+		st = a.Stats()
+		return len(st) == 2 && st[0].Evictions > 0 && st[1].Evictions > 0 && st[1].PID != 0
+	}) {
+		t.Fatalf("want two paged clients, got %+v", st)
 	}
+	t.Logf("parent %+v", st[0])
+	t.Logf("child %+v", st[1])
 	p.Send("gg")
 	oks := map[string]bool{}
 	for range 2 {
@@ -346,7 +353,7 @@ func forkPrivate(t *testing.T, store *pagertest.Store, a *pager.Agent, p *shimte
 	}
 	p.Wait()
 	waitNoClients(t, a)
-	noSlabsHeld(t, store)
+	noSlabsHeld(t, store, a)
 	if s := stderr.String(); s != "" {
 		t.Errorf("the shim said:\n%s", s)
 	}
@@ -379,17 +386,14 @@ func TestForkWithoutHello(t *testing.T) {
 	p.Send("g")
 	expect("child ok")
 	// The child's loop sees it gone (no HELLO, no pidfd: the probe).
-	for i := 0; len(a.Stats()) != 1; i++ {
-		if i > 500 {
-			t.Fatalf("the child without HELLO is still served after it exited: %+v", a.Stats())
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !a.WaitForTest(agentWait, func() bool { return len(a.Stats()) == 1 }) {
+		t.Fatalf("the child without HELLO is still served after it exited: %+v", a.Stats())
 	}
 	p.Send("g")
 	expect("parent ok")
 	p.Wait()
 	waitNoClients(t, a)
-	noSlabsHeld(t, store)
+	noSlabsHeld(t, store, a)
 }
 
 // Forks while three threads allocate and free through tcmalloc, whose
@@ -422,6 +426,6 @@ func TestForkWhileAllocating(t *testing.T) {
 		if parent.Evictions == 0 || parent.RemoteReads == 0 {
 			t.Errorf("want the parent evicting and reading back while it forks: %+v", parent)
 		}
-		noSlabsHeld(t, store)
+		noSlabsHeld(t, store, a)
 	})
 }

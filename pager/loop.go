@@ -21,18 +21,14 @@ import (
 // attach hands the client its connection and pid (from the agent's
 // goroutine) and wakes the loop.
 func (c *client) attach(conn *net.UnixConn, pid int) {
-	c.mu.Lock()
-	c.ctl.pending, c.ctl.pid = conn, pid
-	c.mu.Unlock()
+	c.ctl.hand(conn, pid)
 	c.pidAtm.Store(int64(pid))
 	c.wake()
 }
 
 // shutdown asks the loop to stop and waits for it.
 func (c *client) shutdown() {
-	c.mu.Lock()
-	c.ctl.stop = true
-	c.mu.Unlock()
+	c.ctl.stopLoop()
 	c.wake()
 	<-c.done
 }
@@ -43,7 +39,10 @@ func (c *client) wake() {
 }
 
 // RoutineServe is the client's loop: one goroutine on a locked OS thread
-// that owns every piece of the client's state.
+// that owns every piece of the client's state. It reads the clock
+// (Options.Now) once a turn, when poll returns, and passes that time to
+// what the turn runs: the parts decide with it (raft's Tick, as an
+// argument); a batch of faults read takes its own arrival time.
 func (c *client) RoutineServe() {
 	defer close(c.done)
 	runtime.LockOSThread()
@@ -51,11 +50,13 @@ func (c *client) RoutineServe() {
 	c.a.loopsAdd(1) // Options.LoopsChanged
 	defer c.a.loopsAdd(-1)
 	defer c.teardown()
+	now := c.a.opts.Now()
 	for {
+		c.a.watch.note() // the last turn's work is done
 		if c.control() {
 			return
 		}
-		c.forkSettled()
+		c.forkSettled(now)
 		if len(c.fq.early) > 0 { // read ahead outside serveUFFD
 			c.serveUFFD()
 		}
@@ -78,7 +79,7 @@ func (c *client) RoutineServe() {
 			timeout = int(retryPeriod / time.Millisecond)
 		}
 		// Poll a while before blocking: while faults come fast, the next
-		// one is caught without a wake-up of this thread (internal/spin).
+		// one is caught without a wake-up of this thread (package spin).
 		n, err := 0, error(nil)
 		start, until := c.spin.Start()
 		for n == 0 && err == nil && c.spin.Polling(until) {
@@ -93,14 +94,15 @@ func (c *client) RoutineServe() {
 			c.log.Error("poll failed; dropping client", zap.Error(err))
 			return
 		}
+		now = c.a.opts.Now()
 		for _, p := range c.fq.pfds {
 			switch {
 			case p.Revents == 0:
 			case int(p.Fd) == c.wakefd:
 				var b [8]byte
 				unix.Read(c.wakefd, b[:])
-				if !c.room.noRoomRetry.IsZero() && c.a.slots.hasFree() {
-					c.room.noRoomRetry = time.Time{} // onRoom: evict now, not at the pause's end
+				if c.room.pausing() && c.a.slots.hasFree() {
+					c.room.resume() // onRoom: evict now, not at the pause's end
 				}
 			case int(p.Fd) == c.uffd.Fd():
 				if p.Revents&(unix.POLLERR|unix.POLLHUP) != 0 {
@@ -121,7 +123,7 @@ func (c *client) RoutineServe() {
 				if len(c.fq.early) > 0 {
 					c.serveUFFD()
 				}
-				if !c.serveSocket() {
+				if !c.serveSocket(now) {
 					c.log.Info("client closed its connection")
 					return
 				}
@@ -135,11 +137,11 @@ func (c *client) RoutineServe() {
 		}
 		c.relocate()
 		c.trim()
-		c.maybeEvict()
-		c.retryHeld()
+		c.maybeEvict(now)
+		c.retryHeld(now)
 		c.retryWriteBack()
-		c.maybeEvict()
-		if c.sock.pidfd < 0 && c.gone() {
+		c.maybeEvict(now)
+		if c.sock.pidfd < 0 && c.gone(now) {
 			c.log.Info("client without HELLO exited")
 			return
 		}
@@ -151,52 +153,30 @@ func (c *client) RoutineServe() {
 // docs/pager.md): write-protecting a page of its address space fails
 // with ESRCH once the mm is gone. It is harmless otherwise: a clean
 // resident page is protected already, a dirty one takes one more WP
-// fault, a page not mapped is not touched.
-func (c *client) gone() bool {
+// fault, a page not mapped is not touched. A probe is made once every
+// probePeriod (now: the turn's time).
+func (c *client) gone(now time.Time) bool {
 	if len(c.regs.list) == 0 {
 		return false
 	}
-	now := time.Now()
-	if now.Sub(c.sock.probed) < probePeriod {
+	if !c.sock.probeDue(now) {
 		return false
 	}
-	c.sock.probed = now
 	err := c.uffd.WriteProtect(pageRange(c.regs.list[0].start))
 	return errors.Is(err, unix.ESRCH)
 }
 
 // control applies what the agent asked for; it reports whether to stop.
 func (c *client) control() bool {
-	c.mu.Lock()
-	stop, conn, pid := c.ctl.stop, c.ctl.pending, c.ctl.pid
-	c.ctl.pending = nil
-	c.mu.Unlock()
+	stop, conn, pid := c.ctl.take()
 	if stop {
 		return true
 	}
 	if conn != nil {
-		c.setConn(conn, pid)
+		c.sock.set(conn, pid, c.log)
 		c.startJournal(pid, c.uid.Load()) // now that the pid is known (a forked child's)
 	}
 	return false
-}
-
-func (c *client) setConn(conn *net.UnixConn, pid int) {
-	if c.sock.conn != nil {
-		c.sock.conn.Close()
-	}
-	c.sock.conn, c.sock.sockfd = conn, -1
-	if rc, err := conn.SyscallConn(); err == nil {
-		rc.Control(func(fd uintptr) { c.sock.sockfd = int(fd) })
-	}
-	if c.sock.pidfd < 0 && pid > 0 {
-		fd, err := unix.PidfdOpen(pid, 0)
-		if err != nil {
-			c.log.Warn("pidfd_open failed: exit is seen only through the socket", zap.Int("pid", pid), zap.Error(err))
-		} else {
-			c.sock.pidfd = fd
-		}
-	}
 }
 
 // teardown frees everything the client holds. The client's evicted pages
@@ -205,10 +185,7 @@ func (c *client) setConn(conn *net.UnixConn, pid int) {
 // its own reference to the uffd, blocks on its next fault instead of
 // reading zeros.
 func (c *client) teardown() {
-	c.mu.Lock()
-	agentStop := c.ctl.stop
-	c.mu.Unlock()
-	if !agentStop {
+	if !c.ctl.stopped() {
 		c.a.freeRegions(c.regs.list)
 		c.cj.remove()
 	} else {
@@ -216,22 +193,10 @@ func (c *client) teardown() {
 	}
 	c.io.Close()
 	c.uffd.Close()
-	if c.sock.conn != nil {
-		c.sock.conn.Close()
-	}
-	c.mu.Lock()
-	if c.ctl.pending != nil {
-		c.ctl.pending.Close()
-		c.ctl.pending = nil
-	}
-	c.mu.Unlock()
-	if c.sock.pidfd >= 0 {
-		unix.Close(c.sock.pidfd)
-	}
-	unix.Munmap(c.ev.staging)
-	unix.Close(c.ev.stagingFD)
+	c.sock.close()
+	c.ctl.closePending()
+	c.ev.release()
 	unix.Close(c.wakefd)
-	c.closed = true
 	c.a.dropClient(c)
 }
 
@@ -240,9 +205,7 @@ func (c *client) teardown() {
 func (c *client) serveUFFD() {
 	for !c.parked() {
 		if len(c.fq.early) > 0 {
-			batch := c.fq.early
-			c.fq.early, c.fq.earlySpare = c.fq.earlySpare[:0], batch
-			c.handleMsgs(batch)
+			c.handleMsgs(c.fq.takeEarly())
 			continue
 		}
 		n, err := c.uffd.ReadEvents(c.fq.msgs)
@@ -259,9 +222,11 @@ func (c *client) serveUFFD() {
 	}
 }
 
-// handleMsgs handles a batch of uffd messages.
+// handleMsgs handles a batch of uffd messages. The clock is read once for
+// the batch: its faults' arrival (their latency and their wait count from
+// it) and the time of what their handling decides.
 func (c *client) handleMsgs(msgs []userfaultfd.Msg) {
-	now := time.Now()
+	now := c.a.opts.Now()
 	for i := range msgs {
 		ev, err := msgs[i].Decode()
 		if err != nil {
@@ -278,47 +243,45 @@ func (c *client) handleMsgs(msgs []userfaultfd.Msg) {
 			} else {
 				c.st.wpFaults.Add(1)
 			}
-			c.fault(ev.Addr.RoundDown(pageSize), ev.Flags, now)
+			c.fault(ev.Addr.RoundDown(pageSize), ev.Flags, now, now)
 		case userfaultfd.EventFork:
 			// Before the batch's READs are installed: the child's page
 			// tables were copied when the event was raised, without the
 			// pages still in flight, so its copy of ours must say they
 			// are in the pool (installing first would say resident).
-			if c.mustPark() {
-				c.park(msgs[i:]) // the READs are not installed (errForkAhead)
-				c.flushReads(now)
+			if c.mustPark(now) {
+				c.park(msgs[i:], now) // the READs are not installed (errForkAhead)
+				c.flushReads(now, now)
 				return
 			}
 			c.event(ev)
 		default:
-			c.flushReads(now)
+			c.flushReads(now, now)
 			c.event(ev)
 		}
 	}
-	c.flushReads(now)
+	c.flushReads(now, now)
 }
 
 // forkSettled resumes a fork that waited for the eviction in flight, when
 // it may: its FORK event and the messages after it are handled, or its
-// FORK_PREPARE answered.
-func (c *client) forkSettled() {
-	if (!c.parked() && !c.fk.preparing) || c.mustPark() {
+// FORK_PREPARE answered; now is the turn's time.
+func (c *client) forkSettled(now time.Time) {
+	if (!c.parked() && !c.fk.preparing) || c.mustPark(now) {
 		return
 	}
 	if c.parked() {
-		msgs := c.fq.parked
-		c.fq.parked, c.fq.parkedSpare = c.fq.parkedSpare[:0], msgs
-		c.handleMsgs(msgs)
+		c.handleMsgs(c.fk.unpark())
 	}
-	if c.fk.preparing && !c.mustPark() {
+	if c.fk.preparing && !c.mustPark(now) {
 		c.fk.preparing = false
 		err := c.finishForkPrepare()
 		if c.sock.conn == nil {
 			return // the client went away meanwhile
 		}
-		if err := c.reply(c.fk.prepareSeq, err); err != nil {
+		if err := c.sock.reply(c.fk.prepareSeq, err); err != nil {
 			c.log.Warn("answering FORK_PREPARE failed", zap.Error(err))
-			c.dropConn()
+			c.sock.drop()
 		}
 	}
 }

@@ -83,17 +83,8 @@ func pageRange(a userfaultfd.Addr) userfaultfd.Range {
 	return userfaultfd.Range{Start: a, Len: pageSize}
 }
 
-func (c *client) stageOf(r *region, idx int) int {
-	for s, o := range c.ev.stageOwner {
-		if o.r == r && o.idx == idx {
-			return s
-		}
-	}
-	return -1
-}
-
+// freeStage gives staging slot s back, and tells the journal.
 func (c *client) freeStage(s int) {
-	c.ev.stageOwner[s] = pageRef{}
+	c.ev.freeStage(s)
 	c.cj.stage(s, 0, 0, false)
-	c.ev.stageFree = append(c.ev.stageFree, uint32(s))
 }

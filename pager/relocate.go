@@ -163,7 +163,7 @@ func (c *client) move(rl *relocation) int {
 		}
 		slab, off := c.poolAt(ref)
 		j := len(rl.ops)
-		rl.ops = append(rl.ops, remote.PageOp{Slab: slab, Off: off, Buf: c.fq.bufs[j*pageSize : (j+1)*pageSize]})
+		rl.ops = append(rl.ops, remote.PageOp{Slab: slab, Off: off, Buf: c.rd.buf(j, j+1)})
 		reads = append(reads, ref)
 		fresh = append(fresh, rl.slots[k])
 	}

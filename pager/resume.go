@@ -103,7 +103,8 @@ func (a *Agent) loadJournal() error {
 		a.log.Info("a previous agent's client waits to resume", zap.Int("pid", o.meta.PID), zap.Int("regions", len(o.regions)))
 	}
 	if n := len(a.orphans); n > 0 {
-		time.AfterFunc(a.opts.ResumeWait, a.dropOrphans)
+		a.resumeBy = a.opts.Now().Add(a.opts.ResumeWait)
+		time.AfterFunc(a.opts.ResumeWait, func() { a.dropOrphans(a.opts.Now()) })
 	}
 	return nil
 }
@@ -116,10 +117,11 @@ func (a *Agent) freeLeaked() {
 	}
 }
 
-// dropOrphans releases the orphans that did not resume in time.
-func (a *Agent) dropOrphans() {
+// dropOrphans releases the orphans that did not resume in time, if now
+// is past ResumeWait.
+func (a *Agent) dropOrphans(now time.Time) {
 	a.mu.Lock()
-	if a.closed {
+	if a.closed || now.Before(a.resumeBy) {
 		a.mu.Unlock()
 		return
 	}

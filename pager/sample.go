@@ -77,15 +77,15 @@ func (c *client) holdSample(k int) {
 func (c *client) holdMarker(k int) {
 	m := c.sample.nextMarker
 	c.sample.nextMarker = (m + 1) % markerSlots
-	c.sample.end[m] = c.fq.readAt[k].end
+	c.sample.end[m] = c.rd.at[k].end
 	c.holdIn(sampleSlots+m, k)
 }
 
 // holdIn keeps read k of the batch in slot s (sample or marker).
 func (c *client) holdIn(s, k int) {
 	c.releaseSample(s)
-	copy(c.sample.buf[s*pageSize:(s+1)*pageSize], c.fq.reads[k].Buf)
-	ref := c.fq.readAt[k].pageRef
+	copy(c.sample.buf[s*pageSize:(s+1)*pageSize], c.rd.reads[k].Buf)
+	ref := c.rd.at[k].pageRef
 	ref.r.pages[ref.idx] = ref.entry()&^FlagFetch | FlagSampled
 	c.sample.owner[s] = ref
 	c.st.remoteReads.Add(1)

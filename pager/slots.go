@@ -44,12 +44,15 @@ type Slot uint32
 const slotRefMax = 255
 
 // slotPool is the agent's remote memory as page slots. Its methods are
-// safe for concurrent use by the loops and the reservoir.
+// safe for concurrent use by the loops and the reservoir. The reservoir's
+// decisions (step) take the time as an argument, read from now once a
+// round.
 type slotPool struct {
 	store remote.Store
 	pps   int // pages per slab
 	low   int // free slots under which the reservoir allocates a slab
 	log   *zap.Logger
+	now   func() time.Time // the agent's clock (Options.Now)
 
 	mu      sync.Mutex
 	slabs   []*poolSlab // by slab number; nil: a number free for reuse
@@ -125,10 +128,10 @@ type PoolStats struct {
 	Relocated uint64 `json:"pages_relocated"`
 }
 
-func newSlotPool(store remote.Store, log *zap.Logger) *slotPool {
+func newSlotPool(store remote.Store, log *zap.Logger, now func() time.Time) *slotPool {
 	pps := int(store.SlabSize() / pageSize)
 	p := &slotPool{
-		store: store, pps: pps, low: lowWater(pps), log: log, drain: -1,
+		store: store, pps: pps, low: lowWater(pps), log: log, now: now, drain: -1,
 		kick: make(chan struct{}, 1), onRoom: func() {},
 	}
 	p.publishLocked()
@@ -184,7 +187,7 @@ func (p *slotPool) tryAlloc(out []Slot) int { return p.take(out, false) }
 
 func (p *slotPool) take(out []Slot, report bool) int {
 	p.mu.Lock()
-	p.asked = time.Now()
+	p.asked = p.now()
 	n := 0
 	for tries := 0; n < len(out) && p.free > 0 && tries <= len(p.slabs); tries++ {
 		if p.next >= len(p.slabs) {
@@ -370,8 +373,10 @@ const (
 // RoutineReservoir keeps the pool's free slots between lowWater and about
 // a slab's worth more: it allocates a slab when they run low, gives back
 // empty slabs beyond that, and drains the emptiest slab when the space held
-// passes 1.1x the space used plus a slab. It runs until ctx ends.
-func (p *slotPool) RoutineReservoir(ctx context.Context) {
+// passes 1.1x the space used plus a slab. A round runs when kicked or when
+// its timer fires, at the time p.now says then; stepped (nil: none) is
+// called after each. It runs until ctx ends.
+func (p *slotPool) RoutineReservoir(ctx context.Context, stepped func()) {
 	wait := reservoirTick
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -382,21 +387,24 @@ func (p *slotPool) RoutineReservoir(ctx context.Context) {
 		case <-p.kick:
 		case <-t.C:
 		}
-		wait = p.step(ctx, wait)
+		wait = p.step(ctx, p.now(), wait)
+		if stepped != nil {
+			stepped()
+		}
 		t.Reset(wait)
 	}
 }
 
-// step does one round of the reservoir and returns how long to wait for
-// the next (backing off while the pool has no room).
-func (p *slotPool) step(ctx context.Context, backoff time.Duration) time.Duration {
+// step does one round of the reservoir at now and returns how long to
+// wait for the next (backing off while the pool has no room).
+func (p *slotPool) step(ctx context.Context, now time.Time, backoff time.Duration) time.Duration {
 	copies := 0
 	if p.trim.copies != nil {
 		copies = p.trim.copies()
 	}
 	p.mu.Lock()
 	need := p.free < p.low || p.short
-	if need && !p.short && p.trimForRoomLocked(copies) {
+	if need && !p.short && p.trimForRoomLocked(copies, now) {
 		// Copies give the room back sooner than a slab would be right.
 		p.mu.Unlock()
 		p.onRoom()
@@ -410,7 +418,7 @@ func (p *slotPool) step(ctx context.Context, backoff time.Duration) time.Duratio
 		p.kickReservoir() // maybe another one is needed
 		return reservoirTick
 	}
-	p.shrink(ctx)
+	p.shrink(ctx, now)
 	return reservoirTick
 }
 
@@ -426,7 +434,7 @@ func (p *slotPool) grow(ctx context.Context) bool {
 		p.mu.Lock()
 		first := p.noRoom == nil
 		if first {
-			p.since = time.Now()
+			p.since = p.now() // after the call, which may have taken a while
 		}
 		p.noRoom = err
 		p.counts.allocErrs++
@@ -458,7 +466,7 @@ func (p *slotPool) grow(ctx context.Context) bool {
 	p.publishLocked()
 	p.mu.Unlock()
 	if hadNoRoom {
-		p.log.Info("the pool gives memory again", zap.Duration("after", time.Since(since)))
+		p.log.Info("the pool gives memory again", zap.Duration("after", p.now().Sub(since)))
 	}
 	if wasShort || hadNoRoom {
 		p.onRoom()
@@ -467,15 +475,15 @@ func (p *slotPool) grow(ctx context.Context) bool {
 }
 
 // shrink gives back empty slabs beyond the slack (free slots past
-// lowWater plus one slab), and starts or ends a drain.
-func (p *slotPool) shrink(ctx context.Context) {
+// lowWater plus one slab), and starts or ends a drain, at now.
+func (p *slotPool) shrink(ctx context.Context, now time.Time) {
 	var give []remote.SlabID
 	copies := 0
 	if p.trim.copies != nil {
 		copies = p.trim.copies()
 	}
 	p.mu.Lock()
-	trim := p.maybeTrimLocked(copies)
+	trim := p.maybeTrimLocked(copies, now)
 	if p.drain >= 0 {
 		s := p.slabs[p.drain]
 		switch {
@@ -483,7 +491,7 @@ func (p *slotPool) shrink(ctx context.Context) {
 			p.counts.drained++
 			p.drain = -1
 			p.free += p.pps // counted back, then freed below as an empty slab
-		case time.Since(p.drainAt) > drainGiveUp:
+		case now.Sub(p.drainAt) > drainGiveUp:
 			p.log.Info("a slab did not empty in time (pages of a fork's copy, or busy); drain abandoned", zap.Int("used", s.used))
 			p.free += p.pps - s.used
 			p.drain = -1
@@ -493,7 +501,7 @@ func (p *slotPool) shrink(ctx context.Context) {
 	// or none paging out) no slack is kept: an idle agent holds no pool
 	// memory.
 	keep := p.low
-	if p.used == 0 && time.Since(p.asked) > idleAfter {
+	if p.used == 0 && now.Sub(p.asked) > idleAfter {
 		keep = -p.pps
 	}
 	for i := len(p.slabs) - 1; i >= 0 && p.free-p.pps >= keep; i-- {
@@ -509,7 +517,7 @@ func (p *slotPool) shrink(ctx context.Context) {
 	}
 	drained := false
 	if p.drain < 0 {
-		drained = p.maybeDrainLocked()
+		drained = p.maybeDrainLocked(now)
 	}
 	p.publishLocked()
 	if drained {
@@ -546,8 +554,8 @@ const trimEvery = 5 * time.Second
 // maybeTrimLocked asks the loops to let go of pool copies of clean
 // resident pages when they are what puts the space held past 1.1x the
 // remote pages plus a slab (and the slack); the drains then give the
-// space back. It reports whether it asked.
-func (p *slotPool) maybeTrimLocked(copies int) bool {
+// space back. It reports whether it asked (at now).
+func (p *slotPool) maybeTrimLocked(copies int, now time.Time) bool {
 	copies = p.freeableLocked(copies)
 	held := 0
 	for _, s := range p.slabs {
@@ -557,10 +565,10 @@ func (p *slotPool) maybeTrimLocked(copies int) bool {
 	}
 	remote := max(p.used-copies, 0)
 	excess := held - (remote + remote/10 + p.pps + p.low)
-	if excess <= 0 || copies == 0 || time.Since(p.trim.last) < trimEvery {
+	if excess <= 0 || copies == 0 || now.Sub(p.trim.last) < trimEvery {
 		return false
 	}
-	p.trim.last = time.Now()
+	p.trim.last = now
 	p.trim.share.Store(uint32(min(1000, (min(excess, copies)*1000+copies-1)/copies)))
 	p.trim.gen.Add(1)
 	return true
@@ -585,17 +593,17 @@ const trimFloor = 3 * maxEvictBatch
 // copies are what fills it: a budget's worth of them over a slab of remote
 // pages). It reports whether it asked or one asked lately is under way, or
 // trimFloor slots are free (no slab then either); while evictions find no
-// slot (short) the reservoir grows instead.
-func (p *slotPool) trimForRoomLocked(copies int) bool {
+// slot (short) the reservoir grows instead. now is the round's time.
+func (p *slotPool) trimForRoomLocked(copies int, now time.Time) bool {
 	copies, over := p.copiesOverBoundLocked(copies)
 	if !over {
 		return false
 	}
 	want := trimFloor - p.free
-	if want <= 0 || time.Since(p.trim.last) < trimSoon {
+	if want <= 0 || now.Sub(p.trim.last) < trimSoon {
 		return true
 	}
-	p.trim.last = time.Now()
+	p.trim.last = now
 	p.trim.share.Store(uint32(min(1000, (min(want, copies)*1000+copies-1)/copies)))
 	p.trim.gen.Add(1)
 	return true
@@ -637,7 +645,8 @@ func (p *slotPool) copiesOverBoundLocked(copies int) (int, bool) {
 // maybeDrainLocked starts draining the slab with the fewest used slots
 // when the space held passes 1.1x the space used plus a slab (and the
 // slack): the loops move their pages out of it, then it is given back.
-func (p *slotPool) maybeDrainLocked() bool {
+// now is when it starts (drainGiveUp counts from it).
+func (p *slotPool) maybeDrainLocked(now time.Time) bool {
 	held := 0
 	for _, s := range p.slabs {
 		if s != nil {
@@ -657,7 +666,7 @@ func (p *slotPool) maybeDrainLocked() bool {
 	if best < 0 || p.free-(p.pps-p.slabs[best].used) < p.slabs[best].used+p.low {
 		return false
 	}
-	p.drain, p.drainAt = best, time.Now()
+	p.drain, p.drainAt = best, now
 	p.free -= p.pps - p.slabs[best].used
 	p.log.Debug("draining a slab", zap.Int("slab", best), zap.Int("used", p.slabs[best].used), zap.Int("free", p.free))
 	return true

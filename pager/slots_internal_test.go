@@ -53,9 +53,31 @@ func (s *fakeStore) nheld() int {
 	return len(s.held)
 }
 
-func newTestPool(t *testing.T, pps, capacity int) (*slotPool, *fakeStore) {
+// testClock is a clock a test moves on.
+type testClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *testClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *testClock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// newTestPool returns a pool of slabs of pps pages over a store of
+// capacity slabs, its decisions on a clock that moves only when the test
+// moves it.
+func newTestPool(t *testing.T, pps, capacity int) (*slotPool, *fakeStore, *testClock) {
 	st := &fakeStore{slabSize: uint64(pps) * pageSize, capacity: capacity, held: map[remote.SlabID]bool{}}
-	return newSlotPool(st, zaptest.NewLogger(t)), st
+	clk := &testClock{t: time.Unix(1_000_000, 0)}
+	return newSlotPool(st, zaptest.NewLogger(t), clk.now), st, clk
 }
 
 // take allocates n slots, running the reservoir when it comes back short,
@@ -70,14 +92,14 @@ func take(t *testing.T, p *slotPool, n int) []Slot {
 			if tries > 100 {
 				t.Fatalf("only %d of %d slots", got, n)
 			}
-			p.step(context.Background(), reservoirTick)
+			p.step(context.Background(), p.now(), reservoirTick)
 		}
 	}
 	return out
 }
 
 func TestSlotPoolRefs(t *testing.T) {
-	p, st := newTestPool(t, 512, 8)
+	p, st, clk := newTestPool(t, 512, 8)
 	if n := p.alloc(make([]Slot, 4)); n != 0 {
 		t.Fatalf("an empty pool gave %d slots", n)
 	}
@@ -114,14 +136,17 @@ func TestSlotPoolRefs(t *testing.T) {
 	if st := p.stats(); st.UsedBytes != 0 {
 		t.Fatalf("used %d after releasing everything", st.UsedBytes)
 	}
-	p.step(context.Background(), reservoirTick)
+	p.step(context.Background(), p.now(), reservoirTick)
 	if n := st.nheld(); n == 0 {
 		t.Fatalf("no slack kept right after allocations")
 	}
-	p.mu.Lock()
-	p.asked = time.Now().Add(-2 * idleAfter) // idle since
-	p.mu.Unlock()
-	p.step(context.Background(), reservoirTick)
+	clk.advance(idleAfter)
+	p.step(context.Background(), p.now(), reservoirTick)
+	if n := st.nheld(); n == 0 {
+		t.Fatalf("no slack kept %v after the last allocation", idleAfter)
+	}
+	clk.advance(time.Nanosecond) // idle for longer than idleAfter
+	p.step(context.Background(), p.now(), reservoirTick)
 	if n := st.nheld(); n != 0 || p.stats().Slabs != 0 {
 		t.Fatalf("%d slabs held with nothing used: an idle agent holds no pool memory", n)
 	}
@@ -134,7 +159,7 @@ func TestSlotPoolRefs(t *testing.T) {
 // batches of free slots comes first.)
 func TestSlotPoolFollowsData(t *testing.T) {
 	const pps = 4096
-	p, st := newTestPool(t, pps, 64)
+	p, st, _ := newTestPool(t, pps, 64)
 	var all []Slot
 	check := func(when string) {
 		t.Helper()
@@ -145,13 +170,13 @@ func TestSlotPoolFollowsData(t *testing.T) {
 	}
 	for len(all) < 20*pps {
 		all = append(all, take(t, p, 128)...)
-		p.step(context.Background(), reservoirTick)
+		p.step(context.Background(), p.now(), reservoirTick)
 		check("growing")
 	}
 	// Free the newest half: whole slabs empty and go back.
 	p.release(all[len(all)/2:]...)
 	all = all[:len(all)/2]
-	p.step(context.Background(), reservoirTick)
+	p.step(context.Background(), p.now(), reservoirTick)
 	check("after freeing the newest half")
 	if st.nheld() > 12 {
 		t.Fatalf("%d slabs held for 10 slabs' worth of pages", st.nheld())
@@ -166,7 +191,7 @@ func TestSlotPoolFollowsData(t *testing.T) {
 		}
 	}
 	gen := p.gen.Load()
-	p.step(context.Background(), reservoirTick)
+	p.step(context.Background(), p.now(), reservoirTick)
 	if p.gen.Load() == gen {
 		t.Fatalf("no drain with %+v", p.stats())
 	}
@@ -184,12 +209,12 @@ func TestSlotPoolFollowsData(t *testing.T) {
 			kept[i] = 0
 		}
 	}
-	p.step(context.Background(), reservoirTick)
+	p.step(context.Background(), p.now(), reservoirTick)
 	if p.stats().Drained != 1 || p.view.Load().drain == d {
 		t.Fatalf("the drained slab was not given back: %+v", p.stats())
 	}
 	for range 20 { // drain after drain, as the loops move their pages
-		p.step(context.Background(), reservoirTick)
+		p.step(context.Background(), p.now(), reservoirTick)
 		for i, s := range kept {
 			if s != 0 && p.draining(s) {
 				kept[i] = take(t, p, 1)[0]
@@ -197,7 +222,7 @@ func TestSlotPoolFollowsData(t *testing.T) {
 			}
 		}
 	}
-	p.step(context.Background(), reservoirTick)
+	p.step(context.Background(), p.now(), reservoirTick)
 	check("after drains")
 	_ = moved
 }
@@ -205,7 +230,7 @@ func TestSlotPoolFollowsData(t *testing.T) {
 // A full pool: allocs come back short, the reservoir says why (once), and
 // the loops are woken when a slab comes again.
 func TestSlotPoolNoRoom(t *testing.T) {
-	p, st := newTestPool(t, 256, 1)
+	p, st, _ := newTestPool(t, 256, 1)
 	woken := 0
 	p.onRoom = func() { woken++ }
 	ss := take(t, p, 256)
@@ -213,7 +238,7 @@ func TestSlotPoolNoRoom(t *testing.T) {
 	if n := p.alloc(make([]Slot, 8)); n != 0 {
 		t.Fatalf("a full pool gave %d slots", n)
 	}
-	p.step(context.Background(), reservoirTick)
+	p.step(context.Background(), p.now(), reservoirTick)
 	s := p.stats()
 	if s.NoRoom == "" || s.NoRoomSince.IsZero() {
 		t.Fatalf("a pool without room says nothing: %+v", s)
@@ -230,7 +255,7 @@ func TestSlotPoolNoRoom(t *testing.T) {
 	st.mu.Lock()
 	st.capacity = 2
 	st.mu.Unlock()
-	p.step(context.Background(), reservoirTick)
+	p.step(context.Background(), p.now(), reservoirTick)
 	if woken != 2 || p.stats().NoRoom != "" {
 		t.Fatalf("room from the store: woken %d, stats %+v", woken, p.stats())
 	}
@@ -242,16 +267,16 @@ func TestSlotPoolNoRoom(t *testing.T) {
 // not more often than trimEvery.
 func TestSlotPoolTrim(t *testing.T) {
 	const pps = 4096
-	p, _ := newTestPool(t, pps, 64)
+	p, _, clk := newTestPool(t, pps, 64)
 	copies := 0
 	p.trim.copies = func() int { return copies }
 	take(t, p, 6*pps) // 6 slabs' worth used
-	p.step(context.Background(), reservoirTick)
+	p.step(context.Background(), p.now(), reservoirTick)
 	if p.trim.gen.Load() != 0 {
 		t.Fatalf("a trim with no copies")
 	}
 	copies = 3 * pps // half of it only copies: remote is 3 slabs, held 7
-	p.step(context.Background(), reservoirTick)
+	p.step(context.Background(), p.now(), reservoirTick)
 	if p.trim.gen.Load() != 1 {
 		t.Fatalf("no trim with held %d slabs for %d pages remote", p.stats().Slabs, 6*pps-copies)
 	}
@@ -259,9 +284,14 @@ func TestSlotPoolTrim(t *testing.T) {
 	if s := p.trim.share.Load(); s < 800 || s > 900 {
 		t.Errorf("trim share %d per mille, want about 870", s)
 	}
-	p.step(context.Background(), reservoirTick)
+	p.step(context.Background(), p.now(), reservoirTick)
 	if p.trim.gen.Load() != 1 {
 		t.Errorf("a second trim within %v", trimEvery)
+	}
+	clk.advance(trimEvery) // the copies were not let go: ask again
+	p.step(context.Background(), p.now(), reservoirTick)
+	if p.trim.gen.Load() != 2 {
+		t.Errorf("no second trim %v after the first", trimEvery)
 	}
 }
 
@@ -272,37 +302,37 @@ func TestSlotPoolTrim(t *testing.T) {
 // evictions find no slot at all it takes the slab.
 func TestSlotPoolTrimBeforeGrow(t *testing.T) {
 	const pps = 4096
-	p, _ := newTestPool(t, pps, 8)
+	p, _, _ := newTestPool(t, pps, 8)
 	copies := 0
 	p.trim.copies = func() int { return copies }
 	take(t, p, pps-p.low/2) // one slab, nearly full
 	copies = pps / 4        // a quarter of it copies: 0.75 slab remote
-	p.step(context.Background(), reservoirTick)
+	p.step(context.Background(), p.now(), reservoirTick)
 	if n := p.stats().Slabs; n != 1 || p.trim.gen.Load() != 1 {
 		t.Fatalf("%d slabs, %d trims: want the copies asked for, no slab", n, p.trim.gen.Load())
 	}
 	if s := p.trim.share.Load(); s == 0 || s > 1000 {
 		t.Errorf("trim share %d per mille", s)
 	}
-	p.step(context.Background(), reservoirTick)
+	p.step(context.Background(), p.now(), reservoirTick)
 	if p.trim.gen.Load() != 1 || p.stats().Slabs != 1 {
 		t.Errorf("a trim under way: %d trims, %d slabs; want it waited for", p.trim.gen.Load(), p.stats().Slabs)
 	}
 	copies = 0 // nothing to let go: a slab is right
-	p.step(context.Background(), reservoirTick)
+	p.step(context.Background(), p.now(), reservoirTick)
 	if n := p.stats().Slabs; n != 2 {
 		t.Errorf("%d slabs with no copies to let go, want 2", n)
 	}
 	// Remote pages alone fill a slab: the next slab keeps the rule.
-	p2, _ := newTestPool(t, pps, 8)
+	p2, _, _ := newTestPool(t, pps, 8)
 	p2.trim.copies = func() int { return 16 }
 	take(t, p2, pps-p2.low/2)
-	p2.step(context.Background(), reservoirTick)
+	p2.step(context.Background(), p2.now(), reservoirTick)
 	if n := p2.stats().Slabs; n != 2 || p2.trim.gen.Load() != 0 {
 		t.Errorf("remote pages near a slab: %d slabs, %d trims; want a second slab", n, p2.trim.gen.Load())
 	}
 	// Evictions short of slots: the slab, copies or not.
-	p3, _ := newTestPool(t, pps, 8)
+	p3, _, _ := newTestPool(t, pps, 8)
 	p3.trim.copies = func() int { return pps / 4 }
 	ss := take(t, p3, pps)
 	if n := p3.alloc(ss[:1]); n != 0 {
@@ -311,7 +341,7 @@ func TestSlotPoolTrimBeforeGrow(t *testing.T) {
 	p3.mu.Lock()
 	p3.short = true
 	p3.mu.Unlock()
-	p3.step(context.Background(), reservoirTick)
+	p3.step(context.Background(), p3.now(), reservoirTick)
 	if n := p3.stats().Slabs; n != 2 {
 		t.Errorf("short of slots: %d slabs, want 2", n)
 	}
@@ -325,7 +355,7 @@ func TestSlotPoolTrimBeforeGrow(t *testing.T) {
 // growing: evictions waited for slots that the trim never freed).
 func TestSlotPoolSharedCopiesFreeNothing(t *testing.T) {
 	const pps = 4096
-	p, _ := newTestPool(t, pps, 8)
+	p, _, _ := newTestPool(t, pps, 8)
 	ss := take(t, p, pps-p.low/2) // one slab, nearly full
 	p.ref(ss...)                  // a fork: the child names every slot
 	p.mu.Lock()
@@ -340,7 +370,7 @@ func TestSlotPoolSharedCopiesFreeNothing(t *testing.T) {
 	// The child has its whole heap resident, the parent none of it:
 	// the child's copies free nothing, so the reservoir takes a slab.
 	p.trim.copies = func() int { return len(ss) }
-	p.step(context.Background(), reservoirTick)
+	p.step(context.Background(), p.now(), reservoirTick)
 	if n := p.stats().Slabs; n != 2 || p.trim.gen.Load() != 0 {
 		t.Errorf("shared copies only: %d slabs, %d trims; want a second slab, no trim", n, p.trim.gen.Load())
 	}

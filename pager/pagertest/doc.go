@@ -9,7 +9,10 @@
 // and userfaultfd (threads that fault, the ioctls that resolve faults),
 // Process the shim's side of its agent connection (regions, the EVICT
 // helper). With them the pager's loop runs its fault, eviction, budget and
-// lost-page paths without root, a kernel feature or a child process.
+// lost-page paths without root, a kernel feature or a child process. Clock
+// is a fake time for the agent's decisions, and the fakes say when what a
+// test waits for has happened (Kernel.Await, Process.WaitEvict), so that
+// tests synchronize on events instead of sleeping.
 //
 // It is for tests, not production: placement is round-robin, there are no
 // leases and servers live in the test process.

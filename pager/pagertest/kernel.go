@@ -36,24 +36,29 @@ var ErrNotServed = errors.New("pagertest: fault not served in time")
 // It models what the pager relies on and no more: no REMOVE or UNMAP
 // events, FORK events only when a test raises one (ForkEvent), and the
 // zero page is an ordinary writable page (as after the kernel's
-// copy-on-write of it, which raises no fault either).
+// copy-on-write of it, which raises no fault either). As the kernel's
+// (mmap_changing), its ioctls that change the address space (Copy,
+// ZeroPage, Poison, WriteProtect, Unprotect) fail with EAGAIN from a
+// FORK event until that event is read.
 type Kernel struct {
 	// FaultWait bounds how long a thread waits for its fault to be
 	// resolved (default 10 s); then its access fails with ErrNotServed.
 	FaultWait time.Duration
 
-	mu     sync.Mutex
-	cond   *sync.Cond
-	efd    int
-	queue  []userfaultfd.Msg
-	pages  map[userfaultfd.Addr]*fakePage
-	poison map[userfaultfd.Addr]bool
-	woken  map[userfaultfd.Addr]uint64 // bumped by each wake of a page
-	inject map[string][]error          // errors the next calls of an op return
-	closed bool
-	exited bool
-	held   bool // Hold: messages queue up unread
-	counts KernelCounts
+	mu      sync.Mutex
+	cond    *sync.Cond // a wake, an exit, the close: the threads look again
+	changed *sync.Cond // counts changed: Await looks again
+	efd     int
+	queue   []userfaultfd.Msg
+	pages   map[userfaultfd.Addr]*fakePage
+	poison  map[userfaultfd.Addr]bool
+	woken   map[userfaultfd.Addr]uint64 // bumped by each wake of a page
+	inject  map[string][]error          // errors the next calls of an op return
+	closed  bool
+	exited  bool
+	held    bool // Hold: messages queue up unread
+	forks   int  // FORK events raised and not read: the address space is changing
+	counts  KernelCounts
 }
 
 // KernelCounts are what a Kernel saw.
@@ -65,6 +70,7 @@ type KernelCounts struct {
 	Zeros    int // pages installed by ZeroPage
 	Poisoned int // pages poisoned
 	Dropped  int // mapped pages dropped (Drop: the helper's MADV_DONTNEED)
+	Accesses int // Load and Store calls that completed (not those that failed)
 }
 
 type fakePage struct {
@@ -81,6 +87,7 @@ func NewKernel() (*Kernel, error) {
 	k := &Kernel{efd: efd, pages: map[userfaultfd.Addr]*fakePage{}, poison: map[userfaultfd.Addr]bool{},
 		woken: map[userfaultfd.Addr]uint64{}, inject: map[string][]error{}}
 	k.cond = sync.NewCond(&k.mu)
+	k.changed = sync.NewCond(&k.mu)
 	return k, nil
 }
 
@@ -120,6 +127,8 @@ func (k *Kernel) access(a userfaultfd.Addr, write bool, do func(*fakePage)) erro
 		p := k.pages[pg]
 		if p != nil && (!write || !p.wp) {
 			do(p)
+			k.counts.Accesses++
+			k.changed.Broadcast()
 			return nil
 		}
 		flags := userfaultfd.FaultFlags(0)
@@ -161,6 +170,7 @@ func (k *Kernel) faultWait() time.Duration {
 
 // post queues m and makes Fd readable unless held (k.mu held).
 func (k *Kernel) post(m userfaultfd.Msg) {
+	k.changed.Broadcast() // a fault raised (or a FORK) counts as a change
 	k.queue = append(k.queue, m)
 	if !k.held {
 		k.readable()
@@ -237,6 +247,7 @@ func (k *Kernel) fork(event bool) (*Kernel, error) {
 		child.pages[a] = &fakePage{data: p.data, wp: event && p.wp}
 	}
 	if event {
+		k.forks++
 		k.post(userfaultfd.EncodeMsg(userfaultfd.Event{Kind: userfaultfd.EventFork, FD: child.efd}))
 	}
 	return child, nil
@@ -261,6 +272,30 @@ func (k *Kernel) Release() {
 	if len(k.queue) > 0 {
 		k.readable()
 	}
+}
+
+// Await waits until cond holds of the Kernel's counts, checked now and
+// at each change of them (a fault raised, an access done, a page
+// installed, poisoned or dropped), for at most d; it reports whether cond
+// held. cond runs with the Kernel locked: it must not call its methods.
+func (k *Kernel) Await(d time.Duration, cond func(KernelCounts) bool) bool {
+	late := false
+	t := time.AfterFunc(d, func() {
+		k.mu.Lock()
+		late = true
+		k.changed.Broadcast()
+		k.mu.Unlock()
+	})
+	defer t.Stop()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for !cond(k.counts) {
+		if late {
+			return false
+		}
+		k.changed.Wait()
+	}
+	return true
 }
 
 // Queued returns how many messages wait to be read.
@@ -316,6 +351,7 @@ func (k *Kernel) Drop(r userfaultfd.Range) {
 			delete(k.pages, pg)
 		}
 	}
+	k.changed.Broadcast()
 }
 
 // Fd returns the eventfd the loop polls.
@@ -332,6 +368,11 @@ func (k *Kernel) ReadEvents(msgs []userfaultfd.Msg) (int, error) {
 		return 0, unix.EAGAIN
 	}
 	n := copy(msgs, k.queue)
+	for i := range msgs[:n] {
+		if msgs[i].Kind() == userfaultfd.EventFork {
+			k.forks-- // read: the ioctls work again (as after the kernel's mmap_changing)
+		}
+	}
 	k.queue = k.queue[:copy(k.queue, k.queue[n:])]
 	if len(k.queue) == 0 {
 		var b [8]byte
@@ -348,6 +389,8 @@ func (k *Kernel) check(op string, r userfaultfd.Range) error {
 		return unix.ESRCH
 	case r.Len == 0 || r.Len%PageSize != 0 || r.Start%PageSize != 0:
 		return fmt.Errorf("pagertest: %s of %v: %w", op, r, unix.EINVAL)
+	case k.forks > 0 && op != "wake":
+		return unix.EAGAIN // a FORK event not read yet
 	}
 	return k.injected(op)
 }
@@ -389,6 +432,7 @@ func (k *Kernel) install(r userfaultfd.Range, flags userfaultfd.Flags, fill func
 	if flags&userfaultfd.DontWake == 0 && done > 0 {
 		k.wake(userfaultfd.Range{Start: r.Start, Len: uint64(done)})
 	}
+	k.changed.Broadcast()
 	return done, err
 }
 
@@ -416,6 +460,7 @@ func (k *Kernel) Poison(r userfaultfd.Range, flags userfaultfd.Flags) (int, erro
 		k.poison[pg] = true
 		k.counts.Poisoned++
 	}
+	k.changed.Broadcast()
 	k.wake(r)
 	return int(r.Len), nil
 }

@@ -37,8 +37,9 @@ type Process struct {
 	closeOnce sync.Once
 
 	holdMu  sync.Mutex
-	hold    bool         // PauseHelper: EVICTs wait unanswered
-	pending *proto.Evict // the one waiting
+	hold    bool          // PauseHelper: EVICTs wait unanswered
+	pending *proto.Evict  // the one waiting
+	held    chan struct{} // closed when an EVICT is held (WaitEvict); nil: no one waits
 }
 
 type reply struct {
@@ -87,14 +88,23 @@ func (p *Process) ZapRegion(id uint64, r userfaultfd.Range) error {
 }
 
 func (p *Process) request(m proto.Message) error {
-	p.sendMu.Lock()
-	p.seq++
-	seq := p.seq
-	err := proto.Send(p.conn, p.sendBuf, seq, m)
-	p.sendMu.Unlock()
+	seq, err := p.ask(m)
 	if err != nil {
 		return err
 	}
+	return p.answerTo(seq)
+}
+
+// ask sends request m and returns its seq; answerTo waits for its answer.
+func (p *Process) ask(m proto.Message) (uint32, error) {
+	p.sendMu.Lock()
+	defer p.sendMu.Unlock()
+	p.seq++
+	return p.seq, proto.Send(p.conn, p.sendBuf, p.seq, m)
+}
+
+// answerTo waits for the answer to request seq.
+func (p *Process) answerTo(seq uint32) error {
 	select {
 	case r := <-p.replies:
 		if r.seq != seq {
@@ -154,6 +164,10 @@ func (p *Process) routineHelper() {
 			if p.hold {
 				held := ev
 				p.pending = &held
+				if p.held != nil {
+					close(p.held)
+					p.held = nil
+				}
 				p.holdMu.Unlock()
 				continue
 			}
@@ -210,6 +224,30 @@ func (p *Process) EvictPending() bool {
 	return p.pending != nil
 }
 
+// WaitEvict waits (d at most) for an EVICT to wait for ResumeHelper; it
+// reports whether one does.
+func (p *Process) WaitEvict(d time.Duration) bool {
+	p.holdMu.Lock()
+	if p.pending != nil {
+		p.holdMu.Unlock()
+		return true
+	}
+	if p.held == nil {
+		p.held = make(chan struct{})
+	}
+	held := p.held
+	p.holdMu.Unlock()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-held:
+		return true
+	case <-p.done:
+	case <-t.C:
+	}
+	return p.EvictPending()
+}
+
 // ResumeHelper answers the EVICT that waits, if any, and the next ones.
 func (p *Process) ResumeHelper() {
 	p.holdMu.Lock()
@@ -226,6 +264,19 @@ func (p *Process) ResumeHelper() {
 // as the shim's fork() wrapper does before fork(2).
 func (p *Process) ForkPrepare(serial uint64) error {
 	return p.request(&proto.ForkPrepare{Serial: serial})
+}
+
+// ForkPrepareAsync says FORK_PREPARE for fork serial as ForkPrepare does,
+// but returns once it is sent: the answer comes on the channel.
+func (p *Process) ForkPrepareAsync(serial uint64) <-chan error {
+	answer := make(chan error, 1)
+	seq, err := p.ask(&proto.ForkPrepare{Serial: serial})
+	if err != nil {
+		answer <- err
+		return answer
+	}
+	go func() { answer <- p.answerTo(seq) }()
+	return answer
 }
 
 // ForkDone says FORK_DONE for fork serial with the child's pid (or
