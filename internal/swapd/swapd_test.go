@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,12 +20,8 @@ import (
 
 	"rmem/internal/swapd"
 	"rmem/internal/swaprun"
-	"rmem/pool"
 	"rmem/pool/client"
-	"rmem/pool/coord"
-	"rmem/pool/httpapi"
-	"rmem/pool/memserver"
-	"rmem/pool/store"
+	"rmem/pool/pooltest"
 	_ "rmem/rdma/tcp"
 	"rmem/swapfs"
 )
@@ -35,54 +30,9 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 const slabSize = 2 << 20
 
-type dialer map[pool.ServerID]*memserver.Server
-
-func (d dialer) SlabServer(info *pool.ServerInfo) (coord.SlabServer, error) {
-	if s := d[info.ID]; s != nil {
-		return s, nil
-	}
-	return nil, errors.New("no such server")
-}
-
-// startPool starts a coordinator behind its HTTP API and one memory server
-// with a tcp data plane, in process, and returns the coordinator's client.
-func startPool(t *testing.T) *client.Client {
-	t.Helper()
-	d := dialer{}
-	c, err := coord.New(coord.Options{Store: store.NewMem(), Dialer: d, SlabSize: slabSize})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mux := http.NewServeMux()
-	if err := c.Routes(mux); err != nil {
-		t.Fatal(err)
-	}
-	mux.HandleFunc("/", httpapi.NotFound)
-	srv := httptest.NewServer(mux)
-	cl, err := client.New(srv.URL, client.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cl.CloseIdleConnections()
-		srv.Close()
-		c.Close()
-	})
-	ms, err := memserver.New(memserver.Options{ID: "m0", Capacity: 4 * slabSize, SlabSize: slabSize, NoLock: true, NoHugeTLB: true,
-		Listen: map[string]string{"tcp": "127.0.0.1:0"}})
-	if err != nil {
-		if errors.Is(err, memserver.ErrMemory) {
-			t.Skipf("no memory for a memory server: %v", err)
-		}
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ms.Close() })
-	d["m0"] = ms
-	if _, err := cl.Register(context.Background(), ms.Info()); err != nil {
-		t.Fatal(err)
-	}
-	return cl
-}
+// startPool starts a real pool in process with one memory server and
+// returns the coordinator's client.
+func startPool(t *testing.T) *client.Client { return pooltest.StartLive(t, 1, slabSize).Client }
 
 func needMount(t *testing.T) {
 	t.Helper()

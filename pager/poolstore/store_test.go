@@ -3,8 +3,6 @@ package poolstore_test
 import (
 	"context"
 	"errors"
-	"net/http"
-	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -15,10 +13,8 @@ import (
 	"rmem/pager/slabio"
 	"rmem/pool"
 	"rmem/pool/client"
-	"rmem/pool/coord"
-	"rmem/pool/httpapi"
 	"rmem/pool/memserver"
-	"rmem/pool/store"
+	"rmem/pool/pooltest"
 	_ "rmem/rdma/tcp"
 )
 
@@ -26,56 +22,11 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 const slabSize = 2 << 20
 
-type dialer map[pool.ServerID]*memserver.Server
-
-func (d dialer) SlabServer(info *pool.ServerInfo) (coord.SlabServer, error) {
-	if s := d[info.ID]; s != nil {
-		return s, nil
-	}
-	return nil, errors.New("no such server")
-}
-
-// pool starts a coordinator behind its HTTP API and n memory servers with
-// tcp data planes, all in process.
-func startPool(t *testing.T, n int) (*client.Client, dialer) {
-	t.Helper()
-	d := dialer{}
-	c, err := coord.New(coord.Options{Store: store.NewMem(), Dialer: d, SlabSize: slabSize})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mux := http.NewServeMux()
-	if err := c.Routes(mux); err != nil {
-		t.Fatal(err)
-	}
-	mux.HandleFunc("/", httpapi.NotFound)
-	srv := httptest.NewServer(mux)
-	cl, err := client.New(srv.URL, client.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cl.CloseIdleConnections()
-		srv.Close()
-		c.Close()
-	})
-	for i := 0; i < n; i++ {
-		id := pool.ServerID([]string{"m0", "m1", "m2", "m3"}[i])
-		ms, err := memserver.New(memserver.Options{ID: id, Capacity: 4 * slabSize, SlabSize: slabSize, NoLock: true, NoHugeTLB: true,
-			Listen: map[string]string{"tcp": "127.0.0.1:0"}})
-		if err != nil {
-			if errors.Is(err, memserver.ErrMemory) {
-				t.Skipf("no memory for a memory server: %v", err)
-			}
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { ms.Close() })
-		d[id] = ms
-		if _, err := cl.Register(context.Background(), ms.Info()); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return cl, d
+// startPool starts a real pool in process with n memory servers
+// (pooltest.Live) and returns its client and its servers by id.
+func startPool(t *testing.T, n int) (*client.Client, map[pool.ServerID]*memserver.Server) {
+	l := pooltest.StartLive(t, n, slabSize)
+	return l.Client, l.Servers
 }
 
 func pattern(b []byte, seed byte) {
