@@ -38,6 +38,7 @@ type testAgent struct {
 	badHello []byte // answer HELLO with these bytes (no descriptors)
 
 	eventDelay atomic.Int64 // ns the uffd reader sleeps after a FORK event, before the loop may look
+	restoreWP  atomic.Bool  // restore evicted pages write-protected, as the pager does (to see them dirtied)
 }
 
 type forkKey struct {
@@ -800,7 +801,11 @@ func (c *agentClient) handleEvent(e userfaultfd.Event, ev *eviction) (again bool
 		}
 		var err error
 		if restore {
-			_, err = c.uffd.Copy(page.Start, data, 0)
+			var flags userfaultfd.Flags
+			if c.a.restoreWP.Load() {
+				flags = userfaultfd.WriteProtected
+			}
+			_, err = c.uffd.Copy(page.Start, data, flags)
 		} else {
 			_, err = c.uffd.ZeroPage(page, 0)
 		}

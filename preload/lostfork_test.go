@@ -145,3 +145,28 @@ func TestLostAgentForkFenced(t *testing.T) {
 		t.Errorf("stderr %q: want the refusal and the grandchild's fenced memory said", e)
 	}
 }
+
+// TestOrphanedWritesRestoredPages: an orphaned process writes pages the
+// agent had restored write-protected (the pager does, to see them
+// dirtied; testdata/orphanwrite.c). Their data is resident and right:
+// the helper, which answers the faults of an orphaned process, lets the
+// write through (UFFDIO_POISON of a present page fails with EEXIST, and
+// the writer used to wait for good).
+func TestOrphanedWritesRestoredPages(t *testing.T) {
+	needUFFD(t)
+	a := newTestAgent(t)
+	a.restoreWP.Store(true)
+	p := start(t, a.path, []string{"orphanwrite"}, proto.EnvAgentWait+"=300ms")
+	p.Expect("ready ")
+	evict(t, a, p.Pid(), 512)
+	p.Send("g")
+	p.Expect("read back")
+	a.Close()
+	waitStderr(t, p.Stderr.String, "rmem: no agent resumed this process")
+	p.Send("g")
+	l, ok := <-p.Lines
+	if !ok || l != "written ok" {
+		t.Fatalf("the orphaned process writing its restored pages said %q (%v); ended %v; stderr:\n%s", l, ok, p.WaitErr(), p.Stderr.String())
+	}
+	p.Wait()
+}
