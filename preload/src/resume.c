@@ -55,7 +55,11 @@ static int64_t agent_wait_ms(void)
 }
 
 /* Answers every fault waiting on the uffd with a poisoned page (SIGBUS):
- * no agent has its data. A FORK event's uffd is closed if it is a lost
+ * no agent has its data. But a write to a page the agent write-protected
+ * (the pager restores pages so, to see them dirtied) is let through: that
+ * page is here and right (poisoning it fails, EEXIST, and the writer
+ * waited for good; a next agent takes a page without the protection for
+ * dirty, from its pagemap). A FORK event's uffd is closed if it is a lost
  * fork's (rm_conn_fork_event: the child guards its pages itself), else
  * kept open: closing the last reference would give that child zero pages.
  * Other events are read and dropped. */
@@ -72,6 +76,12 @@ static void poison_faults(int uffd)
 			if (msgs[i].event != UFFD_EVENT_PAGEFAULT)
 				continue;
 			uint64_t page = msgs[i].arg.pagefault.address & ~(uint64_t)(rm_page - 1);
+			if (msgs[i].arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_WP) {
+				struct uffdio_writeprotect wp = {.range = {.start = page, .len = rm_page}, .mode = 0};
+				if (ioctl(uffd, UFFDIO_WRITEPROTECT, &wp) != 0) /* (it wakes the writer) */
+					ioctl(uffd, UFFDIO_WAKE, &wp.range); /* it faults again */
+				continue;
+			}
 #ifdef UFFDIO_POISON
 			struct uffdio_poison p = {.range = {.start = page, .len = rm_page}};
 			if (ioctl(uffd, UFFDIO_POISON, &p) == 0 || errno == EEXIST)
