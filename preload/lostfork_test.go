@@ -170,3 +170,26 @@ func TestOrphanedWritesRestoredPages(t *testing.T) {
 	}
 	p.Wait()
 }
+
+// TestVforkChildMaps: a vfork() child maps memory before it execs or
+// exits (testdata/vforkmap.c). It shares its parent's memory, the shim's
+// state with it, and is not a child forked past fork(3): it must not drop
+// the connection (in the parent's memory) as such a child drops the one it
+// inherited. The parent's pages are still evicted and restored, and its
+// new mapping is still a region.
+func TestVforkChildMaps(t *testing.T) {
+	needUFFD(t)
+	a := newTestAgent(t)
+	p := start(t, a.path, []string{"vforkmap"})
+	p.Expect("ready")
+	evict(t, a, p.Pid(), 512)
+	p.Send("g")
+	p.Expect("ok")
+	p.Wait()
+	if s := a.Stats(p.Pid()); s.Regions[proto.KindMmap] < 2 || s.Restores < 512 {
+		t.Errorf("stats %+v: want the region restored, and the mmap after vfork a region too", s)
+	}
+	if strings.Contains(p.Stderr.String(), "rmem:") {
+		t.Errorf("the shim complained: %s", p.Stderr.String())
+	}
+}
