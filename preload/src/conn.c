@@ -107,14 +107,16 @@ int rm_conn_mem_fd(void) { return conn.mem_fd; }
  * and its atfork handlers (_Fork(), a raw clone) inherited its parent's
  * connection and uffd: it drops them at once (rm_conn_astray). A fork(3)
  * child before our atfork child handler ran (in_fork) has the parent's
- * too, and drops them in that handler. */
+ * too, and drops them in that handler. A child that shares its parent's
+ * memory (vfork's, before it execs) leaves them alone: they are its
+ * parent's, in that memory (rm_mode_astray tells it apart). */
 int rm_conn_is_connected(void)
 {
 	if (rm_conn_state() != ST_CONNECTED)
 		return 0;
 	if (getpid() == conn.pid)
 		return 1;
-	if (!rm_in_fork())
+	if (!rm_in_fork() && rm_mode_astray() != 0)
 		rm_conn_astray();
 	return 0;
 }

@@ -182,6 +182,7 @@ HIDDEN void rm_shim_leave(void);
 HIDDEN void rm_set_in_fork(int on);
 HIDDEN void rm_set_boot(int on);
 HIDDEN int rm_mode(void); /* the mode decided, MODE_UNKNOWN before; signal-safe */
+HIDDEN int rm_mode_astray(void);
 HIDDEN void rm_mode_page_init(int m);
 HIDDEN void rm_mode_publish(int m);
 HIDDEN void rm_mode_fork_child(int lost_heap);
