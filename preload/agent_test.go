@@ -38,6 +38,7 @@ type testAgent struct {
 	badHello []byte // answer HELLO with these bytes (no descriptors)
 
 	eventDelay atomic.Int64 // ns the uffd reader sleeps after a FORK event, before the loop may look
+	restoreWP  atomic.Bool  // restore evicted pages write-protected, as the pager does (to see them dirtied)
 }
 
 type forkKey struct {
@@ -80,6 +81,7 @@ type agentStats struct {
 	ForkEvents  int
 	ForkChild   bool
 	StagingSize int
+	Features    userfaultfd.Feature // the uffd's, as HELLO said
 }
 
 type agentClient struct {
@@ -119,6 +121,7 @@ type agentClient struct {
 }
 
 type evictCmd struct {
+	only  *userfaultfd.Range // evict pages in this range only; nil: all
 	reply chan evictResult
 }
 
@@ -239,12 +242,17 @@ func (a *testAgent) client(pid int32) (*agentClient, error) {
 
 // Evict evicts every page of pid that is resident, in batches of 64, and
 // returns how many it evicted.
-func (a *testAgent) Evict(pid int32) (int, error) {
+func (a *testAgent) Evict(pid int32) (int, error) { return a.evict(pid, nil) }
+
+// EvictRange evicts the resident pages of pid in r only.
+func (a *testAgent) EvictRange(pid int32, r userfaultfd.Range) (int, error) { return a.evict(pid, &r) }
+
+func (a *testAgent) evict(pid int32, only *userfaultfd.Range) (int, error) {
 	c, err := a.client(pid)
 	if err != nil {
 		return 0, err
 	}
-	cmd := evictCmd{reply: make(chan evictResult, 1)}
+	cmd := evictCmd{only: only, reply: make(chan evictResult, 1)}
 	select {
 	case c.cmds <- cmd:
 	case <-c.done:
@@ -308,6 +316,23 @@ func (a *testAgent) routineClient(conn *net.UnixConn) {
 		a.t.Errorf("agent: first packet: %v", err)
 		return
 	}
+	// A shim that may not make a uffd with FORK events (no
+	// CAP_SYS_PTRACE) asks for /dev/userfaultfd first: this agent lends
+	// none, and the shim makes one without them.
+	if hdr, m, err := proto.Decode(pkt); err == nil {
+		if _, ok := m.(*proto.UFFDDevice); ok {
+			closeFDs(fds[:nfds])
+			sbuf := make([]byte, 0, proto.MaxPacket)
+			if err := proto.Send(conn, sbuf, 0, &proto.Error{Seq: hdr.Seq, Errno: unix.EPERM, Text: "test agent lends none"}); err != nil {
+				a.t.Errorf("agent: UFFD_DEVICE: %v", err)
+				return
+			}
+			if pkt, nfds, err = proto.Recv(conn, buf, oob, fds); err != nil {
+				a.t.Errorf("agent: HELLO after UFFD_DEVICE: %v", err)
+				return
+			}
+		}
+	}
 	var h proto.Hello
 	hdr, err := proto.Expect(pkt, &h)
 	if err != nil {
@@ -327,6 +352,7 @@ func (a *testAgent) routineClient(conn *net.UnixConn) {
 		sbuf:         make([]byte, 0, proto.MaxPacket),
 	}
 	c.stats.Regions = map[proto.Kind]int{}
+	c.stats.Features = h.Features
 	defer close(c.done)
 	a.mu.Lock()
 	a.hellos++
@@ -775,7 +801,11 @@ func (c *agentClient) handleEvent(e userfaultfd.Event, ev *eviction) (again bool
 		}
 		var err error
 		if restore {
-			_, err = c.uffd.Copy(page.Start, data, 0)
+			var flags userfaultfd.Flags
+			if c.a.restoreWP.Load() {
+				flags = userfaultfd.WriteProtected
+			}
+			_, err = c.uffd.Copy(page.Start, data, flags)
 		} else {
 			_, err = c.uffd.ZeroPage(page, 0)
 		}
@@ -879,7 +909,9 @@ func (c *agentClient) publishFork(f *forkedChild) {
 func (c *agentClient) startEviction(cmd evictCmd) *eviction {
 	ev := &eviction{cmd: cmd, removed: map[userfaultfd.Addr]bool{}}
 	for p := range c.resident {
-		ev.pending = append(ev.pending, p)
+		if cmd.only == nil || cmd.only.Contains(p) {
+			ev.pending = append(ev.pending, p)
+		}
 	}
 	slices.Sort(ev.pending)
 	return c.nextBatch(ev)

@@ -60,10 +60,12 @@
 // them waits for the agent. The shim keeps its own reference to its
 // userfaultfd, so if the agent dies those accesses block (never read as
 // zeros), and so does fork() of a process that holds regions (the kernel
-// waits for the agent to read the FORK event). New memory after the agent
-// is lost is ordinary memory. Regions are unregistered before they are
-// unmapped or mapped over, so that munmap never waits for an agent
-// reading an UNMAP event.
+// waits for the agent to read the FORK event), until the next agent
+// resumes the process or RMEM_AGENT_WAIT runs out. Once orphaned, the
+// helper thread reads the FORK event of a fork itself. New memory after
+// the agent is lost is ordinary memory. Regions are unregistered before
+// they are unmapped or mapped over, so that munmap never waits for an
+// agent reading an UNMAP event.
 //
 // Inside the process: the helper thread is the only reader of the agent
 // socket; program threads make one request at a time (req_mu) and the
@@ -91,6 +93,17 @@
 // know.
 //
 // # Known limits
+//
+// A child forked after its parent lost its agent (orphaned; or off, after
+// a malformed packet) gets no agent either, and never its parent's uffd:
+// it inherits the regions and registers them with a uffd of its own that
+// raises SIGBUS on every missing page, as its orphaned parent does (the
+// pages that were in the pool, and also pages of the regions never
+// touched: in glibc mode the heap's fresh pages). Off with FORK events (the
+// agent, never told, may still read the parent's uffd and would keep the
+// child's) it does not inherit them: their addresses are reserved
+// inaccessible (SIGSEGV), and in glibc mode it has no heap and allocates
+// from glibc, as a child made past fork(3) does.
 //
 // Growing a region with mremap copies it (page faults served by the
 // agent), it is not moved by the kernel; a region with pages mprotect-ed

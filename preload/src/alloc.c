@@ -270,7 +270,7 @@ static void defer_free(void *p)
 
 void rm_alloc_run_deferred(void)
 {
-	for (int i = 0; i < g_ndfree; i++)
+	for (int i = 0; i < g_ndfree && rm_mode() != MODE_LOST; i++) /* lost: the heap is gone */
 		rm_je_free(g_dfree[i]);
 	g_ndfree = 0;
 }

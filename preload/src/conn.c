@@ -10,15 +10,24 @@
  *   CONNECTED  --lost-->      RESUMING (a process with regions), or OFF
  *   RESUMING   --resume-->    CONNECTED;  --orphan--> ORPHANED
  *   ORPHANED   --resume-->    CONNECTED
- *   CONNECTED  --astray-->    OFF (a child forked past fork(3))
- *   in a fork(3) child (fork-adopt): CONNECTED --> CONNECTED (its own
- *   connection), UNINIT (no regions: starts over), or OFF; anything but
- *   OFF --> OFF when it cannot start its helper thread.
+ *   any        --astray-->    OFF (a child forked past fork(3))
+ *   in a fork(3) child (fork-adopt), from the state at the fork:
+ *   CONNECTED --> CONNECTED (its own connection) or, without regions,
+ *   UNINIT (starts over); UNINIT --> UNINIT; ORPHANED or OFF --> OFF
+ *   (lost: with the regions guarded or fenced); anything --> OFF when it
+ *   cannot start a helper thread it needs.
+ *
+ * A child never keeps its parent's socket, uffd, staging area or
+ * /proc/self/mem, whatever the state: a uffd's ioctls act on the address
+ * space of the process that made it, so a child unregistering a region
+ * through its parent's uffd unregistered it in the parent, whose pooled
+ * pages then read as zeros.
  *
  * Locks: init_mu (connect, the fork window), then req_mu (one request at
  * a time; held across a fork), then the region table's table_mu, then
  * reply_mu (the reply slot, and the state's waiters: changes to and from
- * RESUMING and ORPHANED are made under it and broadcast). The state is
+ * RESUMING and ORPHANED are made under it and broadcast, and so are the
+ * resume attempts and lost forks that keep each other out). The state is
  * stored with atomics and read without locks: rm_conn_state, rm_conn_uffd,
  * rm_conn_staging and rm_conn_slots are safe in a signal handler. */
 #include "rmem.h"
@@ -29,6 +38,7 @@
 #include <semaphore.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 static struct {
@@ -43,6 +53,9 @@ static struct {
 	uint64_t features;
 	uint64_t fork_serial; /* forks with regions: FORK events, or FORK_PREPAREs */
 	int lost_said;
+	int resuming;    /* the helper tries an agent (reply_mu) */
+	int lost_fork;   /* a lost fork's child inherits the regions (reply_mu): no resume attempt */
+	int fork_events; /* lost forks' FORK events the helper has yet to read (atomic) */
 	pthread_mutex_t init_mu;
 	pthread_mutex_t req_mu;
 	sem_t ready; /* a new connection for the helper to serve */
@@ -94,14 +107,16 @@ int rm_conn_mem_fd(void) { return conn.mem_fd; }
  * and its atfork handlers (_Fork(), a raw clone) inherited its parent's
  * connection and uffd: it drops them at once (rm_conn_astray). A fork(3)
  * child before our atfork child handler ran (in_fork) has the parent's
- * too, and makes its own in that handler. */
+ * too, and drops them in that handler. A child that shares its parent's
+ * memory (vfork's, before it execs) leaves them alone: they are its
+ * parent's, in that memory (rm_mode_astray tells it apart). */
 int rm_conn_is_connected(void)
 {
 	if (rm_conn_state() != ST_CONNECTED)
 		return 0;
 	if (getpid() == conn.pid)
 		return 1;
-	if (!rm_in_fork())
+	if (!rm_in_fork() && rm_mode_astray() != 0)
 		rm_conn_astray();
 	return 0;
 }
@@ -134,6 +149,26 @@ static void say_off(const char *why, int err)
 		rm_say("rmem: ", why, " (", rm_errstr(err), "): using ordinary memory", NULL);
 	else
 		rm_say("rmem: no agent at ", rm_sock_path(), " (", rm_errstr(err), "): using ordinary memory", NULL);
+}
+
+/* Drops what a child inherited of its parent's connection: its socket,
+ * its uffd (ioctls on it act on the parent's address space), its staging
+ * memfd (the mapping is MADV_DONTFORK: wire.c) and /proc/self/mem (the
+ * parent's memory). The only thread. */
+static void drop_inherited(void)
+{
+	int fd = rm_conn_uffd();
+	set_uffd(-1);
+	__atomic_store_n(&conn.staging, NULL, __ATOMIC_RELEASE);
+	__atomic_store_n(&conn.slots, 0, __ATOMIC_RELEASE);
+	if (fd >= 0)
+		close(fd);
+	int *fds[] = {&conn.sock, &conn.staging_fd, &conn.mem_fd};
+	for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++) {
+		if (*fds[i] >= 0)
+			close(*fds[i]);
+		*fds[i] = -1;
+	}
 }
 
 /* Makes a handshake's session the process's connection, and hands it to
@@ -214,21 +249,35 @@ void rm_conn_lost(int err)
  * the socket meanwhile: program threads wait for the state to change. */
 int rm_conn_resume(int *journaled)
 {
+	/* Not while a lost fork's child inherits the regions: the next agent
+	 * would take the uffd, and the fork's FORK event with it (resume.c
+	 * closes it). Such a fork waits for an attempt in progress. */
+	pthread_mutex_lock(&conn.reply_mu);
+	int busy = conn.lost_fork;
+	conn.resuming = !busy;
+	pthread_mutex_unlock(&conn.reply_mu);
+	if (busy)
+		return -EBUSY;
 	struct rm_session cur = {
 		.uffd = conn.uffd, .staging_fd = conn.staging_fd, .slots = conn.slots, .features = conn.features,
 	};
 	int s = rm_hello_resume(&cur, journaled);
-	if (s < 0)
-		return s;
-	int old = conn.sock;
-	conn.sock = s;
-	if (old >= 0)
-		close(old);
+	if (s >= 0) {
+		int old = conn.sock;
+		conn.sock = s;
+		if (old >= 0)
+			close(old);
+	}
 	pthread_mutex_lock(&conn.reply_mu);
-	memset(&conn.reply, 0, sizeof conn.reply);
-	set_state_locked(ST_CONNECTED);
+	conn.resuming = 0;
+	if (s >= 0) {
+		memset(&conn.reply, 0, sizeof conn.reply);
+		set_state_locked(ST_CONNECTED);
+	} else {
+		pthread_cond_broadcast(&conn.reply_cv);
+	}
 	pthread_mutex_unlock(&conn.reply_mu);
-	return 0;
+	return s < 0 ? s : 0;
 }
 
 /* orphan: RESUMING -> ORPHANED, no agent came in time: requests fail. */
@@ -244,31 +293,53 @@ void rm_conn_orphan(void)
  * MODE_UNKNOWN (mode.c) or its pid is not the connected one. It did not
  * inherit the regions (MADV_DONTFORK): their addresses are reserved
  * inaccessible (rm_table_fence), so that touching one raises SIGSEGV. It
- * drops its parent's connection and uffd (using them would register memory
- * in the parent's address space and speak for it) and uses ordinary memory
- * from now on; in glibc mode, without its heap if the heap had regions.
- * The only thread: no locks (they may have been held when it was forked). */
+ * drops its parent's connection and uffd, whatever their state (using them
+ * would unregister memory in the parent's address space and speak for it)
+ * and uses ordinary memory from now on; in glibc mode, without its heap if
+ * the heap had regions. The only thread: no locks (they may have been held
+ * when it was forked). */
 void rm_conn_astray(void)
 {
 	static pid_t done;
 	pid_t me = getpid();
-	if (done != me && rm_table_count() > 0) {
+	if (done != me) {
 		done = me;
-		int st = ST_CONNECTED;
-		if (__atomic_compare_exchange_n(&conn.state, &st, ST_OFF, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-			close(conn.sock);
-			close(conn.uffd);
-			conn.sock = -1;
-			set_uffd(-1);
-		} else {
-			set_state(ST_OFF);
+		set_state(ST_OFF); /* (no helper thread: it could not connect) */
+		drop_inherited();
+		conn.pid = me;
+		if (rm_table_count() > 0) {
+			rm_table_fence();
+			rm_say("rmem: this process was forked without fork(3) (_Fork(), a raw clone): it did not inherit"
+			       " its parent's paged memory (touching it raises SIGSEGV) and uses ordinary memory from now"
+			       " on", NULL);
 		}
-		rm_table_fence();
-		rm_say("rmem: this process was forked without fork(3) (_Fork(), a raw clone): it did not inherit its"
-		       " parent's paged memory (touching it raises SIGSEGV) and uses ordinary memory from now on",
-		       NULL);
 	}
 	rm_mode_fork_child(rm_table_has_heap());
+}
+
+/* How the child of a fork in a process that lost its agent (state st:
+ * ORPHANED, OFF) but holds regions gets them. Their pooled pages are lost
+ * to it as to its parent: it inherits the regions and registers them with
+ * a uffd of its own that raises SIGBUS on a missing page (RM_LOST_GUARD),
+ * when it can. Without FORK events it can: the kernel drops the parent's
+ * registration in the child. With them, copying a registered vma raises a
+ * FORK event, fork(2) waits until it is read, and the child's regions are
+ * registered with the FORK uffd its reader gets: it can when ORPHANED,
+ * where the helper reads the uffd and closes a lost fork's FORK uffd
+ * (resume.c; the child's registration goes with it, and the child's own
+ * takes its place). Not when OFF (a malformed packet: the agent, never
+ * told, may still read the uffd, and keep the child's FORK uffd), nor
+ * without a uffd of ours (a child whose HELLO failed, whose FORK uffd an
+ * agent may hold): there the regions stay MADV_DONTFORK and the child does
+ * not inherit them (RM_LOST_FENCE): no FORK event, no reader to wait for.
+ * Preconditions: req_mu held. */
+static int lost_kind(int st)
+{
+	if (rm_conn_uffd() < 0)
+		return RM_LOST_FENCE;
+	if (!(conn.features & UFFD_FEATURE_EVENT_FORK) || st == ST_ORPHANED)
+		return RM_LOST_GUARD;
+	return RM_LOST_FENCE;
 }
 
 /* fork, prepare (our atfork prepare handler): takes init_mu and req_mu,
@@ -276,13 +347,27 @@ void rm_conn_astray(void)
  * new ones), so that no request is in flight and the FORK event, the fork
  * serial and the child agree; counts a fork with regions and, without FORK
  * events, has the agent copy the page table for the child (FORK_PREPARE).
- * wrapper: our fork() is the caller (it reports a refusal itself).
- * Preconditions: fork_mu held, not resuming (rm_conn_wait_resumed). */
+ * A fork while the agent is lost (orphaned, off) is not counted: see
+ * lost_kind. wrapper: our fork() is the caller (it reports a refusal
+ * itself). Preconditions: fork_mu held, rm_conn_wait_resumed done (a
+ * resume that began since is waited for here). */
 void rm_conn_fork_prepare(struct rm_fork *f, int wrapper)
 {
 	pthread_mutex_lock(&conn.init_mu);
 	pthread_mutex_lock(&conn.req_mu);
-	f->had_regions = conn.state == ST_CONNECTED && getpid() == conn.pid && rm_table_count() > 0;
+	int mine = getpid() == conn.pid && rm_table_count() > 0;
+	pthread_mutex_lock(&conn.reply_mu);
+	while (conn.state == ST_RESUMING || conn.resuming)
+		pthread_cond_wait(&conn.reply_cv, &conn.reply_mu);
+	f->state = conn.state;
+	f->had_regions = f->state == ST_CONNECTED && mine;
+	f->lost = mine && (f->state == ST_ORPHANED || f->state == ST_OFF) ? lost_kind(f->state) : 0;
+	f->inherit = f->had_regions || f->lost == RM_LOST_GUARD;
+	if (f->lost == RM_LOST_GUARD && (conn.features & UFFD_FEATURE_EVENT_FORK)) {
+		conn.lost_fork = 1; /* until rm_conn_fork_parent */
+		__atomic_add_fetch(&conn.fork_events, 1, __ATOMIC_ACQ_REL);
+	}
+	pthread_mutex_unlock(&conn.reply_mu);
 	f->own = f->had_regions && !(conn.features & UFFD_FEATURE_EVENT_FORK);
 	f->prepared = f->refused = 0;
 	if (f->had_regions)
@@ -310,6 +395,11 @@ void rm_conn_fork_parent(const struct rm_fork *f, int wrapper)
 		struct rmem_fork m = {.serial = f->serial, .pid = 0}; /* not known here */
 		rm_send(conn.sock, RMEM_FORK_DONE, rm_next_seq(), &m, sizeof m, -1);
 	}
+	if (f->lost) { /* its FORK event, if any, was read: the helper may resume */
+		pthread_mutex_lock(&conn.reply_mu);
+		conn.lost_fork = 0;
+		pthread_mutex_unlock(&conn.reply_mu);
+	}
 	pthread_mutex_unlock(&conn.req_mu);
 	pthread_mutex_unlock(&conn.init_mu);
 }
@@ -330,88 +420,138 @@ void rm_conn_fork_done(const struct rm_fork *f, pid_t pid, int err)
 		rm_say("rmem: fork failed (", rm_errstr(err),
 		       "); if the kernel had raised its FORK event, later children are paired wrongly", NULL);
 	}
+	if (pid < 0 && f->lost == RM_LOST_GUARD)
+		rm_conn_fork_event(); /* (if the kernel raised it, the helper took it already) */
 	pthread_mutex_unlock(&conn.req_mu);
+}
+
+/* The helper read a FORK event while the agent is lost (resume.c): returns
+ * whether it is a lost fork's, whose uffd is to be closed so that the
+ * child can register its regions with its own (lost_kind). Any other (a
+ * region a program made MADV_DOFORK behind our back, forked past fork(3))
+ * is kept open: closing the last reference to a uffd unregisters its
+ * ranges, whose missing pages then read as zeros. */
+int rm_conn_fork_event(void)
+{
+	int n = __atomic_load_n(&conn.fork_events, __ATOMIC_ACQUIRE);
+	while (n > 0 && !__atomic_compare_exchange_n(&conn.fork_events, &n, n - 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+		;
+	return n > 0;
 }
 
 /* fork-adopt, first step, in a fork(3) child (the only thread; threads do
  * not survive fork): new locks (they were held, by the forking thread or
- * the helper), no reply pending, no connection handed to a helper yet.
- * Returns whether the child needs a helper thread (the state is not OFF). */
-int rm_conn_atfork_child(void)
+ * the helper), no reply pending, no connection handed to a helper yet, no
+ * resume attempt or lost fork of the parent's. Returns whether the child
+ * needs a helper thread: it will be connected, or may connect. */
+int rm_conn_atfork_child(const struct rm_fork *f)
 {
 	pthread_mutex_init(&conn.init_mu, NULL);
 	pthread_mutex_init(&conn.req_mu, NULL);
 	pthread_mutex_init(&conn.reply_mu, NULL);
 	pthread_cond_init(&conn.reply_cv, NULL);
 	memset(&conn.reply, 0, sizeof conn.reply);
+	conn.resuming = conn.lost_fork = 0;
+	__atomic_store_n(&conn.fork_events, 0, __ATOMIC_RELEASE);
 	sem_init(&conn.ready, 0, 0);
-	return conn.state != ST_OFF;
+	return !f->lost && (f->state == ST_CONNECTED || f->state == ST_UNINIT);
 }
 
-/* A child forked without FORK events that could not get its own uffd
- * served: the pages the pool held for it are lost to it. They must fail
- * loudly, not read as zeros: a uffd with UFFD_FEATURE_SIGBUS turns every
- * missing page of its regions into SIGBUS. Without even that, the child
- * cannot run safely. */
-static void child_lost_pages(const char *why, int err)
+/* A child that inherited regions whose pages the pool held but that no
+ * agent serves for it (its parent had lost its agent; or forked without
+ * FORK events, it could not get its own uffd served): those pages are
+ * lost to it. They must fail loudly, not read as zeros: a uffd with
+ * UFFD_FEATURE_SIGBUS turns every missing page of its regions into SIGBUS.
+ * wait: its regions are registered with the FORK uffd its parent's helper
+ * is about to close (lost_kind): until then registering fails (EBUSY).
+ * Without even that, the child cannot run safely. The only thread (but a
+ * helper waiting for ready). */
+static void child_lost_pages(const char *why, int err, int wait)
 {
 	rm_say("rmem: forked child: ", why, err ? " (" : "", err ? rm_errstr(err) : "", err ? ")" : "",
 	       ": the pages of its memory that were in the pool are lost to it; touching them raises SIGBUS", NULL);
-	int fd = rm_uffd_with(UFFD_FEATURE_SIGBUS);
-	if (fd >= 0 && rm_table_register_all(fd, UFFDIO_REGISTER_MODE_MISSING) == 0) {
-		set_uffd(fd);
-		return; /* fd stays open: closing it would unregister */
+	int fd = rm_uffd_with(UFFD_FEATURE_SIGBUS), rc = fd;
+	for (int ms = 0; fd >= 0; ms++) {
+		rc = rm_table_register_all(fd, UFFDIO_REGISTER_MODE_MISSING);
+		if (rc != -EBUSY || !wait || ms == 30000)
+			break;
+		struct timespec t = {0, 1000 * 1000};
+		nanosleep(&t, NULL);
 	}
-	rm_say("rmem: forked child cannot guard its lost pages: exiting", NULL);
+	if (rc == 0) {
+		set_uffd(fd); /* fd stays open: closing it would unregister */
+		conn.features = UFFD_FEATURE_SIGBUS;
+		return;
+	}
+	rm_say("rmem: forked child cannot guard its lost pages (", rm_errstr(-rc), "): exiting", NULL);
 	_exit(127);
 }
 
-/* fork-adopt, in a fork(3) child once its helper thread was started
- * (helper_err: pthread_create's error): a connection of its own if it
- * inherited regions, else none yet (UNINIT: it connects on first use, as
- * a top-level process). The parent's socket, uffd (registering through it
- * would register in the parent's address space) and staging area are
- * dropped. The only thread but the new helper, which waits for ready. */
-void rm_conn_fork_adopt(int had_regions, int helper_err)
+/* A child that did not inherit its parent's regions (RM_LOST_FENCE): their
+ * addresses are reserved inaccessible, as in rm_conn_astray, and in glibc
+ * mode it has no heap. */
+static void child_fenced(void)
 {
-	int own = had_regions && !(conn.features & UFFD_FEATURE_EVENT_FORK);
-	if (helper_err) {
-		if (own) /* before our regions go unguarded */
-			child_lost_pages("cannot start the helper thread", helper_err);
+	rm_table_fence();
+	rm_mode_fork_child(rm_table_has_heap());
+	rm_say("rmem: forked child of a process whose paged memory no agent serves: it did not inherit that memory"
+	       " (touching it raises SIGSEGV) and uses ordinary memory", NULL);
+}
+
+/* fork-adopt, in a fork(3) child once the helper thread it needs was
+ * started (helper_err: pthread_create's error), after the fork f. It drops
+ * what it inherited of its parent's connection, whatever the state
+ * (drop_inherited), then: a connection of its own if the parent was
+ * connected with regions; none yet without regions (UNINIT: it connects
+ * on first use, as a top-level process); if the parent had lost its agent
+ * but held regions, their pooled pages are lost to the child too (guarded
+ * or fenced: lost_kind), and it uses ordinary memory (OFF). The only
+ * thread but the new helper, which waits for ready. */
+void rm_conn_fork_adopt(const struct rm_fork *f, int helper_err)
+{
+	pid_t parent = conn.pid;
+	uint64_t features = conn.features, serial = conn.fork_serial;
+	set_state(ST_OFF); /* until it has a connection, or may make one */
+	drop_inherited();
+	conn.pid = getpid();
+	conn.fork_serial = 0; /* the child's own forks count from 0 */
+	if (f->lost) {
+		if (f->lost == RM_LOST_GUARD)
+			child_lost_pages("its parent had lost its agent", 0, (features & UFFD_FEATURE_EVENT_FORK) != 0);
 		else
-			rm_say("rmem: cannot start the helper thread in a child: using ordinary memory", NULL);
-		set_state(ST_OFF);
+			child_fenced();
 		return;
 	}
-	if (conn.state != ST_CONNECTED)
+	if (!f->had_regions) { /* starts over as a top-level process, or stays off */
+		int st = f->state == ST_CONNECTED || f->state == ST_UNINIT ? ST_UNINIT : ST_OFF;
+		if (st == ST_UNINIT && helper_err) {
+			rm_say("rmem: cannot start the helper thread in a child: using ordinary memory", NULL);
+			st = ST_OFF;
+		}
+		set_state(st);
 		return;
-	close(conn.sock);
-	conn.sock = -1;
-	close(conn.uffd);
-	set_uffd(-1);
-	rm_raw_munmap(conn.staging, (size_t)conn.slots * rm_page);
-	__atomic_store_n(&conn.staging, NULL, __ATOMIC_RELEASE);
-	close(conn.staging_fd);
-	conn.staging_fd = -1;
-	if (!had_regions) {
-		set_state(ST_UNINIT); /* starts over as a top-level process */
-		conn.fork_serial = 0;
+	}
+	int own = !(features & UFFD_FEATURE_EVENT_FORK);
+	if (helper_err) {
+		if (own) /* before our regions go unguarded */
+			child_lost_pages("cannot start the helper thread", helper_err, 0);
+		else
+			rm_say("rmem: cannot start the helper thread in a child: using ordinary memory", NULL);
 		return;
 	}
 	struct rm_session s;
 	const char *why = NULL;
-	int err = own ? rm_hello_fork_own(&s, conn.pid, conn.features, conn.fork_serial, &why)
-		      : rm_hello_fork_event(&s, conn.pid, conn.features, conn.fork_serial, &why);
-	conn.fork_serial = 0; /* the child's own forks count from 0 */
+	int err = own ? rm_hello_fork_own(&s, parent, features, serial, &why)
+		      : rm_hello_fork_event(&s, parent, features, serial, &why);
 	if (err) {
 		if (own)
-			child_lost_pages(why ? why : "no agent", -err);
+			child_lost_pages(why ? why : "no agent", -err, 0);
 		else
 			say_off(why, -err);
-		set_state(ST_OFF);
 		return;
 	}
 	adopt(&s);
+	set_state(ST_CONNECTED);
 	sem_post(&conn.ready); /* the helper serves the new connection */
 }
 

@@ -36,6 +36,13 @@
  * child handler, and is reaped); a fork inside the C library goes on and
  * its child gets SIGBUS on the pages it lost (conn.c's child_lost_pages).
  *
+ * A fork while the agent is lost (orphaned, or off after a malformed
+ * packet) with regions left is not counted and asks nothing of an agent:
+ * the child drops its parent's connection and either inherits the
+ * regions and guards their pooled pages with a uffd of its own (SIGBUS),
+ * or does not inherit them (fenced: SIGSEGV) where a FORK event could
+ * wait for a reader that may never come (conn.c's lost_kind).
+ *
  * _Fork() and raw clones run no handlers: nothing would serve the child's
  * regions (without FORK events its evicted pages would read as zeros) and,
  * with FORK events, the event they raise would go uncounted, pairing the
@@ -71,22 +78,25 @@ void rm_fork_register(void)
 		pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }
 
-/* In a fork(3) child, before fork() returns: a helper thread of its own,
- * a connection of its own if it inherited regions. The only thread. */
-static void child_after_fork(int had_regions)
+/* In a fork(3) child, before fork() returns: a helper thread of its own
+ * if it may connect, a connection of its own if it inherited regions
+ * served, its parent's dropped whatever their state (conn.c). The only
+ * thread. */
+static void child_after_fork(const struct rm_fork *f)
 {
 	pthread_mutex_init(&fork_mu, NULL);
 	rm_table_atfork_child(); /* the helper may have held table_mu */
 	rm_helper_atfork_child();
-	if (!rm_conn_atfork_child())
-		return;
-	/* A foreign allocator's locks are still held here (its child handler
-	 * runs after ours): the new thread's allocations come from the
-	 * bootstrap arena (alloc.c), and it never frees them. */
-	rm_set_boot(1);
-	int err = rm_helper_start();
-	rm_set_boot(0);
-	rm_conn_fork_adopt(had_regions, err);
+	int err = 0;
+	if (rm_conn_atfork_child(f)) {
+		/* A foreign allocator's locks are still held here (its child
+		 * handler runs after ours): the new thread's allocations come
+		 * from the bootstrap arena (alloc.c), and it never frees them. */
+		rm_set_boot(1);
+		err = rm_helper_start();
+		rm_set_boot(0);
+	}
+	rm_conn_fork_adopt(f, err);
 }
 
 static void atfork_prepare(void)
@@ -103,7 +113,7 @@ static void atfork_prepare(void)
 	rm_conn_fork_prepare(&t_fork.c, t_fork.wrapper); /* init_mu, req_mu */
 	t_fork.active = 1;
 	t_fork.held = 0;
-	if (t_fork.c.had_regions)
+	if (t_fork.c.inherit)
 		rm_table_fork_advice(MADV_DOFORK); /* the parent and child handlers undo it */
 	rm_set_in_fork(1);
 	errno = e;
@@ -117,7 +127,7 @@ static void atfork_parent(void)
 	t_fork.active = 0;
 	rm_set_in_fork(0);
 	rm_shim_enter();
-	if (t_fork.c.had_regions)
+	if (t_fork.c.inherit)
 		rm_table_fork_advice(MADV_DONTFORK);
 	rm_run_deferred_locked();
 	rm_conn_fork_parent(&t_fork.c, t_fork.wrapper); /* releases req_mu, init_mu */
@@ -141,9 +151,9 @@ static void atfork_child(void)
 	t_fork.active = 0;
 	rm_mode_fork_child(0); /* the mode page was wiped */
 	rm_shim_enter();
-	if (t_fork.c.had_regions)
+	if (t_fork.c.inherit)
 		rm_table_fork_advice(MADV_DONTFORK);
-	child_after_fork(t_fork.c.had_regions);
+	child_after_fork(&t_fork.c);
 	/* Out of the fork window, as in the parent handler: the new req_mu
 	 * (the helper may run already) is taken, not assumed held. */
 	rm_set_in_fork(0);

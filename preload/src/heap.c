@@ -213,10 +213,13 @@ void rm_heap_postfork_parent(void)
 	}
 }
 
+/* In a child without its heap (MODE_LOST: its regions were not inherited,
+ * conn.c) jemalloc is never called again, and its locks are not there. */
 void rm_heap_postfork_child(void)
 {
 	if (t_je_forking) {
 		t_je_forking = 0;
-		je_postfork_child();
+		if (rm_mode() != MODE_LOST)
+			je_postfork_child();
 	}
 }

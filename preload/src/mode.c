@@ -45,6 +45,19 @@ void rm_mode_page_init(int m)
 	}
 }
 
+/* Whether this image of the process is a child made past fork(3) and its
+ * atfork handlers (_Fork(), a raw clone) that has not said so yet: its
+ * mode page was wiped. 1: yes; 0: no, the process itself or a child that
+ * shares its memory (vfork's), whose shim state is its parent's; -1: no
+ * mode page, the caller cannot tell. Signal-safe. */
+int rm_mode_astray(void)
+{
+	int *p = __atomic_load_n(&rm_modep, __ATOMIC_ACQUIRE);
+	if (p == &g_mode0)
+		return -1;
+	return *p != rm_mode();
+}
+
 /* The decision, for every thread. Preconditions: mode_mu held. */
 void rm_mode_publish(int m) { __atomic_store_n(&g_mode, m, __ATOMIC_RELEASE); }
 

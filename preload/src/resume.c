@@ -11,8 +11,10 @@
  * orphaned: it says so, requests fail (new memory is ordinary), and the
  * helper answers every fault on the uffd with UFFDIO_POISON (SIGBUS for
  * the faulting thread: never zeros), while it goes on looking for an
- * agent. The connection changes through conn.c's transitions (resume,
- * orphan); the HELLO is wire.c's. Nothing here allocates. */
+ * agent; it closes the FORK uffd of a child forked meanwhile, which guards
+ * its pooled pages itself (conn.c's lost_kind). The connection changes
+ * through conn.c's transitions (resume, orphan); the HELLO is wire.c's.
+ * Nothing here allocates. */
 #include "rmem.h"
 
 #include <errno.h>
@@ -53,9 +55,14 @@ static int64_t agent_wait_ms(void)
 }
 
 /* Answers every fault waiting on the uffd with a poisoned page (SIGBUS):
- * no agent has its data. Other events are read and dropped (a FORK
- * event's uffd is kept open: closing the last reference would give the
- * child zero pages). */
+ * no agent has its data. But a write to a page the agent write-protected
+ * (the pager restores pages so, to see them dirtied) is let through: that
+ * page is here and right (poisoning it fails, EEXIST, and the writer
+ * waited for good; a next agent takes a page without the protection for
+ * dirty, from its pagemap). A FORK event's uffd is closed if it is a lost
+ * fork's (rm_conn_fork_event: the child guards its pages itself), else
+ * kept open: closing the last reference would give that child zero pages.
+ * Other events are read and dropped. */
 static void poison_faults(int uffd)
 {
 	struct uffd_msg msgs[16];
@@ -64,9 +71,17 @@ static void poison_faults(int uffd)
 		if (n <= 0)
 			return;
 		for (size_t i = 0; i < (size_t)n / sizeof msgs[0]; i++) {
+			if (msgs[i].event == UFFD_EVENT_FORK && rm_conn_fork_event())
+				close((int)msgs[i].arg.fork.ufd);
 			if (msgs[i].event != UFFD_EVENT_PAGEFAULT)
 				continue;
 			uint64_t page = msgs[i].arg.pagefault.address & ~(uint64_t)(rm_page - 1);
+			if (msgs[i].arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_WP) {
+				struct uffdio_writeprotect wp = {.range = {.start = page, .len = rm_page}, .mode = 0};
+				if (ioctl(uffd, UFFDIO_WRITEPROTECT, &wp) != 0) /* (it wakes the writer) */
+					ioctl(uffd, UFFDIO_WAKE, &wp.range); /* it faults again */
+				continue;
+			}
 #ifdef UFFDIO_POISON
 			struct uffdio_poison p = {.range = {.start = page, .len = rm_page}};
 			if (ioctl(uffd, UFFDIO_POISON, &p) == 0 || errno == EEXIST)

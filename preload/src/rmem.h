@@ -182,6 +182,7 @@ HIDDEN void rm_shim_leave(void);
 HIDDEN void rm_set_in_fork(int on);
 HIDDEN void rm_set_boot(int on);
 HIDDEN int rm_mode(void); /* the mode decided, MODE_UNKNOWN before; signal-safe */
+HIDDEN int rm_mode_astray(void);
 HIDDEN void rm_mode_page_init(int m);
 HIDDEN void rm_mode_publish(int m);
 HIDDEN void rm_mode_fork_child(int lost_heap);
@@ -235,14 +236,21 @@ HIDDEN int rm_hello_resume(const struct rm_session *cur, int *journaled);
 
 /* ---- conn.c: the connection ---- */
 /* A fork as the connection sees it: filled by rm_conn_fork_prepare, kept
- * by fork.c for the parent's and the wrapper's steps. */
+ * by fork.c for the parent's, the wrapper's and the child's steps. */
 struct rm_fork {
-	int had_regions; /* the child inherits regions */
+	int state;       /* the connection's state at the fork */
+	int had_regions; /* connected with regions: the child gets them served */
 	int own;         /* no FORK events: FORK_PREPARE, a uffd of the child's own */
 	int prepared;    /* FORK_PREPARE was ACKed: FORK_DONE must follow */
 	int refused;     /* FORK_PREPARE failed with this -errno */
+	int lost;        /* the agent was lost, regions remain: RM_LOST_* */
+	int inherit;     /* the child inherits the regions (MADV_DOFORK across) */
 	uint64_t serial;
 };
+/* A fork of a process that lost its agent (orphaned, off) but holds
+ * regions (conn.c): */
+#define RM_LOST_GUARD 1 /* the child inherits them and guards their pooled pages (SIGBUS) */
+#define RM_LOST_FENCE 2 /* the child does not inherit them: fenced (SIGSEGV) */
 HIDDEN void rm_conn_init(void);
 HIDDEN int rm_conn_state(void);   /* signal-safe */
 HIDDEN int rm_conn_uffd(void);    /* signal-safe */
@@ -261,8 +269,9 @@ HIDDEN void rm_conn_astray(void);
 HIDDEN void rm_conn_fork_prepare(struct rm_fork *f, int wrapper);
 HIDDEN void rm_conn_fork_parent(const struct rm_fork *f, int wrapper);
 HIDDEN void rm_conn_fork_done(const struct rm_fork *f, pid_t pid, int err);
-HIDDEN int rm_conn_atfork_child(void);
-HIDDEN void rm_conn_fork_adopt(int had_regions, int helper_err);
+HIDDEN int rm_conn_atfork_child(const struct rm_fork *f);
+HIDDEN void rm_conn_fork_adopt(const struct rm_fork *f, int helper_err);
+HIDDEN int rm_conn_fork_event(void);
 HIDDEN int rm_request_locked(uint16_t type, const void *body, uint32_t len);
 HIDDEN void rm_deliver_reply(uint32_t seq, int err);
 HIDDEN void rm_req_lock(void);

@@ -327,6 +327,7 @@ static int hello(int s, const struct rmem_hello *hi, int fd, int child_uffd, str
 			*why = "mapping the staging area";
 			n = -errno;
 		} else {
+			rm_raw_madvise(p, len, MADV_DONTFORK); /* this process's: no child inherits it */
 			out->staging = p;
 			out->slots = w.staging_slots;
 		}
