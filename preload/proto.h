@@ -16,7 +16,7 @@
 #define RMEM_MAX_ERROR_TEXT 200
 #define RMEM_MAX_STAGING_SLOTS (1u << 16)
 #define RMEM_MAX_PACKET (16 + 16 + RMEM_MAX_EVICT_BATCH * 16)
-#define RMEM_MAX_FDS 2
+#define RMEM_MAX_FDS 3
 
 #define RMEM_DEFAULT_SOCKET "/run/rmem/memagent.sock"
 #define RMEM_ENV_SOCKET "RMEM_AGENT_SOCK"
@@ -57,6 +57,10 @@ struct rmem_hdr {
  * with its uffd and its staging memfd (2 fds), then re-announces its
  * regions (REGION_ADD, RMEM_REGION_RESUMED) and sends RESUME_DONE. */
 #define RMEM_HELLO_RESUME 2u
+/* The process's faults come through the fault ring (struct rmem_ring): its
+ * uffd was made with UFFD_FEATURE_SIGBUS. The agent answers WELCOME with
+ * RMEM_WELCOME_RING, or refuses. */
+#define RMEM_HELLO_RING 4u
 struct rmem_hello {
 	int32_t pid;
 	int32_t ppid;
@@ -69,6 +73,9 @@ struct rmem_hello {
 
 #define RMEM_WELCOME_UFFD 1u    /* second fd: the forked child's own uffd */
 #define RMEM_WELCOME_RESUMED 2u /* the agent has the journal of this process's pages */
+/* The staging memfd holds the fault ring after its staging slots (at
+ * staging_slots pages); the doorbell eventfd rides as the last fd. */
+#define RMEM_WELCOME_RING 4u
 struct rmem_welcome {
 	uint64_t client_id;
 	uint64_t min_alloc;
@@ -139,6 +146,47 @@ struct rmem_fork {
 	uint32_t reserved; /* 0 */
 };
 
+/* The fault ring (pager/proto/ring.go has the protocol): one page of the
+ * staging memfd shared with the agent. A faulting thread claims a FREE
+ * entry, fills it in, stores POSTED, rings the doorbell if the agent is
+ * ASLEEP, waits (polls, then FUTEX_WAIT on state with waiters set: a
+ * shared futex), reads the result and stores FREE. */
+#define RMEM_RING_SIZE 4096
+#define RMEM_RING_ENTRIES 63
+#define RMEM_RING_MAGIC 0x474e4952u /* "RING" */
+enum rmem_ring_agent { RMEM_RING_AWAKE = 0, RMEM_RING_ASLEEP = 1 };
+enum rmem_ring_state {
+	RMEM_RING_FREE = 0,
+	RMEM_RING_CLAIMED = 1,
+	RMEM_RING_POSTED = 2,
+	RMEM_RING_SERVING = 3,
+	RMEM_RING_DONE = 4,     /* served: retry the access */
+	RMEM_RING_LOST = 5,     /* the page is lost (poisoned) */
+	RMEM_RING_NOT_MINE = 6, /* not a fault in one of the process's regions */
+};
+#define RMEM_RING_WRITE 1u /* the access that faulted was a write */
+struct rmem_ring_entry {
+	uint32_t state;   /* enum rmem_ring_state; a futex word */
+	uint32_t waiters; /* nonzero while a thread sleeps on state */
+	uint32_t tid;
+	uint32_t flags;  /* RMEM_RING_WRITE */
+	uint64_t addr;   /* the faulting address */
+	uint64_t posted; /* CLOCK_MONOTONIC ns at the post */
+	uint8_t pad[32];
+};
+struct rmem_ring {
+	uint32_t magic;   /* RMEM_RING_MAGIC, written by the agent */
+	uint32_t entries; /* RMEM_RING_ENTRIES */
+	uint32_t agent;   /* enum rmem_ring_agent, the agent's */
+	uint32_t reserved;
+	uint64_t posted;    /* faults posted (threads add 1) */
+	uint64_t doorbells; /* doorbells rung (threads add 1) */
+	uint8_t pad[32];
+	struct rmem_ring_entry e[RMEM_RING_ENTRIES];
+};
+
+_Static_assert(sizeof(struct rmem_ring_entry) == 64, "ring entry layout");
+_Static_assert(sizeof(struct rmem_ring) == RMEM_RING_SIZE, "ring layout");
 _Static_assert(sizeof(struct rmem_hdr) == 16, "header layout");
 _Static_assert(sizeof(struct rmem_fork) == 16, "FORK layout");
 _Static_assert(sizeof(struct rmem_hello) == 40, "HELLO layout");

@@ -44,6 +44,14 @@ const HelloUFFD HelloFlags = 1 << 0
 // RESUME_DONE; the agent serves no fault of the process before that.
 const HelloResume HelloFlags = 1 << 1
 
+// HelloRing: the process's page faults come through the fault ring (ring.go)
+// instead of its uffd: the uffd was made with UFFD_FEATURE_SIGBUS, so a
+// fault raises SIGBUS in the faulting thread, whose handler posts it to the
+// ring and waits there for the agent (docs/pager.md, Misses in the
+// faulting thread). The agent answers WELCOME with WelcomeRing, or
+// refuses the HELLO.
+const HelloRing HelloFlags = 1 << 2
+
 // Hello is the shim's first message on a connection.
 type Hello struct {
 	PID        int32               // the sender (the agent checks it against SO_PEERCRED)
@@ -95,7 +103,11 @@ func (m *Hello) Decode(body []byte) error {
 		return fmt.Errorf("%w: HELLO of a top-level process (fork serial 0) without its uffd", ErrMalformed)
 	case h.Flags&HelloResume != 0 && (h.Flags&HelloUFFD == 0 || h.ForkSerial != 0):
 		return fmt.Errorf("%w: a resuming HELLO carries the uffd, with fork serial 0", ErrMalformed)
-	case h.Flags&^(HelloUFFD|HelloResume) != 0:
+	case h.Flags&HelloRing != 0 && !h.Features.Has(userfaultfd.FeatureSigbus):
+		return fmt.Errorf("%w: HELLO asks for the fault ring with a uffd without UFFD_FEATURE_SIGBUS", ErrMalformed)
+	case h.Flags&HelloRing == 0 && h.Features.Has(userfaultfd.FeatureSigbus):
+		return fmt.Errorf("%w: HELLO with a UFFD_FEATURE_SIGBUS uffd, not asking for the fault ring", ErrMalformed)
+	case h.Flags&^(HelloUFFD|HelloResume|HelloRing) != 0:
 		return fmt.Errorf("%w: HELLO flags %#x", ErrMalformed, uint32(h.Flags))
 	}
 	*m = h
@@ -117,9 +129,16 @@ const WelcomeUFFD WelcomeFlags = 1 << 0
 // the process's regions that is not resident raises SIGBUS (never zeros).
 const WelcomeResumed WelcomeFlags = 1 << 1
 
+// WelcomeRing answers a HelloRing: the staging memfd holds the fault ring
+// (RingSize bytes at offset StagingSlots pages, after the staging slots),
+// and the client's doorbell, an eventfd the shim writes when the ring says
+// the agent sleeps, rides as the last descriptor.
+const WelcomeRing WelcomeFlags = 1 << 2
+
 // Welcome accepts a HELLO. The staging memfd (StagingSlots pages of the
-// client's page size) rides as SCM_RIGHTS, then the child's uffd if
-// Flags has WelcomeUFFD.
+// client's page size, and the fault ring after them with WelcomeRing)
+// rides as SCM_RIGHTS, then the child's uffd if Flags has WelcomeUFFD,
+// then the doorbell if Flags has WelcomeRing.
 type Welcome struct {
 	ClientID     uint64
 	MinAlloc     uint64 // the agent's threshold; RMEM_MIN_ALLOC in the client wins
@@ -131,10 +150,14 @@ func (*Welcome) Type() Type { return TypeWelcome }
 
 // FDs is the number of descriptors that ride with m.
 func (m *Welcome) FDs() int {
+	n := 1
 	if m.Flags&WelcomeUFFD != 0 {
-		return 2
+		n++
 	}
-	return 1
+	if m.Flags&WelcomeRing != 0 {
+		n++
+	}
+	return n
 }
 
 func (m *Welcome) Encode(b []byte, seq uint32) []byte {
@@ -157,6 +180,9 @@ func (m *Welcome) Decode(body []byte) error {
 	}
 	if w.StagingSlots == 0 || w.StagingSlots > MaxStagingSlots {
 		return fmt.Errorf("%w: WELCOME with %d staging slots (1..%d)", ErrMalformed, w.StagingSlots, MaxStagingSlots)
+	}
+	if w.Flags&^(WelcomeUFFD|WelcomeResumed|WelcomeRing) != 0 {
+		return fmt.Errorf("%w: WELCOME flags %#x", ErrMalformed, uint32(w.Flags))
 	}
 	*m = w
 	return nil

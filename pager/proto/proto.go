@@ -31,8 +31,9 @@ const (
 	// never truncates a valid message.
 	MaxPacket = HeaderSize + MaxBody
 	// MaxFDs is the most descriptors one message carries (WELCOME to a
-	// child forked with a FORK event: the staging memfd and its uffd).
-	MaxFDs = 2
+	// child forked with a FORK event whose faults come through the ring:
+	// the staging memfd, its uffd and its doorbell).
+	MaxFDs = 3
 	// MaxStagingSlots bounds WELCOME's staging area (256 MiB of 4 KiB
 	// pages).
 	MaxStagingSlots = 1 << 16
