@@ -463,7 +463,7 @@ func (a *Agent) handshake(conn *net.UnixConn) {
 		}
 		c.uid.Store(cred.Uid)
 		welcome.ClientID = c.id
-		if err := proto.Send(conn, buf, 1, &welcome, c.ev.stagingFD); err != nil {
+		if err := proto.Send(conn, buf, 1, &welcome, c.welcomeFDs(&welcome, c.ev.stagingFD)...); err != nil {
 			a.log.Warn("sending WELCOME failed", zap.Error(err))
 			c.teardownUnstarted()
 			return
@@ -481,9 +481,16 @@ func (a *Agent) handshake(conn *net.UnixConn) {
 		if hello.LocalMem != 0 {
 			c.localMem.Store(hello.LocalMem)
 		}
+		if (hello.Flags&proto.HelloRing != 0) != (c.ring != nil) {
+			// Its uffd is a copy of its parent's: the same features. The
+			// loop keeps serving it (stopping would close the uffd: its
+			// threads would read zeros); it only has no connection.
+			refuse(h, unix.EINVAL, "a forked child's HELLO must ask for the fault ring if and only if its parent's did")
+			return
+		}
 		welcome.ClientID = c.id
 		welcome.Flags = proto.WelcomeUFFD
-		if err := proto.Send(conn, buf, 1, &welcome, c.ev.stagingFD, c.uffd.Fd()); err != nil {
+		if err := proto.Send(conn, buf, 1, &welcome, c.welcomeFDs(&welcome, c.ev.stagingFD, c.uffd.Fd())...); err != nil {
 			a.log.Warn("sending WELCOME failed", zap.Error(err))
 			return
 		}
@@ -492,6 +499,16 @@ func (a *Agent) handshake(conn *net.UnixConn) {
 	ok = true
 	a.log.Info("client connected", zap.Uint64("client", c.id), zap.Int32("pid", cred.Pid), zap.Uint64("fork", hello.ForkSerial))
 	c.attach(conn, int(cred.Pid))
+}
+
+// welcomeFDs returns the descriptors of c's WELCOME w, fds and the
+// doorbell of its fault ring if it has one (then w says so).
+func (c *client) welcomeFDs(w *proto.Welcome, fds ...int) []int {
+	if c.ring == nil {
+		return fds
+	}
+	w.Flags |= proto.WelcomeRing
+	return append(fds, c.wakefd)
 }
 
 // newClientFromHello makes a client of the uffd a HELLO carried (fds, all

@@ -60,6 +60,8 @@ type client struct {
 
 	cj *clientJournal // what a next agent needs to resume it (journal.go); nil: none
 
+	ring *faultRing // the fault ring of a client whose uffd raises SIGBUS (ring.go); nil: faults come from the uffd
+
 	spin *spin.Waiter // how long the loop polls before it blocks
 }
 
@@ -149,8 +151,17 @@ func (a *Agent) newClient(u faultFD, features userfaultfd.Feature) (*client, err
 }
 
 // newClientWith is newClient with a staging memfd of slots pages (sfd, owned
-// from now on; -1: a new one) and client id (0: a new one).
+// from now on; -1: a new one) and client id (0: a new one). A client whose
+// uffd raises SIGBUS takes its faults from the fault ring, the page of the
+// staging memfd after the slots (ring.go): a new one, or the one of the
+// staging memfd it resumes with.
 func (a *Agent) newClientWith(u faultFD, features userfaultfd.Feature, sfd, slots int, id uint64) (*client, error) {
+	size := slots * pageSize
+	withRing := features.Has(userfaultfd.FeatureSigbus)
+	if withRing {
+		size += proto.RingSize
+	}
+	adopt := sfd >= 0
 	io, err := a.opts.Store.OpenIO()
 	if err != nil {
 		return nil, fmt.Errorf("pager: open page I/O: %w", err)
@@ -166,12 +177,12 @@ func (a *Agent) newClientWith(u faultFD, features userfaultfd.Feature, sfd, slot
 	if sfd < 0 {
 		sfd, err = unix.MemfdCreate("rmem-staging", unix.MFD_CLOEXEC)
 		if err == nil {
-			err = unix.Ftruncate(sfd, int64(slots)*pageSize)
+			err = unix.Ftruncate(sfd, int64(size))
 		}
 	}
 	var staging []byte
 	if err == nil {
-		staging, err = unix.Mmap(sfd, 0, slots*pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		staging, err = unix.Mmap(sfd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	}
 	if err != nil {
 		io.Close()
@@ -203,7 +214,7 @@ func (a *Agent) newClientWith(u faultFD, features userfaultfd.Feature, sfd, slot
 			bufs: make([]byte, maxBatch*pageSize)},
 		fk:     forkState{parked: make([]userfaultfd.Msg, 0, 2*maxMsgs), parkedSpare: make([]userfaultfd.Msg, 0, 2*maxMsgs)},
 		sample: samples{buf: make([]byte, (sampleSlots+markerSlots)*pageSize)},
-		ev: evictState{stagingFD: sfd, staging: staging,
+		ev: evictState{stagingFD: sfd, staging: staging[:slots*pageSize],
 			stageFree: make([]uint32, 0, slots), stageOwner: make([]pageRef, slots),
 			wb: make([]remote.PageOp, 0, proto.MaxEvictBatch), wbRef: make([]int, 0, proto.MaxEvictBatch),
 			wbRuns: make([]remote.PageOp, 0, proto.MaxEvictBatch), wbRunAt: make([]int, 0, proto.MaxEvictBatch),
@@ -211,6 +222,10 @@ func (a *Agent) newClientWith(u faultFD, features userfaultfd.Feature, sfd, slot
 	}
 	for s := slots - 1; s >= 0; s-- {
 		c.ev.stageFree = append(c.ev.stageFree, uint32(s))
+	}
+	if withRing {
+		c.ring = newFaultRing(staging[slots*pageSize:], adopt, &c.st.ring)
+		c.uffd.ring = c.ring
 	}
 	c.log = a.log.With(zap.Uint64("client", c.id))
 	if lr, ok := io.(localRegistrar); ok {

@@ -18,6 +18,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -28,6 +29,68 @@ import (
 	"rmem/pager/pagertest"
 	"rmem/userfaultfd"
 )
+
+// coreRing serves the fake processes the tests start through the fault
+// ring (their kernel in SIGBUS mode) instead of their uffd: TestCoreRing
+// runs the core scenarios so.
+var coreRing bool
+
+// TestCoreRing runs the core scenarios with the faults taken through the
+// fault ring: the threads wait in shared memory and the agent completes
+// their entries where it would wake them in the kernel (installs, wakes,
+// unprotects; a poison answers RingLost). Fork scenarios are the uffd's.
+func TestCoreRing(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		run  func(*testing.T)
+	}{
+		{"FirstTouch", TestCoreFirstTouch},
+		{"BudgetAndReadBack", TestCoreBudgetAndReadBack},
+		{"RewriteAfterFetch", TestCoreRewriteAfterFetch},
+		{"ConcurrentThreads", TestCoreConcurrentThreads},
+		{"LostPagesSIGBUS", TestCoreLostPagesSIGBUS},
+		{"Failover", TestCoreFailover},
+		{"UnreachablePoolSIGBUS", TestCoreUnreachablePoolSIGBUS},
+		{"InstallRefusedRetried", TestCoreInstallRefusedRetried},
+		{"Zap", TestCoreZap},
+		{"PoolFullWaits", TestCorePoolFullWaits},
+		{"ExitFreesSlots", TestCoreExitFreesSlots},
+		{"Prefetch", TestCorePrefetch},
+		{"WrittenPagesComeBackWritable", TestCoreWrittenPagesComeBackWritable},
+		{"FirstTouchStreams", TestCoreFirstTouchStreams},
+		{"WriteAheadStreams", TestCoreWriteAheadStreams},
+		{"Doorbell", testCoreRingDoorbell},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			coreRing = true
+			defer func() { coreRing = false }()
+			tc.run(t)
+		})
+	}
+}
+
+// A fault posted while the loop sleeps rings the doorbell, which wakes it:
+// a loop that blocks for good (the process has a pidfd, nothing is held:
+// no poll timeout) serves it. Catches a loop that blocks without saying so
+// in the ring (the thread would not ring), or a post it misses between its
+// last look and its sleep.
+func testCoreRingDoorbell(t *testing.T) {
+	store := pagertest.New(t, pagertest.Options{})
+	a, clk := coreAgent(t, coreOpts(store))
+	f := startFakeOnPid(t, a, clk, store, 8, os.Getpid())
+	for i := range 4 {
+		deadline := time.Now().Add(coreWait)
+		for !f.k.RingAsleep() {
+			if time.Now().After(deadline) {
+				t.Fatal("the loop never says it sleeps")
+			}
+			runtime.Gosched()
+		}
+		if err := f.k.Store(f.addr(i, 0), uint64(i)+1); err != nil {
+			t.Fatalf("a fault posted while the loop sleeps: %v", err)
+		}
+	}
+}
 
 // fakeBase is where a fake process's region starts.
 const fakeBase = userfaultfd.Addr(0x7f0000000000)
@@ -87,14 +150,28 @@ func startFakeOnPid(t *testing.T, a *pager.Agent, clk *pagertest.Clock, store *p
 		t.Fatal(err)
 	}
 	agentSide, procSide := unixConn(t, fds[0]), unixConn(t, fds[1])
-	sfd, slots, err := a.ServeForTest(k, agentSide, pid, 0)
+	var p *pagertest.Process
+	if coreRing {
+		var sfd, slots, doorbell int
+		if sfd, slots, doorbell, err = a.ServeRingForTest(k, agentSide, pid, 0); err == nil {
+			p, err = pagertest.NewRingProcess(k, procSide, sfd, slots, doorbell)
+		}
+	} else {
+		var sfd, slots int
+		if sfd, slots, err = a.ServeForTest(k, agentSide, pid, 0); err == nil {
+			p, err = pagertest.NewProcess(k, procSide, sfd, slots)
+		}
+	}
 	if err != nil {
 		k.Close()
 		t.Fatal(err)
 	}
-	p, err := pagertest.NewProcess(k, procSide, sfd, slots)
-	if err != nil {
-		t.Fatal(err)
+	if coreRing {
+		t.Cleanup(func() {
+			if c := k.Counts(); c.Posted != c.Faults+c.WPFaults || c.Posted == 0 {
+				t.Errorf("SIGBUS mode: %d faults posted to the ring, of %d faults and %d WP faults", c.Posted, c.Faults, c.WPFaults)
+			}
+		})
 	}
 	t.Cleanup(p.Close) // before the agent's Close: the loop sees the process go
 	if err := p.AddRegion(1, userfaultfd.Range{Start: fakeBase, Len: uint64(pages) * pagertest.PageSize}); err != nil {

@@ -114,6 +114,26 @@ func (a *Agent) ServeForTest(u faultFD, conn *net.UnixConn, pid int, localMem ui
 	return a.serveForTest(c, conn, pid)
 }
 
+// ServeRingForTest is ServeForTest for a process whose faults come through
+// the fault ring (its uffd raises SIGBUS): it returns a descriptor of the
+// client's doorbell too (pagertest.NewRingProcess).
+func (a *Agent) ServeRingForTest(u faultFD, conn *net.UnixConn, pid int, localMem uint64) (stagingFD, slots, doorbell int, err error) {
+	c, err := a.newClient(u, userfaultfd.FeaturePoison|userfaultfd.FeatureSigbus)
+	if err != nil {
+		return -1, 0, -1, err
+	}
+	c.localMem.Store(localMem)
+	if doorbell, err = unix.Dup(c.wakefd); err != nil {
+		c.teardownUnstarted()
+		return -1, 0, -1, err
+	}
+	stagingFD, slots, err = a.serveForTest(c, conn, pid)
+	if err != nil {
+		unix.Close(doorbell)
+	}
+	return stagingFD, slots, doorbell, err
+}
+
 // serveForTest starts client c's loop on conn, the connection of process
 // pid, and returns a descriptor of its staging memfd and its size in pages.
 func (a *Agent) serveForTest(c *client, conn *net.UnixConn, pid int) (stagingFD, slots int, err error) {

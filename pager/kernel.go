@@ -5,6 +5,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"rmem/pager/proto"
 	"rmem/userfaultfd"
 )
 
@@ -44,10 +45,22 @@ var errForkAhead = fmt.Errorf("pager: a FORK event read is not handled yet: %w",
 // gatedUFFD is a client's uffd whose ioctls that install pages (Copy,
 // ZeroPage, Poison) fail with errForkAhead while a FORK event it has read
 // is not handled (forkHandled): the one place that keeps the rule of
-// errForkAhead.
+// errForkAhead. For a client whose faults come through the fault ring, it
+// is also where their threads are woken: what wakes a thread waiting in
+// the kernel (an install, a wake, an unprotect; a poison) completes the
+// ring's entries of those pages (ring.go).
 type gatedUFFD struct {
 	faultFD
-	forks int // FORK events read and not handled yet
+	forks int        // FORK events read and not handled yet
+	ring  *faultRing // nil: the faults come from the uffd
+}
+
+// woken completes the ring's faults on r's pages, as the kernel wakes the
+// threads faulting there, when an ioctl with flags succeeded.
+func (g *gatedUFFD) woken(r userfaultfd.Range, flags userfaultfd.Flags, err error) {
+	if g.ring != nil && err == nil && flags&userfaultfd.DontWake == 0 {
+		g.ring.complete(r, proto.RingDone)
+	}
 }
 
 // ReadEvents reads messages as faultFD does, counting the FORK events.
@@ -75,19 +88,44 @@ func (g *gatedUFFD) Copy(dst userfaultfd.Addr, src []byte, flags userfaultfd.Fla
 	if g.forkAhead() {
 		return 0, errForkAhead
 	}
-	return g.faultFD.Copy(dst, src, flags)
+	n, err := g.faultFD.Copy(dst, src, flags)
+	if n > 0 && err != nil && g.ring != nil && flags&userfaultfd.DontWake == 0 {
+		g.ring.complete(userfaultfd.Range{Start: dst, Len: uint64(n)}, proto.RingDone) // the part copied
+	}
+	g.woken(userfaultfd.Range{Start: dst, Len: uint64(len(src))}, flags, err)
+	return n, err
 }
 
 func (g *gatedUFFD) ZeroPage(r userfaultfd.Range, flags userfaultfd.Flags) (int, error) {
 	if g.forkAhead() {
 		return 0, errForkAhead
 	}
-	return g.faultFD.ZeroPage(r, flags)
+	n, err := g.faultFD.ZeroPage(r, flags)
+	g.woken(r, flags, err)
+	return n, err
 }
 
 func (g *gatedUFFD) Poison(r userfaultfd.Range, flags userfaultfd.Flags) (int, error) {
 	if g.forkAhead() {
 		return 0, errForkAhead
 	}
-	return g.faultFD.Poison(r, flags)
+	n, err := g.faultFD.Poison(r, flags)
+	if g.ring != nil && err == nil {
+		g.ring.complete(r, proto.RingLost) // the retried access raises the lost page's SIGBUS
+	}
+	return n, err
+}
+
+func (g *gatedUFFD) Unprotect(r userfaultfd.Range, flags userfaultfd.Flags) error {
+	err := g.faultFD.Unprotect(r, flags)
+	g.woken(r, flags, err)
+	return err
+}
+
+func (g *gatedUFFD) Wake(r userfaultfd.Range) error {
+	err := g.faultFD.Wake(r)
+	if g.ring != nil {
+		g.ring.complete(r, proto.RingDone) // whatever the kernel said: the thread retries
+	}
+	return err
 }

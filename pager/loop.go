@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"rmem/pager/proto"
 	"rmem/userfaultfd"
 )
 
@@ -80,14 +81,22 @@ func (c *client) RoutineServe() {
 		}
 		// Poll a while before blocking: while faults come fast, the next
 		// one is caught without a wake-up of this thread (package spin).
+		// The fault ring is polled too, and before blocking the loop says
+		// it sleeps there (threads that post then ring the doorbell, the
+		// wake eventfd).
 		n, err := 0, error(nil)
+		posted := c.ringPosted()
 		start, until := c.spin.Start()
-		for n == 0 && err == nil && c.spin.Polling(until) {
+		for n == 0 && !posted && err == nil && c.spin.Polling(until) {
 			n, err = unix.Poll(c.fq.pfds, 0)
+			posted = c.ringPosted()
 		}
-		hit := n > 0
-		if !hit && err == nil {
+		hit := n > 0 || posted
+		if !hit && err == nil && (c.ring == nil || !c.ring.sleep()) {
 			_, err = unix.Poll(c.fq.pfds, timeout)
+			if c.ring != nil {
+				c.ring.awake()
+			}
 		}
 		c.spin.Done(start, until, hit)
 		if err != nil && !errors.Is(err, unix.EINTR) {
@@ -135,6 +144,7 @@ func (c *client) RoutineServe() {
 		if c.parked() {
 			continue // nothing moves until the fork is handled
 		}
+		c.serveRing()
 		c.relocate()
 		c.trim()
 		c.maybeEvict(now)
@@ -220,6 +230,42 @@ func (c *client) serveUFFD() {
 			return
 		}
 	}
+}
+
+// ringPosted reports whether the fault ring has a fault to take.
+func (c *client) ringPosted() bool { return c.ring != nil && !c.parked() && c.ring.pending() }
+
+// serveRing serves the faults posted in the fault ring as a batch read
+// from the uffd: each is a fault (a write to a page the loop holds
+// resident is a write-protect fault), completed when its page is mapped
+// (gatedUFFD). A fault outside the client's regions is tried as a
+// registered range the agent does not know yet (a zero page, as from the
+// uffd), and otherwise is not the pager's: its SIGBUS goes to the program.
+func (c *client) serveRing() {
+	if c.ring == nil || c.parked() {
+		return
+	}
+	now := c.a.opts.Now()
+	c.ring.take(func(i int, a userfaultfd.Addr, flags userfaultfd.FaultFlags) {
+		c.ring.serve(i, a)
+		c.st.ringFaults.Add(1)
+		r, idx := c.regs.find(a)
+		if r == nil {
+			c.st.faults.Add(1)
+			if _, err := c.zeroFill(a, now); err != nil {
+				c.ring.completeEntry(i, proto.RingNotMine)
+			}
+			return
+		}
+		if flags&userfaultfd.FaultWrite != 0 && r.pages[idx].State() == Resident {
+			flags |= userfaultfd.FaultWP
+			c.st.wpFaults.Add(1)
+		} else {
+			c.st.faults.Add(1)
+		}
+		c.fault(a, flags, now, now)
+	})
+	c.flushReads(now, now)
 }
 
 // handleMsgs handles a batch of uffd messages. The clock is read once for

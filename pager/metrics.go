@@ -28,6 +28,8 @@ var (
 	descLatency  = prometheus.NewDesc("rmem_agent_fault_seconds", "Time from reading a fault to resolving it.", labels, nil)
 	descLatQ     = prometheus.NewDesc("rmem_agent_fault_quantile_seconds", "Quantiles of rmem_agent_fault_seconds (p50, p99, p99.9) from the agent's ~1%-precise histogram.", labels, nil)
 	descInstall  = prometheus.NewDesc("rmem_agent_install_p50_seconds", "Median time of the UFFDIO_COPY that maps a page read from the pool and wakes the thread waiting for it (the last step of such a fault).", labels, nil)
+	descRing     = prometheus.NewDesc("rmem_agent_ring_faults_total", "Faults served in the faulting thread, through the fault ring (of the missing-page and write-protect faults).", labels, nil)
+	descRingWait = prometheus.NewDesc("rmem_agent_ring_wait_seconds", "How long the threads of faults served through the fault ring waited, from their post to the agent's answer.", labels, nil)
 	descClients  = prometheus.NewDesc("rmem_agent_clients", "Client processes served.", nil, nil)
 	descHeld     = prometheus.NewDesc("rmem_agent_pool_held_bytes", "Pool memory the agent holds (its slabs).", nil, nil)
 	descUsed     = prometheus.NewDesc("rmem_agent_pool_used_bytes", "Pool memory holding pages' data (used slots).", nil, nil)
@@ -39,7 +41,7 @@ type collector struct{ a *Agent }
 
 func (collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descResident, descRemote, descBudget, descFaults, descZero, descReads, descWP,
-		descEvict, descWB, descLost, descPooled, descWaits, descPFIssued, descPFHits, descPFWasted, descRAHits, descLatency, descLatQ, descInstall, descClients,
+		descEvict, descWB, descLost, descPooled, descWaits, descPFIssued, descPFHits, descPFWasted, descRAHits, descLatency, descLatQ, descInstall, descRing, descRingWait, descClients,
 		descHeld, descUsed, descNoRoom} {
 		ch <- d
 	}
@@ -93,5 +95,10 @@ func (col collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstSummary(descLatQ, count, sum, map[float64]float64{
 			0.5: s.FaultP50.Seconds(), 0.99: s.FaultP99.Seconds(), 0.999: s.FaultP999.Seconds()}, lv...)
 		ch <- prometheus.MustNewConstMetric(descInstall, prometheus.GaugeValue, s.InstallP50.Seconds(), lv...)
+		if c.ring != nil {
+			counter(descRing, s.RingFaults)
+			buckets, count, sum := c.st.ring.Buckets()
+			ch <- prometheus.MustNewConstHistogram(descRingWait, count, sum, buckets, lv...)
+		}
 	}
 }

@@ -168,8 +168,12 @@ func (a *Agent) resume(conn *net.UnixConn, cred *unix.Ucred, h proto.Header, hel
 	if o != nil {
 		slots, id = o.meta.Staging, o.id
 	}
+	size := int64(slots) * pageSize
+	if hello.Flags&proto.HelloRing != 0 {
+		size += proto.RingSize
+	}
 	var st unix.Stat_t
-	if err := unix.Fstat(fds[1], &st); err != nil || st.Size < int64(slots)*pageSize {
+	if err := unix.Fstat(fds[1], &st); err != nil || st.Size < size {
 		closeAll(fds)
 		a.dropOrphan(o)
 		refuse(h, unix.EINVAL, "the staging memfd is missing or too small")
@@ -200,7 +204,7 @@ func (a *Agent) resume(conn *net.UnixConn, cred *unix.Ucred, h proto.Header, hel
 			c.localMem.Store(o.meta.LocalMem)
 		}
 	}
-	if err := proto.Send(conn, buf, 1, &welcome); err != nil {
+	if err := proto.Send(conn, buf, 1, &welcome, c.welcomeFDs(&welcome)...); err != nil {
 		c.teardownUnstarted()
 		a.dropOrphan(o)
 		return false

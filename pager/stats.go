@@ -138,11 +138,12 @@ type counters struct {
 	faults, zeroFills, remoteReads, wpFaults, held atomic.Uint64
 	evictions, writeBacks, lost, retries, waits    atomic.Uint64
 	prefetchIssued, prefetchHits, prefetchWasted   atomic.Uint64
-	readaheadHits                                  atomic.Uint64
+	readaheadHits, ringFaults                      atomic.Uint64
 	resident, remote, pooled, regions              atomic.Int64
 	noRoomSince                                    atomic.Int64 // unix ns; 0: eviction has pool slots
 	latency                                        Histogram
 	install                                        Histogram // of remote reads' installs (FaultLatency.InstallP50)
+	ring                                           Histogram // ring faults' waits (FaultLatency.RingP50)
 }
 
 // ClientStats is a snapshot of one client process's paging.
@@ -178,19 +179,26 @@ type ClientStats struct {
 	// slots (zero: they have them).
 	BudgetWaits uint64    `json:"budget_waits"`
 	NoRoomSince time.Time `json:"no_room_since,omitzero"`
-	// Prefetch: pages fetched ahead. Hits and Wasted count a sample of
-	// them (1 in 256 held back until touched, sample.go): touched, or not
-	// before its slot was needed again. Their ratio estimates the hit
-	// rate.
+	PrefetchCounts
+	// RingFaults counts the faults that came through the fault ring
+	// (served in the faulting thread's wait, not in the kernel's: ring.go),
+	// of Faults and WPFaults.
+	RingFaults uint64 `json:"ring_faults"`
+	// Exited marks the final stats of a client whose process has gone.
+	Exited bool `json:"exited,omitempty"`
+}
+
+// PrefetchCounts are a client's pages fetched ahead. Hits and Wasted count
+// a sample of them (1 in 256 held back until touched, sample.go): touched,
+// or not before its slot was needed again. Their ratio estimates the hit
+// rate. ReadaheadHits counts faults on a stream's read-ahead marker
+// (sample.go): served without a READ, they fetch the stream's next window
+// while the program works through the rest of this one.
+type PrefetchCounts struct {
 	PrefetchIssued uint64 `json:"prefetch_issued"`
 	PrefetchHits   uint64 `json:"prefetch_hits"`
 	PrefetchWasted uint64 `json:"prefetch_wasted"`
-	// ReadaheadHits counts faults on a stream's read-ahead marker
-	// (sample.go): served without a READ, they fetch the stream's next
-	// window while the program works through the rest of this one.
-	ReadaheadHits uint64 `json:"readahead_hits"`
-	// Exited marks the final stats of a client whose process has gone.
-	Exited bool `json:"exited,omitempty"`
+	ReadaheadHits  uint64 `json:"readahead_hits"`
 }
 
 // FaultLatency is the quantiles of a client's fault latency (from the
@@ -200,11 +208,18 @@ type ClientStats struct {
 // On a VM whose idle vCPUs halt that ioctl is most of a fault over shm:
 // the wake-up it does is an IPI to the halted vCPU, paid by the agent
 // (docs/pager.md, Fault path).
+//
+// RingP50 and RingP99 are, for the faults that came through the fault
+// ring, the time their threads waited from their post to the agent's
+// answer: a miss as the program sees it but for the trap into its SIGBUS
+// handler and the install it makes itself.
 type FaultLatency struct {
 	FaultP50   time.Duration `json:"fault_p50_ns"`
 	FaultP99   time.Duration `json:"fault_p99_ns"`
 	FaultP999  time.Duration `json:"fault_p999_ns"`
 	InstallP50 time.Duration `json:"install_p50_ns"`
+	RingP50    time.Duration `json:"ring_p50_ns,omitempty"`
+	RingP99    time.Duration `json:"ring_p99_ns,omitempty"`
 }
 
 // PrefetchHitRate returns hits / (hits + wasted) of the sampled prefetched
@@ -226,10 +241,15 @@ func (c *counters) snapshot(pageSize uint64) ClientStats {
 		Faults:        c.faults.Load(), ZeroFills: c.zeroFills.Load(), RemoteReads: c.remoteReads.Load(),
 		WPFaults: c.wpFaults.Load(), Held: c.held.Load(),
 		FaultLatency: FaultLatency{FaultP50: lat[0], FaultP99: lat[1], FaultP999: lat[2], InstallP50: c.install.Quantile(0.50)},
+		RingFaults:   c.ringFaults.Load(),
 		Evictions:    c.evictions.Load(), WriteBacks: c.writeBacks.Load(), Lost: c.lost.Load(),
 		Retries: c.retries.Load(), BudgetWaits: c.waits.Load(),
-		PrefetchIssued: c.prefetchIssued.Load(), PrefetchHits: c.prefetchHits.Load(), PrefetchWasted: c.prefetchWasted.Load(),
-		ReadaheadHits: c.readaheadHits.Load(),
+		PrefetchCounts: PrefetchCounts{PrefetchIssued: c.prefetchIssued.Load(), PrefetchHits: c.prefetchHits.Load(),
+			PrefetchWasted: c.prefetchWasted.Load(), ReadaheadHits: c.readaheadHits.Load()},
+	}
+	if s.RingFaults > 0 {
+		rq := c.ring.Quantiles(0.50, 0.99)
+		s.RingP50, s.RingP99 = rq[0], rq[1]
 	}
 	if ns := c.noRoomSince.Load(); ns != 0 {
 		s.NoRoomSince = time.Unix(0, ns)

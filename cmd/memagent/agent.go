@@ -234,6 +234,7 @@ func uffdRunFlags(f *pflag.FlagSet) {
 	agentFlags(f)
 	f.String("shim", "", "the LD_PRELOAD shim (default: librmem.so beside the memagent binary)")
 	f.Bool("stats", false, "print the program's paging stats on stderr when it exits")
+	f.Bool("in-thread", false, "serve the program's page faults in its faulting threads (a SIGBUS handler and the fault ring) instead of in the kernel: no wake-up across CPUs per miss (docs/pager.md, Misses in the faulting thread)")
 	f.String("admin-socket", agentd.DefaultAdminSocket, "admin socket of the agent already running at --socket, where --stats reads")
 }
 
@@ -291,6 +292,10 @@ func runUffd(ctx context.Context, app *cli.App, args []string) (int, error) {
 	if err != nil {
 		return -1, err
 	}
+	inThread, err := app.Bool("in-thread")
+	if err != nil {
+		return -1, err
+	}
 	log := app.Log()
 	catcher := childproc.Catch()
 	defer catcher.Stop()
@@ -327,6 +332,9 @@ func runUffd(ctx context.Context, app *cli.App, args []string) (int, error) {
 		proto.EnvSocket+"="+socket, proto.EnvMinAlloc+"="+strconv.FormatUint(opts.MinAlloc, 10))
 	if askBudget {
 		cmd.Env = append(cmd.Env, proto.EnvLocalMem+"="+strconv.FormatUint(uint64(localMem), 10))
+	}
+	if inThread {
+		cmd.Env = append(cmd.Env, proto.EnvInThread+"=1")
 	}
 	if d != nil {
 		// CMD's pages in the pool live and die with this private agent

@@ -15,16 +15,20 @@ import (
 // per client process.
 func writeTable(w io.Writer, stats []pager.ClientStats) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "PID\tRESIDENT\tREMOTE\tPOOLED\tBUDGET\tFAULTS\tP50\tP99\tP99.9\tINSTALL\tEVICTIONS\tWRITE-BACKS\tPREFETCH HITS\tWAITS\tLOST\t")
+	fmt.Fprintln(tw, "PID\tRESIDENT\tREMOTE\tPOOLED\tBUDGET\tFAULTS\tP50\tP99\tP99.9\tINSTALL\tIN-THREAD\tEVICTIONS\tWRITE-BACKS\tPREFETCH HITS\tWAITS\tLOST\t")
 	for _, s := range stats {
 		hit := "-"
 		if s.PrefetchHits+s.PrefetchWasted > 0 {
 			hit = fmt.Sprintf("%.0f%%", 100*s.PrefetchHitRate())
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%d\t%d\t\n",
+		inThread := "-"
+		if s.RingFaults > 0 {
+			inThread = fmt.Sprintf("%d@%s", s.RingFaults, durText(s.RingP50))
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%d\t%d\t\n",
 			s.PID, bytesText(s.ResidentBytes), bytesText(s.RemoteBytes), bytesText(s.PooledBytes), bytesText(s.BudgetBytes),
 			s.Faults, durText(s.FaultP50), durText(s.FaultP99), durText(s.FaultP999), durText(s.InstallP50),
-			s.Evictions, s.WriteBacks, hit, s.BudgetWaits, s.Lost)
+			inThread, s.Evictions, s.WriteBacks, hit, s.BudgetWaits, s.Lost)
 	}
 	return tw.Flush()
 }

@@ -14,7 +14,7 @@ func TestWriteTable(t *testing.T) {
 	var b strings.Builder
 	err := writeTable(&b, []pager.ClientStats{
 		{PID: 42, ResidentBytes: 3 << 20, RemoteBytes: 5 << 30, BudgetBytes: 512 << 10, Faults: 7,
-			FaultLatency: pager.FaultLatency{FaultP50: 16 * time.Microsecond, FaultP99: time.Millisecond, InstallP50: 12300 * time.Nanosecond}, PrefetchHits: 3, PrefetchWasted: 1},
+			FaultLatency: pager.FaultLatency{FaultP50: 16 * time.Microsecond, FaultP99: time.Millisecond, InstallP50: 12300 * time.Nanosecond}, PrefetchCounts: pager.PrefetchCounts{PrefetchHits: 3, PrefetchWasted: 1}},
 		{PID: 43},
 	})
 	if err != nil {

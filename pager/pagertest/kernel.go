@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"rmem/pager/proto"
 	"rmem/userfaultfd"
 )
 
@@ -59,6 +60,7 @@ type Kernel struct {
 	held    bool // Hold: messages queue up unread
 	forks   int  // FORK events raised and not read: the address space is changing
 	counts  KernelCounts
+	ring    *ringClient // SIGBUS mode (UseRing): faults go to the fault ring
 }
 
 // KernelCounts are what a Kernel saw.
@@ -71,6 +73,7 @@ type KernelCounts struct {
 	Poisoned int // pages poisoned
 	Dropped  int // mapped pages dropped (Drop: the helper's MADV_DONTNEED)
 	Accesses int // Load and Store calls that completed (not those that failed)
+	Posted   int // faults posted to the fault ring (SIGBUS mode, UseRing)
 }
 
 type fakePage struct {
@@ -140,6 +143,25 @@ func (k *Kernel) access(a userfaultfd.Addr, write bool, do func(*fakePage)) erro
 			k.counts.WPFaults++
 		} else {
 			k.counts.Faults++
+		}
+		if deadline.IsZero() && k.ring != nil {
+			deadline = time.Now().Add(k.faultWait())
+		}
+		if r := k.ring; r != nil {
+			// SIGBUS mode: the thread's handler posts the fault in the ring
+			// and waits there, then the access is tried again.
+			k.counts.Posted++
+			k.changed.Broadcast() // a fault raised counts as a change
+			k.mu.Unlock()
+			res, err := r.fault(pg, write, deadline)
+			k.mu.Lock()
+			switch {
+			case err != nil:
+				return fmt.Errorf("%w: %s fault at %v", err, map[bool]string{false: "read", true: "write"}[write], pg)
+			case res == proto.RingNotMine:
+				return ErrNotMine
+			}
+			continue // RingDone; RingLost: the retried access finds the page poisoned
 		}
 		k.post(userfaultfd.EncodeMsg(userfaultfd.Event{Kind: userfaultfd.EventPagefault, Addr: pg, Flags: flags}))
 		if deadline.IsZero() {
@@ -513,5 +535,8 @@ func (k *Kernel) Close() error {
 	}
 	k.closed = true
 	k.cond.Broadcast()
+	if k.ring != nil {
+		k.ring.close() // its page stays mapped: a thread may still look at its entry
+	}
 	return unix.Close(k.efd)
 }

@@ -61,6 +61,21 @@ func NewProcess(k *Kernel, conn *net.UnixConn, stagingFD, slots int) (*Process, 
 	return p, nil
 }
 
+// NewRingProcess is NewProcess for a process whose faults come through the
+// fault ring (HelloRing): k is put in SIGBUS mode (Kernel.UseRing) on the
+// ring of the staging memfd, after its slots, and doorbell (owned from now
+// on).
+func NewRingProcess(k *Kernel, conn *net.UnixConn, stagingFD, slots, doorbell int) (*Process, error) {
+	ring, err := unix.Mmap(stagingFD, int64(slots)*PageSize, proto.RingSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Close(stagingFD)
+		unix.Close(doorbell)
+		return nil, fmt.Errorf("pagertest: map the fault ring: %w", err)
+	}
+	k.UseRing(ring, doorbell)
+	return NewProcess(k, conn, stagingFD, slots)
+}
+
 // Evictions returns the EVICT batches the helper answered and the pages
 // it dropped for them.
 func (p *Process) Evictions() (batches, pages int) {

@@ -50,6 +50,10 @@ const (
 	// HELLO (bytes, or with a K/M/G, KiB/MiB/GiB suffix); unset: the
 	// agent's default. memagent run sets it from --local-mem.
 	EnvLocalMem = "RMEM_LOCAL_MEM"
+	// EnvInThread, "1", has the shim take its page faults in the faulting
+	// thread, through the fault ring (HelloRing), instead of in the
+	// kernel: memagent run --in-thread sets it.
+	EnvInThread = "RMEM_IN_THREAD"
 	// EnvMinAlloc sets the shim's threshold (bytes, or with a K/M/G,
 	// KiB/MiB/GiB suffix); it wins over WELCOME's MinAlloc.
 	EnvMinAlloc = "RMEM_MIN_ALLOC"

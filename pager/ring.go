@@ -1,0 +1,145 @@
+package pager
+
+import (
+	"time"
+
+	"rmem/pager/proto"
+	"rmem/userfaultfd"
+)
+
+// The fault ring, the agent's side (pager/proto/ring.go has the protocol):
+// a client whose uffd raises SIGBUS (HelloRing) posts its faults in a
+// page of its staging memfd, and its threads wait there, in user space,
+// for the loop. The loop takes the posted entries as it reads uffd
+// messages (serveRing), serves each as a fault, and completes an entry
+// when what would have woken its thread in the kernel happens: an install,
+// a wake, an unprotect of its page (gatedUFFD calls complete), or a
+// poison (RingLost). docs/pager.md, Misses in the faulting thread.
+
+// faultRing is a client's view of its ring: owned by the client's loop.
+type faultRing struct {
+	mem []byte // the ring's page of the staging mapping (proto.RingSize)
+	// serving are the entries the loop took and has not completed, with
+	// their pages: an install completes those of its range.
+	serving []ringServing
+	// Ring faults served and how long their threads waited, from their
+	// post to the loop's completion (CLOCK_MONOTONIC, the thread's and the
+	// loop's reading).
+	faults *Histogram
+}
+
+type ringServing struct {
+	entry int
+	page  userfaultfd.Addr
+}
+
+// newFaultRing starts the ring in mem, a fresh one (its header written)
+// or, with adopt, one a previous agent served: its entries taken and not
+// completed are posted again (their threads still wait).
+func newFaultRing(mem []byte, adopt bool, h *Histogram) *faultRing {
+	r := &faultRing{mem: mem[:proto.RingSize], serving: make([]ringServing, 0, proto.RingEntries), faults: h}
+	if !adopt {
+		clear(r.mem)
+		putU32(r.mem, proto.RingHdrEntries, proto.RingEntries)
+		storeU32(r.mem, proto.RingHdrMagic, proto.RingMagic)
+		return r
+	}
+	for i := range proto.RingEntries {
+		casU32(r.mem, proto.RingEntryOffset(i)+proto.RingEntState, proto.RingServing, proto.RingPosted)
+	}
+	storeU32(r.mem, proto.RingHdrAgent, proto.RingAwake)
+	return r
+}
+
+// pending reports whether an entry waits to be taken.
+func (r *faultRing) pending() bool {
+	for i := range proto.RingEntries {
+		if loadU32(r.mem, proto.RingEntryOffset(i)+proto.RingEntState) == proto.RingPosted {
+			return true
+		}
+	}
+	return false
+}
+
+// sleep says the loop is about to block in poll(2): threads that post
+// from now on ring the doorbell. It reports whether an entry was posted
+// before they could see it (then the loop must not block).
+func (r *faultRing) sleep() bool {
+	storeU32(r.mem, proto.RingHdrAgent, proto.RingAsleep) // sequentially consistent: then the entries are read
+	if r.pending() {
+		storeU32(r.mem, proto.RingHdrAgent, proto.RingAwake)
+		return true
+	}
+	return false
+}
+
+// awake says the loop looks at the ring again before it blocks.
+func (r *faultRing) awake() { storeU32(r.mem, proto.RingHdrAgent, proto.RingAwake) }
+
+// take calls serve with each posted entry's page, access and flags, as
+// the entry is taken (RingServing).
+func (r *faultRing) take(serve func(entry int, page userfaultfd.Addr, flags userfaultfd.FaultFlags)) {
+	for i := range proto.RingEntries {
+		off := proto.RingEntryOffset(i)
+		if !casU32(r.mem, off+proto.RingEntState, proto.RingPosted, proto.RingServing) {
+			continue
+		}
+		a := userfaultfd.Addr(getU64(r.mem, off+proto.RingEntAddr))
+		flags := userfaultfd.FaultFlags(0)
+		if getU32(r.mem, off+proto.RingEntFlags)&proto.RingWrite != 0 {
+			flags |= userfaultfd.FaultWrite
+		}
+		serve(i, a.RoundDown(pageSize), flags)
+	}
+}
+
+// serve records that the loop serves entry i's fault at page.
+func (r *faultRing) serve(i int, page userfaultfd.Addr) {
+	r.serving = append(r.serving, ringServing{i, page})
+}
+
+// complete ends the faults being served on the pages of rg with state
+// (RingDone, RingLost) and wakes their threads.
+func (r *faultRing) complete(rg userfaultfd.Range, state uint32) {
+	if len(r.serving) == 0 {
+		return
+	}
+	end := rg.Start + userfaultfd.Addr(rg.Len)
+	var now time.Duration
+	kept := r.serving[:0]
+	for _, s := range r.serving {
+		if s.page < rg.Start || s.page >= end {
+			kept = append(kept, s)
+			continue
+		}
+		if now == 0 {
+			now = monotonic()
+		}
+		r.finish(s.entry, state, now)
+	}
+	r.serving = kept
+}
+
+// completeEntry ends entry i's fault with state, whatever its page.
+func (r *faultRing) completeEntry(i int, state uint32) {
+	for k, s := range r.serving {
+		if s.entry == i {
+			r.serving = append(r.serving[:k], r.serving[k+1:]...)
+			r.finish(i, state, monotonic())
+			return
+		}
+	}
+}
+
+// finish stores entry i's result and wakes its thread if it sleeps.
+func (r *faultRing) finish(i int, state uint32, now time.Duration) {
+	off := proto.RingEntryOffset(i)
+	posted := time.Duration(getU64(r.mem, off+proto.RingEntPosted))
+	if r.faults != nil && posted > 0 && now > posted {
+		r.faults.Observe(now - posted)
+	}
+	storeU32(r.mem, off+proto.RingEntState, state)
+	if loadU32(r.mem, off+proto.RingEntWaiters) != 0 {
+		futexWake(r.mem, off+proto.RingEntState)
+	}
+}
