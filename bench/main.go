@@ -55,7 +55,11 @@ type Result struct {
 	// InstallP50us: of P50us, the UFFDIO_COPY that maps a page read from
 	// the pool and wakes its thread (memagent stats' INSTALL).
 	InstallP50us float64 `json:"install_p50_us,omitempty"`
-	AgentCPU     float64 `json:"agent_cpu_seconds,omitempty"` // memagent's CPU time (its own, not the program's)
+	// RingFaults are the faults taken in the faulting thread (--in-thread,
+	// memagent stats' IN-THREAD), and RingP50us their threads' wait p50.
+	RingFaults uint64  `json:"in_thread_faults,omitempty"`
+	RingP50us  float64 `json:"in_thread_wait_p50_us,omitempty"`
+	AgentCPU   float64 `json:"agent_cpu_seconds,omitempty"` // memagent's CPU time (its own, not the program's)
 	// AgentPoll: of AgentCPU, what its threads spent polling for their
 	// next event instead of sleeping (memagent --spin).
 	AgentPoll float64 `json:"agent_poll_seconds,omitempty"`
@@ -89,7 +93,12 @@ type Report struct {
 	Touch Result `json:"first_touch"`
 }
 
-var configs = []string{"local", "zram", "rmem-swap", "rmem-tcp", "rmem-shm"}
+var configs = []string{"local", "zram", "rmem-swap", "rmem-tcp", "rmem-shm", "rmem-tcp-it", "rmem-shm-it"}
+
+// uffdConfigs are the configurations of memagent run's userfaultfd pager:
+// over tcp and shm, with faults taken in the kernel or (-it) in the
+// faulting thread (--in-thread).
+var uffdConfigs = []string{"rmem-tcp", "rmem-shm", "rmem-tcp-it", "rmem-shm-it"}
 
 func main() {
 	out := flag.String("out", "docs/bench", "report directory")
@@ -257,16 +266,21 @@ func runZram(wl, w string, heap, localMiB int) Result {
 }
 
 // runAgent runs the workload under memagent run: mode swap (net "swap"),
-// or the userfaultfd pager over net.
+// or the userfaultfd pager over net ("tcp", "shm"; with "-it", its faults
+// taken in the faulting thread).
 func runAgent(bin string, md *harness.Memd, wl, w string, heap, localMiB int, net string) Result {
 	var r Result
 	sock := filepath.Join(md.Dir, "agent-"+net+".sock")
+	net, inThread := strings.CutSuffix(net, "-it")
 	args := []string{"run", "--coordinator", md.URL, "--token-file", md.TokenFile, "--local-mem", fmt.Sprintf("%dMiB", localMiB),
 		"--socket", sock, "--admin-socket", sock + ".admin", "--log-format", "json"}
 	if net == "swap" {
 		args = append(args, "--mode", "swap", "--swap-dir", filepath.Join(md.Dir, "swap"))
 	} else {
 		args = append(args, "--network", net, "--stats")
+		if inThread {
+			args = append(args, "--in-thread")
+		}
 	}
 	args = append(args, "--", wl, w, strconv.Itoa(heap))
 	cmd := exec.Command(filepath.Join(bin, "memagent"), args...)
@@ -333,6 +347,11 @@ func readStats(s string, r *Result) {
 				r.P50us = micros(f[i])
 			case "P99":
 				r.P99us = micros(f[i])
+			case "IN-THREAD":
+				if n, p50, ok := strings.Cut(f[i], "@"); ok {
+					r.RingFaults, _ = strconv.ParseUint(n, 10, 64)
+					r.RingP50us = micros(p50)
+				}
 			case "INSTALL":
 				r.InstallP50us = micros(f[i])
 			}

@@ -34,7 +34,8 @@ func write(dir string, rep *Report) error {
 		"in one session. **zram**: the kernel's swap to a zram device, the program in a memory cgroup "+
 		"limited to the local share. **rmem-swap**: `memagent run --mode swap` (the kernel swaps to a pool "+
 		"file). **rmem-tcp**, **rmem-shm**: `memagent run`'s userfaultfd pager, pages over tcp or shared "+
-		"memory to a memd on this host. Every run's checksum equals the all-local one, or it says so.\n\n",
+		"memory to a memd on this host; **-it**: with `--in-thread`, the faults taken in the faulting thread "+
+		"(a SIGBUS handler and the fault ring) instead of in the kernel. Every run's checksum equals the all-local one, or it says so.\n\n",
 		rep.Date, rep.Host, rep.CPUs, rep.Kernel, rep.CPUIdle, rep.HeapMiB)
 	md.WriteString(servicesLink)
 	if t := rep.Touch; t.Outcome == "ok" && t.SlowAccesses > 0 {
@@ -53,20 +54,31 @@ func write(dir string, rep *Report) error {
 	for _, pct := range []int{50, 25} {
 		fmt.Fprintf(&md, "## %d%% local (%d MiB)\n\n", pct, rep.HeapMiB*pct/100)
 		fmt.Fprintf(&md, "![time over all-local, %d%% local](ratio-%d.svg)\n\n", pct, pct)
-		fmt.Fprintf(&md, "| workload | local s | zram s | rmem-swap s | rmem-tcp s | rmem-shm s | tcp / zram | shm / zram | tcp / local | shm / local |\n")
-		fmt.Fprintf(&md, "|---|---|---|---|---|---|---|---|---|---|\n")
-		for _, w := range rep.Workloads {
-			loc := rep.find(w, "local", 100)
-			z, t, s := rep.find(w, "zram", pct), rep.find(w, "rmem-tcp", pct), rep.find(w, "rmem-shm", pct)
-			fmt.Fprintf(&md, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", w, cell(loc), cell(z),
-				cell(rep.find(w, "rmem-swap", pct)), cell(t), cell(s), ratio(t, z), ratio(s, z), ratio(t, loc), ratio(s, loc))
+		md.WriteString("| workload | local s | zram s | rmem-swap s |")
+		for _, c := range uffdConfigs {
+			fmt.Fprintf(&md, " %s s |", c)
 		}
-		fmt.Fprintf(&md, "\n| workload | net | faults | fault p50 µs | fault p99 µs | install p50 µs | agent CPU s | of it polling s | memd CPU s |\n|---|---|---|---|---|---|---|---|---|\n")
+		for _, c := range uffdConfigs {
+			fmt.Fprintf(&md, " %s / zram |", strings.TrimPrefix(c, "rmem-"))
+		}
+		fmt.Fprintf(&md, "\n|---|---|---|---|%s\n", strings.Repeat("---|", 2*len(uffdConfigs)))
 		for _, w := range rep.Workloads {
-			for _, c := range []string{"rmem-tcp", "rmem-shm"} {
+			loc, z := rep.find(w, "local", 100), rep.find(w, "zram", pct)
+			fmt.Fprintf(&md, "| %s | %s | %s | %s |", w, cell(loc), cell(z), cell(rep.find(w, "rmem-swap", pct)))
+			for _, c := range uffdConfigs {
+				fmt.Fprintf(&md, " %s |", cell(rep.find(w, c, pct)))
+			}
+			for _, c := range uffdConfigs {
+				fmt.Fprintf(&md, " %s |", ratio(rep.find(w, c, pct), z))
+			}
+			md.WriteString("\n")
+		}
+		fmt.Fprintf(&md, "\n| workload | config | faults | in-thread | fault p50 µs | fault p99 µs | install p50 µs | thread wait p50 µs | agent CPU s | of it polling s | memd CPU s |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+		for _, w := range rep.Workloads {
+			for _, c := range uffdConfigs {
 				if r := rep.find(w, c, pct); r != nil && r.Outcome == "ok" {
-					fmt.Fprintf(&md, "| %s | %s | %d | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f |\n", w, strings.TrimPrefix(c, "rmem-"), r.Faults,
-						r.P50us, r.P99us, r.InstallP50us, r.AgentCPU, r.AgentPoll, r.MemdCPU)
+					fmt.Fprintf(&md, "| %s | %s | %d | %d | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f |\n", w, strings.TrimPrefix(c, "rmem-"), r.Faults,
+						r.RingFaults, r.P50us, r.P99us, r.InstallP50us, r.RingP50us, r.AgentCPU, r.AgentPoll, r.MemdCPU)
 				}
 			}
 		}
@@ -161,8 +173,9 @@ func ratio(a, b *Result) string {
 // all-local time, on a log scale, as an SVG bar chart.
 func (rep *Report) plot(pct int) string {
 	cfgs := configs[1:]
-	colors := map[string]string{"zram": "#888888", "rmem-swap": "#d9a03f", "rmem-tcp": "#3f7fd9", "rmem-shm": "#3fb96a"}
-	const w, h, left, top, bottom, barW = 760, 360, 60, 40, 60, 22
+	colors := map[string]string{"zram": "#888888", "rmem-swap": "#d9a03f", "rmem-tcp": "#3f7fd9", "rmem-shm": "#3fb96a",
+		"rmem-tcp-it": "#1f3f8f", "rmem-shm-it": "#1f7f3a"}
+	const w, h, left, top, bottom, barW = 900, 360, 60, 40, 60, 18
 	maxR := 2.0
 	for _, wl := range rep.Workloads {
 		loc := rep.find(wl, "local", 100)
@@ -203,7 +216,7 @@ func (rep *Report) plot(pct int) string {
 		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", float64(left)+group*(float64(i)+0.5), h-bottom+16, wl)
 	}
 	for j, c := range cfgs {
-		x := left + j*150
+		x := left + j*130
 		fmt.Fprintf(&b, `<rect x="%d" y="%d" width="12" height="12" fill="%s"/><text x="%d" y="%d">%s</text>`+"\n", x, h-22, colors[c], x+16, h-12, c)
 	}
 	b.WriteString("</svg>\n")

@@ -109,7 +109,7 @@ type Report struct {
 	Runs       []Run    `json:"runs"`
 }
 
-var configs = []string{"local", "zram", "rmem-tcp", "rmem-shm"}
+var configs = []string{"local", "zram", "rmem-tcp", "rmem-shm", "rmem-tcp-it", "rmem-shm-it"}
 
 func main() {
 	var o options
@@ -209,7 +209,7 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 	var md *harness.Memd
-	if o.has("rmem-tcp") || o.has("rmem-shm") {
+	if o.has("rmem-tcp") || o.has("rmem-shm") || o.has("rmem-tcp-it") || o.has("rmem-shm-it") {
 		if md, err = harness.StartMemd(o.bin, tmp, 7494); err != nil {
 			return err
 		}

@@ -75,6 +75,8 @@ func (rep *Report) intro(md *strings.Builder) {
 	fmt.Fprintf(md, "**zram**: the kernel's swap to a zram device (lz4), the server in a v1 memory cgroup limited to the local "+
 		"share (all of its memory counts). **rmem-tcp**, **rmem-shm**: `memagent run --local-mem SHARE` under a `memagent serve "+
 		"--network tcp|shm` of the run's own (so that its stats can be read during the run), pages to a memd on this host; "+
+		"**-it**: `memagent run --in-thread`, the faults taken in the faulting thread (a SIGBUS handler and the fault ring) "+
+		"instead of in the kernel; "+
 		"the budget covers the heap the shim pages, not the server's code and stacks (a few MiB). **misses/req**: page faults "+
 		"that brought a page back, per GET, in the measured phase: zram's are the cgroup's `pgmajfault`, rmem's the server's "+
 		"faults in `memagent stats`%s. **server / agent / memd CPU**: CPU seconds each process took during the measured phase "+
@@ -112,7 +114,7 @@ func (rep *Report) missRatios(md *strings.Builder, s string) {
 				continue
 			}
 			var vs []string
-			for _, c := range []string{"rmem-tcp", "rmem-shm"} {
+			for _, c := range rmemConfigs {
 				if r := rep.find(s, c, pct); r != nil && r.phase(d) != nil {
 					vs = append(vs, fmt.Sprintf("%s %.2f×", strings.TrimPrefix(c, "rmem-"), r.phase(d).MissesPerOp/z.phase(d).MissesPerOp))
 				}
@@ -306,13 +308,18 @@ func (rep *Report) plot(s string) string {
 	const w, panelH = 760, 330
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n", w, 2*panelH)
-	rep.panel(&b, s, "zram", []string{"local", "rmem-tcp", "rmem-shm"}, 0, w, panelH)
-	rep.panel(&b, s, "local", []string{"zram", "rmem-tcp", "rmem-shm"}, panelH, w, panelH)
+	rep.panel(&b, s, "zram", append([]string{"local"}, rmemConfigs...), 0, w, panelH)
+	rep.panel(&b, s, "local", append([]string{"zram"}, rmemConfigs...), panelH, w, panelH)
 	b.WriteString("</svg>\n")
 	return b.String()
 }
 
-var colors = map[string]string{"local": "#888888", "zram": "#d9a03f", "rmem-tcp": "#3f7fd9", "rmem-shm": "#3fb96a"}
+var colors = map[string]string{"local": "#888888", "zram": "#d9a03f", "rmem-tcp": "#3f7fd9", "rmem-shm": "#3fb96a",
+	"rmem-tcp-it": "#1f3f8f", "rmem-shm-it": "#1f7f3a"}
+
+// rmemConfigs are the configurations under rmem: over tcp and shm, the
+// faults taken in the kernel or (-it) in the faulting thread.
+var rmemConfigs = []string{"rmem-tcp", "rmem-shm", "rmem-tcp-it", "rmem-shm-it"}
 
 // panel draws cfgs' GET/s over base's (zram at the same share, or all
 // local) for each key distribution and share, in a panel at y offset top0.

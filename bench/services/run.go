@@ -138,14 +138,15 @@ func (b *bench) start(ctx context.Context, srv *server, config, dir, sock string
 			os.WriteFile(filepath.Join(g.Path, "memory.swappiness"), []byte("100"), 0)
 		}
 		p.cmd = g.Command(argv[0], argv[1:]...) // the shell execs the server: same pid
-	case "rmem-tcp", "rmem-shm":
+	case "rmem-tcp", "rmem-shm", "rmem-tcp-it", "rmem-shm-it":
+		network, inThread := strings.CutSuffix(strings.TrimPrefix(config, "rmem-"), "-it")
 		// memagent run with an agent of its own serves no admin socket,
 		// so the agent is a memagent serve of the run's own, whose stats
 		// can be read while the server runs; memagent run hands the
 		// server to it with the same budget.
 		agentSock, admin := filepath.Join(dir, "agent.sock"), filepath.Join(dir, "agent-admin.sock")
 		p.agent = exec.Command(filepath.Join(b.o.bin, "memagent"), "serve", "--coordinator", b.md.URL, "--token-file", b.md.TokenFile,
-			"--socket", agentSock, "--admin-socket", admin, "--local-mem", fmt.Sprint(local), "--network", strings.TrimPrefix(config, "rmem-"),
+			"--socket", agentSock, "--admin-socket", admin, "--local-mem", fmt.Sprint(local), "--network", network,
 			"--state-dir", "none", "--log-format", "json")
 		if err := startLogged(p.agent, filepath.Join(dir, "agent.log")); err != nil {
 			return nil, fmt.Errorf("memagent serve: %w", err)
@@ -154,8 +155,11 @@ func (b *bench) start(ctx context.Context, srv *server, config, dir, sock string
 		if err := waitFor(ctx, 30*time.Second, func() error { _, err := p.stats(ctx); return err }); err != nil {
 			return p, fmt.Errorf("memagent serve did not start: %w (%s)", err, lastLines(filepath.Join(dir, "agent.log"), 1))
 		}
-		p.cmd = exec.Command(filepath.Join(b.o.bin, "memagent"), append([]string{"run", "--socket", agentSock,
-			"--local-mem", fmt.Sprint(local), "--log-format", "json", "--"}, argv...)...)
+		args := []string{"run", "--socket", agentSock, "--local-mem", fmt.Sprint(local), "--log-format", "json"}
+		if inThread {
+			args = append(args, "--in-thread")
+		}
+		p.cmd = exec.Command(filepath.Join(b.o.bin, "memagent"), append(append(args, "--"), argv...)...)
 	}
 	if err := startLogged(p.cmd, filepath.Join(dir, "server.log")); err != nil {
 		return p, err
