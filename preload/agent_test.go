@@ -39,6 +39,9 @@ type testAgent struct {
 
 	eventDelay atomic.Int64 // ns the uffd reader sleeps after a FORK event, before the loop may look
 	restoreWP  atomic.Bool  // restore evicted pages write-protected, as the pager does (to see them dirtied)
+	// ns the ring reader polls a client's fault ring, once it is empty,
+	// before it sleeps in poll(2) on the doorbell (ring mode).
+	ringSpin atomic.Int64
 }
 
 type forkKey struct {
@@ -82,6 +85,10 @@ type agentStats struct {
 	ForkChild   bool
 	StagingSize int
 	Features    userfaultfd.Feature // the uffd's, as HELLO said
+	Ring        bool                // the client's faults come through its fault ring
+	RingFaults  int                 // faults taken from the ring
+	RingPosted  uint64              // the ring header's counts
+	RingBells   uint64
 }
 
 type agentClient struct {
@@ -92,7 +99,10 @@ type agentClient struct {
 	uffd   *userfaultfd.UFFD
 	stopfd int // eventfd: stops the uffd reader
 	memfd  int
-	stage  []byte
+	stage  []byte // the staging slots
+	smap   []byte // the staging mapping: the slots, then the fault ring
+	ring   agentRing
+	bell   int // the doorbell eventfd, ring mode; -1
 	done   chan struct{}
 	cmds   chan evictCmd
 	raw    chan rawCmd
@@ -179,6 +189,7 @@ func newTestAgent(t testing.TB) *testAgent {
 		forks:   map[forkKey]*forkedChild{},
 	}
 	a.cond = sync.NewCond(&a.mu)
+	a.ringSpin.Store(int64(100 * time.Microsecond))
 	ln, err := proto.Listen(a.path)
 	if err != nil {
 		t.Fatal(err)
@@ -345,7 +356,7 @@ func (a *testAgent) routineClient(conn *net.UnixConn) {
 		a.t.Errorf("agent: HELLO pid %d, peer %v %v", h.PID, cred, err)
 	}
 	c := &agentClient{
-		a: a, pid: h.PID, ppid: h.PPID, conn: conn, memfd: -1,
+		a: a, pid: h.PID, ppid: h.PPID, conn: conn, memfd: -1, bell: -1,
 		done: make(chan struct{}), cmds: make(chan evictCmd), raw: make(chan rawCmd),
 		saved: map[userfaultfd.Addr][]byte{}, resident: map[userfaultfd.Addr]bool{},
 		expectRemove: map[userfaultfd.Addr]bool{},
@@ -353,6 +364,7 @@ func (a *testAgent) routineClient(conn *net.UnixConn) {
 	}
 	c.stats.Regions = map[proto.Kind]int{}
 	c.stats.Features = h.Features
+	c.stats.Ring = h.Flags&proto.HelloRing != 0
 	defer close(c.done)
 	a.mu.Lock()
 	a.hellos++
@@ -394,17 +406,24 @@ func (a *testAgent) routineClient(conn *net.UnixConn) {
 		c.publishRegions()
 	}
 	defer c.uffd.Close()
-	if err := c.setupStaging(); err != nil {
+	if err := c.setupStaging(c.stats.Ring); err != nil {
 		a.t.Errorf("agent: %v", err)
 		return
 	}
-	defer unix.Munmap(c.stage)
+	defer unix.Munmap(c.smap)
 	defer unix.Close(c.memfd)
+	if c.bell >= 0 {
+		defer unix.Close(c.bell)
+	}
 	w := &proto.Welcome{ClientID: uint64(h.PID), StagingSlots: testSlots}
 	wfds := []int{c.memfd}
 	if h.ForkSerial != 0 {
 		w.Flags |= proto.WelcomeUFFD
 		wfds = append(wfds, c.uffd.Fd())
+	}
+	if c.bell >= 0 {
+		w.Flags |= proto.WelcomeRing
+		wfds = append(wfds, c.bell)
 	}
 	if err := proto.Send(conn, c.sbuf, 0, w, wfds...); err != nil {
 		a.t.Errorf("agent: WELCOME: %v", err)
@@ -449,12 +468,18 @@ func closeFDs(fds []int) {
 	}
 }
 
-func (c *agentClient) setupStaging() error {
+// setupStaging makes the client's staging memfd, with the fault ring after
+// the slots (its header written) and the doorbell when ring.
+func (c *agentClient) setupStaging(ring bool) error {
 	fd, err := unix.MemfdCreate("rmem-test-staging", unix.MFD_CLOEXEC)
 	if err != nil {
 		return err
 	}
-	size := testSlots * int(userfaultfd.PageSize)
+	slots := testSlots * int(userfaultfd.PageSize)
+	size := slots
+	if ring {
+		size += proto.RingSize
+	}
 	if err := unix.Ftruncate(fd, int64(size)); err != nil {
 		unix.Close(fd)
 		return err
@@ -464,8 +489,17 @@ func (c *agentClient) setupStaging() error {
 		unix.Close(fd)
 		return err
 	}
-	c.memfd, c.stage = fd, b
-	c.stats.StagingSize = size
+	if ring {
+		if c.bell, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK); err != nil {
+			unix.Munmap(b)
+			unix.Close(fd)
+			return err
+		}
+		c.ring = agentRing{b[slots:]}
+		c.ring.init()
+	}
+	c.memfd, c.smap, c.stage = fd, b, b[:slots]
+	c.stats.StagingSize = slots
 	return nil
 }
 
@@ -574,6 +608,14 @@ func (c *agentClient) serve() {
 			}
 		}
 	}()
+	rings := make(chan []ringFault)
+	if c.bell >= 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.routineRing(rings, quit)
+		}()
+	}
 	defer func() {
 		for _, f := range c.forkWait {
 			f.uffd.Close()
@@ -586,10 +628,11 @@ func (c *agentClient) serve() {
 
 	var ev *eviction
 	var retry []userfaultfd.Event
+	var rretry []ringFault
 	var rawReply chan *proto.Evicted
 	for {
 		var tick <-chan time.Time
-		if len(retry) > 0 {
+		if len(retry) > 0 || len(rretry) > 0 {
 			tick = time.After(200 * time.Microsecond)
 		}
 		select {
@@ -601,6 +644,24 @@ func (c *agentClient) serve() {
 				}
 			}
 			retry = again
+			ragain := rretry[:0:0]
+			for _, f := range rretry {
+				if c.handleRing(f, ev) {
+					ragain = append(ragain, f)
+				}
+			}
+			rretry = ragain
+		case rf := <-rings:
+			for _, f := range rf {
+				if c.handleRing(f, ev) {
+					rretry = append(rretry, f)
+				}
+			}
+			posted, bells := c.ring.counts()
+			c.smu.Lock()
+			c.stats.RingFaults += len(rf)
+			c.stats.RingPosted, c.stats.RingBells = posted, bells
+			c.smu.Unlock()
 		case sm := <-msgs:
 			if sm.err != nil {
 				// ECONNRESET: the process exited with packets of ours
@@ -662,6 +723,7 @@ type eviction struct {
 	batch   []userfaultfd.Addr // the batch out now
 	id      uint64
 	held    []userfaultfd.Addr        // faults on batch pages, woken after EVICTED
+	heldR   []int                     // the same, from the fault ring: their entries
 	removed map[userfaultfd.Addr]bool // batch pages whose REMOVE came already
 	total   int
 }
@@ -786,56 +848,12 @@ func (c *agentClient) handleEvent(e userfaultfd.Event, ev *eviction) (again bool
 		if !c.inRegion(page.Start) {
 			c.a.t.Errorf("agent: pid %d faults at %v outside its regions", c.pid, e.Addr)
 		}
-		data, restore := c.saved[page.Start]
-		// Not while a FORK read is not handled: reading it ended the
-		// kernel's refusal, but the child's page tables were copied
-		// without this page, and its copy of saved, made when the FORK
-		// is handled, would lack it (the child would read zeros). The
-		// kernel hands out faults before events: a FORK read with this
-		// fault, or after it, may be unhandled yet. readMu keeps the
-		// reader from reading one during the install.
-		c.readMu.Lock()
-		if c.forksRead > c.forksDone {
-			c.readMu.Unlock()
+		again, err := c.install(page)
+		if again {
 			return true
-		}
-		var err error
-		if restore {
-			var flags userfaultfd.Flags
-			if c.a.restoreWP.Load() {
-				flags = userfaultfd.WriteProtected
-			}
-			_, err = c.uffd.Copy(page.Start, data, flags)
-		} else {
-			_, err = c.uffd.ZeroPage(page, 0)
-		}
-		c.readMu.Unlock()
-		if userfaultfd.IsMMChanged(err) {
-			// A non-cooperative event (REMOVE, UNMAP, FORK) is being
-			// delivered; once the reader has taken it, this succeeds.
-			return true
-		}
-		c.smu.Lock()
-		if restore && err == nil {
-			delete(c.saved, page.Start)
-			c.stats.Restores++
-		} else if err == nil {
-			c.stats.ZeroFills++
-		}
-		c.smu.Unlock()
-		if userfaultfd.IsExist(err) {
-			err = c.uffd.Wake(page)
 		}
 		if err != nil && !userfaultfd.IsGone(err) {
 			c.a.t.Errorf("agent: serve %v: %v", page, err)
-			return false
-		}
-		if err == nil {
-			// Not when the range is gone (deleted while the fault
-			// waited): a stale entry would later have a page of a new
-			// region at that address evicted while it is not mapped,
-			// and the shim's helper fault on it, holding its table lock.
-			c.resident[page.Start] = true
 		}
 	case userfaultfd.EventRemove, userfaultfd.EventUnmap:
 		c.smu.Lock()
@@ -893,6 +911,138 @@ func (c *agentClient) handleEvent(e userfaultfd.Event, ev *eviction) (again bool
 		c.a.t.Errorf("agent: unexpected event %v", e.Kind)
 	}
 	return false
+}
+
+// install maps the missing page: its evicted contents, or zeros. again:
+// the address space is changing (a FORK read but not handled, an event
+// being delivered): later.
+func (c *agentClient) install(page userfaultfd.Range) (again bool, err error) {
+	data, restore := c.saved[page.Start]
+	// Not while a FORK read is not handled: reading it ended the
+	// kernel's refusal, but the child's page tables were copied
+	// without this page, and its copy of saved, made when the FORK
+	// is handled, would lack it (the child would read zeros). The
+	// kernel hands out faults before events: a FORK read with this
+	// fault, or after it, may be unhandled yet. readMu keeps the
+	// reader from reading one during the install.
+	c.readMu.Lock()
+	if c.forksRead > c.forksDone {
+		c.readMu.Unlock()
+		return true, nil
+	}
+	if restore {
+		var flags userfaultfd.Flags
+		if c.a.restoreWP.Load() {
+			flags = userfaultfd.WriteProtected
+		}
+		_, err = c.uffd.Copy(page.Start, data, flags)
+	} else {
+		_, err = c.uffd.ZeroPage(page, 0)
+	}
+	c.readMu.Unlock()
+	if userfaultfd.IsMMChanged(err) {
+		// A non-cooperative event (REMOVE, UNMAP, FORK) is being
+		// delivered; once the reader has taken it, this succeeds.
+		return true, nil
+	}
+	c.smu.Lock()
+	if restore && err == nil {
+		delete(c.saved, page.Start)
+		c.stats.Restores++
+	} else if err == nil {
+		c.stats.ZeroFills++
+	}
+	c.smu.Unlock()
+	if userfaultfd.IsExist(err) {
+		err = c.uffd.Wake(page)
+	}
+	if err == nil {
+		// Not when the range is gone (deleted while the fault
+		// waited): a stale entry would later have a page of a new
+		// region at that address evicted while it is not mapped,
+		// and the shim's helper fault on it, holding its table lock.
+		c.resident[page.Start] = true
+	}
+	return false, err
+}
+
+// handleRing serves a fault taken from the fault ring as handleEvent
+// serves one read from the uffd, and answers it; it returns true if it
+// must be handled again later (the address space is changing). A write
+// to a resident page is a write to a page held write-protected (restored
+// so, or a victim not evicted): unprotected.
+func (c *agentClient) handleRing(f ringFault, ev *eviction) (again bool) {
+	page := userfaultfd.Range{Start: f.addr.RoundDown(userfaultfd.PageSize), Len: userfaultfd.PageSize}
+	if !c.inRegion(page.Start) {
+		c.ring.complete(f.idx, proto.RingNotMine)
+		return false
+	}
+	if ev.inBatch(page.Start) {
+		ev.heldR = append(ev.heldR, f.idx)
+		c.smu.Lock()
+		c.stats.HeldFaults++
+		c.smu.Unlock()
+		return false
+	}
+	var err error
+	if c.resident[page.Start] {
+		if f.write {
+			err = c.uffd.Unprotect(page, 0)
+		}
+	} else {
+		again, err = c.install(page)
+	}
+	if again || userfaultfd.IsMMChanged(err) {
+		return true
+	}
+	if err != nil && !userfaultfd.IsGone(err) {
+		c.a.t.Errorf("agent: serve %v from the ring: %v", page, err)
+	}
+	c.ring.complete(f.idx, proto.RingDone)
+	return false
+}
+
+// routineRing reads the client's fault ring (ring.go): it hands the loop
+// the entries posted, polls the ring for ringSpin once it is empty, then
+// says it sleeps (RingAsleep), looks once more, and sleeps in poll(2) on
+// the doorbell until a post rings it.
+func (c *agentClient) routineRing(out chan<- []ringFault, quit <-chan struct{}) {
+	var batch []ringFault
+	idle := time.Now()
+	for {
+		batch = c.ring.take(batch[:0])
+		if len(batch) == 0 && time.Since(idle) >= time.Duration(c.a.ringSpin.Load()) {
+			c.ring.setAgent(proto.RingAsleep)
+			if batch = c.ring.take(batch[:0]); len(batch) == 0 {
+				fds := []unix.PollFd{{Fd: int32(c.bell), Events: unix.POLLIN}, {Fd: int32(c.stopfd), Events: unix.POLLIN}}
+				if _, err := unix.Poll(fds, -1); err != nil && err != unix.EINTR {
+					c.a.t.Errorf("agent: poll the doorbell: %v", err)
+					return
+				}
+				if fds[1].Revents != 0 {
+					return
+				}
+				var b [8]byte
+				unix.Read(c.bell, b[:])
+			}
+			c.ring.setAgent(proto.RingAwake)
+			idle = time.Now()
+		}
+		if len(batch) == 0 {
+			select {
+			case <-quit:
+				return
+			default:
+			}
+			continue
+		}
+		select {
+		case out <- slices.Clone(batch):
+		case <-quit:
+			return
+		}
+		idle = time.Now()
+	}
 }
 
 // publishFork leaves f for the child's HELLO.
@@ -1001,7 +1151,10 @@ func (c *agentClient) finishBatch(m *proto.Evicted, ev *eviction) *eviction {
 	for _, p := range ev.held {
 		c.uffd.Wake(userfaultfd.Range{Start: p, Len: userfaultfd.PageSize})
 	}
-	ev.held, ev.batch = nil, nil
+	for _, i := range ev.heldR {
+		c.ring.complete(i, proto.RingDone) // the access is retried: it faults again if evicted
+	}
+	ev.held, ev.heldR, ev.batch = nil, nil, nil
 	clear(ev.removed)
 	return c.nextBatch(ev)
 }

@@ -14,7 +14,8 @@ import (
 )
 
 // TestCLayoutMatchesGo decodes packets built from preload/proto.h's
-// structs with pager/proto: the two sides of the protocol agree.
+// structs with pager/proto, and compares the fault ring's layout, states
+// and flags: the two sides of the protocol agree.
 func TestCLayoutMatchesGo(t *testing.T) {
 	out, err := exec.Command(filepath.Join(build(t), "protodump")).Output()
 	if err != nil {
@@ -26,7 +27,7 @@ func TestCLayoutMatchesGo(t *testing.T) {
 	ev2 := &proto.Evict{Batch: 10, N: 1}
 	ev2.Pages[0] = proto.EvictPage{Addr: 0x5000, Slot: proto.NoSlot}
 	want := []proto.Message{
-		&proto.Hello{PID: 1234, PPID: 1, Features: 0x1cb, PageSize: 4096, Flags: proto.HelloUFFD, LocalMem: 64 << 20},
+		&proto.Hello{PID: 1234, PPID: 1, Features: 0x147, PageSize: 4096, Flags: proto.HelloUFFD, LocalMem: 64 << 20},
 		&proto.RegionAdd{ID: 7, Range: userfaultfd.Range{Start: 0x7f0000000000, Len: 1 << 20}, Kind: proto.KindMmap},
 		&proto.RegionDel{ID: 7, Range: userfaultfd.Range{Start: 0x7f0000001000, Len: 8192}},
 		&proto.Evicted{Batch: 1 << 40, Done: 3, Errno: unix.EFAULT},
@@ -38,10 +39,12 @@ func TestCLayoutMatchesGo(t *testing.T) {
 		&proto.UFFDDevice{},
 		&proto.ForkPrepare{Serial: 3},
 		&proto.ForkDone{Serial: 3, PID: -int32(unix.EAGAIN)},
-		&proto.Hello{PID: 1235, PPID: 1234, ForkSerial: 3, Features: 0x1ca, PageSize: 4096, Flags: proto.HelloUFFD},
-		&proto.Hello{PID: 1236, PPID: 1, Features: 0x1cb, PageSize: 4096, Flags: proto.HelloUFFD | proto.HelloResume},
+		&proto.Hello{PID: 1235, PPID: 1234, ForkSerial: 3, Features: 0x146, PageSize: 4096, Flags: proto.HelloUFFD},
+		&proto.Hello{PID: 1236, PPID: 1, Features: 0x147, PageSize: 4096, Flags: proto.HelloUFFD | proto.HelloResume},
 		&proto.RegionAdd{ID: 8, Range: userfaultfd.Range{Start: 0x7f0000100000, Len: 1 << 21}, Kind: proto.KindHeap, Flags: proto.RegionResumed},
 		&proto.ResumeDone{Regions: 1},
+		&proto.Hello{PID: 1237, PPID: 1, Features: 0x1c7, PageSize: 4096, Flags: proto.HelloUFFD | proto.HelloRing},
+		&proto.Welcome{ClientID: 4, StagingSlots: 64, Flags: proto.WelcomeUFFD | proto.WelcomeRing},
 	}
 	for i, w := range want {
 		if len(out) < 4 {
@@ -58,7 +61,24 @@ func TestCLayoutMatchesGo(t *testing.T) {
 			t.Errorf("packet %d: seq %d %+v, want %+v", i, h.Seq, m, w)
 		}
 	}
-	if len(out) != 0 {
-		t.Errorf("%d bytes left over", len(out))
+	// The fault ring's layout (ring.go) and the descriptors a WELCOME
+	// may carry.
+	ring := []uint32{
+		proto.RingSize, proto.RingEntries, proto.RingEntrySize, proto.RingMagic,
+		proto.RingHdrMagic, proto.RingHdrEntries, proto.RingHdrAgent, proto.RingHdrPosted, proto.RingHdrDoorbells,
+		uint32(proto.RingEntryOffset(0)), uint32(proto.RingEntryOffset(1)),
+		proto.RingEntState, proto.RingEntWaiters, proto.RingEntTID, proto.RingEntFlags, proto.RingEntAddr, proto.RingEntPosted,
+		proto.RingAwake, proto.RingAsleep,
+		proto.RingFree, proto.RingClaimed, proto.RingPosted, proto.RingServing,
+		proto.RingDone, proto.RingLost, proto.RingNotMine, proto.RingWrite,
+		proto.MaxFDs,
+	}
+	if len(out) < 4 || int(binary.LittleEndian.Uint32(out)) != 4*len(ring) || len(out) != 4+4*len(ring) {
+		t.Fatalf("the ring's layout: %d bytes, want %d words", len(out), len(ring))
+	}
+	for i, w := range ring {
+		if got := binary.LittleEndian.Uint32(out[4+4*i:]); got != w {
+			t.Errorf("the ring's layout, word %d: C %d, Go %d", i, got, w)
+		}
 	}
 }

@@ -150,7 +150,7 @@ static int decide(void)
 {
 	if (t_deciding)
 		return MODE_UNKNOWN;
-	pthread_mutex_lock(&mode_mu);
+	rm_lock(&mode_mu);
 	int m = rm_mode();
 	if (m != MODE_UNKNOWN) {
 		pthread_mutex_unlock(&mode_mu);

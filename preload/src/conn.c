@@ -38,6 +38,7 @@
 #include <semaphore.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -50,6 +51,8 @@ static struct {
 	int staging_fd; /* kept: a resuming HELLO hands it to the next agent */
 	char *staging;
 	uint32_t slots;
+	struct rmem_ring *ring; /* ring mode: the fault ring (atomic) */
+	int doorbell;           /* ring mode: the agent's eventfd, -1 (atomic) */
 	uint64_t features;
 	uint64_t fork_serial; /* forks with regions: FORK events, or FORK_PREPAREs */
 	int lost_said;
@@ -73,6 +76,7 @@ static struct {
 	.uffd = -1,
 	.mem_fd = -1,
 	.staging_fd = -1,
+	.doorbell = -1,
 	.init_mu = PTHREAD_MUTEX_INITIALIZER,
 	.req_mu = PTHREAD_MUTEX_INITIALIZER,
 	.reply_mu = PTHREAD_MUTEX_INITIALIZER,
@@ -91,6 +95,17 @@ static void set_state_locked(int st)
 
 static void set_uffd(int fd) { __atomic_store_n(&conn.uffd, fd, __ATOMIC_RELEASE); }
 
+/* Whether this process posts its faults to a fault ring (declared in
+ * rmem.h for the wrappers' fast path): conn.ring is set. */
+int rm_ring_mode;
+
+static void set_ring(struct rmem_ring *r, int doorbell)
+{
+	__atomic_store_n(&conn.doorbell, doorbell, __ATOMIC_RELEASE);
+	__atomic_store_n(&conn.ring, r, __ATOMIC_RELEASE);
+	__atomic_store_n(&rm_ring_mode, r != NULL, __ATOMIC_RELEASE);
+}
+
 /* Called once, by our constructor, before the helper thread starts. */
 void rm_conn_init(void) { sem_init(&conn.ready, 0, 0); }
 
@@ -100,6 +115,9 @@ int rm_conn_state(void) { return __atomic_load_n(&conn.state, __ATOMIC_ACQUIRE);
 int rm_conn_uffd(void) { return __atomic_load_n(&conn.uffd, __ATOMIC_ACQUIRE); }
 char *rm_conn_staging(void) { return __atomic_load_n(&conn.staging, __ATOMIC_ACQUIRE); }
 uint32_t rm_conn_slots(void) { return __atomic_load_n(&conn.slots, __ATOMIC_ACQUIRE); }
+struct rmem_ring *rm_conn_ring(void) { return __atomic_load_n(&conn.ring, __ATOMIC_ACQUIRE); }
+int rm_conn_doorbell(void) { return __atomic_load_n(&conn.doorbell, __ATOMIC_ACQUIRE); }
+pid_t rm_conn_pid(void) { return __atomic_load_n(&conn.pid, __ATOMIC_ACQUIRE); }
 int rm_conn_sock(void) { return conn.sock; }
 int rm_conn_mem_fd(void) { return conn.mem_fd; }
 
@@ -124,7 +142,7 @@ int rm_conn_is_connected(void)
 /* The helper thread: waits for a connection to serve; returns its socket. */
 int rm_conn_await(void)
 {
-	while (sem_wait(&conn.ready) != 0)
+	while (rm_sem_wait(&conn.ready) != 0)
 		;
 	return conn.sock;
 }
@@ -135,9 +153,9 @@ void rm_conn_wait_resumed(void)
 {
 	if (rm_conn_state() != ST_RESUMING)
 		return;
-	pthread_mutex_lock(&conn.reply_mu);
+	rm_lock(&conn.reply_mu);
 	while (conn.state == ST_RESUMING)
-		pthread_cond_wait(&conn.reply_cv, &conn.reply_mu);
+		rm_cond_wait(&conn.reply_cv, &conn.reply_mu);
 	pthread_mutex_unlock(&conn.reply_mu);
 }
 
@@ -153,16 +171,20 @@ static void say_off(const char *why, int err)
 
 /* Drops what a child inherited of its parent's connection: its socket,
  * its uffd (ioctls on it act on the parent's address space), its staging
- * memfd (the mapping is MADV_DONTFORK: wire.c) and /proc/self/mem (the
+ * memfd and fault ring (the mapping is MADV_DONTFORK: wire.c; the parent's
+ * ring is never the child's), the doorbell and /proc/self/mem (the
  * parent's memory). The only thread. */
 static void drop_inherited(void)
 {
-	int fd = rm_conn_uffd();
+	int fd = rm_conn_uffd(), db = rm_conn_doorbell();
 	set_uffd(-1);
+	set_ring(NULL, -1);
 	__atomic_store_n(&conn.staging, NULL, __ATOMIC_RELEASE);
 	__atomic_store_n(&conn.slots, 0, __ATOMIC_RELEASE);
 	if (fd >= 0)
 		close(fd);
+	if (db >= 0)
+		close(db);
 	int *fds[] = {&conn.sock, &conn.staging_fd, &conn.mem_fd};
 	for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++) {
 		if (*fds[i] >= 0)
@@ -183,6 +205,7 @@ static void adopt(const struct rm_session *s)
 		close(conn.staging_fd);
 	conn.staging_fd = s->staging_fd;
 	conn.features = s->features;
+	set_ring(s->ring, s->doorbell);
 	rm_offer_min_alloc(s->min_alloc);
 	memset(&conn.reply, 0, sizeof conn.reply);
 	if (conn.mem_fd >= 0)
@@ -198,7 +221,7 @@ static void adopt(const struct rm_session *s)
 int rm_conn_connect(int *now)
 {
 	*now = 0;
-	pthread_mutex_lock(&conn.init_mu);
+	rm_lock(&conn.init_mu);
 	if (conn.state == ST_UNINIT) {
 		struct rm_session s;
 		const char *why = NULL;
@@ -227,7 +250,7 @@ void rm_conn_lost(int err)
 {
 	int resume = err != EPROTO && getpid() == conn.pid && rm_table_count() > 0 &&
 		     rm_conn_state() == ST_CONNECTED;
-	pthread_mutex_lock(&conn.reply_mu);
+	rm_lock(&conn.reply_mu);
 	conn.reply.dead = 1;
 	set_state_locked(resume ? ST_RESUMING : ST_OFF);
 	pthread_mutex_unlock(&conn.reply_mu);
@@ -252,7 +275,7 @@ int rm_conn_resume(int *journaled)
 	/* Not while a lost fork's child inherits the regions: the next agent
 	 * would take the uffd, and the fork's FORK event with it (resume.c
 	 * closes it). Such a fork waits for an attempt in progress. */
-	pthread_mutex_lock(&conn.reply_mu);
+	rm_lock(&conn.reply_mu);
 	int busy = conn.lost_fork;
 	conn.resuming = !busy;
 	pthread_mutex_unlock(&conn.reply_mu);
@@ -261,14 +284,24 @@ int rm_conn_resume(int *journaled)
 	struct rm_session cur = {
 		.uffd = conn.uffd, .staging_fd = conn.staging_fd, .slots = conn.slots, .features = conn.features,
 	};
-	int s = rm_hello_resume(&cur, journaled);
+	int db = -1;
+	int s = rm_hello_resume(&cur, journaled, &db);
 	if (s >= 0) {
 		int old = conn.sock;
 		conn.sock = s;
 		if (old >= 0)
 			close(old);
 	}
-	pthread_mutex_lock(&conn.reply_mu);
+	if (db >= 0) {
+		/* The next agent's doorbell takes the old one's number: a
+		 * faulting thread may be writing to that number right now. */
+		int cur_db = rm_conn_doorbell();
+		if (cur_db < 0)
+			__atomic_store_n(&conn.doorbell, db, __ATOMIC_RELEASE);
+		else if (rm_sys(SYS_dup3, db, cur_db, O_CLOEXEC) >= 0)
+			close(db);
+	}
+	rm_lock(&conn.reply_mu);
 	conn.resuming = 0;
 	if (s >= 0) {
 		memset(&conn.reply, 0, sizeof conn.reply);
@@ -283,7 +316,7 @@ int rm_conn_resume(int *journaled)
 /* orphan: RESUMING -> ORPHANED, no agent came in time: requests fail. */
 void rm_conn_orphan(void)
 {
-	pthread_mutex_lock(&conn.reply_mu);
+	rm_lock(&conn.reply_mu);
 	set_state_locked(ST_ORPHANED);
 	pthread_mutex_unlock(&conn.reply_mu);
 }
@@ -353,12 +386,12 @@ static int lost_kind(int st)
  * resume that began since is waited for here). */
 void rm_conn_fork_prepare(struct rm_fork *f, int wrapper)
 {
-	pthread_mutex_lock(&conn.init_mu);
-	pthread_mutex_lock(&conn.req_mu);
+	rm_lock(&conn.init_mu);
+	rm_lock(&conn.req_mu);
 	int mine = getpid() == conn.pid && rm_table_count() > 0;
-	pthread_mutex_lock(&conn.reply_mu);
+	rm_lock(&conn.reply_mu);
 	while (conn.state == ST_RESUMING || conn.resuming)
-		pthread_cond_wait(&conn.reply_cv, &conn.reply_mu);
+		rm_cond_wait(&conn.reply_cv, &conn.reply_mu);
 	f->state = conn.state;
 	f->had_regions = f->state == ST_CONNECTED && mine;
 	f->lost = mine && (f->state == ST_ORPHANED || f->state == ST_OFF) ? lost_kind(f->state) : 0;
@@ -396,7 +429,7 @@ void rm_conn_fork_parent(const struct rm_fork *f, int wrapper)
 		rm_send(conn.sock, RMEM_FORK_DONE, rm_next_seq(), &m, sizeof m, -1);
 	}
 	if (f->lost) { /* its FORK event, if any, was read: the helper may resume */
-		pthread_mutex_lock(&conn.reply_mu);
+		rm_lock(&conn.reply_mu);
 		conn.lost_fork = 0;
 		pthread_mutex_unlock(&conn.reply_mu);
 	}
@@ -410,7 +443,7 @@ void rm_conn_fork_parent(const struct rm_fork *f, int wrapper)
  * set, req_mu not held. */
 void rm_conn_fork_done(const struct rm_fork *f, pid_t pid, int err)
 {
-	pthread_mutex_lock(&conn.req_mu);
+	rm_lock(&conn.req_mu);
 	if (f->prepared && rm_conn_state() == ST_CONNECTED) {
 		struct rmem_fork m = {.serial = f->serial, .pid = pid < 0 ? -err : pid};
 		rm_send(conn.sock, RMEM_FORK_DONE, rm_next_seq(), &m, sizeof m, -1);
@@ -476,7 +509,7 @@ static void child_lost_pages(const char *why, int err, int wait)
 		if (rc != -EBUSY || !wait || ms == 30000)
 			break;
 		struct timespec t = {0, 1000 * 1000};
-		nanosleep(&t, NULL);
+		rm_sys(SYS_nanosleep, &t, NULL, 0);
 	}
 	if (rc == 0) {
 		set_uffd(fd); /* fd stays open: closing it would unregister */
@@ -563,7 +596,7 @@ int rm_request_locked(uint16_t type, const void *body, uint32_t len)
 {
 	rm_conn_wait_resumed();
 	uint32_t seq = rm_next_seq();
-	pthread_mutex_lock(&conn.reply_mu);
+	rm_lock(&conn.reply_mu);
 	if (conn.reply.dead) {
 		pthread_mutex_unlock(&conn.reply_mu);
 		return -EPIPE;
@@ -572,9 +605,9 @@ int rm_request_locked(uint16_t type, const void *body, uint32_t len)
 	conn.reply.done = 0;
 	pthread_mutex_unlock(&conn.reply_mu);
 	int err = rm_send(conn.sock, type, seq, body, len, -1);
-	pthread_mutex_lock(&conn.reply_mu);
+	rm_lock(&conn.reply_mu);
 	while (!err && !conn.reply.done && !conn.reply.dead)
-		pthread_cond_wait(&conn.reply_cv, &conn.reply_mu);
+		rm_cond_wait(&conn.reply_cv, &conn.reply_mu);
 	if (!err)
 		err = conn.reply.done ? -conn.reply.err : -EPIPE;
 	conn.reply.seq = 0;
@@ -585,7 +618,7 @@ int rm_request_locked(uint16_t type, const void *body, uint32_t len)
 /* The helper thread: the reply to request seq (err 0: ACK). */
 void rm_deliver_reply(uint32_t seq, int err)
 {
-	pthread_mutex_lock(&conn.reply_mu);
+	rm_lock(&conn.reply_mu);
 	if (conn.reply.seq == seq && !conn.reply.done) {
 		conn.reply.err = err;
 		conn.reply.done = 1;
@@ -599,7 +632,7 @@ void rm_deliver_reply(uint32_t seq, int err)
 void rm_req_lock(void)
 {
 	if (!rm_in_fork())
-		pthread_mutex_lock(&conn.req_mu);
+		rm_lock(&conn.req_mu);
 }
 
 void rm_req_unlock(void)

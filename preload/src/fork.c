@@ -86,6 +86,7 @@ static void child_after_fork(const struct rm_fork *f)
 {
 	pthread_mutex_init(&fork_mu, NULL);
 	rm_table_atfork_child(); /* the helper may have held table_mu */
+	rm_sigbus_atfork_child(); /* its SIGBUS disposition is its own */
 	rm_helper_atfork_child();
 	int err = 0;
 	if (rm_conn_atfork_child(f)) {
@@ -108,7 +109,7 @@ static void atfork_prepare(void)
 	 * resume.c): the child's regions need a FORK event or FORK_PREPARE
 	 * served. Before any lock: the helper that resumes takes table_mu. */
 	rm_conn_wait_resumed();
-	pthread_mutex_lock(&fork_mu);
+	rm_lock(&fork_mu);
 	rm_heap_prefork();
 	rm_conn_fork_prepare(&t_fork.c, t_fork.wrapper); /* init_mu, req_mu */
 	t_fork.active = 1;

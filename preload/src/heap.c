@@ -110,7 +110,7 @@ HIDDEN void *rm_heap_mmap(void *addr, size_t len, int prot, int flags, int fd, o
 		}
 		return rm_map_fixed(addr, len, prot, flags, fd, off, RM_FIXED_ZAP | RM_FIXED_HEAP);
 	}
-	pthread_mutex_lock(&heap_mu);
+	rm_lock(&heap_mu);
 	uintptr_t at = g_bump;
 	if (a) /* a hint: taken if it lies in what is left, else refused */
 		at = a >= g_bump && !(a & (rm_page - 1)) && a < g_res_end ? a : 0;

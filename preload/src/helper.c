@@ -78,10 +78,10 @@ static uint32_t drop(const struct rmem_evict *ev, uint32_t n, int *err)
 		i = j;
 	}
 	if (runs > 1 && __atomic_load_n(&g_pmadv_ok, __ATOMIC_RELAXED)) {
-		long r = syscall(SYS_process_madvise, PIDFD_SELF_THREAD, iov, runs, MADV_DONTNEED, 0);
+		long r = rm_sys6(SYS_process_madvise, PIDFD_SELF_THREAD, (long)iov, runs, MADV_DONTNEED, 0, 0);
 		if (r >= 0 && (size_t)r == (size_t)(n * rm_page))
 			return n;
-		if (r < 0 && (errno == EBADF || errno == EINVAL || errno == ENOSYS || errno == EPERM))
+		if (r == -EBADF || r == -EINVAL || r == -ENOSYS || r == -EPERM)
 			__atomic_store_n(&g_pmadv_ok, 0, __ATOMIC_RELAXED);
 		/* Refused, or partly done: madvise from the first run again
 		 * (dropping a dropped page again is harmless). */
@@ -129,7 +129,7 @@ static void evict(const struct rmem_evict *ev, struct rmem_evicted *out)
 		char *dst = staging + (size_t)s * rm_page;
 		if (!(flags & R_UNREADABLE)) {
 			memcpy(dst, (void *)a, rm_page);
-		} else if (mem_fd < 0 || pread(mem_fd, dst, rm_page, (off_t)a) != (ssize_t)rm_page) {
+		} else if (mem_fd < 0 || rm_sys4(SYS_pread64, mem_fd, dst, rm_page, a) != (long)rm_page) {
 			err = EFAULT; /* the agent keeps the page resident */
 			break;
 		}
@@ -222,8 +222,8 @@ static void *helper_main(void *arg)
 int rm_helper_start(void)
 {
 	sigset_t all, old;
-	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &old);
+	sigfillset(&all); /* (glibc's: without its internal signals, which setxid needs) */
+	rm_sys4(SYS_rt_sigprocmask, SIG_SETMASK, &all, &old, _NSIG / 8);
 	pthread_attr_t attr;
 	pthread_attr_init(&attr);
 	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
@@ -231,7 +231,7 @@ int rm_helper_start(void)
 	pthread_t t;
 	int err = pthread_create(&t, &attr, helper_main, NULL);
 	pthread_attr_destroy(&attr);
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	rm_sys4(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, _NSIG / 8);
 	if (!err)
 		__atomic_store_n(&g_running, 1, __ATOMIC_RELEASE);
 	return err;

@@ -116,7 +116,7 @@ EXPORT void *mremap(void *old, size_t oldlen, size_t newlen, int flags, ...)
 	if (!rm_in_shim() && page_range(a, oldlen))
 		rm_region_pending_drop(a, ol);
 	if (rm_in_shim() || !page_range(a, oldlen) || !newlen || !rm_table_overlaps(a, ol))
-		return (void *)syscall(SYS_mremap, old, oldlen, newlen, flags, want);
+		return (void *)rm_sysret(rm_sys6(SYS_mremap, (long)old, (long)oldlen, (long)newlen, flags, (long)want, 0));
 	if (flags & MREMAP_DONTUNMAP) {
 		errno = EINVAL;
 		return MAP_FAILED;

@@ -16,6 +16,7 @@
 static int g_open;            /* our constructor ran (atomic): new memory may connect */
 static uint64_t g_next_id = 1; /* req_mu */
 static int g_full_said;
+static int g_sigbus_said;
 
 /* Called by our constructor once the helper thread exists (or could not
  * be created): from now on new memory connects and becomes regions, and
@@ -59,6 +60,15 @@ int rm_connected(void)
 		return rm_conn_is_connected();
 	if (rm_region_early() || !rm_helper_running())
 		return 0;
+	/* Ring mode: our SIGBUS handler before the uffd that raises SIGBUS
+	 * exists (and stays if the agent refuses: it hands every SIGBUS to
+	 * the program's own disposition then). */
+	if (rm_in_thread && rm_sigbus_install() != 0) {
+		if (!__atomic_exchange_n(&g_sigbus_said, 1, __ATOMIC_ACQ_REL))
+			rm_say("rmem: cannot install the SIGBUS handler " RMEM_ENV_IN_THREAD " needs: using ordinary memory",
+			       NULL);
+		return 0;
+	}
 	int now, ok = rm_conn_connect(&now); /* opens the uffd once connected */
 	if (now)
 		pending_register();

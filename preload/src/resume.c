@@ -10,7 +10,8 @@
  * If none does within RMEM_AGENT_WAIT (default 60 s), the process is
  * orphaned: it says so, requests fail (new memory is ordinary), and the
  * helper answers every fault on the uffd with UFFDIO_POISON (SIGBUS for
- * the faulting thread: never zeros), while it goes on looking for an
+ * the faulting thread: never zeros), and in ring mode every fault posted to
+ * the fault ring LOST, poisoned (ring.c), while it goes on looking for an
  * agent; it closes the FORK uffd of a child forked meanwhile, which guards
  * its pooled pages itself (conn.c's lost_kind). The connection changes
  * through conn.c's transitions (resume, orphan); the HELLO is wire.c's.
@@ -24,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -67,7 +69,7 @@ static void poison_faults(int uffd)
 {
 	struct uffd_msg msgs[16];
 	for (;;) {
-		ssize_t n = read(uffd, msgs, sizeof msgs);
+		long n = rm_sys(SYS_read, uffd, msgs, sizeof msgs);
 		if (n <= 0)
 			return;
 		for (size_t i = 0; i < (size_t)n / sizeof msgs[0]; i++) {
@@ -91,6 +93,27 @@ static void poison_faults(int uffd)
 			kill(getpid(), SIGBUS); /* no poison on this kernel: the process then */
 		}
 	}
+}
+
+/* One turn of the orphaned helper (for a second at most): the faults on
+ * the uffd, and in ring mode those posted to the fault ring, which it
+ * answers as the agent would (ring.c: LOST, poisoned), sleeping in poll(2)
+ * on the uffd and the doorbell meanwhile, the ring's agent word ASLEEP so
+ * that a post rings it. */
+static void orphan_turn(void)
+{
+	struct pollfd p[2] = {{.fd = rm_conn_uffd(), .events = POLLIN}, {.fd = rm_conn_doorbell(), .events = POLLIN}};
+	struct timespec t = {1, 0};
+	rm_ring_agent_word(1);
+	int answered = rm_ring_serve_lost(p[0].fd); /* (posts made before ASLEEP was seen) */
+	if (!answered && rm_sys4(SYS_ppoll, p, p[1].fd >= 0 ? 2 : 1, &t, NULL) > 0 && (p[0].revents & POLLIN))
+		poison_faults(p[0].fd);
+	rm_ring_agent_word(0);
+	if (p[1].fd >= 0 && (p[1].revents & POLLIN)) {
+		uint64_t v;
+		rm_sys(SYS_read, p[1].fd, &v, sizeof v); /* rung: it does not block */
+	}
+	rm_ring_serve_lost(p[0].fd);
 }
 
 /* The helper thread, once the connection was lost with regions: until an
@@ -117,12 +140,10 @@ void rm_resume_loop(void)
 			    " (default 60s): its pages in the pool are lost to it; touching one raises SIGBUS", NULL);
 		}
 		if (orphaned) {
-			struct pollfd p = {.fd = rm_conn_uffd(), .events = POLLIN};
-			if (poll(&p, 1, 1000) > 0)
-				poison_faults(p.fd);
+			orphan_turn();
 		} else {
 			struct timespec t = {0, 100 * 1000 * 1000};
-			nanosleep(&t, NULL);
+			rm_sys(SYS_nanosleep, &t, NULL, 0);
 		}
 	}
 }

@@ -13,8 +13,11 @@
  *   region.c     how memory becomes, changes and stops being a region:
  *                connecting on first use, REGION_ADD/DEL/ZAP, MAP_FIXED
  *                over regions, madvise and mprotect of regions
+ *   sigbus.c     ring mode's SIGBUS handler, the program's disposition
  *   helper.c     the helper thread: replies and EVICT
  *   resume.c     the helper looking for the next agent
+ *   ring.c       the fault ring, the shim's side: post and wait; the
+ *                orphaned helper's answers
  *   conn.c       the connection: its state and the transitions that
  *                change it, requests
  *   wire.c       packets, new userfaultfds, the handshake (HELLO by mode)
@@ -55,7 +58,14 @@
  *
  * What a signal handler may read (no locks, nothing it could interrupt
  * half done): the accessors marked "signal-safe" (atomic loads), the
- * variables declared here, and rm_page.
+ * variables declared here, and rm_page. Ring mode's SIGBUS handler
+ * (sigbus.c, ring.c) runs inside any code of the program's, the shim's
+ * included: it takes no lock, calls no libc function but the
+ * async-signal-safe clock_gettime, and makes its system calls raw.
+ *
+ * The shim's own system calls are raw (rm_sys6) and its locks are taken
+ * with glibc's functions behind rm_lock, rm_cond_wait and rm_sem_wait:
+ * never through the names the shim interposes for the program.
  *
  * Nothing here may allocate through the shim. Shim code runs with the
  * per-thread guard in_shim set (rm_shim_enter): its allocations (by libc
@@ -69,6 +79,8 @@
 
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <semaphore.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -137,6 +149,10 @@ enum mode {
 
 /* ---- util.c: configuration, say(), raw system calls (nothing here allocates) ---- */
 HIDDEN extern size_t rm_page; /* set once, by rm_init_config */
+/* RMEM_IN_THREAD=1: ring mode is asked for (set once, by rm_init_config):
+ * the uffd raises SIGBUS and faults go through the fault ring (ring.c). */
+HIDDEN extern int rm_in_thread;
+#define RMEM_ENV_IN_THREAD "RMEM_IN_THREAD"
 typedef pid_t rm_fork_fn(void);
 typedef void *rm_sbrk_fn(intptr_t);
 HIDDEN void rm_init_config(void);
@@ -153,6 +169,46 @@ HIDDEN int rm_raw_munmap(void *a, size_t len);
 HIDDEN int rm_raw_madvise(void *a, size_t len, int advice);
 HIDDEN int rm_raw_mprotect(void *a, size_t len, int prot);
 HIDDEN size_t rm_parse_size(const char *s, int *ok);
+HIDDEN void *rm_libc(const char *name);
+/* The shim's own locks, through glibc's functions: never through the
+ * interposed names (kwait.c), whose wrappers are for the program's. */
+HIDDEN int rm_lock(pthread_mutex_t *m);
+HIDDEN int rm_cond_wait(pthread_cond_t *c, pthread_mutex_t *m);
+HIDDEN int rm_sem_wait(sem_t *s);
+
+/* A system call without libc: the result, or -errno (errno untouched).
+ * The shim's own system calls go this way, never through the names it
+ * interposes (kcall.c, kwait.c), and a signal handler may use it. */
+static inline long rm_sys6(long n, long a, long b, long c, long d, long e, long f)
+{
+#if defined(__x86_64__)
+	long r;
+	register long r10 __asm__("r10") = d;
+	register long r8 __asm__("r8") = e;
+	register long r9 __asm__("r9") = f;
+	__asm__ volatile("syscall"
+			 : "=a"(r)
+			 : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
+			 : "rcx", "r11", "memory");
+	return r;
+#elif defined(__aarch64__)
+	register long x8 __asm__("x8") = n;
+	register long x0 __asm__("x0") = a;
+	register long x1 __asm__("x1") = b;
+	register long x2 __asm__("x2") = c;
+	register long x3 __asm__("x3") = d;
+	register long x4 __asm__("x4") = e;
+	register long x5 __asm__("x5") = f;
+	__asm__ volatile("svc 0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2), "r"(x3), "r"(x4), "r"(x5) : "memory");
+	return x0;
+#else
+#error "rm_sys6: add this architecture's system call"
+#endif
+}
+#define rm_sys(n, a, b, c) rm_sys6((n), (long)(a), (long)(b), (long)(c), 0, 0, 0)
+#define rm_sys4(n, a, b, c, d) rm_sys6((n), (long)(a), (long)(b), (long)(c), (long)(d), 0, 0)
+/* rm_sys's result as libc gives it: -1 with errno set on failure. */
+HIDDEN long rm_sysret(long r);
 
 static inline size_t round_up(size_t n, size_t a) { return (n + a - 1) & ~(a - 1); }
 static inline int add_overflows(size_t a, size_t b) { return a + b < a; }
@@ -220,6 +276,8 @@ struct rm_session {
 	uint32_t slots;
 	uint64_t features;  /* the uffd's (a fork child: its parent's) */
 	uint64_t min_alloc; /* WELCOME's; 0: none */
+	struct rmem_ring *ring; /* ring mode: the fault ring, in the staging mapping */
+	int doorbell;           /* ring mode: the agent's eventfd; else -1 */
 };
 HIDDEN uint32_t rm_next_seq(void);
 HIDDEN int rm_send(int sock, uint16_t type, uint32_t seq, const void *body, uint32_t len, int fd);
@@ -232,7 +290,7 @@ HIDDEN int rm_hello_fork_event(struct rm_session *s, pid_t parent, uint64_t feat
 			       const char **why);
 HIDDEN int rm_hello_fork_own(struct rm_session *s, pid_t parent, uint64_t features, uint64_t serial,
 			     const char **why);
-HIDDEN int rm_hello_resume(const struct rm_session *cur, int *journaled);
+HIDDEN int rm_hello_resume(const struct rm_session *cur, int *journaled, int *doorbell);
 
 /* ---- conn.c: the connection ---- */
 /* A fork as the connection sees it: filled by rm_conn_fork_prepare, kept
@@ -256,6 +314,12 @@ HIDDEN int rm_conn_state(void);   /* signal-safe */
 HIDDEN int rm_conn_uffd(void);    /* signal-safe */
 HIDDEN char *rm_conn_staging(void); /* signal-safe */
 HIDDEN uint32_t rm_conn_slots(void); /* signal-safe */
+HIDDEN struct rmem_ring *rm_conn_ring(void); /* signal-safe; NULL: no fault ring */
+HIDDEN int rm_conn_doorbell(void);  /* signal-safe */
+HIDDEN pid_t rm_conn_pid(void);     /* signal-safe: the process that made the connection */
+/* Ring mode: the process's faults go through its fault ring (conn.c sets
+ * it with the ring; the wrappers of kcall.c and kwait.c read it first). */
+HIDDEN extern int rm_ring_mode;
 HIDDEN int rm_conn_sock(void);
 HIDDEN int rm_conn_mem_fd(void);
 HIDDEN int rm_conn_is_connected(void);
@@ -277,6 +341,11 @@ HIDDEN void rm_deliver_reply(uint32_t seq, int err);
 HIDDEN void rm_req_lock(void);
 HIDDEN void rm_req_unlock(void);
 
+/* ---- ring.c: the fault ring, the shim's side ---- */
+HIDDEN int rm_ring_fault(uintptr_t addr, int write); /* signal-safe */
+HIDDEN int rm_ring_serve_lost(int uffd);
+HIDDEN void rm_ring_agent_word(int asleep);
+
 /* ---- resume.c ---- */
 HIDDEN void rm_resume_loop(void);
 
@@ -284,6 +353,14 @@ HIDDEN void rm_resume_loop(void);
 HIDDEN int rm_helper_start(void);
 HIDDEN int rm_helper_running(void);
 HIDDEN void rm_helper_atfork_child(void);
+
+/* ---- sigbus.c: the SIGBUS handler and the program's disposition ---- */
+HIDDEN int rm_sigbus_install(void);
+HIDDEN int rm_sigbus_installed(void);
+HIDDEN int rm_sigbus_owned(void);
+HIDDEN void rm_sigbus_atfork_child(void);
+HIDDEN void rm_sigbus_set(const struct sigaction *act, struct sigaction *old);
+HIDDEN int rm_sigaction(int sig, const struct sigaction *act, struct sigaction *old);
 
 /* ---- region.c ---- */
 /* How rm_map_fixed* maps over regions. */

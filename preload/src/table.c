@@ -17,7 +17,7 @@ static struct region g_regions[MAX_REGIONS]; /* sorted by base; table_mu */
 static int g_nregions;                        /* atomic loads */
 static pthread_mutex_t table_mu = PTHREAD_MUTEX_INITIALIZER;
 
-void rm_table_lock(void) { pthread_mutex_lock(&table_mu); }
+void rm_table_lock(void) { rm_lock(&table_mu); }
 void rm_table_unlock(void) { pthread_mutex_unlock(&table_mu); }
 
 /* In a fork child, the only thread: the helper may have held table_mu. */
@@ -82,7 +82,7 @@ static void remove_locked(int i)
 /* Adds r (registered and announced). Preconditions: req_mu held. */
 void rm_table_insert(const struct region *r)
 {
-	pthread_mutex_lock(&table_mu);
+	rm_lock(&table_mu);
 	insert_locked(r);
 	pthread_mutex_unlock(&table_mu);
 }
@@ -92,7 +92,7 @@ void rm_table_insert(const struct region *r)
  * the split). Preconditions: req_mu held. */
 void rm_table_cut(uintptr_t lo, uintptr_t hi)
 {
-	pthread_mutex_lock(&table_mu);
+	rm_lock(&table_mu);
 	int i = find_locked(lo);
 	struct region *t = &g_regions[i];
 	if (lo == t->base && hi == t->base + t->len) {
@@ -116,7 +116,7 @@ int rm_table_overlaps(uintptr_t a, size_t len)
 {
 	if (!rm_table_count())
 		return 0;
-	pthread_mutex_lock(&table_mu);
+	rm_lock(&table_mu);
 	int i = floor_locked(a + len - 1);
 	int hit = i >= 0 && g_regions[i].base + g_regions[i].len > a;
 	pthread_mutex_unlock(&table_mu);
@@ -129,7 +129,7 @@ int rm_table_next_piece(uintptr_t at, uintptr_t end, struct region *r, uintptr_t
 {
 	if (at >= end)
 		return 0;
-	pthread_mutex_lock(&table_mu);
+	rm_lock(&table_mu);
 	int i = floor_locked(at);
 	if (i < 0 || g_regions[i].base + g_regions[i].len <= at)
 		i++;
@@ -208,7 +208,7 @@ static int g_npending;     /* atomic loads */
 
 void rm_pending_add(uintptr_t a, size_t len, int kind, int prot)
 {
-	pthread_mutex_lock(&table_mu);
+	rm_lock(&table_mu);
 	int dup = 0;
 	for (int i = 0; i < g_npending && !dup; i++)
 		dup = g_pending[i].a == a && g_pending[i].len == len;
@@ -229,7 +229,7 @@ int rm_pending_count(void) { return __atomic_load_n(&g_npending, __ATOMIC_ACQUIR
  * its memory went away. */
 void rm_pending_drop(uintptr_t a, size_t len)
 {
-	pthread_mutex_lock(&table_mu);
+	rm_lock(&table_mu);
 	for (int i = 0; i < g_npending;) {
 		if (g_pending[i].a < a + len && a < g_pending[i].a + g_pending[i].len) {
 			g_pending[i] = g_pending[g_npending - 1];
@@ -245,7 +245,7 @@ void rm_pending_drop(uintptr_t a, size_t len)
  * below 0 is a range to drop (R_UNREADABLE: rm_table_mark). */
 int rm_pending_pop(uintptr_t *a, size_t *len, int *kind, int *prot)
 {
-	pthread_mutex_lock(&table_mu);
+	rm_lock(&table_mu);
 	int n = g_npending;
 	if (n) {
 		*a = g_pending[n - 1].a;
@@ -261,7 +261,7 @@ int rm_pending_pop(uintptr_t *a, size_t *len, int *kind, int *prot)
 /* Sets flags on the regions (and pending ranges) [a, a+len) overlaps. */
 void rm_table_mark(uintptr_t a, size_t len, int flags)
 {
-	pthread_mutex_lock(&table_mu);
+	rm_lock(&table_mu);
 	int i = floor_locked(a);
 	if (i < 0 || g_regions[i].base + g_regions[i].len <= a)
 		i++;

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 size_t rm_page = 4096;
+int rm_in_thread;
 static size_t g_min_alloc = DEFAULT_MIN_ALLOC; /* atomic: WELCOME may change it */
 static int g_min_from_env;
 static uint64_t g_local_mem; /* RMEM_LOCAL_MEM; 0: the agent's budget */
@@ -48,8 +49,7 @@ void rm_say(const char *first, ...)
 			buf[n++] = *s;
 	va_end(ap);
 	buf[n++] = '\n';
-	ssize_t w = write(2, buf, n);
-	(void)w;
+	rm_sys(SYS_write, 2, buf, n);
 }
 
 /* strerror without its allocation: glibc's strerror may translate the
@@ -61,14 +61,58 @@ const char *rm_errstr(int err)
 	return s ? s : "unknown error";
 }
 
-void *rm_raw_mmap(void *a, size_t len, int prot, int flags, int fd, off_t off)
+long rm_sysret(long r)
 {
-	return (void *)syscall(SYS_mmap, a, len, prot, flags, fd, off);
+	if ((unsigned long)r > -4096ul) {
+		errno = (int)-r;
+		return -1;
+	}
+	return r;
 }
 
-int rm_raw_munmap(void *a, size_t len) { return (int)syscall(SYS_munmap, a, len); }
-int rm_raw_madvise(void *a, size_t len, int advice) { return (int)syscall(SYS_madvise, a, len, advice); }
-int rm_raw_mprotect(void *a, size_t len, int prot) { return (int)syscall(SYS_mprotect, a, len, prot); }
+void *rm_raw_mmap(void *a, size_t len, int prot, int flags, int fd, off_t off)
+{
+	return (void *)rm_sysret(rm_sys6(SYS_mmap, (long)a, (long)len, prot, flags, fd, off));
+}
+
+int rm_raw_munmap(void *a, size_t len) { return (int)rm_sysret(rm_sys(SYS_munmap, a, len, 0)); }
+int rm_raw_madvise(void *a, size_t len, int advice) { return (int)rm_sysret(rm_sys(SYS_madvise, a, len, advice)); }
+int rm_raw_mprotect(void *a, size_t len, int prot) { return (int)rm_sysret(rm_sys(SYS_mprotect, a, len, prot)); }
+
+/* glibc's name (dlsym RTLD_NEXT, which allocates nothing when it finds
+ * it): the function behind one the shim interposes. */
+void *rm_libc(const char *name) { return dlsym(RTLD_NEXT, name); }
+
+/* The shim's locks go to glibc's functions, resolved at first use: never
+ * through the names kwait.c interposes for the program. */
+static int (*p_lock)(pthread_mutex_t *);
+static int (*p_cond_wait)(pthread_cond_t *, pthread_mutex_t *);
+static int (*p_sem_wait)(sem_t *);
+
+#define LIBC_FN(p, name)                                                         \
+	({                                                                       \
+		__typeof__(p) f_ = __atomic_load_n(&(p), __ATOMIC_ACQUIRE);     \
+		if (!f_) {                                                       \
+			f_ = (__typeof__(p))rm_libc(name);                       \
+			__atomic_store_n(&(p), f_, __ATOMIC_RELEASE);            \
+		}                                                                \
+		f_;                                                              \
+	})
+
+int rm_lock(pthread_mutex_t *m) { return LIBC_FN(p_lock, "pthread_mutex_lock")(m); }
+int rm_cond_wait(pthread_cond_t *c, pthread_mutex_t *m) { return LIBC_FN(p_cond_wait, "pthread_cond_wait")(c, m); }
+int rm_sem_wait(sem_t *s) { return LIBC_FN(p_sem_wait, "sem_wait")(s); }
+
+/* All of them at once, by the process's first call into the shim: a
+ * first use later, in the helper thread, would take the dynamic linker's
+ * lock, which a dlopen of another thread holds while it waits for that
+ * helper (its constructor's allocation: a request). */
+static void libc_init(void)
+{
+	(void)LIBC_FN(p_lock, "pthread_mutex_lock");
+	(void)LIBC_FN(p_cond_wait, "pthread_cond_wait");
+	(void)LIBC_FN(p_sem_wait, "sem_wait");
+}
 
 size_t rm_parse_size(const char *s, int *ok)
 {
@@ -128,10 +172,13 @@ void rm_init_config(void)
 			rm_say("rmem: ignoring " RMEM_ENV_LOCAL_MEM "=", lm,
 			    " (want bytes, optionally with K, M, G, KiB, MiB or GiB)", NULL);
 	}
+	const char *it = getenv(RMEM_ENV_IN_THREAD);
+	rm_in_thread = it && strcmp(it, "1") == 0;
 	const char *p = getenv(RMEM_ENV_SOCKET);
 	if (!p || !*p)
 		p = RMEM_DEFAULT_SOCKET;
 	strncpy(g_sock_path, p, sizeof g_sock_path - 1);
+	libc_init();
 	real_fork = (rm_fork_fn *)dlsym(RTLD_NEXT, "fork");
 	real_sbrk = (rm_sbrk_fn *)dlsym(RTLD_NEXT, "sbrk");
 	__atomic_store_n(&done, 1, __ATOMIC_RELEASE);

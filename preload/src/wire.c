@@ -69,10 +69,10 @@ int rm_send_fds(int sock, uint16_t type, uint32_t seq, const void *body, uint32_
 	}
 	ssize_t n;
 	do
-		n = sendmsg(sock, &m, MSG_NOSIGNAL);
-	while (n < 0 && errno == EINTR);
+		n = rm_sys(SYS_sendmsg, sock, &m, MSG_NOSIGNAL);
+	while (n == -EINTR);
 	if (n < 0)
-		return -errno;
+		return (int)n;
 	return n == (ssize_t)(sizeof h + len) ? 0 : -EPROTO;
 }
 
@@ -90,10 +90,10 @@ int rm_recv(int sock, void *buf, struct rmem_hdr *h, int *fds, int *nfds)
 			   .msg_controllen = sizeof u.buf};
 	ssize_t n;
 	do
-		n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC);
-	while (n < 0 && errno == EINTR);
+		n = rm_sys(SYS_recvmsg, sock, &m, MSG_CMSG_CLOEXEC);
+	while (n == -EINTR);
 	if (n < 0)
-		return -errno;
+		return (int)n;
 	int got = 0;
 	for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
 		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
@@ -148,7 +148,7 @@ static int new_uffd(void)
 {
 	int fd = -1, e = EPERM;
 	if (uffd_user_mode()) {
-		fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY);
+		fd = (int)rm_sysret(rm_sys(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY, 0, 0));
 		return fd >= 0 ? fd : -errno;
 	}
 	int dev = open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
@@ -157,7 +157,7 @@ static int new_uffd(void)
 		close(dev);
 	}
 	if (fd < 0)
-		fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
+		fd = (int)rm_sysret(rm_sys(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK, 0, 0));
 	if (fd < 0 && g_uffd_dev >= 0)
 		fd = ioctl(g_uffd_dev, USERFAULTFD_IOC_NEW, O_CLOEXEC | O_NONBLOCK);
 	if (fd < 0)
@@ -239,11 +239,13 @@ static int borrow_uffd_device(int s, const char **why)
 
 /* Makes this process's uffd with the features the shim needs: FORK events
  * if the kernel grants them (CAP_SYS_PTRACE), else without them (fork()
- * then goes through FORK_PREPARE and the child's own uffd). s: the agent's
+ * then goes through FORK_PREPARE and the child's own uffd); in ring mode
+ * (RMEM_IN_THREAD) UFFD_FEATURE_SIGBUS: a fault raises SIGBUS in the
+ * faulting thread, which posts it to the fault ring (ring.c). s: the agent's
  * socket, for UFFD_DEVICE. Returns the fd or -errno with *why set. */
 static int open_uffd(int s, uint64_t *features, const char **why)
 {
-	uint64_t want = UFFD_FEATURES;
+	uint64_t want = UFFD_FEATURES | (rm_in_thread ? UFFD_FEATURE_SIGBUS : 0);
 	int fd = rm_uffd_with(want);
 	*why = "cannot create a userfaultfd";
 	if ((fd == -EPERM || fd == -EACCES) && g_uffd_dev < 0 && s >= 0 && !uffd_user_mode()) {
@@ -292,14 +294,29 @@ static void no_timeout(int s)
 	setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 }
 
+/* The fault ring in a WELCOME_RING's staging mapping p (slots pages, then
+ * the ring): its header is the agent's, written before WELCOME or not yet
+ * (zeros); anything else is not a ring we can post to. */
+static struct rmem_ring *ring_of(char *p, uint32_t slots)
+{
+	struct rmem_ring *r = (struct rmem_ring *)(p + (size_t)slots * rm_page);
+	uint32_t magic = __atomic_load_n(&r->magic, __ATOMIC_ACQUIRE);
+	if (magic == 0 || (magic == RMEM_RING_MAGIC && r->entries == RMEM_RING_ENTRIES))
+		return r;
+	return NULL;
+}
+
 /* Sends HELLO on s (with the uffd fd unless -1) and takes the WELCOME into
- * out: the staging memfd, mapped, and with child_uffd the uffd the agent
- * sends a FORK-event child. Returns 0 or -errno with *why set; on failure
- * closes what WELCOME brought (not s, not fd). */
+ * out: the staging memfd, mapped (with the fault ring after the slots when
+ * HELLO asked for it, RMEM_HELLO_RING, and the doorbell), and with
+ * child_uffd the uffd the agent sends a FORK-event child. Returns 0 or
+ * -errno with *why set; on failure closes what WELCOME brought (not s,
+ * not fd). */
 static int hello(int s, const struct rmem_hello *hi, int fd, int child_uffd, struct rm_session *out,
 		 const char **why)
 {
 	int fds[RMEM_MAX_FDS], nfds = 0;
+	int ring = (hi->flags & RMEM_HELLO_RING) != 0;
 	struct rmem_hdr h;
 	*why = "no usable reply to HELLO";
 	int n = hs_request(s, RMEM_HELLO, hi, sizeof *hi, fd, "agent refused: ", &h, fds, &nfds, why);
@@ -309,27 +326,36 @@ static int hello(int s, const struct rmem_hello *hi, int fd, int child_uffd, str
 		n = -EPROTO;
 	}
 	struct rmem_welcome w;
+	size_t len = 0;
 	if (n >= 0) {
 		memcpy(&w, body, sizeof w);
-		int want = (w.flags & RMEM_WELCOME_UFFD) ? 2 : 1;
+		int has_uffd = (w.flags & RMEM_WELCOME_UFFD) != 0;
+		int want = 1 + has_uffd + ring;
+		len = (size_t)w.staging_slots * rm_page + (ring ? RMEM_RING_SIZE : 0);
 		struct stat st;
 		if (w.staging_slots == 0 || w.staging_slots > RMEM_MAX_STAGING_SLOTS || nfds != want ||
-		    (child_uffd && want != 2) || fstat(fds[0], &st) != 0 ||
-		    (uint64_t)st.st_size < (uint64_t)w.staging_slots * rm_page) {
-			*why = "bad WELCOME (staging area or descriptors)";
+		    (child_uffd && !has_uffd) || !(w.flags & RMEM_WELCOME_RING) != !ring ||
+		    rm_sys(SYS_fstat, fds[0], &st, 0) != 0 || (uint64_t)st.st_size < (uint64_t)len) {
+			*why = "bad WELCOME (staging area, fault ring or descriptors)";
 			n = -EPROTO;
 		}
 	}
+	out->ring = NULL;
+	out->doorbell = -1;
 	if (n >= 0) {
-		size_t len = (size_t)w.staging_slots * rm_page;
 		void *p = rm_raw_mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
 		if (p == MAP_FAILED) {
 			*why = "mapping the staging area";
 			n = -errno;
 		} else {
-			rm_raw_madvise(p, len, MADV_DONTFORK); /* this process's: no child inherits it */
+			rm_raw_madvise(p, len, MADV_DONTFORK); /* this process's: no child inherits it (nor its ring) */
 			out->staging = p;
 			out->slots = w.staging_slots;
+			if (ring && !(out->ring = ring_of(p, w.staging_slots))) {
+				rm_raw_munmap(p, len);
+				*why = "bad WELCOME (the fault ring's header)";
+				n = -EPROTO;
+			}
 		}
 	}
 	if (n < 0) {
@@ -340,15 +366,20 @@ static int hello(int s, const struct rmem_hello *hi, int fd, int child_uffd, str
 	out->sock = s;
 	out->staging_fd = fds[0];
 	out->uffd = child_uffd ? fds[1] : fd;
-	if (!child_uffd && nfds == 2)
+	if (!child_uffd && (w.flags & RMEM_WELCOME_UFFD))
 		close(fds[1]);
+	if (ring)
+		out->doorbell = fds[nfds - 1];
 	out->min_alloc = w.min_alloc;
 	no_timeout(s);
 	return 0;
 }
 
+/* HELLO; a uffd that raises SIGBUS asks for the fault ring. */
 static struct rmem_hello hello_of(pid_t ppid, uint64_t serial, uint64_t features, uint32_t flags)
 {
+	if (features & UFFD_FEATURE_SIGBUS)
+		flags |= RMEM_HELLO_RING;
 	return (struct rmem_hello){
 		.pid = getpid(),
 		.ppid = ppid,
@@ -442,11 +473,12 @@ static union {
 } g_rs_pkt;
 
 /* Receives one reply of the resume on s: its type in *type, -errno on
- * failure (descriptors that ride along are closed). */
-static int rs_recv(int s, uint16_t *type, void *body, size_t size)
+ * failure. Descriptors that ride along land in fds (up to RMEM_MAX_FDS, *nfds
+ * says how many) if fds is not NULL, else are closed. */
+static int rs_recv(int s, uint16_t *type, void *body, size_t size, int *fds, int *nfds)
 {
 	struct rmem_hdr h;
-	int n = rm_recv(s, g_rs_pkt.buf, &h, NULL, NULL);
+	int n = rm_recv(s, g_rs_pkt.buf, &h, fds, nfds);
 	if (n < 0)
 		return n;
 	*type = h.type;
@@ -459,26 +491,37 @@ static int rs_recv(int s, uint16_t *type, void *body, size_t size)
 }
 
 /* One try at resuming the connection cur with the next agent: connect,
- * HELLO (resume: cur's uffd and staging memfd), WELCOME, the regions
- * again, RESUME_DONE, ACK. Returns the new socket, with *journaled set
- * when the agent found this process's journal, or -errno. Preconditions:
- * the helper thread, while program threads wait for the state to change
- * (rm_conn_wait_resumed). */
-int rm_hello_resume(const struct rm_session *cur, int *journaled)
+ * HELLO (resume: cur's uffd and staging memfd, the fault ring in it when
+ * the uffd raises SIGBUS), WELCOME (with the next agent's doorbell, into
+ * *doorbell, in ring mode), the regions again, RESUME_DONE, ACK. Returns
+ * the new socket, with *journaled set when the agent found this process's
+ * journal, or -errno. Preconditions: the helper thread, while program
+ * threads wait for the state to change (rm_conn_wait_resumed); threads
+ * waiting on ring entries go on waiting: the next agent serves them. */
+int rm_hello_resume(const struct rm_session *cur, int *journaled, int *doorbell)
 {
 	const char *why;
+	*doorbell = -1;
 	int s = dial(10, &why);
 	if (s < 0)
 		return s;
 	struct rmem_hello hi = hello_of(getppid(), 0, cur->features, RMEM_HELLO_UFFD | RMEM_HELLO_RESUME);
-	int fds[2] = {cur->uffd, cur->staging_fd};
+	int ring = (hi.flags & RMEM_HELLO_RING) != 0;
+	int fds[RMEM_MAX_FDS] = {cur->uffd, cur->staging_fd}, nfds = 0;
 	struct rmem_welcome w;
 	uint16_t type = 0;
 	int err = rm_send_fds(s, RMEM_HELLO, rm_next_seq(), &hi, sizeof hi, fds, 2);
 	if (!err)
-		err = rs_recv(s, &type, &w, sizeof w);
-	if (!err && (type != RMEM_WELCOME || w.staging_slots != cur->slots))
+		err = rs_recv(s, &type, &w, sizeof w, fds, &nfds);
+	/* (A resuming WELCOME needs no staging memfd: we handed ours over.
+	 * The doorbell is the last descriptor, whatever comes before it.) */
+	if (!err && (type != RMEM_WELCOME || w.staging_slots != cur->slots || !(w.flags & RMEM_WELCOME_RING) != !ring ||
+		     (ring && nfds < 1)))
 		err = -EPROTO;
+	if (!err && ring)
+		*doorbell = fds[--nfds];
+	while (nfds > 0)
+		close(fds[--nfds]);
 	uint32_t n = 0;
 	if (!err) {
 		*journaled = (w.flags & RMEM_WELCOME_RESUMED) != 0;
@@ -495,10 +538,13 @@ int rm_hello_resume(const struct rm_session *cur, int *journaled)
 	if (!err)
 		err = rm_send(s, RMEM_RESUME_DONE, rm_next_seq(), &d, sizeof d, -1);
 	if (!err)
-		err = rs_recv(s, &type, &ack, sizeof ack);
+		err = rs_recv(s, &type, &ack, sizeof ack, NULL, NULL);
 	if (!err && type != RMEM_ACK)
 		err = -EPROTO;
 	if (err) {
+		if (*doorbell >= 0)
+			close(*doorbell);
+		*doorbell = -1;
 		close(s);
 		return err;
 	}
