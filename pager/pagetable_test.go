@@ -29,6 +29,8 @@ func TestWatermarks(t *testing.T) {
 		{2, 1, 0},
 		{0, 1, 0},
 		{20, 19, 18},
+		{5120, 4864, 4736},    // 20 MiB: 95% is two batches under
+		{24576, 24320, 24192}, // 96 MiB: two batches under, then one
 	} {
 		w := WatermarksFor(tc.budget)
 		if w.High != tc.high || w.Low != tc.low {
