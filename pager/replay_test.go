@@ -202,10 +202,9 @@ type signal int
 
 const (
 	// sigFaults: faults in and first writes (WP faults), as the agent sees
-	// them today, and refaults: a page evicted comes back (FlagGhost).
+	// them, and with them refaults: a page evicted comes back (FlagGhost),
+	// unless the model runs without history (CLOCK before hot and cold).
 	sigFaults signal = iota
-	// sigNoHistory: sigFaults without the refault (today's CLOCK).
-	sigNoHistory
 	// sigWritten: sigFaults and every write (PAGEMAP_SCAN of written
 	// pages, with the uffd in WP_ASYNC mode).
 	sigWritten
@@ -248,17 +247,18 @@ type toucher interface {
 
 // agentModel replays a trace through a policy as the agent runs it.
 type agentModel struct {
-	tabs     []PageTable
-	base     []int // first flat index of each table
-	pf       []*Prefetcher
-	pol      victimPolicy
-	sig      signal
-	budget   int
-	w        Watermarks
-	resident int
-	victims  []Victim
-	pfOut    []int64
-	res      replayResult
+	tabs      []PageTable
+	base      []int // first flat index of each table
+	pf        []*Prefetcher
+	pol       victimPolicy
+	sig       signal
+	noHistory bool
+	budget    int
+	w         Watermarks
+	resident  int
+	victims   []Victim
+	pfOut     []int64
+	res       replayResult
 
 	sampled  []bool // taken away as a sample, not back yet
 	local    []Victim
@@ -400,8 +400,8 @@ func (m *agentModel) evict() {
 				m.res.writeBacks++
 			}
 			*q = (*q &^ FlagBusy).Evicted(Remote)
-			if m.sig == sigNoHistory {
-				*q &^= FlagGhost
+			if m.noHistory {
+				*q &^= FlagGhost // no page ever comes in hot: CLOCK as it was
 			}
 		}
 		m.resident -= n
@@ -615,6 +615,16 @@ func modelRow(name string, sig signal, pol func(tr pageTrace, budget int, tabs [
 
 func clockPolicy(tr pageTrace, budget int, tabs []PageTable) victimPolicy { return &Clock{} }
 
+// beforeRow is CLOCK as it was before hot and cold pages: the refault
+// forgotten.
+func beforeRow(name string, sig signal) replayRow {
+	return replayRow{name, func(tr pageTrace, budget int) replayResult {
+		m := newAgentModel(tr, budget, &Clock{}, sig)
+		m.noHistory = true
+		return m.run(tr)
+	}}
+}
+
 func s3Policy(tr pageTrace, budget int, tabs []PageTable) victimPolicy {
 	return newS3FIFO(tabs, WatermarksFor(budget).High)
 }
@@ -635,8 +645,8 @@ var replayRows = []replayRow{
 		t := optTraffic(tr.tr, WatermarksFor(budget).High)
 		return replayResult{misses: t.reads, traffic: t}
 	}},
-	modelRow("CLOCK, faults (before)", sigNoHistory, clockPolicy),
-	modelRow("CLOCK, every access", sigEvery, clockPolicy),
+	beforeRow("CLOCK, faults (before)", sigFaults),
+	beforeRow("CLOCK, every access", sigEvery),
 	modelRow("S3-FIFO, refaults", sigFaults, s3Policy),
 	modelRow("S3-FIFO, every access", sigEvery, s3Policy),
 	modelRow("hot/cold CLOCK, refaults", sigFaults, clockPolicy),
