@@ -162,11 +162,12 @@ func (w Watermarks) ToEvict(resident, inFlight int) int {
 // come round to it again (FlagGhost, then FlagHot) was in use while it was
 // resident. Taking a page away to see whether it comes back is the only
 // reference sampling user space has here, and an eviction is such a sample
-// already, at no extra cost (docs/pager.md, Eviction: the replay of
-// replay_test.go, where sampling pages beyond the victims cost more faults
-// than it saved). Hot pages are kept while cold ones (faulted in once,
-// prefetched, never back) are there to evict, as in 2Q, ARC, CLOCK-Pro and
-// S3-FIFO: a scan through cold pages does not push the hot set out.
+// already, at no extra cost (docs/pager.md, Eviction: in the replay of
+// replay_test.go, sampling pages beyond the victims costs more faults than
+// it saves on all but one trace). Hot pages are kept while cold ones
+// (faulted in once, or not back within a turn) are there to evict, as in
+// 2Q, ARC, CLOCK-Pro and S3-FIFO: a scan through cold pages does not push
+// the hot set out.
 type Clock struct {
 	Table int // index of the table the hand is in
 	Page  int // next page to look at

@@ -320,10 +320,13 @@ func (m *agentModel) access(a touch) {
 			if p.Has(FlagGhost) {
 				m.res.sampleFaults++
 				if m.sig == sigSampleLocal {
-					// Served from the local copy: no READ, already counted.
+					// Served from its local copy, in the budget all along:
+					// no READ, nothing to evict.
 					*p = p.FaultedIn()
-					m.resident--
-					m.admitIn(a, flat)
+					if a.write {
+						*p |= FlagDirty
+					}
+					m.admit(a.Victim, true)
 					return
 				}
 			} else {
@@ -340,17 +343,6 @@ func (m *agentModel) access(a touch) {
 	if a.write {
 		*p |= FlagDirty
 	}
-	m.resident++
-	m.evict()
-}
-
-// admitIn is access's tail for a page served from a local sample copy.
-func (m *agentModel) admitIn(a touch, flat int) {
-	p := &m.tabs[a.Table][a.Page]
-	if a.write {
-		*p |= FlagDirty
-	}
-	m.admit(a.Victim, true)
 	m.resident++
 	m.evict()
 }
