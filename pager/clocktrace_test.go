@@ -52,9 +52,11 @@ func (t traffic) moved() int { return t.reads + t.writeBacks }
 
 // clockTraffic replays tr through Clock under a budget of pages as the
 // loop does: what the agent sees of an access is a fault in (a page not
-// resident) or the first write to a clean page (a WP fault), both of which
-// reference the page; past the high watermark, victims are evicted down to
-// the low one, the dirty ones written back.
+// resident: hot if it comes back as a ghost) or the first write to a clean
+// page (a WP fault), both of which reference the page; past the high
+// watermark, victims are evicted down to the low one, the dirty ones
+// written back. (replay_test.go's agentModel adds the prefetcher and
+// eviction batches.)
 func clockTraffic(tr []touch, tables, pages, budget int) traffic {
 	tabs := make([]PageTable, tables)
 	for i := range tabs {
@@ -76,7 +78,7 @@ func clockTraffic(tr []touch, tables, pages, budget int) traffic {
 		case Remote:
 			t.reads++
 		}
-		*p = Page(0).With(Resident) | FlagRef
+		*p = p.FaultedIn()
 		if a.write {
 			*p |= FlagDirty
 		}
@@ -88,7 +90,7 @@ func clockTraffic(tr []touch, tables, pages, budget int) traffic {
 				if q.Has(FlagDirty) {
 					t.writeBacks++
 				}
-				*q = Page(0).With(Remote)
+				*q = (*q &^ FlagBusy).Evicted(Remote)
 			}
 			resident -= n
 		}

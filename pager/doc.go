@@ -26,14 +26,16 @@
 //     is gone (no silent zeros), UFFDIO_WRITEPROTECT faults mark pages
 //     dirty. No allocation per fault: page buffers, work requests and
 //     message buffers are preallocated per client.
-//   - Eviction (evict.go): CLOCK (pagetable.go says why) picks victims past
-//     the high watermark; they are write-protected, copied out and dropped
-//     by the client's own helper thread (EVICT/EVICTED, so MAP_PRIVATE
-//     semantics hold), and dirty ones written to a pool slot of their
-//     own (every replica of its slab). A write racing an eviction waits
-//     (held fault) and is served after it. Past the budget's margin a
-//     fault waits when no eviction can run (back-pressure: the budget
-//     holds while the pool has no room).
+//   - Eviction (evict.go): CLOCK with hot and cold pages (pagetable.go
+//     says why: a page evicted that faults back before the hand comes
+//     round is hot, the one read of a resident page user space sees)
+//     picks victims past the high watermark; they are write-protected,
+//     copied out and dropped by the client's own helper thread
+//     (EVICT/EVICTED, so MAP_PRIVATE semantics hold), and dirty ones
+//     written to a pool slot of their own (every replica of its slab). A
+//     write racing an eviction waits (held fault) and is served after it.
+//     Past the budget's margin a fault waits when no eviction can run
+//     (back-pressure: the budget holds while the pool has no room).
 //   - Pool space (slots.go): the agent's slabs carved into page slots
 //     shared by all clients, taken at write-back and let go when the
 //     copy is stale or gone; a reservoir goroutine keeps slabs ahead and

@@ -88,7 +88,7 @@ func (c *client) removeRegion(r *region) {
 	}
 	r.gone = true
 	c.regs.remove(r)
-	c.ev.clock = Clock{}
+	c.ev.clock.Reset()
 	c.st.regions.Add(-1)
 	c.a.freeRegions([]*region{r})
 	c.cj.delRegion(r)
@@ -215,7 +215,7 @@ func (c *client) addRegion(m *proto.RegionAdd) error {
 		r.pf = NewPrefetcher(32, c.a.opts.MaxPrefetch)
 	}
 	c.regs.add(r)
-	c.ev.clock = Clock{}
+	c.ev.clock.Reset()
 	c.st.regions.Add(1)
 	return nil
 }

@@ -218,13 +218,13 @@ func (c *client) evicted(m *proto.Evicted, now time.Time) {
 		}
 		c.st.evictions.Add(1)
 		if hasSlot { // dirty when chosen (busy since: no write got in)
-			c.set(r, idx, (p &^ (FlagDirty | FlagRef)).With(Staged))
+			c.set(r, idx, p.Evicted(Staged))
 			c.ev.staged++
 			slab, off := c.a.slots.where(r.slots[idx])
 			c.ev.wb = append(c.ev.wb, remote.PageOp{Slab: slab, Off: off, Buf: c.ev.stageBuf(slot)})
 			c.ev.wbRef = append(c.ev.wbRef, i)
 		} else {
-			c.set(r, idx, (p &^ FlagRef).With(Remote))
+			c.set(r, idx, p.Evicted(Remote))
 		}
 	}
 	if len(c.ev.wb) > 0 {

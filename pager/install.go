@@ -91,9 +91,9 @@ func (c *client) hold(list *[]heldFault, h heldFault) {
 // fault says otherwise) unless write (then dirty from the start: see
 // readRef.write), and makes p, the page's entry, Resident and referenced
 // (prefetched pages too: the stream is about to use them, CLOCK must not
-// take them first). It returns nil as well when the page's range is gone;
-// another error means nothing was installed (IsMMChanged: retry after
-// reading events).
+// take them first), and hot if it came back as a ghost (FaultedIn). It
+// returns nil as well when the page's range is gone; another error means
+// nothing was installed (IsMMChanged: retry after reading events).
 func (c *client) install(r *region, idx int, p Page, buf []byte, write bool) error {
 	a := r.addr(idx)
 	_, err := c.uffd.Copy(a, buf, installFlags(write))
@@ -108,7 +108,7 @@ func (c *client) install(r *region, idx int, p Page, buf []byte, write bool) err
 		// events inherited it, after the copy of our page table that
 		// FORK_PREPARE made, and may have written it. Dirty: its
 		// contents go to the pool when it is evicted.
-		c.dirty(r, idx, p.With(Resident)|FlagRef)
+		c.dirty(r, idx, p.FaultedIn())
 		c.uffd.Wake(pageRange(a))
 	case userfaultfd.IsGone(err):
 	default:
@@ -129,11 +129,11 @@ func installFlags(write bool) userfaultfd.Flags {
 // let go: it is written when evicted).
 func (c *client) installed(r *region, idx int, p Page, write bool) {
 	if write {
-		c.dirty(r, idx, p.With(Resident)|FlagRef)
+		c.dirty(r, idx, p.FaultedIn())
 		return
 	}
 	r.wr.fetchedClean()
-	c.set(r, idx, p.With(Resident)|FlagRef)
+	c.set(r, idx, p.FaultedIn())
 }
 
 // poison makes page idx raise SIGBUS: every replica of its data is gone.
@@ -198,9 +198,9 @@ func (c *client) fromStage(r *region, idx int, flags userfaultfd.Flags) error {
 		c.ev.staged--
 	}
 	if p.State() == Staged || exist { // mapped already, not by us: see installRead
-		c.dirty(r, idx, p.With(Resident)|FlagRef) // a Staged page's slot was never written
+		c.dirty(r, idx, p.FaultedIn()) // a Staged page's slot was never written
 	} else {
-		c.set(r, idx, p.With(Resident)|FlagRef)
+		c.set(r, idx, p.FaultedIn())
 	}
 	c.freeStage(slot)
 	return nil

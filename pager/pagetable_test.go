@@ -29,6 +29,8 @@ func TestWatermarks(t *testing.T) {
 		{2, 1, 0},
 		{0, 1, 0},
 		{20, 19, 18},
+		{5120, 4864, 4736},    // 20 MiB: 95% is two batches under
+		{24576, 24320, 24192}, // 96 MiB: two batches under, then one
 	} {
 		w := WatermarksFor(tc.budget)
 		if w.High != tc.high || w.Low != tc.low {
@@ -55,8 +57,12 @@ func table(s string) PageTable {
 			t[i] = Page(0).With(Resident) | FlagRef
 		case 'b':
 			t[i] = Page(0).With(Resident) | FlagBusy
+		case 'H':
+			t[i] = Page(0).With(Resident) | FlagHot
 		case 'x':
 			t[i] = Page(0).With(Remote)
+		case 'g':
+			t[i] = Page(0).With(Remote) | FlagGhost
 		case '.':
 			t[i] = Page(0).With(Absent)
 		}
@@ -79,6 +85,9 @@ func TestClock(t *testing.T) {
 		{"nothing evictable ends", []string{"bx.."}, 0, Victim{}, Clock{}},
 		{"across tables from the hand", []string{"rr", "xr"}, 2, Victim{1, 1}, Clock{Table: 1}},
 		{"empty tables", []string{"", ""}, 0, Victim{}, Clock{}},
+		{"hot passed over", []string{"HrHr"}, 2, Victim{0, 1}, Clock{}},
+		{"only hot: second turn", []string{"HHH"}, 2, Victim{0, 0}, Clock{}},
+		{"hot over its share made cold", []string{"HHHr"}, 2, Victim{0, 3}, Clock{overHot: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var tabs []PageTable
@@ -131,5 +140,55 @@ func TestClockNoAllocs(t *testing.T) {
 		c.Victims(tabs, out)
 	}); n != 0 {
 		t.Fatalf("%v allocs", n)
+	}
+}
+
+// The page's way through hot and cold: evicted it is a ghost, a fault
+// before the hand passes makes it hot, the hand clears a ghost it passes
+// (a fault after that brings the page back cold), and hot pages over their
+// share in a turn are made cold in the next.
+func TestClockHotCold(t *testing.T) {
+	p := (Page(0).With(Resident) | FlagDirty | FlagRef | FlagHot).Evicted(Remote)
+	if p != Page(0).With(Remote)|FlagGhost {
+		t.Fatalf("evicted: %016b", p)
+	}
+	if q := p.FaultedIn(); q != Page(0).With(Resident)|FlagRef|FlagHot {
+		t.Fatalf("ghost faulted in: %016b, want resident, referenced, hot", q)
+	}
+	if q := Page(0).With(Remote).FaultedIn(); q != Page(0).With(Resident)|FlagRef {
+		t.Fatalf("faulted in: %016b, want resident, referenced, cold", q)
+	}
+
+	tabs := []PageTable{table("gr")}
+	var c Clock
+	out := make([]Victim, 1)
+	if n := c.Victims(tabs, out); n != 1 || out[0] != (Victim{0, 1}) {
+		t.Fatalf("victims %v", out[:n])
+	}
+	if tabs[0][0].Has(FlagGhost) {
+		t.Fatalf("the hand passed a ghost and left it: %016b", tabs[0][0])
+	}
+
+	// Hot pages at their share (19 of 20) stay hot; over it (20 of 21),
+	// the next turn makes them cold as it passes them.
+	for _, tc := range []struct {
+		hot  int
+		cold bool
+	}{{19, false}, {20, true}} {
+		tabs = []PageTable{make(PageTable, tc.hot+1)}
+		for i := range tc.hot {
+			tabs[0][i] = Page(0).With(Resident) | FlagHot
+		}
+		tabs[0][tc.hot] = Page(0).With(Resident)
+		c = Clock{}
+		for turn := range 2 {
+			if n := c.Victims(tabs, out); n != 1 || out[0] != (Victim{0, tc.hot}) {
+				t.Fatalf("%d hot, turn %d: victims %v", tc.hot, turn, out[:n])
+			}
+			tabs[0][tc.hot] = Page(0).With(Resident) // another cold page there
+		}
+		if got := !tabs[0][0].Has(FlagHot) && !tabs[0][tc.hot-1].Has(FlagHot); got != tc.cold {
+			t.Errorf("%d hot pages of %d: made cold %v, want %v", tc.hot, tc.hot+1, got, tc.cold)
+		}
 	}
 }

@@ -1,0 +1,5 @@
+//go:build !race
+
+package pager
+
+const raceEnabled = false
