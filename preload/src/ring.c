@@ -45,6 +45,9 @@ struct uffdio_poison {
  * sleep (a miss that waits for the pool over tcp, or for room). Measured
  * under the test agent: see docs/pager.md. */
 #define SPIN_NS 60000
+/* Past this much of it, the spin yields the CPU now and then: a thread of
+ * the agent's (or the shim's helper) that is runnable here gets it. */
+#define YIELD_NS 10000
 
 static inline void cpu_relax(void)
 {
@@ -85,19 +88,28 @@ static struct rmem_ring_entry *claim(struct rmem_ring *r, uint32_t tid)
 
 static int waiting(uint32_t s) { return s == RMEM_RING_POSTED || s == RMEM_RING_SERVING; }
 
-/* Waits for e's result: polls SPIN_NS from the post, then sleeps on the
- * state with waiters set (the agent stores the result, then wakes if it
- * sees waiters; we set waiters, then look at the state: one of the two
- * sees the other). */
-static uint32_t await_result(struct rmem_ring_entry *e, uint64_t posted)
+/* Waits for e's result: polls while the agent is awake (its loop polls
+ * the ring on another CPU), yielding the CPU now and then, up to SPIN_NS
+ * from the post; then, or at once when the post rang the doorbell (the
+ * agent slept: woken, it may well be put on this very CPU, and a thread
+ * spinning here would keep it from running), sleeps on the state with
+ * waiters set (the agent stores the result, then wakes if it sees
+ * waiters; we set waiters, then look at the state: one of the two sees
+ * the other). */
+static uint32_t await_result(struct rmem_ring *r, struct rmem_ring_entry *e, uint64_t posted, int rang)
 {
 	uint32_t s;
-	for (unsigned n = 0;; n++) {
+	for (unsigned n = 0; !rang; n++) {
 		s = __atomic_load_n(&e->state, __ATOMIC_ACQUIRE);
 		if (!waiting(s))
 			return s;
-		if ((n & 31) == 31 && now_ns() - posted > SPIN_NS)
-			break;
+		if ((n & 31) == 31) {
+			uint64_t t = now_ns() - posted;
+			if (t > SPIN_NS || __atomic_load_n(&r->agent, __ATOMIC_RELAXED) == RMEM_RING_ASLEEP)
+				break;
+			if (t > YIELD_NS)
+				rm_sys(SYS_sched_yield, 0, 0, 0);
+		}
 		cpu_relax();
 	}
 	for (;;) {
@@ -132,14 +144,16 @@ int rm_ring_fault(uintptr_t addr, int write)
 	__atomic_add_fetch(&r->posted, 1, __ATOMIC_RELAXED);
 	/* The agent stores ASLEEP, then looks at the entries once more: it
 	 * finds this post, or we see ASLEEP here and ring. */
+	int rang = 0;
 	if (__atomic_load_n(&r->agent, __ATOMIC_SEQ_CST) == RMEM_RING_ASLEEP) {
+		rang = 1;
 		int db = rm_conn_doorbell();
 		uint64_t one = 1;
 		__atomic_add_fetch(&r->doorbells, 1, __ATOMIC_RELAXED);
 		if (db >= 0)
 			rm_sys(SYS_write, db, &one, sizeof one);
 	}
-	uint32_t s = await_result(e, posted);
+	uint32_t s = await_result(r, e, posted, rang);
 	__atomic_store_n(&e->state, RMEM_RING_FREE, __ATOMIC_RELEASE);
 	if (s == RMEM_RING_LOST || s == RMEM_RING_NOT_MINE)
 		return (int)s;
