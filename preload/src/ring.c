@@ -88,26 +88,29 @@ static struct rmem_ring_entry *claim(struct rmem_ring *r, uint32_t tid)
 
 static int waiting(uint32_t s) { return s == RMEM_RING_POSTED || s == RMEM_RING_SERVING; }
 
-/* Waits for e's result: polls while the agent is awake (its loop polls
- * the ring on another CPU), yielding the CPU now and then, up to SPIN_NS
- * from the post; then, or at once when the post rang the doorbell (the
- * agent slept: woken, it may well be put on this very CPU, and a thread
- * spinning here would keep it from running), sleeps on the state with
- * waiters set (the agent stores the result, then wakes if it sees
- * waiters; we set waiters, then look at the state: one of the two sees
- * the other). */
-static uint32_t await_result(struct rmem_ring *r, struct rmem_ring_entry *e, uint64_t posted, int rang)
+/* Waits for e's result: polls it up to SPIN_NS from the post, then sleeps
+ * on the state with waiters set (the agent stores the result, then wakes
+ * if it sees waiters; we set waiters, then look at the state: one of the
+ * two sees the other). While it polls, the thread yields the CPU: at every
+ * look when its post rang the doorbell (the agent slept: woken, it may
+ * well be put on this very CPU, where a thread spinning would keep it from
+ * running until the spin ends), and now and then past YIELD_NS otherwise
+ * (a thread of the agent's, or the shim's helper, runnable here). A thread
+ * that stays runnable sees the result at once; one asleep costs a wake-up
+ * of its CPU, and by then the agent has stopped polling for its next
+ * fault: a thread that sleeps at every miss keeps the agent asleep too. */
+static uint32_t await_result(struct rmem_ring_entry *e, uint64_t posted, int rang)
 {
 	uint32_t s;
-	for (unsigned n = 0; !rang; n++) {
+	for (unsigned n = 0;; n++) {
 		s = __atomic_load_n(&e->state, __ATOMIC_ACQUIRE);
 		if (!waiting(s))
 			return s;
-		if ((n & 31) == 31) {
+		if (rang || (n & 31) == 31) {
 			uint64_t t = now_ns() - posted;
-			if (t > SPIN_NS || __atomic_load_n(&r->agent, __ATOMIC_RELAXED) == RMEM_RING_ASLEEP)
+			if (t > SPIN_NS)
 				break;
-			if (t > YIELD_NS)
+			if (rang || t > YIELD_NS)
 				rm_sys(SYS_sched_yield, 0, 0, 0);
 		}
 		cpu_relax();
@@ -153,7 +156,7 @@ int rm_ring_fault(uintptr_t addr, int write)
 		if (db >= 0)
 			rm_sys(SYS_write, db, &one, sizeof one);
 	}
-	uint32_t s = await_result(r, e, posted, rang);
+	uint32_t s = await_result(e, posted, rang);
 	__atomic_store_n(&e->state, RMEM_RING_FREE, __ATOMIC_RELEASE);
 	if (s == RMEM_RING_LOST || s == RMEM_RING_NOT_MINE)
 		return (int)s;
