@@ -7,6 +7,8 @@
  * call into the shim must do, and fork() is such a call):
  *
  *   fork.c       fork() and the atfork handlers
+ *   sigwrap.c    signal masks without SIGBUS, SIGBUS dispositions
+ *                recorded (ring mode)
  *   interpose.c  mmap, munmap, mremap, madvise, mprotect, sbrk
  *   alloc.c      the malloc family, deciding the mode, the constructor
  *   heap.c       glibc mode's heap: the embedded jemalloc's memory
@@ -404,6 +406,9 @@ HIDDEN void *rm_je_rallocx(void *, size_t, int);
 /* ---- alloc.c ---- */
 HIDDEN void rm_enter(void);
 HIDDEN void rm_alloc_run_deferred(void);
+
+/* ---- sigwrap.c: SIGBUS never blocked, the program's disposition recorded ---- */
+HIDDEN const sigset_t *rm_unbus(const sigset_t *set, sigset_t *buf); /* signal-safe */
 
 /* ---- fork.c ---- */
 HIDDEN void rm_fork_register(void);
