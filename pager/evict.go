@@ -55,7 +55,10 @@ func (c *client) maybeEvict(now time.Time) {
 		for j < len(victims) && victims[j].Table == victims[i].Table && victims[j].Page == victims[j-1].Page+1 {
 			j++
 		}
-		err := c.protectDirty(r, victims[i:j])
+		var err error
+		if c.ring == nil { // (a ring client's helper protects them itself, after its pins: protectDirty)
+			err = c.protectDirty(r, victims[i:j])
+		}
 		for _, v := range victims[i:j] {
 			dirty := needsWrite(r, v.Page)
 			if err != nil {
@@ -109,6 +112,15 @@ func (c *client) maybeEvict(now time.Time) {
 // is a WP fault that makes it dirty (page states, pagetable.go); protecting
 // them again would cost an ioctl and a TLB flush of the program's CPUs
 // each, for nothing (random victims make runs of one or two pages).
+//
+// Not for a client with a fault ring: its helper write-protects the dirty
+// victims itself, after it has checked them against the pins of the system
+// calls in flight (preload/src/pin.c), and keeps the pinned ones (EBUSY)
+// unprotected. Protected here, a pinned page would stay so while the call
+// runs, and the kernel's write into it (read(2), a signal frame on an
+// alternate stack) would fail with EFAULT, since its fault raises SIGBUS
+// for no one. A write between this choice and the helper's protection
+// loses nothing: the page is dirty, and the helper copies it after.
 func (c *client) protectDirty(r *region, run []Victim) error {
 	for i := 0; i < len(run); {
 		if !needsWrite(r, run[i].Page) {

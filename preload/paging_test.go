@@ -508,6 +508,27 @@ func TestExports(t *testing.T) {
 	want = append(want, "bsd_signal", "posix_spawnattr_setsigmask", "pthread_attr_setsigmask_np", "pthread_sigmask",
 		"sigaction", "sigblock", "sighold", "signal", "sigprocmask", "sigset", "sigsetmask", "sigsuspend", "sigwait",
 		"ssignal", "sysv_signal")
+	// Calls that hand the kernel buffers (kcall.c, kmisc.c) or wait
+	// (kwait.c).
+	want = append(want, "__fxstat", "__fxstat64", "__fxstatat", "__fxstatat64", "__lxstat", "__lxstat64",
+		"__pread64_chk", "__pread_chk", "__read_chk", "__recv_chk", "__recvfrom_chk", "__xstat", "__xstat64",
+		"fstat", "fstat64", "fstatat", "fstatat64", "getdents64", "lstat", "lstat64", "pread", "pread64", "preadv",
+		"preadv2", "preadv64", "preadv64v2", "pwrite", "pwrite64", "pwritev", "pwritev2", "pwritev64",
+		"pwritev64v2", "read", "readdir", "readdir64", "readdir64_r", "readdir_r", "readv", "recv", "recvfrom",
+		"recvmsg", "send", "sendmsg", "sendto", "stat", "stat64", "statx", "write", "writev")
+	want = append(want, "__poll_chk", "__ppoll_chk", "clock_nanosleep", "epoll_pwait", "epoll_pwait2", "epoll_wait",
+		"nanosleep", "poll", "ppoll", "pselect", "pthread_barrier_wait", "pthread_cond_clockwait",
+		"pthread_cond_timedwait", "pthread_cond_wait", "pthread_mutex_lock", "pthread_mutex_timedlock",
+		"pthread_rwlock_rdlock", "pthread_rwlock_wrlock", "select", "sem_timedwait", "sem_wait", "sigaltstack",
+		"sigtimedwait", "sigwaitinfo", "syscall")
+	// Paths and small structs (kmisc.c).
+	want = append(want, "__open64_2", "__open_2", "__openat64_2", "__openat_2", "accept", "accept4", "access", "bind",
+		"chdir", "chmod", "chown", "connect", "creat", "faccessat", "fopen", "fopen64", "freopen", "fstatfs", "getcwd",
+		"getgroups", "getpeername", "getrandom", "getrlimit", "getrusage", "getsockname", "getsockopt", "lchown",
+		"link", "mkdir", "mkdirat", "open", "open64", "openat", "openat64", "opendir", "pipe", "pipe2", "readlink",
+		"readlinkat", "rename", "renameat", "rmdir", "sched_getaffinity", "sched_setaffinity", "setrlimit",
+		"setsockopt", "socketpair", "statfs", "symlink", "sysinfo", "times", "truncate", "uname", "unlink",
+		"unlinkat", "wait", "waitid", "waitpid")
 	slices.Sort(want)
 	if !slices.Equal(got, want) {
 		t.Errorf("librmem.so exports %v, want %v", got, want)
