@@ -7,6 +7,7 @@
  * call into the shim must do, and fork() is such a call):
  *
  *   fork.c       fork() and the atfork handlers
+ *   spawn.c      posix_spawn, system, popen, exec (ring mode)
  *   kcall.c      system calls with buffers: read, write, recv, send,
  *                stat... pinned and made present first (ring mode)
  *   kmisc.c      the same for paths and small structs (open, pipe...)
