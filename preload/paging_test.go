@@ -544,7 +544,7 @@ func TestExports(t *testing.T) {
 		"sigtimedwait", "sigwaitinfo", "syscall")
 	// Paths and small structs (kmisc.c).
 	want = append(want, "__open64_2", "__open_2", "__openat64_2", "__openat_2", "accept", "accept4", "access", "bind",
-		"chdir", "chmod", "chown", "connect", "creat", "faccessat", "fopen", "fopen64", "freopen", "fstatfs", "getcwd",
+		"chdir", "chmod", "chown", "connect", "creat", "faccessat", "fopen", "fopen64", "fread", "fread_unlocked", "fwrite", "fwrite_unlocked", "__fread_chk", "freopen", "fstatfs", "getcwd",
 		"getgroups", "getpeername", "getrandom", "getrlimit", "getrusage", "getsockname", "getsockopt", "lchown",
 		"link", "mkdir", "mkdirat", "open", "open64", "openat", "openat64", "opendir", "pipe", "pipe2", "readlink",
 		"readlinkat", "rename", "renameat", "rmdir", "sched_getaffinity", "sched_setaffinity", "setrlimit",

@@ -65,7 +65,8 @@ func TestRingSignals(t *testing.T) {
 // evicted, poll/select/epoll_wait/nanosleep with their arguments evicted, a
 // futex on an evicted word, posix_spawn and posix_spawnp with argv, envp
 // and file actions evicted, system and popen with their command evicted,
-// open and access of an evicted path, pipe and uname into evicted pages, a
+// open and access of an evicted path, pipe and uname into evicted pages,
+// fwrite and fread of 64 KiB from and into evicted pages, a
 // signal on an alternate stack in the paged heap evicted meanwhile).
 // The test agent restores pages write-protected, so every page read back is
 // clean and protected: a kernel write into it fails without the shim's

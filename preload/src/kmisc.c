@@ -1,7 +1,8 @@
 /* No EFAULT a program did not have before (ring mode), the long tail:
  * calls that read a path (a string the program keeps on its heap, as
  * CPython does) or fill a small struct or array, and glibc's functions
- * that open a path inside glibc (fopen, opendir).
+ * that open a path inside glibc (fopen, opendir); stdio's fread and fwrite,
+ * which pass a big request's buffer to the kernel from inside glibc.
  *
  * Each pins and makes present what the kernel reads (the path) or writes
  * (the struct), as kcall.c does, and calls glibc's. Retried after an
@@ -159,6 +160,37 @@ PATH_CALL(FILE *, fopen64, (const char *p, const char *m), (p, m), p, NULL, 0, 0
 PATH_CALL(FILE *, freopen, (const char *p, const char *m, FILE *f), (p, m, f), p, NULL, 0, 0)
 PATH_CALL(DIR *, opendir, (const char *p), (p), p, NULL, 0, 0)
 
+/* stdio reads a big request straight into the program's buffer, and
+ * writes a big one straight from it, with glibc's own read and write,
+ * which no wrapper sees: the buffer is pinned and made present for the
+ * call (no retry: a short count is what a stream returns then). */
+size_t __fread_chk(void *, size_t, size_t, size_t, FILE *);
+#undef fread_unlocked  /* (macros of glibc's bits/stdio.h) */
+#undef fwrite_unlocked
+
+#define STDIO_CALL(name, params, args, buf, size, n, write)                    \
+	static size_t(*real_##name) params;                                    \
+	EXPORT size_t name params                                              \
+	{                                                                      \
+		if (!rm_ring_call())                                           \
+			return RESOLVE(name) args;                             \
+		struct rm_bufs bs = {0};                                       \
+		size_t len_;                                                   \
+		if (!__builtin_mul_overflow(size, n, &len_))                   \
+			rm_add(&bs, buf, len_, write);                         \
+		struct rm_pin pin_;                                            \
+		rm_bufs_pin(&pin_, &bs);                                       \
+		size_t r_ = real_##name args;                                  \
+		rm_pin_end(&pin_);                                             \
+		return r_;                                                     \
+	}
+
+STDIO_CALL(fread, (void *b, size_t s, size_t n, FILE *f), (b, s, n, f), b, s, n, 1)
+STDIO_CALL(fread_unlocked, (void *b, size_t s, size_t n, FILE *f), (b, s, n, f), b, s, n, 1)
+STDIO_CALL(fwrite, (const void *b, size_t s, size_t n, FILE *f), (b, s, n, f), b, s, n, 0)
+STDIO_CALL(fwrite_unlocked, (const void *b, size_t s, size_t n, FILE *f), (b, s, n, f), b, s, n, 0)
+STDIO_CALL(__fread_chk, (void *b, size_t bl, size_t s, size_t n, FILE *f), (b, bl, s, n, f), b, s, n, 1)
+
 /* ---- small outputs ---- */
 
 OUT_CALL(char *, getcwd, (char *b, size_t n), (b, n), b, n, NULL, 0, 0)
@@ -254,5 +286,6 @@ __attribute__((constructor)) static void kmisc_init(void)
 	(void)RESOLVE(sched_setaffinity), (void)RESOLVE(getgroups), (void)RESOLVE(wait), (void)RESOLVE(waitpid);
 	(void)RESOLVE(waitid), (void)RESOLVE(accept), (void)RESOLVE(accept4), (void)RESOLVE(getsockname);
 	(void)RESOLVE(getpeername), (void)RESOLVE(getsockopt), (void)RESOLVE(setsockopt), (void)RESOLVE(connect);
-	(void)RESOLVE(bind);
+	(void)RESOLVE(bind), (void)RESOLVE(fread), (void)RESOLVE(fread_unlocked), (void)RESOLVE(fwrite);
+	(void)RESOLVE(fwrite_unlocked), (void)RESOLVE(__fread_chk);
 }

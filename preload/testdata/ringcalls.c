@@ -264,7 +264,8 @@ static void sys(void)
 }
 
 /* Paths and small structs (kmisc.c): open and access of a path on an
- * evicted page, pipe and uname into evicted pages. */
+ * evicted page, pipe and uname into evicted pages, fwrite and fread of
+ * big requests from and into evicted pages. */
 static void misc(void)
 {
 	char *path = A + 5 * MiB + 3 * 4096 + 17;
@@ -282,6 +283,18 @@ static void misc(void)
 	struct utsname ref, *u = (struct utsname *)(C + 6 * MiB + 9 * 4096 + 100);
 	uname(&ref);
 	expect("uname into an evicted page", uname(u), 0, ref.sysname, u->sysname, sizeof ref.sysname);
+	/* stdio passes a big request's buffer to the kernel itself */
+	FILE *f = tmpfile();
+	if (!f)
+		die("tmpfile");
+	size_t w = fwrite(A + 5 * MiB + 64 * 4096, 1, 65536, f);
+	fflush(f);
+	rewind(f);
+	step();
+	size_t r = fread(C + 6 * MiB + 32 * 4096 + 9, 1, 65536, f);
+	expect("fwrite from / fread into evicted pages", (long)(w + r), 131072, A + 5 * MiB + 64 * 4096,
+	       C + 6 * MiB + 32 * 4096 + 9, 65536);
+	fclose(f);
 }
 
 /* A signal delivered on an alternate stack in the paged heap: the kernel
