@@ -11,9 +11,9 @@
  * and calls glibc's function. If the call still fails with EFAULT and the
  * call is retry-safe, it touches and calls again: a defence, since nothing
  * should protect a pinned page while the call runs (the helper protects a
- * ring client's victims, after its pins: pager/evict.go's protectDirty)
- * but the agent's liveness probe of a client without a pidfd, which
- * write-protects the first page of its first region now and then.
+ * ring client's victims, after its pins: pager/evict.go's protectDirty;
+ * the agent's liveness probe spares its writable pages: pager/loop.go's
+ * gone).
  *
  * Retry-safe means that an EFAULT left nothing consumed or done, measured
  * on the kernel's code: a write of any kind copies before it does anything
