@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"rmem/pager/proto"
 	"rmem/pager/remote"
@@ -202,7 +203,12 @@ func (c *client) evicted(m *proto.Evicted, now time.Time) {
 	}
 	c.ev.evictBusy = false
 	done := min(int(m.Done), c.ev.evict.N)
-	if m.Errno != 0 {
+	switch {
+	case m.Errno == unix.EBUSY && c.ring != nil:
+		// A system call has the page after the last one done pinned
+		// (preload/src/pin.c): kept, as a page in use is.
+		c.log.Debug("client kept pinned pages", zap.Int("done", done), zap.Int("of", c.ev.evict.N))
+	case m.Errno != 0:
 		c.log.Warn("client could not evict every page", zap.Int("done", done), zap.Int("of", c.ev.evict.N), zap.Error(m.Errno))
 	}
 	c.ev.wb, c.ev.wbRef = c.ev.wb[:0], c.ev.wbRef[:0]
@@ -221,6 +227,9 @@ func (c *client) evicted(m *proto.Evicted, now time.Time) {
 		if i >= done || p.State() != Resident {
 			// Not evicted (still mapped, and write-protected), or
 			// dropped by the program meanwhile (REGION_ZAP): Absent.
+			if i == done && m.Errno == unix.EBUSY && c.ring != nil {
+				p |= FlagRef // pinned: in use by a system call, so not the next victim
+			}
 			r.pages[idx] = p
 			if hasSlot {
 				c.freeStage(slot)
