@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"rmem/pager/proto"
 	"rmem/pager/remote"
@@ -55,7 +56,10 @@ func (c *client) maybeEvict(now time.Time) {
 		for j < len(victims) && victims[j].Table == victims[i].Table && victims[j].Page == victims[j-1].Page+1 {
 			j++
 		}
-		err := c.protectDirty(r, victims[i:j])
+		var err error
+		if c.ring == nil { // (a ring client's helper protects them itself, after its pins: protectDirty)
+			err = c.protectDirty(r, victims[i:j])
+		}
 		for _, v := range victims[i:j] {
 			dirty := needsWrite(r, v.Page)
 			if err != nil {
@@ -109,6 +113,15 @@ func (c *client) maybeEvict(now time.Time) {
 // is a WP fault that makes it dirty (page states, pagetable.go); protecting
 // them again would cost an ioctl and a TLB flush of the program's CPUs
 // each, for nothing (random victims make runs of one or two pages).
+//
+// Not for a client with a fault ring: its helper write-protects the dirty
+// victims itself, after it has checked them against the pins of the system
+// calls in flight (preload/src/pin.c), and keeps the pinned ones (EBUSY)
+// unprotected. Protected here, a pinned page would stay so while the call
+// runs, and the kernel's write into it (read(2), a signal frame on an
+// alternate stack) would fail with EFAULT, since its fault raises SIGBUS
+// for no one. A write between this choice and the helper's protection
+// loses nothing: the page is dirty, and the helper copies it after.
 func (c *client) protectDirty(r *region, run []Victim) error {
 	for i := 0; i < len(run); {
 		if !needsWrite(r, run[i].Page) {
@@ -190,7 +203,12 @@ func (c *client) evicted(m *proto.Evicted, now time.Time) {
 	}
 	c.ev.evictBusy = false
 	done := min(int(m.Done), c.ev.evict.N)
-	if m.Errno != 0 {
+	switch {
+	case m.Errno == unix.EBUSY && c.ring != nil:
+		// A system call has the page after the last one done pinned
+		// (preload/src/pin.c): kept, as a page in use is.
+		c.log.Debug("client kept pinned pages", zap.Int("done", done), zap.Int("of", c.ev.evict.N))
+	case m.Errno != 0:
 		c.log.Warn("client could not evict every page", zap.Int("done", done), zap.Int("of", c.ev.evict.N), zap.Error(m.Errno))
 	}
 	c.ev.wb, c.ev.wbRef = c.ev.wb[:0], c.ev.wbRef[:0]
@@ -209,6 +227,9 @@ func (c *client) evicted(m *proto.Evicted, now time.Time) {
 		if i >= done || p.State() != Resident {
 			// Not evicted (still mapped, and write-protected), or
 			// dropped by the program meanwhile (REGION_ZAP): Absent.
+			if i == done && m.Errno == unix.EBUSY && c.ring != nil {
+				p |= FlagRef // pinned: in use by a system call, so not the next victim
+			}
 			r.pages[idx] = p
 			if hasSlot {
 				c.freeStage(slot)

@@ -171,10 +171,19 @@ func (c *client) RoutineServe() {
 // with ESRCH once the mm is gone. It is harmless otherwise: a clean
 // resident page is protected already, a dirty one takes one more WP
 // fault, a page not mapped is not touched. A probe is made once every
-// probePeriod (now: the turn's time).
+// probePeriod (now: the turn's time). Not of a ring client's page that is
+// writable (dirty, or being evicted: its helper protects it after the
+// pins): a system call may have it pinned, and the kernel's write into it
+// would fail with EFAULT (docs/pager.md, Misses in the faulting thread);
+// the probe waits for a period in which the page is not.
 func (c *client) gone(now time.Time) bool {
 	if len(c.regs.list) == 0 {
 		return false
+	}
+	if c.ring != nil {
+		if p := c.regs.list[0].pages[0]; p.Has(FlagBusy) || (p.State() == Resident && p.Has(FlagDirty)) {
+			return false
+		}
 	}
 	if !c.sock.probeDue(now) {
 		return false

@@ -34,14 +34,23 @@ type testAgent struct {
 	forks    map[forkKey]*forkedChild // FORK events not yet claimed by a HELLO
 	closed   bool
 	hellos   int
-	refuse   bool   // answer HELLO with ERROR
-	badHello []byte // answer HELLO with these bytes (no descriptors)
+	rings    int                // HELLOs that asked for the fault ring
+	journal  map[int32]*journal // clients' evicted pages, as they ended (for a successor)
+	from     *testAgent         // the agent this one succeeds: resuming HELLOs take its journal
+	refuse   bool               // answer HELLO with ERROR
+	badHello []byte             // answer HELLO with these bytes (no descriptors)
 
 	eventDelay atomic.Int64 // ns the uffd reader sleeps after a FORK event, before the loop may look
 	restoreWP  atomic.Bool  // restore evicted pages write-protected, as the pager does (to see them dirtied)
 	// ns the ring reader polls a client's fault ring, once it is empty,
 	// before it sleeps in poll(2) on the doorbell (ring mode).
 	ringSpin atomic.Int64
+}
+
+// journal is what an agent knows of a client's pages that the client
+// does not: the contents of the pages it evicted.
+type journal struct {
+	saved map[userfaultfd.Addr][]byte
 }
 
 type forkKey struct {
@@ -89,6 +98,8 @@ type agentStats struct {
 	RingFaults  int                 // faults taken from the ring
 	RingPosted  uint64              // the ring header's counts
 	RingBells   uint64
+	Pinned      int // victims the shim kept: pinned by a system call (EBUSY)
+	Requeued    int // ring entries a previous agent was serving, taken back at a resume
 }
 
 type agentClient struct {
@@ -182,11 +193,25 @@ const testSlots = 64
 
 func newTestAgent(t testing.TB) *testAgent {
 	t.Helper()
+	return startTestAgent(t, filepath.Join(t.TempDir(), "agent.sock"), nil)
+}
+
+// newSuccessor starts an agent at from's socket once from is closed: it
+// takes from's clients back (resuming HELLOs) with their evicted pages.
+func newSuccessor(t testing.TB, from *testAgent) *testAgent {
+	t.Helper()
+	return startTestAgent(t, from.path, from)
+}
+
+func startTestAgent(t testing.TB, path string, from *testAgent) *testAgent {
+	t.Helper()
 	a := &testAgent{
 		t:       t,
-		path:    filepath.Join(t.TempDir(), "agent.sock"),
+		path:    path,
 		clients: map[int32]*agentClient{},
 		forks:   map[forkKey]*forkedChild{},
+		journal: map[int32]*journal{},
+		from:    from,
 	}
 	a.cond = sync.NewCond(&a.mu)
 	a.ringSpin.Store(int64(100 * time.Microsecond))
@@ -209,6 +234,9 @@ func (a *testAgent) Close() {
 	}
 	a.closed = true
 	a.cond.Broadcast()
+	if ring := ringTest(a.t); a.hellos > 0 && (a.rings > 0) != ring {
+		a.t.Errorf("agent: %d of %d HELLOs asked for the fault ring, in a test in ring mode: %v", a.rings, a.hellos, ring)
+	}
 	// The listener first: a shim whose connection closes connects again
 	// at once with a resuming HELLO, which this agent does not take.
 	a.ln.Close()
@@ -351,23 +379,21 @@ func (a *testAgent) routineClient(conn *net.UnixConn) {
 		closeFDs(fds[:nfds])
 		return
 	}
+	if h.Flags&proto.HelloResume != 0 {
+		a.routineResume(conn, h, fds[:nfds])
+		return
+	}
 	cred, err := userfaultfd.PeerCred(conn)
 	if err != nil || cred.Pid != h.PID {
 		a.t.Errorf("agent: HELLO pid %d, peer %v %v", h.PID, cred, err)
 	}
-	c := &agentClient{
-		a: a, pid: h.PID, ppid: h.PPID, conn: conn, memfd: -1, bell: -1,
-		done: make(chan struct{}), cmds: make(chan evictCmd), raw: make(chan rawCmd),
-		saved: map[userfaultfd.Addr][]byte{}, resident: map[userfaultfd.Addr]bool{},
-		expectRemove: map[userfaultfd.Addr]bool{},
-		sbuf:         make([]byte, 0, proto.MaxPacket),
-	}
-	c.stats.Regions = map[proto.Kind]int{}
-	c.stats.Features = h.Features
-	c.stats.Ring = h.Flags&proto.HelloRing != 0
+	c := a.newClient(conn, &h)
 	defer close(c.done)
 	a.mu.Lock()
 	a.hellos++
+	if c.stats.Ring {
+		a.rings++
+	}
 	refuse, bad := a.refuse, a.badHello
 	a.mu.Unlock()
 	if bad != nil {
@@ -443,6 +469,146 @@ func (a *testAgent) routineClient(conn *net.UnixConn) {
 	a.clients[h.PID] = c
 	a.mu.Unlock()
 	c.serve()
+	a.keepJournal(c)
+}
+
+// keepJournal records what c's pages were as it ended, for a successor.
+func (a *testAgent) keepJournal(c *agentClient) {
+	a.mu.Lock()
+	a.journal[c.pid] = &journal{saved: c.saved}
+	a.mu.Unlock()
+}
+
+// newClient is a client of pid before its staging area and uffd.
+func (a *testAgent) newClient(conn *net.UnixConn, h *proto.Hello) *agentClient {
+	c := &agentClient{
+		a: a, pid: h.PID, ppid: h.PPID, conn: conn, memfd: -1, bell: -1,
+		done: make(chan struct{}), cmds: make(chan evictCmd), raw: make(chan rawCmd),
+		saved: map[userfaultfd.Addr][]byte{}, resident: map[userfaultfd.Addr]bool{},
+		expectRemove: map[userfaultfd.Addr]bool{},
+		sbuf:         make([]byte, 0, proto.MaxPacket),
+	}
+	c.stats.Regions = map[proto.Kind]int{}
+	c.stats.Features = h.Features
+	c.stats.Ring = h.Flags&proto.HelloRing != 0
+	return c
+}
+
+// routineResume takes back a client whose agent went away: a resuming
+// HELLO brings its uffd and staging memfd (with its fault ring), then its
+// regions again and RESUME_DONE. Its evicted pages come from the journal
+// of the agent this one succeeds. The faults the dead agent had taken come
+// again: in ring mode the entries it was serving are posted again (their
+// threads still wait on them); otherwise each region is woken (a thread
+// waiting in the kernel retries its access, and faults to us).
+func (a *testAgent) routineResume(conn *net.UnixConn, h proto.Hello, fds []int) {
+	c := a.newClient(conn, &h)
+	defer close(c.done)
+	a.mu.Lock()
+	a.hellos++
+	if c.stats.Ring {
+		a.rings++
+	}
+	var j *journal
+	if a.from != nil {
+		a.from.mu.Lock()
+		j = a.from.journal[h.PID]
+		a.from.mu.Unlock()
+	}
+	a.mu.Unlock()
+	if len(fds) != 2 {
+		a.t.Errorf("agent: resuming HELLO with %d fds", len(fds))
+		closeFDs(fds)
+		return
+	}
+	var err error
+	if c.uffd, err = userfaultfd.FromFD(fds[0], h.Features); err != nil {
+		a.t.Errorf("agent: %v", err)
+		closeFDs(fds[1:])
+		return
+	}
+	defer c.uffd.Close()
+	c.memfd = fds[1]
+	defer unix.Close(c.memfd)
+	ps := int(userfaultfd.PageSize)
+	size := testSlots * ps
+	if c.stats.Ring {
+		size += proto.RingSize
+	}
+	if c.smap, err = unix.Mmap(c.memfd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
+		a.t.Errorf("agent: map the staging memfd: %v", err)
+		return
+	}
+	defer unix.Munmap(c.smap)
+	c.stage = c.smap[:testSlots*ps]
+	w := &proto.Welcome{ClientID: uint64(h.PID), StagingSlots: testSlots}
+	var wfds []int
+	if c.stats.Ring {
+		if c.bell, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK); err != nil {
+			a.t.Errorf("agent: %v", err)
+			return
+		}
+		defer unix.Close(c.bell)
+		c.ring = agentRing{c.smap[testSlots*ps:]}
+		c.ring.init()
+		w.Flags |= proto.WelcomeRing
+		wfds = append(wfds, c.bell)
+	}
+	if j != nil {
+		w.Flags |= proto.WelcomeResumed
+		c.saved = j.saved
+	}
+	if err := proto.Send(conn, c.sbuf, 0, w, wfds...); err != nil {
+		a.t.Errorf("agent: WELCOME: %v", err)
+		return
+	}
+	buf, oob := make([]byte, proto.MaxPacket), make([]byte, proto.OOBSize)
+	for {
+		pkt, _, err := proto.Recv(conn, buf, oob, nil)
+		if err != nil {
+			a.t.Errorf("agent: resume of pid %d: %v", h.PID, err)
+			return
+		}
+		hdr, m, err := proto.Decode(pkt)
+		if err != nil {
+			a.t.Errorf("agent: resume of pid %d: %v", h.PID, err)
+			return
+		}
+		if add, ok := m.(*proto.RegionAdd); ok {
+			c.regions = append(c.regions, region{add.ID, add.Range, add.Kind})
+			continue
+		}
+		if _, ok := m.(*proto.ResumeDone); !ok {
+			a.t.Errorf("agent: resume of pid %d: %v before RESUME_DONE", h.PID, hdr.Type)
+			return
+		}
+		c.reply(hdr.Seq, nil)
+		break
+	}
+	c.publishRegions()
+	if c.stats.Ring {
+		c.smu.Lock()
+		c.stats.Requeued = c.ring.requeue()
+		c.smu.Unlock()
+	} else {
+		for _, r := range c.regions {
+			c.uffd.Wake(r.r)
+		}
+	}
+	if c.stopfd, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK); err != nil {
+		a.t.Errorf("agent: %v", err)
+		return
+	}
+	defer unix.Close(c.stopfd)
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return
+	}
+	a.clients[h.PID] = c
+	a.mu.Unlock()
+	c.serve()
+	a.keepJournal(c)
 }
 
 func (a *testAgent) claimFork(k forkKey) (*forkedChild, error) {
@@ -917,6 +1083,13 @@ func (c *agentClient) handleEvent(e userfaultfd.Event, ev *eviction) (again bool
 // the address space is changing (a FORK read but not handled, an event
 // being delivered): later.
 func (c *agentClient) install(page userfaultfd.Range) (again bool, err error) {
+	again, _, err = c.installed(page)
+	return again, err
+}
+
+// installed is install, and says whether the page was there already
+// (EEXIST: a resumed client's resident pages are not known).
+func (c *agentClient) installed(page userfaultfd.Range) (again, exists bool, err error) {
 	data, restore := c.saved[page.Start]
 	// Not while a FORK read is not handled: reading it ended the
 	// kernel's refusal, but the child's page tables were copied
@@ -928,7 +1101,7 @@ func (c *agentClient) install(page userfaultfd.Range) (again bool, err error) {
 	c.readMu.Lock()
 	if c.forksRead > c.forksDone {
 		c.readMu.Unlock()
-		return true, nil
+		return true, false, nil
 	}
 	if restore {
 		var flags userfaultfd.Flags
@@ -943,7 +1116,7 @@ func (c *agentClient) install(page userfaultfd.Range) (again bool, err error) {
 	if userfaultfd.IsMMChanged(err) {
 		// A non-cooperative event (REMOVE, UNMAP, FORK) is being
 		// delivered; once the reader has taken it, this succeeds.
-		return true, nil
+		return true, false, nil
 	}
 	c.smu.Lock()
 	if restore && err == nil {
@@ -953,7 +1126,7 @@ func (c *agentClient) install(page userfaultfd.Range) (again bool, err error) {
 		c.stats.ZeroFills++
 	}
 	c.smu.Unlock()
-	if userfaultfd.IsExist(err) {
+	if exists = userfaultfd.IsExist(err); exists {
 		err = c.uffd.Wake(page)
 	}
 	if err == nil {
@@ -963,7 +1136,7 @@ func (c *agentClient) install(page userfaultfd.Range) (again bool, err error) {
 		// and the shim's helper fault on it, holding its table lock.
 		c.resident[page.Start] = true
 	}
-	return false, err
+	return false, exists, err
 }
 
 // handleRing serves a fault taken from the fault ring as handleEvent
@@ -985,12 +1158,12 @@ func (c *agentClient) handleRing(f ringFault, ev *eviction) (again bool) {
 		return false
 	}
 	var err error
-	if c.resident[page.Start] {
-		if f.write {
-			err = c.uffd.Unprotect(page, 0)
-		}
-	} else {
-		again, err = c.install(page)
+	exists := c.resident[page.Start]
+	if !exists {
+		again, exists, err = c.installed(page)
+	}
+	if exists && f.write && err == nil {
+		err = c.uffd.Unprotect(page, 0)
 	}
 	if again || userfaultfd.IsMMChanged(err) {
 		return true
@@ -1081,7 +1254,10 @@ func (c *agentClient) nextBatch(ev *eviction) *eviction {
 				// was dropped (REGION_ZAP: the allocator purged it).
 				continue
 			}
-			err := c.uffd.WriteProtect(userfaultfd.Range{Start: p, Len: userfaultfd.PageSize})
+			var err error
+			if !c.stats.Ring { // (in ring mode the helper protects them, after its pins: pager/evict.go)
+				err = c.uffd.WriteProtect(userfaultfd.Range{Start: p, Len: userfaultfd.PageSize})
+			}
 			if userfaultfd.IsMMChanged(err) || userfaultfd.IsGone(err) {
 				continue // the address space is changing (an unmap in flight): skip the page
 			}
@@ -1114,10 +1290,18 @@ func (c *agentClient) finishBatch(m *proto.Evicted, ev *eviction) *eviction {
 		c.a.t.Errorf("agent: EVICTED %d without that batch out", m.Batch)
 		return ev
 	}
-	if int(m.Done) != len(ev.batch) && !(m.Errno == unix.EFAULT && !c.inRegion(ev.batch[m.Done])) {
+	pinned := int(m.Done) < len(ev.batch) && m.Errno == unix.EBUSY && c.stats.Ring
+	if int(m.Done) != len(ev.batch) && !(m.Errno == unix.EFAULT && !c.inRegion(ev.batch[m.Done])) && !pinned {
 		// (EFAULT for a page whose region was deleted while the batch
-		// was out is the shim refusing memory it no longer has: right.)
+		// was out is the shim refusing memory it no longer has: right.
+		// EBUSY in ring mode: a system call has that page pinned.)
 		c.a.t.Errorf("agent: EVICTED %d of %d pages: %v", m.Done, len(ev.batch), m.Errno)
+	}
+	if pinned { // the pages after the pinned one: in the next batch
+		c.smu.Lock()
+		c.stats.Pinned++
+		c.smu.Unlock()
+		ev.pending = append(slices.Clone(ev.batch[m.Done+1:]), ev.pending...)
 	}
 	ps := int(userfaultfd.PageSize)
 	for i, p := range ev.batch[:m.Done] {

@@ -92,6 +92,40 @@
 // child's pid or the failure to FORK_DONE, which an atfork handler cannot
 // know.
 //
+// # Ring mode (RMEM_IN_THREAD=1, memagent run --in-thread)
+//
+// The uffd raises SIGBUS in the faulting thread, whose handler (sigbus.c)
+// posts the fault to the fault ring and waits there (ring.c). The price:
+// a kernel access to a missing page, or a kernel write to a clean page
+// installed write-protected, fails with EFAULT instead of faulting. So:
+//
+//   - the libc calls that hand the kernel buffers (kcall.c, kmisc.c,
+//     kwait.c: read/write and their p*/v* kin, recv*/send*, the stat
+//     family, getdents64, readdir, paths of open and its kin, pipe,
+//     uname, accept, waitpid, poll/select/epoll_wait*, the sleeps and
+//     signal waits, stdio's fread/fwrite, futex through syscall(3),
+//     glibc's mutex, condvar, semaphore, rwlock and barrier waits) pin
+//     their buffers against eviction (pin.c; the helper keeps a pinned
+//     page, EBUSY) and make them present from user mode first; a
+//     retry-safe call is retried after an EFAULT;
+//   - SIGBUS is never blocked (sigwrap.c: every mask libc sets leaves it
+//     out) and the program's SIGBUS disposition is recorded behind the
+//     shim's handler, which chains to it for faults that are not the
+//     pager's; an alternate signal stack is pinned while it is set;
+//   - posix_spawn, popen, system and exec make what the child or the
+//     kernel reads present and pinned (spawn.c); glibc's own small
+//     allocations (stdio buffers, DIRs) stay in glibc's heap (alloc.c).
+//
+// Not seen, so still EFAULT on an evicted buffer: raw system calls (not
+// through libc or syscall(3)), glibc's other calls from inside itself
+// (scandir's getdents, a process-shared lock's wake), ioctl and
+// fcntl arguments, io_uring buffers, and rt_sigprocmask issued raw with
+// SIGBUS in the mask (a fault then kills the process). A call that is not
+// retry-safe (a datagram's recv, an eventfd's read) relies on its pin
+// alone. system() pins its command and environment, not everything, for
+// the command's length; posix_spawn and popen pin everything until the
+// child has exec'd.
+//
 // # Known limits
 //
 // A child forked after its parent lost its agent (orphaned; or off, after

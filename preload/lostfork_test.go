@@ -38,14 +38,17 @@ func TestLostAgentFork(t *testing.T) {
 			for _, child := range []string{"unmap", "memory"} {
 				name := fmt.Sprintf("%s/fork events %v/child %s", lose, forkEvents, child)
 				t.Run(name, func(t *testing.T) { testLostAgentFork(t, lose, forkEvents, child) })
+				if lose == "orphaned" {
+					t.Run(name+"/ring", func(t *testing.T) { testLostAgentFork(t, lose, forkEvents, child, ringEnv) })
+				}
 			}
 		}
 	}
 }
 
-func testLostAgentFork(t *testing.T, lose string, forkEvents bool, child string) {
+func testLostAgentFork(t *testing.T, lose string, forkEvents bool, child string, extra ...string) {
 	a := newTestAgent(t)
-	env := []string{proto.EnvAgentWait + "=300ms"}
+	env := append([]string{proto.EnvAgentWait + "=300ms"}, extra...)
 	if !forkEvents {
 		env = append(env, "LOSTFORK_NO_PTRACE=1")
 	}
@@ -152,11 +155,13 @@ func TestLostAgentForkFenced(t *testing.T) {
 // the helper, which answers the faults of an orphaned process, lets the
 // write through (UFFDIO_POISON of a present page fails with EEXIST, and
 // the writer used to wait for good).
-func TestOrphanedWritesRestoredPages(t *testing.T) {
+func TestOrphanedWritesRestoredPages(t *testing.T) { bothModes(t, testOrphanedWritesRestoredPages) }
+
+func testOrphanedWritesRestoredPages(t *testing.T, env ...string) {
 	needUFFD(t)
 	a := newTestAgent(t)
 	a.restoreWP.Store(true)
-	p := start(t, a.path, []string{"orphanwrite"}, proto.EnvAgentWait+"=300ms")
+	p := start(t, a.path, []string{"orphanwrite"}, append([]string{proto.EnvAgentWait + "=300ms"}, env...)...)
 	p.Expect("ready ")
 	evict(t, a, p.Pid(), 512)
 	p.Send("g")
@@ -177,10 +182,12 @@ func TestOrphanedWritesRestoredPages(t *testing.T) {
 // the connection (in the parent's memory) as such a child drops the one it
 // inherited. The parent's pages are still evicted and restored, and its
 // new mapping is still a region.
-func TestVforkChildMaps(t *testing.T) {
+func TestVforkChildMaps(t *testing.T) { bothModes(t, testVforkChildMaps) }
+
+func testVforkChildMaps(t *testing.T, env ...string) {
 	needUFFD(t)
 	a := newTestAgent(t)
-	p := start(t, a.path, []string{"vforkmap"})
+	p := start(t, a.path, []string{"vforkmap"}, env...)
 	p.Expect("ready")
 	evict(t, a, p.Pid(), 512)
 	p.Send("g")

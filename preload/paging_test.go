@@ -121,39 +121,44 @@ func TestAllocators(t *testing.T) {
 				p.Wait()
 			})
 			t.Run("agent", func(t *testing.T) {
-				needUFFD(t)
-				a := newTestAgent(t)
-				p := start(t, a.path, []string{prog})
-				addrs := parseAddrs(t, p.Expect("addrs"))
-				p.Expect("ready")
-				const data = 192*256 + 2000000*56/4096 // pages holding what the program checks
-				n := evict(t, a, p.Pid(), data)
-				regs := a.Regions(p.Pid())
-				p.Send("g")
-				p.Expect("ok")
-				p.Wait()
-				s := a.Stats(p.Pid())
-				t.Logf("evicted %d pages; stats %+v", n, s)
-				if s.Restores < data {
-					t.Errorf("%d pages restored, want the %d that hold what the program checked", s.Restores, data)
-				}
-				if al.lib == "" {
-					if len(s.Regions) != 1 || s.Regions[proto.KindHeap] == 0 {
-						t.Errorf("regions %v: want heap regions only", s.Regions)
-					}
-					for _, addr := range addrs {
-						if !inRegion(regs, addr, proto.KindHeap) {
-							t.Errorf("block %#x is in no heap region %v", addr, regs)
-						}
-					}
-				} else if len(s.Regions) != 1 || s.Regions[proto.KindMmap] == 0 {
-					t.Errorf("regions %v: want mmap regions only (foreign mode)", s.Regions)
-				}
-				if strings.Contains(p.Stderr.String(), "rmem:") {
-					t.Errorf("shim complained: %s", p.Stderr.String())
-				}
+				bothModes(t, func(t *testing.T, env ...string) { testAllocs(t, al.lib, prog, env...) })
 			})
 		})
+	}
+}
+
+// testAllocs runs allocs (prog) under the test agent, with env.
+func testAllocs(t *testing.T, lib, prog string, env ...string) {
+	needUFFD(t)
+	a := newTestAgent(t)
+	p := start(t, a.path, []string{prog}, env...)
+	addrs := parseAddrs(t, p.Expect("addrs"))
+	p.Expect("ready")
+	const data = 192*256 + 2000000*56/4096 // pages holding what the program checks
+	n := evict(t, a, p.Pid(), data)
+	regs := a.Regions(p.Pid())
+	p.Send("g")
+	p.Expect("ok")
+	p.Wait()
+	s := a.Stats(p.Pid())
+	t.Logf("evicted %d pages; stats %+v", n, s)
+	if s.Restores < data {
+		t.Errorf("%d pages restored, want the %d that hold what the program checked", s.Restores, data)
+	}
+	if lib == "" {
+		if len(s.Regions) != 1 || s.Regions[proto.KindHeap] == 0 {
+			t.Errorf("regions %v: want heap regions only", s.Regions)
+		}
+		for _, addr := range addrs {
+			if !inRegion(regs, addr, proto.KindHeap) {
+				t.Errorf("block %#x is in no heap region %v", addr, regs)
+			}
+		}
+	} else if len(s.Regions) != 1 || s.Regions[proto.KindMmap] == 0 {
+		t.Errorf("regions %v: want mmap regions only (foreign mode)", s.Regions)
+	}
+	if strings.Contains(p.Stderr.String(), "rmem:") {
+		t.Errorf("shim complained: %s", p.Stderr.String())
 	}
 }
 
@@ -167,19 +172,24 @@ func TestRedisServer(t *testing.T) {
 		t.Skip("redis-server is not installed (Debian: redis-server)")
 	}
 	build(t)
-	for _, agent := range []bool{false, true} {
-		t.Run(map[bool]string{false: "no agent", true: "agent"}[agent], func(t *testing.T) {
+	for _, mode := range []string{"no agent", "agent", "agent/ring"} {
+		t.Run(mode, func(t *testing.T) {
 			sock := filepath.Join(t.TempDir(), "none.sock")
 			var a *testAgent
+			agent := mode != "no agent"
+			var env []string
 			if agent {
 				needUFFD(t)
 				a = newTestAgent(t)
 				sock = a.path
 			}
+			if mode == "agent/ring" {
+				env = append(env, ringEnv)
+			}
 			dir := t.TempDir()
 			rsock := filepath.Join(dir, "redis.sock")
 			p := start(t, sock, []string{redis, "--port", "0", "--unixsocket", rsock, "--save", "",
-				"--appendonly", "no", "--dir", dir, "--daemonize", "no", "--logfile", ""})
+				"--appendonly", "no", "--dir", dir, "--daemonize", "no", "--logfile", ""}, env...)
 			for l := p.Expect(""); !strings.Contains(l, "ready to accept connections"); l = p.Expect("") {
 			}
 			c, err := net.Dial("unix", rsock)
@@ -322,10 +332,12 @@ func TestForkHandlersBeforeTheShim(t *testing.T) {
 // again, never as their evicted contents; a resident piece made PROT_NONE
 // is evicted without killing the program (the helper reads it through
 // /proc/self/mem); and mremap of the region is refused.
-func TestProtNoneReservation(t *testing.T) {
+func TestProtNoneReservation(t *testing.T) { bothModes(t, testProtNoneReservation) }
+
+func testProtNoneReservation(t *testing.T, env ...string) {
 	needUFFD(t)
 	a := newTestAgent(t)
-	p := start(t, a.path, []string{"protnone"})
+	p := start(t, a.path, []string{"protnone"}, env...)
 	p.Expect("ready")
 	evict(t, a, p.Pid(), 4096) // the 16 MiB committed
 	p.Send("g")
@@ -377,36 +389,44 @@ func TestForkWhileAllocating(t *testing.T) {
 	for i, al := range allocators[:3] {
 		t.Run(al.name, func(t *testing.T) {
 			prog := progFor(t, "forkstress.c", i)
-			a := newTestAgent(t)
-			p := start(t, a.path, []string{prog}, env...)
-			done := make(chan string, 1)
-			go func() {
-				l, ok := <-p.Lines
-				if !ok {
-					l = "EOF"
-				}
-				done <- l
-			}()
-			evictions := 0
-			deadline := time.After(90 * time.Second)
-			for {
-				select {
-				case l := <-done:
-					if l != "ok" {
-						t.Fatalf("program said %q; stderr:\n%s", l, p.Stderr.String())
-					}
-					p.Wait()
-					t.Logf("%d pages evicted while forking; stats %+v", evictions, a.Stats(p.Pid()))
-					return
-				case <-time.After(20 * time.Millisecond):
-					if n, err := a.Evict(p.Pid()); err == nil {
-						evictions += n
-					}
-				case <-deadline:
-					t.Fatalf("no \"ok\" after 90 s (a deadlock?); stderr:\n%s\nthreads:\n%s", p.Stderr.String(), threadDump(int(p.Pid())))
-				}
+			if i > 0 {
+				testForkWhileAllocating(t, prog, env...)
+				return
 			}
+			bothModes(t, func(t *testing.T, mode ...string) { testForkWhileAllocating(t, prog, append(env, mode...)...) })
 		})
+	}
+}
+
+func testForkWhileAllocating(t *testing.T, prog string, env ...string) {
+	a := newTestAgent(t)
+	p := start(t, a.path, []string{prog}, env...)
+	done := make(chan string, 1)
+	go func() {
+		l, ok := <-p.Lines
+		if !ok {
+			l = "EOF"
+		}
+		done <- l
+	}()
+	evictions := 0
+	deadline := time.After(90 * time.Second)
+	for {
+		select {
+		case l := <-done:
+			if l != "ok" {
+				t.Fatalf("program said %q; stderr:\n%s", l, p.Stderr.String())
+			}
+			p.Wait()
+			t.Logf("%d pages evicted while forking; stats %+v", evictions, a.Stats(p.Pid()))
+			return
+		case <-time.After(20 * time.Millisecond):
+			if n, err := a.Evict(p.Pid()); err == nil {
+				evictions += n
+			}
+		case <-deadline:
+			t.Fatalf("no \"ok\" after 90 s (a deadlock?); stderr:\n%s\nthreads:\n%s", p.Stderr.String(), threadDump(int(p.Pid())))
+		}
 	}
 }
 
@@ -432,10 +452,12 @@ func TestDlopen(t *testing.T) {
 
 // TestExec: an image exec'd by a shimmed process is a new client of its
 // own (its uffd was close-on-exec), with a heap of its own.
-func TestExec(t *testing.T) {
+func TestExec(t *testing.T) { bothModes(t, testExec) }
+
+func testExec(t *testing.T, env ...string) {
 	needUFFD(t)
 	a := newTestAgent(t)
-	p := start(t, a.path, []string{"exec"})
+	p := start(t, a.path, []string{"exec"}, env...)
 	p.Expect("ready")
 	evict(t, a, p.Pid(), 1000)
 	p.Send("g")
@@ -503,6 +525,34 @@ func TestExports(t *testing.T) {
 	want := []string{"aligned_alloc", "calloc", "cfree", "fork", "free", "madvise", "malloc", "malloc_usable_size",
 		"memalign", "mmap", "mmap64", "mprotect", "mremap", "munmap", "posix_memalign", "pvalloc", "realloc",
 		"reallocarray", "sbrk", "valloc"}
+	// Ring mode's wrappers (they pass through outside it): signal masks
+	// and dispositions (sigwrap.c); calls that hand the kernel buffers
+	// (kcall.c, kmisc.c) or wait (kwait.c); new programs (spawn.c).
+	want = append(want, "bsd_signal", "posix_spawnattr_setsigmask", "pthread_attr_setsigmask_np", "pthread_sigmask",
+		"sigaction", "sigblock", "sighold", "signal", "sigprocmask", "sigset", "sigsetmask", "sigsuspend", "sigwait",
+		"ssignal", "sysv_signal")
+	want = append(want, "__fxstat", "__fxstat64", "__fxstatat", "__fxstatat64", "__lxstat", "__lxstat64",
+		"__pread64_chk", "__pread_chk", "__read_chk", "__recv_chk", "__recvfrom_chk", "__xstat", "__xstat64",
+		"fstat", "fstat64", "fstatat", "fstatat64", "getdents64", "lstat", "lstat64", "pread", "pread64", "preadv",
+		"preadv2", "preadv64", "preadv64v2", "pwrite", "pwrite64", "pwritev", "pwritev2", "pwritev64",
+		"pwritev64v2", "read", "readdir", "readdir64", "readdir64_r", "readdir_r", "readv", "recv", "recvfrom",
+		"recvmsg", "send", "sendmsg", "sendto", "stat", "stat64", "statx", "write", "writev")
+	want = append(want, "__poll_chk", "__ppoll_chk", "clock_nanosleep", "epoll_pwait", "epoll_pwait2", "epoll_wait",
+		"nanosleep", "poll", "ppoll", "pselect", "pthread_barrier_wait", "pthread_cond_clockwait",
+		"pthread_cond_timedwait", "pthread_cond_wait", "pthread_mutex_lock", "pthread_mutex_timedlock",
+		"pthread_rwlock_rdlock", "pthread_rwlock_wrlock", "select", "sem_timedwait", "sem_wait", "sigaltstack",
+		"sigtimedwait", "sigwaitinfo", "syscall")
+	// Paths and small structs (kmisc.c).
+	want = append(want, "__open64_2", "__open_2", "__openat64_2", "__openat_2", "accept", "accept4", "access", "bind",
+		"chdir", "chmod", "chown", "connect", "creat", "faccessat", "fopen", "fopen64", "fread", "fread_unlocked", "fwrite", "fwrite_unlocked", "__fread_chk", "freopen", "fstatfs", "getcwd",
+		"getgroups", "getpeername", "getrandom", "getrlimit", "getrusage", "getsockname", "getsockopt", "lchown",
+		"link", "mkdir", "mkdirat", "open", "open64", "openat", "openat64", "opendir", "pipe", "pipe2", "readlink",
+		"readlinkat", "rename", "renameat", "rmdir", "sched_getaffinity", "sched_setaffinity", "setrlimit",
+		"setsockopt", "socketpair", "statfs", "symlink", "sysinfo", "times", "truncate", "uname", "unlink",
+		"unlinkat", "wait", "waitid", "waitpid")
+	want = append(want, "execl", "execle", "execlp", "execv", "execve", "execvp", "execvpe", "fexecve", "popen",
+		"posix_spawn", "posix_spawnp", "system")
+	slices.Sort(want)
 	if !slices.Equal(got, want) {
 		t.Errorf("librmem.so exports %v, want %v", got, want)
 	}

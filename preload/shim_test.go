@@ -71,10 +71,12 @@ func evict(t *testing.T, a *testAgent, pid int32, min int) int {
 	return n
 }
 
-func TestAllocationsEvictedAndRestored(t *testing.T) {
+func TestAllocationsEvictedAndRestored(t *testing.T) { bothModes(t, testAllocationsEvictedAndRestored) }
+
+func testAllocationsEvictedAndRestored(t *testing.T, env ...string) {
 	needUFFD(t)
 	a := newTestAgent(t)
-	p := start(t, a.path, []string{"alloc"})
+	p := start(t, a.path, []string{"alloc"}, env...)
 	p.Expect("ready")
 	// 8+8+4+4+2+2+2 MiB of the malloc family, 6+3+2 of realloc, 1+1+8 of
 	// mmap, all checked after the eviction: 12,032 pages at least come
@@ -102,10 +104,12 @@ func TestAllocationsEvictedAndRestored(t *testing.T) {
 	}
 }
 
-func TestAllocatorChunks(t *testing.T) {
+func TestAllocatorChunks(t *testing.T) { bothModes(t, testAllocatorChunks) }
+
+func testAllocatorChunks(t *testing.T, env ...string) {
 	needUFFD(t)
 	a := newTestAgent(t)
-	p := start(t, a.path, []string{"chunks"})
+	p := start(t, a.path, []string{"chunks"}, env...)
 	p.Expect("ready")
 	evict(t, a, p.Pid(), 3*1024+512)
 	p.Send("g")
@@ -117,10 +121,12 @@ func TestAllocatorChunks(t *testing.T) {
 	}
 }
 
-func TestForkPrivateMemory(t *testing.T) {
+func TestForkPrivateMemory(t *testing.T) { bothModes(t, testForkPrivateMemory) }
+
+func testForkPrivateMemory(t *testing.T, env ...string) {
 	needUFFD(t)
 	a := newTestAgent(t)
-	p := start(t, a.path, []string{"fork"})
+	p := start(t, a.path, []string{"fork"}, env...)
 	p.Expect("ready")
 	evict(t, a, p.Pid(), 4096)
 	p.Send("g")
@@ -151,10 +157,12 @@ func TestForkPrivateMemory(t *testing.T) {
 	}
 }
 
-func TestThreadsWithConcurrentEviction(t *testing.T) {
+func TestThreadsWithConcurrentEviction(t *testing.T) { bothModes(t, testThreadsWithConcurrentEviction) }
+
+func testThreadsWithConcurrentEviction(t *testing.T, env ...string) {
 	needUFFD(t)
 	a := newTestAgent(t)
-	p := start(t, a.path, []string{"threads"})
+	p := start(t, a.path, []string{"threads"}, env...)
 	p.Expect("ready")
 	total := 0
 	for i := 0; i < 200 && (i < 5 || total == 0); i++ {
@@ -208,7 +216,9 @@ func TestRefusedHelloFallsBack(t *testing.T) {
 	}
 }
 
-func TestPython(t *testing.T) {
+func TestPython(t *testing.T) { bothModes(t, testPython) }
+
+func testPython(t *testing.T, env ...string) {
 	needUFFD(t)
 	py := python(t)
 	a := newTestAgent(t)
@@ -233,7 +243,7 @@ assert os.waitpid(pid, 0)[1] == 0, "child failed"
 assert subprocess.run(["true"]).returncode == 0
 print("ok", flush=True)
 `
-	p := start(t, a.path, []string{py, "-c", script})
+	p := start(t, a.path, []string{py, "-c", script}, env...)
 	p.Expect("ready")
 	evict(t, a, p.Pid(), 16384)
 	p.Send("g")
@@ -387,10 +397,12 @@ func TestBadCommandsFromAgent(t *testing.T) {
 // TestDeadAgentBlocksNotZeros: pages evicted to an agent that then dies
 // are never read as zeros (DESIGN.md pitfall 5): the shim holds its own
 // reference to the uffd, so the program waits in the fault instead.
-func TestDeadAgentBlocksNotZeros(t *testing.T) {
+func TestDeadAgentBlocksNotZeros(t *testing.T) { bothModes(t, testDeadAgentBlocksNotZeros) }
+
+func testDeadAgentBlocksNotZeros(t *testing.T, env ...string) {
 	needUFFD(t)
 	a := newTestAgent(t)
-	p := start(t, a.path, []string{"blocks"})
+	p := start(t, a.path, []string{"blocks"}, env...)
 	p.Expect("ready")
 	evict(t, a, p.Pid(), 24*640)
 	a.Close()
@@ -416,10 +428,12 @@ func TestDeadAgentBlocksNotZeros(t *testing.T) {
 // wrapper never runs; its atfork handlers do the same work: the child says
 // HELLO as the parent's forked child (never on its parent's connection and
 // uffd), and its own allocations go to the agent.
-func TestForkInsideLibc(t *testing.T) {
+func TestForkInsideLibc(t *testing.T) { bothModes(t, testForkInsideLibc) }
+
+func testForkInsideLibc(t *testing.T, env ...string) {
 	needUFFD(t)
 	a := newTestAgent(t)
-	p := start(t, a.path, []string{"stray"})
+	p := start(t, a.path, []string{"stray"}, env...)
 	p.Expect("ready")
 	p.Send("g")
 	var child int32
@@ -486,10 +500,12 @@ func appendHeaderForTest(t proto.Type, bodyLen int) []byte {
 // TestAtforkHandlersAllocate: atfork handlers of other libraries run
 // inside the shim's fork() (which holds its locks): their big allocations
 // and frees must neither deadlock nor break the child's pairing.
-func TestAtforkHandlersAllocate(t *testing.T) {
+func TestAtforkHandlersAllocate(t *testing.T) { bothModes(t, testAtforkHandlersAllocate) }
+
+func testAtforkHandlersAllocate(t *testing.T, env ...string) {
 	needUFFD(t)
 	a := newTestAgent(t)
-	p := start(t, a.path, []string{"atfork"})
+	p := start(t, a.path, []string{"atfork"}, env...)
 	p.Expect("ok")
 	p.Wait()
 	if s := a.Stats(p.Pid()); s.ForkEvents != 1 {

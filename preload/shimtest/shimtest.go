@@ -262,6 +262,10 @@ func start(t testing.TB, cred *syscall.Credential, sock string, argv []string, e
 	t.Cleanup(func() {
 		p.stdin.Close()
 		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		go func() { // lines no one reads any more (a test that failed) must not stop the reader
+			for range p.Lines {
+			}
+		}()
 		<-done
 	})
 	return p

@@ -58,6 +58,39 @@ struct fns {
 static struct fns libc; /* glibc's own */
 static struct fns fa;   /* the foreign allocator's; NULL: it lacks that one */
 
+/* libc.so.6's code, [lo, hi): in ring mode (glibc mode) its own small
+ * allocations are glibc's, not the heap's. glibc passes them to the
+ * kernel from inside itself, where no wrapper sees the call: stdio's FILE
+ * buffers (read(2) into them), a DIR's (getdents), the FILE locks' futex
+ * words; in ring mode a kernel access to a page of the heap that is
+ * missing (evicted, or never touched yet) fails with EFAULT. Big ones
+ * (qsort's copy, a long line's buffer) stay paged: they are the program's
+ * data, and glibc fills them from user mode. */
+static uintptr_t g_libc_lo, g_libc_hi;
+#define LIBC_SMALL (64u << 10)
+
+static int find_libc(struct dl_phdr_info *info, size_t size, void *base)
+{
+	(void)size;
+	if ((void *)info->dlpi_addr != base && !(info->dlpi_name && strstr(info->dlpi_name, "/libc.so.6")))
+		return 0;
+	for (int i = 0; i < info->dlpi_phnum; i++) {
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+		if (ph->p_type == PT_LOAD && (ph->p_flags & PF_X)) {
+			g_libc_lo = info->dlpi_addr + ph->p_vaddr;
+			g_libc_hi = g_libc_lo + ph->p_memsz;
+		}
+	}
+	return 1;
+}
+
+/* Whether an allocation of n bytes that ra called is glibc's own, small,
+ * in ring mode. */
+static inline int for_libc(void *ra, size_t n)
+{
+	return unlikely(rm_ring_mode) && n <= LIBC_SMALL && (uintptr_t)ra - g_libc_lo < g_libc_hi - g_libc_lo;
+}
+
 /* ---- the bootstrap arena ---- */
 
 #define BOOT_SIZE (64u << 10)
@@ -170,6 +203,7 @@ static int decide(void)
 	if (handle == RTLD_NEXT && base && base == libc_base && libc.malloc && libc.free && libc.calloc &&
 	    libc.realloc && libc.memalign && libc.usable) {
 		m = rm_heap_reserve() == 0 ? MODE_GLIBC : MODE_LIBC;
+		dl_iterate_phdr(find_libc, libc_base);
 	} else {
 		m = MODE_FOREIGN;
 		LOOKUP(&fa, handle, base);
@@ -354,6 +388,8 @@ static void *malloc_slow(size_t n)
 
 EXPORT void *malloc(size_t n)
 {
+	if (for_libc(__builtin_return_address(0), n) && rm_mode_here() == MODE_GLIBC)
+		return libc.malloc(n);
 	if (likely(fast())) {
 		void *p = je_malloc(n);
 		if (likely(p != NULL))
@@ -366,6 +402,9 @@ EXPORT void *calloc(size_t n, size_t size)
 {
 	size_t total;
 	void *p;
+	if (!__builtin_mul_overflow(n, size, &total) && for_libc(__builtin_return_address(0), total) &&
+	    rm_mode_here() == MODE_GLIBC)
+		return libc.calloc(n, size);
 	switch (route()) {
 	case TO_JE:
 		p = je_calloc(n, size);
@@ -474,8 +513,11 @@ EXPORT void *realloc(void *p, size_t n)
 		}
 		return realloc_heap(p, n);
 	}
+	int own = for_libc(__builtin_return_address(0), n) && rm_mode_here() == MODE_GLIBC;
 	if (!p)
-		return malloc(n);
+		return own ? libc.malloc(n) : malloc(n);
+	if (own && !in_boot(p))
+		return libc.realloc(p, n); /* glibc's own stays glibc's (getline's, open_memstream's) */
 	return realloc_other(p, n);
 }
 

@@ -210,7 +210,7 @@ static void adopt(const struct rm_session *s)
 	memset(&conn.reply, 0, sizeof conn.reply);
 	if (conn.mem_fd >= 0)
 		close(conn.mem_fd); /* a fork child's: it names the parent's memory */
-	conn.mem_fd = open("/proc/self/mem", O_RDONLY | O_CLOEXEC);
+	conn.mem_fd = (int)rm_sysret(rm_sys(SYS_openat, AT_FDCWD, "/proc/self/mem", O_RDONLY | O_CLOEXEC));
 	conn.pid = getpid();
 }
 

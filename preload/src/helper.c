@@ -12,8 +12,10 @@
 #include "rmem.h"
 
 #include <errno.h>
+#include <linux/userfaultfd.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -94,21 +96,54 @@ static uint32_t drop(const struct rmem_evict *ev, uint32_t n, int *err)
 	return n;
 }
 
+/* Ring mode: write-protects the dirty victims of the first n (those with a
+ * staging slot), one ioctl per run of neighbours, after the pins were
+ * checked (pin.c): a write while we copy then faults (to the ring) and
+ * waits for the EVICTED, and a pinned page is never protected here, where
+ * a kernel write to it would fail with EFAULT. (The agent protects other
+ * clients' dirty victims itself, before EVICT; a ring client's it leaves
+ * to us: pager/evict.go's protectDirty.) */
+static void protect(const struct rmem_evict *ev, uint32_t n)
+{
+	int uffd = rm_conn_uffd();
+	for (uint32_t i = 0; i < n;) {
+		if (ev->pages[i].slot == RMEM_NO_SLOT || (ev->pages[i].addr & (rm_page - 1))) {
+			i++;
+			continue;
+		}
+		uint32_t j = i + 1;
+		while (j < n && ev->pages[j].slot != RMEM_NO_SLOT && ev->pages[j].addr == ev->pages[i].addr + (j - i) * rm_page)
+			j++;
+		struct uffdio_writeprotect wp = {
+			.range = {.start = ev->pages[i].addr, .len = (j - i) * rm_page},
+			.mode = UFFDIO_WRITEPROTECT_MODE_WP,
+		};
+		ioctl(uffd, UFFDIO_WRITEPROTECT, &wp); /* (refused: the range is being unmapped; checked below) */
+		i = j;
+	}
+}
+
 /* Copies the victims into their staging slots and drops them. Runs under
  * table_mu so that no region goes away meanwhile (and an EVICT naming
  * memory we do not have is refused, not followed). A victim of a region
  * that may have inaccessible pages (R_UNREADABLE: mprotect-ed) is read
  * through /proc/self/mem, which reads such pages without a signal:
- * reading one directly would kill the process. */
+ * reading one directly would kill the process. In ring mode, the victims
+ * from the first pinned one on are kept (EBUSY): a system call has them
+ * in hand (pin.c). */
 static void evict(const struct rmem_evict *ev, struct rmem_evicted *out)
 {
-	uint32_t done = 0, slots = rm_conn_slots();
-	int err = 0, mem_fd = rm_conn_mem_fd();
+	uint32_t done = 0, slots = rm_conn_slots(), n = ev->n;
+	int err = 0, mem_fd = rm_conn_mem_fd(), ring = rm_ring_mode;
 	char *staging = rm_conn_staging();
 	unsigned char in[RMEM_MAX_EVICT_BATCH];
+	if (ring && (n = rm_pin_evict_begin(ev->pages, ev->n)) < ev->n)
+		err = EBUSY;
 	rm_table_lock();
+	if (ring)
+		protect(ev, n);
 	resident(ev, in);
-	for (; done < ev->n; done++) {
+	for (; done < n; done++) {
 		uintptr_t a = (uintptr_t)ev->pages[done].addr;
 		uint32_t s = ev->pages[done].slot;
 		if ((a & (rm_page - 1)) || (s >= slots && s != RMEM_NO_SLOT)) {
@@ -137,6 +172,8 @@ static void evict(const struct rmem_evict *ev, struct rmem_evicted *out)
 	/* Drop the pages (no REMOVE event: the shim does not ask for them). */
 	done = drop(ev, done, &err);
 	rm_table_unlock();
+	if (ring)
+		rm_pin_evict_end();
 	out->batch = ev->batch;
 	out->done = done;
 	out->err = done < ev->n ? (uint32_t)err : 0;

@@ -25,6 +25,7 @@
 #include <linux/futex.h>
 #include <linux/userfaultfd.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <time.h>
 
@@ -127,7 +128,7 @@ static uint32_t await_result(struct rmem_ring_entry *e, uint64_t posted, int ran
 /* The faulting thread's side (its SIGBUS handler): posts the fault at addr
  * (write: the access was a write) and waits for its result. Returns
  * RMEM_RING_DONE (retry the access), RMEM_RING_LOST (the page is poisoned:
- * the retried access raises the SIGBUS of a lost page), RMEM_RING_NOT_MINE
+ * the program gets the SIGBUS of a lost page, sigbus.c), RMEM_RING_NOT_MINE
  * (not a fault of the pager's), or -1 when this process has no ring (the
  * fault is not the pager's either). Signal-safe. */
 int rm_ring_fault(uintptr_t addr, int write)
@@ -167,11 +168,12 @@ int rm_ring_fault(uintptr_t addr, int write)
 
 /* The answer to the fault at addr of an orphaned process: NOT_MINE outside
  * its regions; LOST with the page poisoned (no agent has its data; the
- * retried access raises SIGBUS, BUS_MCEERR_AR); DONE for a write to a page
- * that is here (poisoning fails: EEXIST): the agent had restored it
+ * program gets the SIGBUS of a lost page: sigbus.c); DONE for a write to a
+ * page that is here (poisoning fails: EEXIST, and mincore says resident;
+ * a poisoned page is not): the agent had restored it
  * write-protected, to see it dirtied, and it is right: the write goes
  * through (as resume.c's poison loop does for uffd faults). */
-static uint32_t answer_lost(int uffd, uintptr_t addr)
+static uint32_t answer_lost(int uffd, uintptr_t addr, int write)
 {
 	uintptr_t page = addr & ~(uintptr_t)(rm_page - 1);
 	int flags;
@@ -181,14 +183,17 @@ static uint32_t answer_lost(int uffd, uintptr_t addr)
 	if (!mine)
 		return RMEM_RING_NOT_MINE;
 	struct uffdio_poison p = {.range = {.start = page, .len = rm_page}};
-	if (ioctl(uffd, UFFDIO_POISON, &p) == 0)
-		return RMEM_RING_LOST;
-	if (errno == EEXIST) {
+	if (ioctl(uffd, UFFDIO_POISON, &p) == 0 || errno != EEXIST)
+		return RMEM_RING_LOST; /* (no poison on this kernel: lost all the same) */
+	/* Something is there: a page (written while protected) or the
+	 * poison of an earlier answer. */
+	unsigned char in = 0;
+	if (write && mincore((void *)page, rm_page, &in) == 0 && (in & 1)) {
 		struct uffdio_writeprotect wp = {.range = {.start = page, .len = rm_page}, .mode = 0};
 		ioctl(uffd, UFFDIO_WRITEPROTECT, &wp);
 		return RMEM_RING_DONE;
 	}
-	return RMEM_RING_LOST; /* (no poison on this kernel: the access faults again, and so on) */
+	return RMEM_RING_LOST;
 }
 
 /* The helper thread, orphaned: answers every entry waiting in the ring
@@ -206,7 +211,7 @@ int rm_ring_serve_lost(int uffd)
 		if (!waiting(s) ||
 		    !__atomic_compare_exchange_n(&e->state, &s, RMEM_RING_SERVING, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
 			continue;
-		uint32_t res = answer_lost(uffd, (uintptr_t)e->addr);
+		uint32_t res = answer_lost(uffd, (uintptr_t)e->addr, (e->flags & RMEM_RING_WRITE) != 0);
 		__atomic_store_n(&e->state, res, __ATOMIC_SEQ_CST);
 		if (__atomic_load_n(&e->waiters, __ATOMIC_SEQ_CST))
 			rm_sys6(SYS_futex, (long)&e->state, FUTEX_WAKE, 1 << 30, 0, 0, 0);

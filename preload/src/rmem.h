@@ -7,6 +7,13 @@
  * call into the shim must do, and fork() is such a call):
  *
  *   fork.c       fork() and the atfork handlers
+ *   spawn.c      posix_spawn, system, popen, exec (ring mode)
+ *   kcall.c      system calls with buffers: read, write, recv, send,
+ *                stat... pinned and made present first (ring mode)
+ *   kmisc.c      the same for paths and small structs (open, pipe...)
+ *   kwait.c      waits, futexes, glibc's locks, sigaltstack, syscall(3)
+ *   sigwrap.c    signal masks without SIGBUS, SIGBUS dispositions
+ *                recorded (ring mode)
  *   interpose.c  mmap, munmap, mremap, madvise, mprotect, sbrk
  *   alloc.c      the malloc family, deciding the mode, the constructor
  *   heap.c       glibc mode's heap: the embedded jemalloc's memory
@@ -18,6 +25,8 @@
  *   resume.c     the helper looking for the next agent
  *   ring.c       the fault ring, the shim's side: post and wait; the
  *                orphaned helper's answers
+ *   pin.c        pins of system calls' buffers against eviction, and
+ *                touching them present (ring mode)
  *   conn.c       the connection: its state and the transitions that
  *                change it, requests
  *   wire.c       packets, new userfaultfds, the handshake (HELLO by mode)
@@ -252,6 +261,7 @@ HIDDEN int rm_table_full(void);
 HIDDEN struct region rm_table_at_locked(int i);
 HIDDEN int rm_table_covers_locked(uintptr_t a, size_t len, int *flags);
 HIDDEN int rm_table_overlaps(uintptr_t a, size_t len);
+HIDDEN int rm_table_span(uintptr_t a, uintptr_t *end, int *flags); /* lock-free, signal-safe */
 HIDDEN int rm_table_next_piece(uintptr_t at, uintptr_t end, struct region *r, uintptr_t *lo, uintptr_t *hi);
 HIDDEN void rm_table_insert(const struct region *r);
 HIDDEN void rm_table_cut(uintptr_t lo, uintptr_t hi);
@@ -341,6 +351,71 @@ HIDDEN void rm_deliver_reply(uint32_t seq, int err);
 HIDDEN void rm_req_lock(void);
 HIDDEN void rm_req_unlock(void);
 
+/* ---- pin.c: pins, touching (ring mode) ---- */
+/* A system call's pins, from rm_pin_begin to rm_pin_end. */
+struct rm_pin {
+	int slot; /* this thread's slot in the table; -1: none (all) */
+	int base; /* the slot's depth before this call */
+	int all;  /* everything is pinned */
+};
+HIDDEN void rm_pin_begin(struct rm_pin *p);
+HIDDEN void rm_pin_range(struct rm_pin *p, const void *a, size_t len);
+HIDDEN void rm_pin_everything(struct rm_pin *p);
+HIDDEN void rm_pin_publish(struct rm_pin *p);
+HIDDEN void rm_pin_end(struct rm_pin *p);
+HIDDEN int rm_pin_altstack(const void *a, size_t len);
+HIDDEN void rm_pin_atfork_child(void);
+HIDDEN uint32_t rm_pin_evict_begin(const struct rmem_evict_page *v, uint32_t n);
+HIDDEN void rm_pin_evict_end(void);
+HIDDEN void rm_touch(const void *a, size_t len, int write);
+/* A system call's buffers: the wrappers (kcall.c, kwait.c, kmisc.c) pin
+ * them, make them present (rm_bufs_pin) and call; beyond RM_MAX_BUFS the
+ * last one grows to hold the others. */
+#define RM_MAX_BUFS 20
+struct rm_bufs {
+	int n;
+	struct {
+		uintptr_t p;
+		size_t len;
+		int write; /* the kernel writes it */
+	} b[RM_MAX_BUFS];
+};
+HIDDEN void rm_bufs_add(struct rm_bufs *bs, uintptr_t p, size_t len, int write);
+HIDDEN void rm_bufs_touch(const struct rm_bufs *bs);
+HIDDEN void rm_bufs_pin(struct rm_pin *pin, const struct rm_bufs *bs);
+/* (the address as a number: glibc's headers say the kernel only writes
+ * read's buffer, and the compiler would take the callee for a reader) */
+#define rm_add(bs, p, len, write) rm_bufs_add((bs), (uintptr_t)(p), (len), (write))
+/* Runs call with bs pinned and present; again while it fails with -1 and
+ * EFAULT and retry says it may (three times). */
+#define RM_PINNED(bs, retry, call)                                             \
+	({                                                                     \
+		struct rm_pin pin_;                                            \
+		rm_bufs_pin(&pin_, (bs));                                      \
+		__typeof__(call) r_;                                           \
+		for (int try_ = 0;; try_++) {                                  \
+			r_ = (call);                                           \
+			if (r_ != (__typeof__(r_))(long)-1 || errno != EFAULT || try_ == 3 || !(retry)) \
+				break;                                         \
+			rm_bufs_touch(bs);                                     \
+		}                                                              \
+		rm_pin_end(&pin_);                                             \
+		r_;                                                            \
+	})
+/* The same for calls that return an error number (glibc's pthread_*). */
+#define RM_PINNED_ERR(bs, call)                                                \
+	({                                                                     \
+		struct rm_pin pin_;                                            \
+		rm_bufs_pin(&pin_, (bs));                                      \
+		int r_;                                                        \
+		for (int try_ = 0; (r_ = (call)) == EFAULT && try_ < 3; try_++) \
+			rm_bufs_touch(bs);                                     \
+		rm_pin_end(&pin_);                                             \
+		r_;                                                            \
+	})
+/* Whether a wrapper's call is the program's, in ring mode. */
+static inline int rm_ring_call(void) { return rm_ring_mode && !rm_in_shim(); }
+
 /* ---- ring.c: the fault ring, the shim's side ---- */
 HIDDEN int rm_ring_fault(uintptr_t addr, int write); /* signal-safe */
 HIDDEN int rm_ring_serve_lost(int uffd);
@@ -404,6 +479,9 @@ HIDDEN void *rm_je_rallocx(void *, size_t, int);
 /* ---- alloc.c ---- */
 HIDDEN void rm_enter(void);
 HIDDEN void rm_alloc_run_deferred(void);
+
+/* ---- sigwrap.c: SIGBUS never blocked, the program's disposition recorded ---- */
+HIDDEN const sigset_t *rm_unbus(const sigset_t *set, sigset_t *buf); /* signal-safe */
 
 /* ---- fork.c ---- */
 HIDDEN void rm_fork_register(void);

@@ -5,8 +5,9 @@
  * access missed a page of a region, or wrote a write-protected one. The
  * handler posts the fault to the fault ring (ring.c) and returns when the
  * agent answered: DONE, the access is retried; LOST, the page was poisoned
- * and the retried access raises a SIGBUS BUS_MCEERR_AR, which goes to the
- * program. Every SIGBUS that is not the pager's (NOT_MINE, no ring, a
+ * and the program hears of it (its disposition, with BUS_MCEERR_AR): a
+ * retried access would fault again with BUS_ADRERR on kernels without
+ * CONFIG_MEMORY_FAILURE, such as these. Every SIGBUS that is not the pager's (NOT_MINE, no ring, a
  * poisoned page, a file mapping past its end, one sent by kill) goes to the
  * program's own disposition: its handler, called as it asked (SA_SIGINFO
  * or not, its sa_mask blocked meanwhile, SA_RESETHAND), or the default
@@ -238,7 +239,21 @@ static void on_sigbus(int sig, siginfo_t *si, void *uc)
 	int e = errno;
 	if (si->si_code == BUS_ADRERR) {
 		int r = rm_ring_fault((uintptr_t)si->si_addr, fault_write(uc));
-		if (r == RMEM_RING_DONE || r == RMEM_RING_LOST) {
+		if (r == RMEM_RING_DONE) {
+			errno = e;
+			return;
+		}
+		if (r == RMEM_RING_LOST) {
+			/* The page is poisoned. Where the kernel has
+			 * CONFIG_MEMORY_FAILURE the retried access would raise
+			 * BUS_MCEERR_AR; without it (these machines) a
+			 * poisoned page raises BUS_ADRERR, as a missing one
+			 * does, and would come back here for good. So the
+			 * program hears of it now, as of a lost page. */
+			siginfo_t lost = *si;
+			lost.si_code = BUS_MCEERR_AR;
+			lost.si_addr_lsb = (short)__builtin_ctzl(rm_page);
+			chain(sig, &lost, uc);
 			errno = e;
 			return;
 		}

@@ -16,12 +16,22 @@
 static struct region g_regions[MAX_REGIONS]; /* sorted by base; table_mu */
 static int g_nregions;                        /* atomic loads */
 static pthread_mutex_t table_mu = PTHREAD_MUTEX_INITIALIZER;
+/* Odd while a table_mu holder changes g_regions: what rm_table_span, which
+ * reads the table without the lock, checks. */
+static unsigned g_tseq;
+
+static void write_begin(void) { __atomic_store_n(&g_tseq, g_tseq + 1, __ATOMIC_SEQ_CST); }
+static void write_end(void) { __atomic_store_n(&g_tseq, g_tseq + 1, __ATOMIC_RELEASE); }
 
 void rm_table_lock(void) { rm_lock(&table_mu); }
 void rm_table_unlock(void) { pthread_mutex_unlock(&table_mu); }
 
 /* In a fork child, the only thread: the helper may have held table_mu. */
-void rm_table_atfork_child(void) { pthread_mutex_init(&table_mu, NULL); }
+void rm_table_atfork_child(void)
+{
+	pthread_mutex_init(&table_mu, NULL);
+	g_tseq &= ~1u;
+}
 
 int rm_table_count(void) { return __atomic_load_n(&g_nregions, __ATOMIC_ACQUIRE); }
 int rm_table_full(void) { return rm_table_count() == MAX_REGIONS; }
@@ -73,17 +83,60 @@ static int insert_locked(const struct region *r)
 	return 0;
 }
 
+/* Preconditions (both): table_mu held, write_begin done. */
 static void remove_locked(int i)
 {
 	memmove(&g_regions[i], &g_regions[i + 1], (size_t)(g_nregions - i - 1) * sizeof g_regions[0]);
 	__atomic_store_n(&g_nregions, g_nregions - 1, __ATOMIC_RELEASE);
 }
 
+/* Where a lies, without the lock (ring mode's wrappers, which may run in
+ * a signal handler, on every system call with a buffer): 1 when a region
+ * holds a, *end its end and *flags its flags; 0 when none does, *end where
+ * the next one begins (or the top of the address space); -1 when the
+ * table kept changing (a writer this thread interrupted, say): unknown. */
+int rm_table_span(uintptr_t a, uintptr_t *end, int *flags)
+{
+	for (int tries = 0; tries < 64; tries++) {
+		unsigned s = __atomic_load_n(&g_tseq, __ATOMIC_ACQUIRE);
+		if (s & 1)
+			continue;
+		int n = __atomic_load_n(&g_nregions, __ATOMIC_ACQUIRE), lo = 0, hi = n;
+		if (n > MAX_REGIONS)
+			continue;
+		while (lo < hi) { /* the last region with base <= a */
+			int mid = (lo + hi) / 2;
+			if (__atomic_load_n(&g_regions[mid].base, __ATOMIC_RELAXED) <= a)
+				lo = mid + 1;
+			else
+				hi = mid;
+		}
+		int i = lo - 1, in = 0, fl = 0;
+		uintptr_t e = UINTPTR_MAX;
+		if (i >= 0 && a - g_regions[i].base < g_regions[i].len) {
+			in = 1;
+			e = g_regions[i].base + g_regions[i].len;
+			fl = g_regions[i].flags;
+		} else if (i + 1 < n) {
+			e = g_regions[i + 1].base;
+		}
+		__atomic_thread_fence(__ATOMIC_ACQUIRE);
+		if (__atomic_load_n(&g_tseq, __ATOMIC_RELAXED) != s || e <= a)
+			continue;
+		*end = e;
+		*flags = fl;
+		return in;
+	}
+	return -1;
+}
+
 /* Adds r (registered and announced). Preconditions: req_mu held. */
 void rm_table_insert(const struct region *r)
 {
 	rm_lock(&table_mu);
+	write_begin();
 	insert_locked(r);
+	write_end();
 	pthread_mutex_unlock(&table_mu);
 }
 
@@ -95,6 +148,7 @@ void rm_table_cut(uintptr_t lo, uintptr_t hi)
 	rm_lock(&table_mu);
 	int i = find_locked(lo);
 	struct region *t = &g_regions[i];
+	write_begin();
 	if (lo == t->base && hi == t->base + t->len) {
 		remove_locked(i);
 	} else if (lo == t->base) {
@@ -109,6 +163,7 @@ void rm_table_cut(uintptr_t lo, uintptr_t hi)
 		t->len = lo - t->base;
 		insert_locked(&tail);
 	}
+	write_end();
 	pthread_mutex_unlock(&table_mu);
 }
 
@@ -265,8 +320,10 @@ void rm_table_mark(uintptr_t a, size_t len, int flags)
 	int i = floor_locked(a);
 	if (i < 0 || g_regions[i].base + g_regions[i].len <= a)
 		i++;
+	write_begin();
 	for (; i < g_nregions && g_regions[i].base < a + len; i++)
 		g_regions[i].flags |= flags;
+	write_end();
 	for (int i = 0; i < g_npending; i++)
 		if (g_pending[i].a < a + len && a < g_pending[i].a + g_pending[i].len && (flags & R_UNREADABLE))
 			g_pending[i].kind = -g_pending[i].kind; /* dropped at registration */

@@ -151,7 +151,7 @@ static int new_uffd(void)
 		fd = (int)rm_sysret(rm_sys(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY, 0, 0));
 		return fd >= 0 ? fd : -errno;
 	}
-	int dev = open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
+	int dev = (int)rm_sysret(rm_sys(SYS_openat, AT_FDCWD, "/dev/userfaultfd", O_RDWR | O_CLOEXEC));
 	if (dev >= 0) {
 		fd = ioctl(dev, USERFAULTFD_IOC_NEW, O_CLOEXEC | O_NONBLOCK);
 		close(dev);
@@ -276,7 +276,7 @@ static int dial(int secs, const char **why)
 	}
 	struct sockaddr_un a = {.sun_family = AF_UNIX};
 	memcpy(a.sun_path, rm_sock_path(), sizeof a.sun_path - 1);
-	if (connect(s, (struct sockaddr *)&a, sizeof a) != 0) {
+	if (rm_sysret(rm_sys(SYS_connect, s, &a, sizeof a)) != 0) {
 		int e = errno;
 		close(s);
 		*why = NULL;
@@ -284,14 +284,14 @@ static int dial(int secs, const char **why)
 	}
 	/* An agent that accepts but never answers must not hang the program. */
 	struct timeval tv = {.tv_sec = secs};
-	setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	rm_sys6(SYS_setsockopt, s, SOL_SOCKET, SO_RCVTIMEO, (long)&tv, sizeof tv, 0);
 	return s;
 }
 
 static void no_timeout(int s)
 {
 	struct timeval tv = {0};
-	setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	rm_sys6(SYS_setsockopt, s, SOL_SOCKET, SO_RCVTIMEO, (long)&tv, sizeof tv, 0);
 }
 
 /* The fault ring in a WELCOME_RING's staging mapping p (slots pages, then
