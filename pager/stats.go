@@ -141,6 +141,7 @@ type counters struct {
 	readaheadHits, ringFaults                      atomic.Uint64
 	resident, remote, pooled, regions              atomic.Int64
 	noRoomSince                                    atomic.Int64 // unix ns; 0: eviction has pool slots
+	stall                                          atomic.Int64 // ns the threads spent in misses (zero fills not counted), plus stallPerFault each
 	latency                                        Histogram
 	install                                        Histogram // of remote reads' installs (FaultLatency.InstallP50)
 	ring                                           Histogram // ring faults' waits (FaultLatency.RingP50)
@@ -161,6 +162,11 @@ type ClientStats struct {
 	// without a write). Slots shared with a fork count for both sides.
 	PooledBytes uint64 `json:"pooled_bytes"`
 	BudgetBytes uint64 `json:"budget_bytes"`
+	// Auto: the budget is steered by a slowdown target (Options.
+	// MaxSlowdown), and StallPct is the share of wall time the process's
+	// threads spent in misses over the controller's last step (percent).
+	Auto     bool    `json:"auto,omitempty"`
+	StallPct float64 `json:"stall_pct,omitempty"`
 	// Faults counts MISSING faults served (zero fills, remote reads,
 	// staged copies, poisons); WPFaults counts writes to clean pages.
 	Faults      uint64 `json:"faults"`
