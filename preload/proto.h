@@ -193,7 +193,7 @@ _Static_assert(sizeof(struct rmem_ring_entry) == 64, "ring entry layout");
 _Static_assert(sizeof(struct rmem_ring) == RMEM_RING_SIZE, "ring layout");
 _Static_assert(sizeof(struct rmem_hdr) == 16, "header layout");
 _Static_assert(sizeof(struct rmem_fork) == 16, "FORK layout");
-_Static_assert(sizeof(struct rmem_hello) == 40, "HELLO layout");
+_Static_assert(sizeof(struct rmem_hello) == 48, "HELLO layout");
 _Static_assert(sizeof(struct rmem_welcome) == 24, "WELCOME layout");
 _Static_assert(sizeof(struct rmem_region_add) == 32, "REGION_ADD layout");
 _Static_assert(sizeof(struct rmem_region_del) == 24, "REGION_DEL layout");
