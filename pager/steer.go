@@ -8,9 +8,9 @@ import (
 
 // The steering routine: every steerPeriod it steps the slowdown controller
 // (slowdown.go) of each client whose budget a slowdown target sets, fits
-// their budgets into NodeMem, and wakes the loops whose budget fell (they
-// evict down to it). The controllers are its own state; the clients see
-// only their budget (client.auto).
+// their budgets into NodeMem, and wakes the loops whose budget changed
+// (they evict down to it, or let faults held at it go). The controllers
+// are its own state; the clients see only their budget (client.auto).
 
 // steering is the routine's state: a controller per steered client, and
 // its scratch slices.
@@ -106,8 +106,8 @@ func (a *Agent) steer(st *steering, now time.Time) {
 		if s := st.ctl[c.id]; b < s.budget {
 			s.budget = b // the node's share: the controller grows from there when the stall rises
 		}
-		if old := c.auto.Swap(int64(b)); old == 0 || int64(b) < old {
-			c.wake() // evict down to it now, not at the next fault
+		if old := c.auto.Swap(int64(b)); old != int64(b) {
+			c.wake() // evict down to it now, not at the next fault; or let faults held at it go
 		}
 	}
 }

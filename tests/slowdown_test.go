@@ -3,6 +3,7 @@ package tests
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"rmem/pool"
 	"rmem/tests/internal/memdtest"
 )
 
@@ -85,6 +87,23 @@ func TestMemagentMaxSlowdown(t *testing.T) {
 				return nil
 			})
 			t.Logf("first %s; then %s", first, last)
+			// memd agents shows it, from the agent's next lease renewal.
+			memdtest.Eventually(t, 30*time.Second, "memd agents showing the steered program", func() error {
+				out, _, err := memdtest.Run(p.memd, nil, append([]string{"agents", "--json"}, p.args()...)...)
+				if err != nil {
+					return err
+				}
+				var ls []pool.LeaseView
+				if err := json.Unmarshal([]byte(out), &ls); err != nil {
+					return err
+				}
+				for _, l := range ls {
+					if l.Steered == 1 && l.SteeredRemote >= coldMiB<<20/2 && l.SteeredBudget > 0 {
+						return nil
+					}
+				}
+				return fmt.Errorf("memd agents: %s", out)
+			})
 			if err := os.WriteFile(stop, nil, 0o644); err != nil {
 				t.Fatal(err)
 			}

@@ -164,7 +164,16 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 	}
 	store.SetUsage(func() pool.RenewRequest {
 		p := agent.Pool()
-		return pool.RenewRequest{Used: p.UsedBytes, NoRoom: p.NoRoom != ""}
+		r := pool.RenewRequest{Used: p.UsedBytes, NoRoom: p.NoRoom != ""}
+		for _, c := range agent.Stats() {
+			if c.Auto {
+				r.Steered++
+				r.SteeredBudget += c.BudgetBytes
+				r.SteeredRemote += c.RemoteBytes
+				r.MaxStallPct = max(r.MaxStallPct, c.StallPct)
+			}
+		}
+		return r
 	})
 	d := &Daemon{Agent: agent, Store: store, spins: []*spin.Site{loopSpins, clientSpins}, stateDir: opts.StateDir, Replicas: replicas, Registry: reg, log: log, done: make(chan error, 1),
 		shared: len(opts.AllowUIDs) > 0 || opts.SocketGroup != 0}
