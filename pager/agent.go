@@ -732,7 +732,7 @@ func (a *Agent) Exited() []ClientStats {
 func (a *Agent) statsOf(c *client) ClientStats {
 	s := c.st.snapshot(pageSize)
 	s.ID, s.PID, s.UID, s.BudgetBytes = c.id, int(c.pidAtm.Load()), c.uid.Load(), uint64(c.budgetPages())*pageSize
-	s.Auto = c.auto.Load() > 0
+	s.Auto = a.target(c) > 0 // steered from the next step (steer.go) on
 	if s.Auto {
 		s.StallPct = math.Round(100*math.Float64frombits(c.stallFrac.Load())*1000) / 1000
 	}

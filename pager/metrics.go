@@ -82,7 +82,7 @@ func (col collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descRemote, float64(s.RemoteBytes))
 		gauge(descBudget, budget)
 		auto := 0.0
-		if c.auto.Load() > 0 {
+		if a.target(c) > 0 {
 			auto = 1
 			gauge(descStall, math.Float64frombits(c.stallFrac.Load()))
 		}
