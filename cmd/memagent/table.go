@@ -15,7 +15,7 @@ import (
 // per client process.
 func writeTable(w io.Writer, stats []pager.ClientStats) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "PID\tRESIDENT\tREMOTE\tPOOLED\tBUDGET\tSTALL\tFAULTS\tP50\tP99\tP99.9\tINSTALL\tIN-THREAD\tEVICTIONS\tWRITE-BACKS\tPREFETCH HITS\tWAITS\tLOST\t")
+	fmt.Fprintln(tw, "PID\tRESIDENT\tCOLD\tREMOTE\tPOOLED\tBUDGET\tSTALL\tFAULTS\tP50\tP99\tP99.9\tINSTALL\tIN-THREAD\tEVICTIONS\tWRITE-BACKS\tPREFETCH HITS\tWAITS\tLOST\t")
 	for _, s := range stats {
 		hit := "-"
 		if s.PrefetchHits+s.PrefetchWasted > 0 {
@@ -32,8 +32,8 @@ func writeTable(w io.Writer, stats []pager.ClientStats) error {
 		if s.Auto {
 			stall = fmt.Sprintf("%.2f%%", s.StallPct)
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%d\t%d\t\n",
-			s.PID, bytesText(s.ResidentBytes), bytesText(s.RemoteBytes), bytesText(s.PooledBytes), bytesText(s.BudgetBytes), stall,
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%d\t%d\t\n",
+			s.PID, bytesText(s.ResidentBytes), bytesText(s.ColdBytes), bytesText(s.RemoteBytes), bytesText(s.PooledBytes), bytesText(s.BudgetBytes), stall,
 			s.Faults, durText(s.FaultP50), durText(s.FaultP99), durText(s.FaultP999), durText(s.InstallP50),
 			inThread, s.Evictions, s.WriteBacks, hit, s.BudgetWaits, s.Lost)
 	}
