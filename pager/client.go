@@ -232,6 +232,7 @@ func (a *Agent) newClientWith(u faultFD, features userfaultfd.Feature, sfd, slot
 	}
 	if withRing {
 		c.ring = newFaultRing(staging[slots*pageSize:], adopt, &c.st.ring)
+		c.ring.stall = &c.st.stall // the waits of its misses, measured by the ring
 		c.uffd.ring = c.ring
 	}
 	c.log = a.log.With(zap.Uint64("client", c.id))

@@ -174,10 +174,13 @@ func (c *client) poison(r *region, idx int) error {
 func (c *client) observeFault(since time.Time) { c.observeMiss(c.a.opts.Now().Sub(since)) }
 
 // observeMiss records the latency d of a fault that was a miss (not a
-// first touch), in the latency histogram and the stall.
+// first touch), in the latency histogram and, for a client without a
+// fault ring, the stall.
 func (c *client) observeMiss(d time.Duration) {
 	c.st.latency.Observe(d)
-	c.st.stall.Add(int64(max(d, 0) + stallPerFault))
+	if c.ring == nil { // the ring measures its own, from the post (faultRing.finish)
+		c.st.stall.Add(int64(max(d, 0) + stallPerFault))
+	}
 }
 
 // observeZeroFill records the latency of a first touch that waited since
