@@ -34,6 +34,7 @@ func TestMemagentMaxSlowdown(t *testing.T) {
 	}{
 		{"serve", []string{"--max-slowdown", "2%", "--local-mem", "1GiB"}, nil},
 		{"run", []string{"--local-mem", "1GiB"}, []string{"--max-slowdown", "2"}},
+		{"run in-thread", []string{"--local-mem", "1GiB"}, []string{"--max-slowdown", "2", "--in-thread"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := maServe(t, memagent, p, tc.serve...)
