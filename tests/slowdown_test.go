@@ -99,7 +99,7 @@ func TestMemagentMaxSlowdown(t *testing.T) {
 					return err
 				}
 				for _, l := range ls {
-					if l.Steered == 1 && l.SteeredRemote >= coldMiB<<20/2 && l.SteeredBudget > 0 {
+					if l.PID == a.proc.Pid() && l.Steered == 1 && l.SteeredRemote >= coldMiB<<20/2 && l.SteeredBudget > 0 {
 						return nil
 					}
 				}
