@@ -62,6 +62,7 @@ type slowdown struct {
 	hold      time.Duration // the current hold (minHold..maxHold)
 	holdUntil time.Time     // no shrinking before
 	lastRise  time.Time
+	rising    bool // the last step was a rise
 	// gain is the stall fraction the last rise cost per page short of
 	// what the program needed (how much it gains per page given back):
 	// the node's memory goes first to programs that gain the most.
@@ -91,15 +92,20 @@ func (s *slowdown) step(now time.Time, stall time.Duration, resident int) int {
 	s.last, s.lastStall = now, stall
 	s.stall = frac
 	s.smooth += (frac - s.smooth) / 4
+	rising := s.rising
+	s.rising = false // unless this step rises too
 	slack := max(min(s.budget, resident)/16, 2*budgetMargin)
 	binding := resident >= s.budget-slack
 	switch {
 	case frac > s.target && binding:
-		if !s.lastRise.IsZero() && now.Sub(s.lastRise) < 2*maxHold {
+		switch {
+		case rising: // the same rise, a step on: the hold stays
+		case !s.lastRise.IsZero() && now.Sub(s.lastRise) < 2*maxHold:
 			s.hold = min(2*s.hold, maxHold)
-		} else {
+		default:
 			s.hold = minHold
 		}
+		s.rising = true
 		s.lastRise, s.holdUntil, s.knee = now, now.Add(s.hold), s.budget
 		g := growFrac
 		if frac > 4*s.target {

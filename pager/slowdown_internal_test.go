@@ -175,3 +175,18 @@ func TestShareNode(t *testing.T) {
 		})
 	}
 }
+
+func TestSlowdownOneRiseOneHold(t *testing.T) {
+	// A rise that lasts several steps (the budget growing to a hot set
+	// much bigger than it) is one rise: its hold does not double each step.
+	s := newSlowdown(0.02, 1<<20, 16)
+	s.budget = 1000
+	tr := newTrace()
+	tr.run(t, s, program{hot: 100000, total: 200000}, 2*time.Second)
+	if tr.rises < 3 {
+		t.Fatalf("%d rising steps, want several", tr.rises)
+	}
+	if s.hold != minHold {
+		t.Fatalf("hold %v after one rise of %d steps, want %v", s.hold, tr.rises, minHold)
+	}
+}
