@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"slices"
@@ -50,8 +51,16 @@ type Options struct {
 	// (required, at least 64 KiB).
 	LocalMem uint64
 	// NodeMem bounds the resident bytes of all clients together; it is
-	// split evenly among the clients (0: no node-wide bound).
+	// split evenly among the clients with a fixed budget, and by how much
+	// each gains per page among those steered by a slowdown target (0: no
+	// node-wide bound).
 	NodeMem uint64
+	// MaxSlowdown, when nonzero, is each client's default slowdown target
+	// (a fraction: 0.02 is 2%): its budget is steered so that its threads
+	// spend at most that share of wall time in misses (slowdown.go,
+	// steer.go), and LocalMem is the budget's ceiling. A client's HELLO may
+	// ask for its own target.
+	MaxSlowdown float64
 	// MinAlloc is the allocation size from which the shim pages memory,
 	// sent in WELCOME (0: the shim's default).
 	MinAlloc uint64
@@ -117,6 +126,8 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("%w: NodeMem %d: want 0 or at least %d bytes", ErrOptions, o.NodeMem, 16*pageSize)
 	case o.StagingSlots != 0 && (o.StagingSlots < proto.MaxEvictBatch || o.StagingSlots > proto.MaxStagingSlots):
 		return fmt.Errorf("%w: StagingSlots %d: want %d..%d", ErrOptions, o.StagingSlots, proto.MaxEvictBatch, proto.MaxStagingSlots)
+	case o.MaxSlowdown < 0 || o.MaxSlowdown >= 1:
+		return fmt.Errorf("%w: MaxSlowdown %v: want 0 (off) or a fraction under 1", ErrOptions, o.MaxSlowdown)
 	case o.HandshakeTimeout < 0:
 		return fmt.Errorf("%w: HandshakeTimeout %v is negative", ErrOptions, o.HandshakeTimeout)
 	case o.SocketMode&^os.ModePerm != 0:
@@ -257,6 +268,11 @@ func New(opts Options) (*Agent, error) {
 		defer a.wg.Done()
 		a.freeLeaked()
 		a.slots.RoutineReservoir(ctx, a.watch.note)
+	}()
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		a.RoutineSteer(ctx)
 	}()
 	return a, nil
 }
@@ -460,6 +476,9 @@ func (a *Agent) handshake(conn *net.UnixConn) {
 			if hello.LocalMem == 0 {
 				c.localMem.Store(fc.localMem)
 			}
+			if hello.MaxSlowdown == 0 {
+				c.maxSlowdown.Store(fc.maxSlowdown)
+			}
 		}
 		c.uid.Store(cred.Uid)
 		welcome.ClientID = c.id
@@ -480,6 +499,9 @@ func (a *Agent) handshake(conn *net.UnixConn) {
 		}
 		if hello.LocalMem != 0 {
 			c.localMem.Store(hello.LocalMem)
+		}
+		if hello.MaxSlowdown != 0 {
+			c.maxSlowdown.Store(hello.MaxSlowdown)
 		}
 		if (hello.Flags&proto.HelloRing != 0) != (c.ring != nil) {
 			// Its uffd is a copy of its parent's: the same features. The
@@ -534,6 +556,7 @@ func (a *Agent) newClientFromHello(h proto.Header, hello *proto.Hello, fds []int
 		return nil
 	}
 	c.localMem.Store(hello.LocalMem)
+	c.maxSlowdown.Store(hello.MaxSlowdown)
 	return c
 }
 
@@ -709,6 +732,10 @@ func (a *Agent) Exited() []ClientStats {
 func (a *Agent) statsOf(c *client) ClientStats {
 	s := c.st.snapshot(pageSize)
 	s.ID, s.PID, s.UID, s.BudgetBytes = c.id, int(c.pidAtm.Load()), c.uid.Load(), uint64(c.budgetPages())*pageSize
+	s.Auto = a.target(c) > 0 // steered from the next step (steer.go) on
+	if s.Auto {
+		s.StallPct = math.Round(100*math.Float64frombits(c.stallFrac.Load())*1000) / 1000
+	}
 	return s
 }
 

@@ -1,5 +1,15 @@
 package pager
 
+// budgetPages returns the budget of resident pages of c: the steering
+// routine's when its budget is steered by a slowdown target, else the
+// fixed one.
+func (c *client) budgetPages() int {
+	if b := c.auto.Load(); b > 0 {
+		return int(b)
+	}
+	return c.a.budgetPages(c.localMem.Load())
+}
+
 // budgetPages returns the budget of resident pages of a client that asked
 // for local bytes in its HELLO (0: LocalMem), or an even share of NodeMem
 // if smaller.

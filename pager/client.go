@@ -46,6 +46,13 @@ type client struct {
 	pidAtm   atomic.Int64
 	uid      atomic.Uint32 // the client's user (SO_PEERCRED)
 	localMem atomic.Uint64 // the budget its HELLO asked for (0: the agent's)
+	// maxSlowdown is the slowdown target its HELLO asked for, millionths
+	// (0: the agent's, Options.MaxSlowdown). auto is the budget in pages
+	// the steering routine gives it (0: a fixed budget, budgetPages), and
+	// stallFrac (float64 bits) its stall over the last step.
+	maxSlowdown atomic.Uint32
+	auto        atomic.Int64
+	stallFrac   atomic.Uint64
 
 	// Loop state, by concern.
 	sock     socketState // the process: its socket, pidfd and packets (conn.go)
@@ -225,6 +232,7 @@ func (a *Agent) newClientWith(u faultFD, features userfaultfd.Feature, sfd, slot
 	}
 	if withRing {
 		c.ring = newFaultRing(staging[slots*pageSize:], adopt, &c.st.ring)
+		c.ring.stall = &c.st.stall // the waits of its misses, measured by the ring
 		c.uffd.ring = c.ring
 	}
 	c.log = a.log.With(zap.Uint64("client", c.id))

@@ -34,6 +34,7 @@ func (c *client) maybeEvict(now time.Time) {
 	}
 	need = min(need, proto.MaxEvictBatch, len(c.ev.stageFree))
 	n := c.ev.clock.Victims(c.regs.tables, c.ev.victims[:need])
+	c.st.hot.Store(int64(c.ev.clock.Hot()))
 	if n == 0 {
 		return
 	}

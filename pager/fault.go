@@ -56,9 +56,6 @@ const budgetMargin = proto.MaxEvictBatch
 // stays under its budget plus this (docs/pager.md, Budget).
 const BudgetMargin = budgetMargin * pageSize
 
-// budgetPages is the client's budget of resident pages.
-func (c *client) budgetPages() int { return c.a.budgetPages(c.localMem.Load()) }
-
 // fault handles one page fault at page address a.
 // It has waited since since (its first read); now is the time of the batch
 // or turn that handles it.
@@ -259,7 +256,7 @@ func (c *client) zeroAhead(r *region, idx int, since time.Time) bool {
 	if err != nil {
 		c.uffd.Wake(pageRange(r.addr(idx))) // the Copy woke nothing past where it stopped
 	}
-	c.observeFault(since)
+	c.observeZeroFill(since)
 	return true
 }
 

@@ -36,6 +36,7 @@ func (c *client) fork(fd int) {
 		return
 	}
 	child.localMem.Store(c.localMem.Load()) // its HELLO may say otherwise
+	child.maxSlowdown.Store(c.maxSlowdown.Load())
 	child.uid.Store(c.uid.Load())
 	// The helper may have dropped victims of the batch in flight before
 	// fork(2) copied the page tables (the child lacks them) or after (the
@@ -223,11 +224,12 @@ func (c *client) writeStaged(r, cr *region, idxs []int) error {
 // forkCopy is the copy of a parent's regions that FORK_PREPARE made for
 // the child it announced.
 type forkCopy struct {
-	regs     []*region
-	uid      uint32 // the parent's: only a process of the same user takes the copy
-	child    int    // the child's pid, once FORK_DONE said it
-	localMem uint64
-	made     time.Time
+	regs        []*region
+	uid         uint32 // the parent's: only a process of the same user takes the copy
+	child       int    // the child's pid, once FORK_DONE said it
+	localMem    uint64
+	maxSlowdown uint32
+	made        time.Time
 }
 
 // forkCopyTTL is how long a copy waits for its child's HELLO (the child
@@ -296,7 +298,7 @@ func (c *client) finishForkPrepare() error {
 	}
 	copied := c.a.opts.Now() // the copy may have taken a while (writeStaged)
 	c.a.addForkCopy(forkKey{int(c.pidAtm.Load()), serial}, &forkCopy{
-		regs: regs, uid: c.uid.Load(), localMem: c.localMem.Load(), made: copied,
+		regs: regs, uid: c.uid.Load(), localMem: c.localMem.Load(), maxSlowdown: c.maxSlowdown.Load(), made: copied,
 	})
 	c.fk.forkedAt = copied // the pause counts from the ACK
 	c.log.Debug("pages copied for a fork", zap.Uint64("serial", serial), zap.Int("regions", len(regs)))

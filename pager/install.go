@@ -52,7 +52,7 @@ func (c *client) zeroFill(a userfaultfd.Addr, since time.Time) (mapped bool, err
 		c.log.Error("zeropage failed", zap.Stringer("addr", a), zap.Error(err))
 		return false, err
 	}
-	c.observeFault(since)
+	c.observeZeroFill(since)
 	return mapped, nil
 }
 
@@ -169,8 +169,23 @@ func (c *client) poison(r *region, idx int) error {
 }
 
 // observeFault records the latency of a fault that waited since since,
-// served now: one read of the clock.
-func (c *client) observeFault(since time.Time) { c.st.latency.Observe(c.a.opts.Now().Sub(since)) }
+// served now: one read of the clock. It counts as stall (stallPerFault
+// added: the part of the miss the agent does not see).
+func (c *client) observeFault(since time.Time) { c.observeMiss(c.a.opts.Now().Sub(since)) }
+
+// observeMiss records the latency d of a fault that was a miss (not a
+// first touch), in the latency histogram and, for a client without a
+// fault ring, the stall.
+func (c *client) observeMiss(d time.Duration) {
+	c.st.latency.Observe(d)
+	if c.ring == nil { // the ring measures its own, from the post (faultRing.finish)
+		c.st.stall.Add(int64(max(d, 0) + stallPerFault))
+	}
+}
+
+// observeZeroFill records the latency of a first touch that waited since
+// since: not a stall of paging (the program would have faulted anyway).
+func (c *client) observeZeroFill(since time.Time) { c.st.latency.Observe(c.a.opts.Now().Sub(since)) }
 
 // fromStage installs a page from its staging slot and frees the slot.
 func (c *client) fromStage(r *region, idx int, flags userfaultfd.Flags) error {

@@ -263,9 +263,9 @@ func (c *client) serveRing() {
 	}
 	now := c.a.opts.Now()
 	c.ring.take(func(i int, a userfaultfd.Addr, flags userfaultfd.FaultFlags) {
-		c.ring.serve(i, a)
 		c.st.ringFaults.Add(1)
 		r, idx := c.regs.find(a)
+		c.ring.serve(i, a, r != nil && r.pages[idx].State() != Absent) // a first touch is no stall
 		if r == nil {
 			c.st.faults.Add(1)
 			if _, err := c.zeroFill(a, now); err != nil {

@@ -1,6 +1,7 @@
 package pager
 
 import (
+	"math"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,6 +31,9 @@ var (
 	descInstall  = prometheus.NewDesc("rmem_agent_install_p50_seconds", "Median time of the UFFDIO_COPY that maps a page read from the pool and wakes the thread waiting for it (the last step of such a fault).", labels, nil)
 	descRing     = prometheus.NewDesc("rmem_agent_ring_faults_total", "Faults served in the faulting thread, through the fault ring (of the missing-page and write-protect faults).", labels, nil)
 	descRingWait = prometheus.NewDesc("rmem_agent_ring_wait_seconds", "How long the threads of faults served through the fault ring waited, from their post to the agent's answer.", labels, nil)
+	descStall    = prometheus.NewDesc("rmem_agent_stall_ratio", "Share of wall time a client's threads spent in misses over the slowdown controller's last step (clients whose budget a slowdown target steers).", labels, nil)
+	descStallSec = prometheus.NewDesc("rmem_agent_stall_seconds_total", "Time a client's threads spent in misses (first touches not counted), as the agent measures it plus its estimate of the trap and wake-up it does not see.", labels, nil)
+	descAuto     = prometheus.NewDesc("rmem_agent_budget_auto", "1 when a client's budget is steered by a slowdown target (--max-slowdown), 0 when fixed.", labels, nil)
 	descClients  = prometheus.NewDesc("rmem_agent_clients", "Client processes served.", nil, nil)
 	descHeld     = prometheus.NewDesc("rmem_agent_pool_held_bytes", "Pool memory the agent holds (its slabs).", nil, nil)
 	descUsed     = prometheus.NewDesc("rmem_agent_pool_used_bytes", "Pool memory holding pages' data (used slots).", nil, nil)
@@ -42,7 +46,7 @@ type collector struct{ a *Agent }
 func (collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descResident, descRemote, descBudget, descFaults, descZero, descReads, descWP,
 		descEvict, descWB, descLost, descPooled, descWaits, descPFIssued, descPFHits, descPFWasted, descRAHits, descLatency, descLatQ, descInstall, descRing, descRingWait, descClients,
-		descHeld, descUsed, descNoRoom} {
+		descHeld, descUsed, descNoRoom, descStall, descStallSec, descAuto} {
 		ch <- d
 	}
 }
@@ -77,6 +81,13 @@ func (col collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descResident, float64(s.ResidentBytes))
 		gauge(descRemote, float64(s.RemoteBytes))
 		gauge(descBudget, budget)
+		auto := 0.0
+		if a.target(c) > 0 {
+			auto = 1
+			gauge(descStall, math.Float64frombits(c.stallFrac.Load()))
+		}
+		gauge(descAuto, auto)
+		ch <- prometheus.MustNewConstMetric(descStallSec, prometheus.CounterValue, float64(c.st.stall.Load())/1e9, lv...)
 		counter(descFaults, s.Faults)
 		counter(descZero, s.ZeroFills)
 		counter(descReads, s.RemoteReads)

@@ -177,7 +177,12 @@ type Clock struct {
 	// this turn, and whether hot pages were over their share in the last.
 	turnResident, turnHot int
 	overHot               bool
+	lastHot               int // hot pages the hand passed in its last whole turn
 }
+
+// Hot returns how many hot pages the hand passed in its last whole turn
+// (0 before its first): the program's hot set as the hand last saw it.
+func (c *Clock) Hot() int { return c.lastHot }
 
 // hotPercent is the share of resident pages hot pages may keep: the rest
 // is for cold pages to come in and show whether they come back (S3-FIFO's
@@ -195,6 +200,7 @@ func (c *Clock) turn() {
 		pct = hotPercent
 	}
 	c.overHot = c.turnHot*100 > c.turnResident*pct
+	c.lastHot = c.turnHot
 	c.turnResident, c.turnHot = 0, 0
 }
 

@@ -213,7 +213,7 @@ func (c *client) copyRun(k, j int, since time.Time) int {
 			if end.IsZero() {
 				end = c.a.opts.Now()
 			}
-			c.st.latency.Observe(end.Sub(since))
+			c.observeMiss(end.Sub(since))
 		}
 	}
 	return done
@@ -247,7 +247,7 @@ func (c *client) installRead(k int, since, now time.Time) {
 		default:
 			end := c.a.opts.Now()
 			c.st.install.Observe(end.Sub(start))
-			c.st.latency.Observe(end.Sub(since))
+			c.observeMiss(end.Sub(since))
 		}
 	case errors.Is(op.Err, remote.ErrLost):
 		c.set(r, idx, p.With(Lost))

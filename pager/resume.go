@@ -194,6 +194,7 @@ func (a *Agent) resume(conn *net.UnixConn, cred *unix.Ucred, h proto.Header, hel
 		return false
 	}
 	c.localMem.Store(hello.LocalMem)
+	c.maxSlowdown.Store(hello.MaxSlowdown)
 	c.uid.Store(cred.Uid)
 	c.pidAtm.Store(int64(cred.Pid))
 	welcome := proto.Welcome{ClientID: c.id, MinAlloc: a.opts.MinAlloc, StagingSlots: uint32(slots)}

@@ -1,6 +1,7 @@
 package pager
 
 import (
+	"sync/atomic"
 	"time"
 
 	"rmem/pager/proto"
@@ -28,11 +29,22 @@ type faultRing struct {
 	// post to the loop's completion (CLOCK_MONOTONIC, the thread's and the
 	// loop's reading).
 	faults *Histogram
+	// stall, when set, adds up the waits of the faults that were misses
+	// (not first touches), stallPerRingFault each added: the client's
+	// stall (counters.stall) for its slowdown target.
+	stall *atomic.Int64
 }
+
+// stallPerRingFault is what a miss through the ring costs its thread
+// besides its wait in the ring: the trap into its SIGBUS handler and the
+// install it makes itself (DESIGN.md: a miss served in the faulting
+// thread, 5.2-6.0 µs in all).
+const stallPerRingFault = 5 * time.Microsecond
 
 type ringServing struct {
 	entry int
 	page  userfaultfd.Addr
+	miss  bool // a miss, not a first touch: its wait is stall
 }
 
 // newFaultRing starts the ring in mem, a fresh one (its header written)
@@ -95,9 +107,10 @@ func (r *faultRing) take(serve func(entry int, page userfaultfd.Addr, flags user
 	}
 }
 
-// serve records that the loop serves entry i's fault at page.
-func (r *faultRing) serve(i int, page userfaultfd.Addr) {
-	r.serving = append(r.serving, ringServing{i, page})
+// serve records that the loop serves entry i's fault at page, a miss
+// (its wait counts as stall) or a first touch.
+func (r *faultRing) serve(i int, page userfaultfd.Addr, miss bool) {
+	r.serving = append(r.serving, ringServing{i, page, miss})
 }
 
 // complete ends the faults being served on the pages of rg with state
@@ -117,7 +130,7 @@ func (r *faultRing) complete(rg userfaultfd.Range, state uint32) {
 		if now == 0 {
 			now = monotonic()
 		}
-		r.finish(s.entry, state, now)
+		r.finish(s, state, now)
 	}
 	r.serving = kept
 }
@@ -127,18 +140,24 @@ func (r *faultRing) completeEntry(i int, state uint32) {
 	for k, s := range r.serving {
 		if s.entry == i {
 			r.serving = append(r.serving[:k], r.serving[k+1:]...)
-			r.finish(i, state, monotonic())
+			r.finish(s, state, monotonic())
 			return
 		}
 	}
 }
 
-// finish stores entry i's result and wakes its thread if it sleeps.
-func (r *faultRing) finish(i int, state uint32, now time.Duration) {
-	off := proto.RingEntryOffset(i)
+// finish stores the result of s's entry and wakes its thread if it
+// sleeps.
+func (r *faultRing) finish(s ringServing, state uint32, now time.Duration) {
+	off := proto.RingEntryOffset(s.entry)
 	posted := time.Duration(getU64(r.mem, off+proto.RingEntPosted))
-	if r.faults != nil && posted > 0 && now > posted {
-		r.faults.Observe(now - posted)
+	if posted > 0 && now > posted {
+		if r.faults != nil {
+			r.faults.Observe(now - posted)
+		}
+		if r.stall != nil && s.miss {
+			r.stall.Add(int64(now - posted + stallPerRingFault))
+		}
 	}
 	storeU32(r.mem, off+proto.RingEntState, state)
 	if loadU32(r.mem, off+proto.RingEntWaiters) != 0 {

@@ -2,6 +2,7 @@ package pager
 
 import (
 	"encoding/binary"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,7 +30,9 @@ func post(mem []byte, i int, a userfaultfd.Addr, write bool) {
 func TestFaultRing(t *testing.T) {
 	mem := make([]byte, proto.RingSize)
 	var h Histogram
+	var stall atomic.Int64
 	r := newFaultRing(mem, false, &h)
+	r.stall = &stall
 	if getU32(mem, proto.RingHdrMagic) != proto.RingMagic || getU32(mem, proto.RingHdrEntries) != proto.RingEntries || r.pending() {
 		t.Fatalf("a new ring: magic %#x, %d entries, pending %v", getU32(mem, proto.RingHdrMagic), getU32(mem, proto.RingHdrEntries), r.pending())
 	}
@@ -47,10 +50,10 @@ func TestFaultRing(t *testing.T) {
 		if (i == 3) != (flags&userfaultfd.FaultWrite != 0) {
 			t.Errorf("entry %d: flags %v", i, flags)
 		}
-		r.serve(i, a)
-		got = append(got, ringServing{i, a})
+		r.serve(i, a, i == 3) // 3 a miss, 7 a first touch
+		got = append(got, ringServing{i, a, i == 3})
 	})
-	if len(got) != 2 || got[0] != (ringServing{3, 0x10001000}) || got[1] != (ringServing{7, 0x20000000}) || r.pending() {
+	if len(got) != 2 || got[0] != (ringServing{3, 0x10001000, true}) || got[1] != (ringServing{7, 0x20000000, false}) || r.pending() {
 		t.Fatalf("taken %v (pending %v), want entries 3 and 7 at their pages", got, r.pending())
 	}
 	r.complete(userfaultfd.Range{Start: 0x10000000, Len: 2 * pageSize}, proto.RingDone)
@@ -60,9 +63,33 @@ func TestFaultRing(t *testing.T) {
 	if h.Count() != 1 {
 		t.Fatalf("%d waits observed, want 1", h.Count())
 	}
+	if got := time.Duration(stall.Load()); got < stallPerRingFault {
+		t.Fatalf("stall %v after a miss's completion, want its wait plus %v", got, stallPerRingFault)
+	}
+
 	r2 := newFaultRing(mem, true, nil) // the agent died; the next takes the ring over
 	if loadU32(mem, proto.RingEntryOffset(7)) != proto.RingPosted || loadU32(mem, proto.RingEntryOffset(3)) != proto.RingDone || !r2.pending() {
 		t.Fatal("a resuming agent: the entry being served is not posted again, or a result was lost")
+	}
+}
+
+// A first touch's wait is not stall; a miss's is, with the trap added.
+func TestFaultRingStall(t *testing.T) {
+	mem := make([]byte, proto.RingSize)
+	var stall atomic.Int64
+	r := newFaultRing(mem, false, nil)
+	r.stall = &stall
+	post(mem, 1, 0x7000, false)
+	r.take(func(i int, a userfaultfd.Addr, _ userfaultfd.FaultFlags) { r.serve(i, a, false) })
+	r.complete(userfaultfd.Range{Start: 0x7000, Len: pageSize}, proto.RingDone)
+	if stall.Load() != 0 {
+		t.Fatalf("stall %v after a first touch", time.Duration(stall.Load()))
+	}
+	post(mem, 2, 0x8000, false)
+	r.take(func(i int, a userfaultfd.Addr, _ userfaultfd.FaultFlags) { r.serve(i, a, true) })
+	r.completeEntry(2, proto.RingDone)
+	if got := time.Duration(stall.Load()); got < stallPerRingFault {
+		t.Fatalf("stall %v after a miss, want its wait plus %v", got, stallPerRingFault)
 	}
 }
 
@@ -71,7 +98,7 @@ func TestFaultRingWakesSleeper(t *testing.T) {
 	mem := make([]byte, proto.RingSize)
 	r := newFaultRing(mem, false, nil)
 	post(mem, 0, 0x5000, false)
-	r.take(func(i int, a userfaultfd.Addr, _ userfaultfd.FaultFlags) { r.serve(i, a) })
+	r.take(func(i int, a userfaultfd.Addr, _ userfaultfd.FaultFlags) { r.serve(i, a, true) })
 	off := proto.RingEntryOffset(0)
 	storeU32(mem, off+proto.RingEntWaiters, 1)
 	done := make(chan uint32)

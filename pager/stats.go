@@ -141,6 +141,8 @@ type counters struct {
 	readaheadHits, ringFaults                      atomic.Uint64
 	resident, remote, pooled, regions              atomic.Int64
 	noRoomSince                                    atomic.Int64 // unix ns; 0: eviction has pool slots
+	hot                                            atomic.Int64 // hot pages as the CLOCK hand last went round (Clock.Hot)
+	stall                                          atomic.Int64 // ns the threads spent in misses (zero fills not counted), plus stallPerFault each
 	latency                                        Histogram
 	install                                        Histogram // of remote reads' installs (FaultLatency.InstallP50)
 	ring                                           Histogram // ring faults' waits (FaultLatency.RingP50)
@@ -161,6 +163,16 @@ type ClientStats struct {
 	// without a write). Slots shared with a fork count for both sides.
 	PooledBytes uint64 `json:"pooled_bytes"`
 	BudgetBytes uint64 `json:"budget_bytes"`
+	// ColdBytes: resident pages not hot (Clock's FlagHot: evicted and
+	// back before the hand came round) as the CLOCK hand last went round
+	// them, what eviction takes first; all resident pages before the
+	// hand's first turn.
+	ColdBytes uint64 `json:"cold_bytes"`
+	// Auto: the budget is steered by a slowdown target (Options.
+	// MaxSlowdown), and StallPct is the share of wall time the process's
+	// threads spent in misses over the controller's last step (percent).
+	Auto     bool    `json:"auto,omitempty"`
+	StallPct float64 `json:"stall_pct,omitempty"`
 	// Faults counts MISSING faults served (zero fills, remote reads,
 	// staged copies, poisons); WPFaults counts writes to clean pages.
 	Faults      uint64 `json:"faults"`
@@ -237,6 +249,7 @@ func (c *counters) snapshot(pageSize uint64) ClientStats {
 		Regions:       int(c.regions.Load()),
 		ResidentBytes: uint64(max(c.resident.Load(), 0)) * pageSize,
 		RemoteBytes:   uint64(max(c.remote.Load(), 0)) * pageSize,
+		ColdBytes:     uint64(max(c.resident.Load()-c.hot.Load(), 0)) * pageSize,
 		PooledBytes:   uint64(max(c.pooled.Load(), 0)) * pageSize,
 		Faults:        c.faults.Load(), ZeroFills: c.zeroFills.Load(), RemoteReads: c.remoteReads.Load(),
 		WPFaults: c.wpFaults.Load(), Held: c.held.Load(),

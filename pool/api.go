@@ -38,6 +38,7 @@ type LeaseView struct {
 	// Bytes), and NoRoom whether it is waiting for room.
 	Used   uint64 `json:"used"`
 	NoRoom bool   `json:"no_room,omitempty"`
+	Steering
 }
 
 // ReplicaView is one replica as handed to an agent: everything it needs to
@@ -136,6 +137,18 @@ type RenewRequest struct {
 	// NoRoom: the agent's last allocation found no room, and programs
 	// past their budgets wait for it.
 	NoRoom bool `json:"no_room,omitempty"`
+	Steering
+}
+
+// Steering is what an agent reports of its programs whose budgets a
+// slowdown target steers (memagent --max-slowdown): how many, the sum of
+// their budgets and of their bytes in the pool, and the highest stall
+// among them (percent of wall time in misses over the last step).
+type Steering struct {
+	Steered       int     `json:"steered,omitempty"`
+	SteeredBudget uint64  `json:"steered_budget,omitempty"`
+	SteeredRemote uint64  `json:"steered_remote,omitempty"`
+	MaxStallPct   float64 `json:"max_stall_pct,omitempty"`
 }
 
 // RenewResponse is POST /v1/leases/{id}/renew.

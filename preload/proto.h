@@ -22,6 +22,7 @@
 #define RMEM_ENV_SOCKET "RMEM_AGENT_SOCK"
 #define RMEM_ENV_MIN_ALLOC "RMEM_MIN_ALLOC"
 #define RMEM_ENV_LOCAL_MEM "RMEM_LOCAL_MEM"
+#define RMEM_ENV_MAX_SLOWDOWN "RMEM_MAX_SLOWDOWN"
 #define RMEM_ENV_IN_THREAD "RMEM_IN_THREAD" /* "1": faults through the fault ring (RMEM_HELLO_RING) */
 #define RMEM_ENV_AGENT_WAIT "RMEM_AGENT_WAIT" /* how long to wait for an agent to resume us (resume.c) */
 #define RMEM_ENV_UFFD_USER_MODE "RMEM_UFFD_USER_MODE" /* 1: UFFD_USER_MODE_ONLY uffds, for tests (wire.c) */
@@ -70,6 +71,8 @@ struct rmem_hello {
 	uint32_t page_size;
 	uint32_t flags;
 	uint64_t local_mem; /* resident budget asked for (RMEM_LOCAL_MEM); 0: the agent's */
+	uint32_t max_slowdown; /* stall to steer the budget by, millionths (RMEM_MAX_SLOWDOWN); 0: the agent's */
+	uint32_t reserved;
 };
 
 #define RMEM_WELCOME_UFFD 1u    /* second fd: the forked child's own uffd */
@@ -190,7 +193,7 @@ _Static_assert(sizeof(struct rmem_ring_entry) == 64, "ring entry layout");
 _Static_assert(sizeof(struct rmem_ring) == RMEM_RING_SIZE, "ring layout");
 _Static_assert(sizeof(struct rmem_hdr) == 16, "header layout");
 _Static_assert(sizeof(struct rmem_fork) == 16, "FORK layout");
-_Static_assert(sizeof(struct rmem_hello) == 40, "HELLO layout");
+_Static_assert(sizeof(struct rmem_hello) == 48, "HELLO layout");
 _Static_assert(sizeof(struct rmem_welcome) == 24, "WELCOME layout");
 _Static_assert(sizeof(struct rmem_region_add) == 32, "REGION_ADD layout");
 _Static_assert(sizeof(struct rmem_region_del) == 24, "REGION_DEL layout");

@@ -27,7 +27,7 @@ func TestCLayoutMatchesGo(t *testing.T) {
 	ev2 := &proto.Evict{Batch: 10, N: 1}
 	ev2.Pages[0] = proto.EvictPage{Addr: 0x5000, Slot: proto.NoSlot}
 	want := []proto.Message{
-		&proto.Hello{PID: 1234, PPID: 1, Features: 0x147, PageSize: 4096, Flags: proto.HelloUFFD, LocalMem: 64 << 20},
+		&proto.Hello{PID: 1234, PPID: 1, Features: 0x147, PageSize: 4096, Flags: proto.HelloUFFD, LocalMem: 64 << 20, MaxSlowdown: 20000},
 		&proto.RegionAdd{ID: 7, Range: userfaultfd.Range{Start: 0x7f0000000000, Len: 1 << 20}, Kind: proto.KindMmap},
 		&proto.RegionDel{ID: 7, Range: userfaultfd.Range{Start: 0x7f0000001000, Len: 8192}},
 		&proto.Evicted{Batch: 1 << 40, Done: 3, Errno: unix.EFAULT},

@@ -106,7 +106,7 @@ func maBuild(t *testing.T) string {
 			append(append([]string{"go"}, args...), "./cmd/memagent"),
 			{"preload/build.sh", filepath.Join(maBinDir, "librmem.so")}, // the shim as make builds it
 		}
-		for _, prog := range []string{"pattern", "fork", "threads"} {
+		for _, prog := range []string{"pattern", "fork", "threads", "hotcold"} {
 			steps = append(steps, []string{"gcc", "-O2", "-pthread", "-Wall", "-Wextra", "-Werror",
 				"-o", filepath.Join(maBinDir, prog), filepath.Join("tests", "testdata", "memagent", prog+".c")})
 		}

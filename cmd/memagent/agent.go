@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -38,6 +39,31 @@ func agentFlags(f *pflag.FlagSet) {
 	f.String("lease-ttl", "30s", "TTL of the agent's lease on its slabs (renewed every third of it)")
 	f.String("fault-timeout", "60s", "how long a fault waits for a pool that does not answer before its page is given up (SIGBUS); 0: forever")
 	f.String("spin", "50us", cli.SpinFlag)
+	f.String("max-slowdown", "0", "steer each program's budget by its paging stall: at most PCT of wall time in misses (e.g. 2%); --local-mem is then a ceiling, and without it the node's RAM (docs/pager.md, Budgets from a slowdown target); 0: a fixed budget")
+}
+
+// maxSlowdown reads --max-slowdown: PCT, with or without a %, as a
+// fraction (0: off).
+func maxSlowdown(app *cli.App) (float64, error) {
+	v := strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(app.String("max-slowdown")), "%"))
+	pct, err := strconv.ParseFloat(v, 64)
+	if err != nil || pct < 0 || pct >= 100 || math.IsNaN(pct) {
+		return 0, app.Invalid("max-slowdown", "want a percentage from 0 (off) to under 100, e.g. 2%%")
+	}
+	if pct > 0 && pct < 0.01 {
+		return 0, app.Invalid("max-slowdown", "want at least 0.01%% (or 0: off)")
+	}
+	return pct / 100, nil
+}
+
+// totalRAM returns the node's RAM in bytes: the ceiling of a steered
+// budget without --local-mem.
+func totalRAM() uint64 {
+	var si syscall.Sysinfo_t
+	if syscall.Sysinfo(&si) != nil {
+		return 1 << 40
+	}
+	return si.Totalram * uint64(si.Unit)
 }
 
 // agentOptions reads the flags of agentFlags. The caller adds the pool
@@ -87,7 +113,14 @@ func agentOptions(app *cli.App, localMem cli.Size) (agentd.Options, error) {
 	if localMem < 64<<10 {
 		return o, app.Invalid("local-mem", "must be at least 64KiB")
 	}
-	return agentd.Options{
+	slowdown, err := maxSlowdown(app)
+	if err != nil {
+		return o, err
+	}
+	if slowdown > 0 && !app.IsSet("local-mem") {
+		localMem = cli.Size(totalRAM()) // everything local to start with
+	}
+	return agentd.Options{MaxSlowdown: slowdown,
 		Socket: app.String("socket"), LocalMem: uint64(localMem), MinAlloc: uint64(minAlloc),
 		Replicas: replicas, Network: network, LeaseTTL: ttl, FaultTimeout: faultTimeout, Spin: spinMax, Log: app.Log(), Lock: true,
 	}, nil
@@ -100,7 +133,10 @@ func newServeCmd(app *cli.App) *cobra.Command {
 		Long: `serve runs the agent that pages programs' memory to the pool: programs started
 with the shim (memagent run, or LD_PRELOAD=librmem.so) hand it their large
 allocations, and it keeps each of them under --local-mem resident, the rest
-in pool slabs it leases from the coordinator. 'memagent stats' shows what it
+in pool slabs it leases from the coordinator. With --max-slowdown it steers
+each program's budget instead: everything local to start with, cold pages out
+while the program's paging stall stays under the target, memory back when it
+rises; --local-mem is then a ceiling. 'memagent stats' shows what it
 does. Needs root. Programs of other users are paged when --allow-user or
 --allow-group lets them in; the agent lends them /dev/userfaultfd.`,
 		Args: cobra.NoArgs,
@@ -113,7 +149,7 @@ does. Needs root. Programs of other users are paged when --allow-user or
 			if err != nil {
 				return err
 			}
-			if nodeMem != 0 && nodeMem < localMem {
+			if nodeMem != 0 && nodeMem < localMem && app.IsSet("local-mem") {
 				return app.Invalid("node-mem", "must be 0 (no node-wide limit) or at least --local-mem (%v)", localMem)
 			}
 			opts, err := agentOptions(app, localMem)
@@ -302,7 +338,7 @@ func runUffd(ctx context.Context, app *cli.App, args []string) (int, error) {
 
 	var d *agentd.Daemon
 	socket := opts.Socket
-	askBudget := false
+	askBudget, askSlowdown := false, false
 	listening, err := agentListening(socket)
 	if err != nil {
 		return -1, err
@@ -311,7 +347,8 @@ func runUffd(ctx context.Context, app *cli.App, args []string) (int, error) {
 		// CMD asks that agent for --local-mem (HELLO); without it, the
 		// agent's own --local-mem applies.
 		askBudget = app.IsSet("local-mem")
-		log.Info("using the agent already running", zap.String("socket", socket), zap.Bool("own-local-mem", askBudget))
+		askSlowdown = app.IsSet("max-slowdown") && opts.MaxSlowdown > 0
+		log.Info("using the agent already running", zap.String("socket", socket), zap.Bool("own-local-mem", askBudget), zap.Bool("own-max-slowdown", askSlowdown))
 	} else {
 		// A private socket, so that this agent never takes over another's.
 		removeStaleRunSockets(filepath.Dir(socket), log)
@@ -332,6 +369,9 @@ func runUffd(ctx context.Context, app *cli.App, args []string) (int, error) {
 		proto.EnvSocket+"="+socket, proto.EnvMinAlloc+"="+strconv.FormatUint(opts.MinAlloc, 10))
 	if askBudget {
 		cmd.Env = append(cmd.Env, proto.EnvLocalMem+"="+strconv.FormatUint(uint64(localMem), 10))
+	}
+	if askSlowdown {
+		cmd.Env = append(cmd.Env, proto.EnvMaxSlowdown+"="+strconv.FormatUint(uint64(math.Round(opts.MaxSlowdown*1e6)), 10))
 	}
 	if inThread {
 		cmd.Env = append(cmd.Env, proto.EnvInThread+"=1")

@@ -126,6 +126,9 @@ left is removed by the next swap-mode run or by 'memagent cleanup'.`,
 			if mode == "uffd" {
 				code, err = runUffd(cmd.Context(), app, args)
 			} else {
+				if app.IsSet("max-slowdown") {
+					return app.Invalid("max-slowdown", "steers the budget of --mode uffd only (a swap-mode run's budget is its cgroup's limit)")
+				}
 				var opts swaprun.Options
 				if opts, err = swapRunOptions(app, args); err != nil {
 					return err

@@ -15,7 +15,7 @@ import (
 // per client process.
 func writeTable(w io.Writer, stats []pager.ClientStats) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "PID\tRESIDENT\tREMOTE\tPOOLED\tBUDGET\tFAULTS\tP50\tP99\tP99.9\tINSTALL\tIN-THREAD\tEVICTIONS\tWRITE-BACKS\tPREFETCH HITS\tWAITS\tLOST\t")
+	fmt.Fprintln(tw, "PID\tRESIDENT\tCOLD\tREMOTE\tPOOLED\tBUDGET\tSTALL\tFAULTS\tP50\tP99\tP99.9\tINSTALL\tIN-THREAD\tEVICTIONS\tWRITE-BACKS\tPREFETCH HITS\tWAITS\tLOST\t")
 	for _, s := range stats {
 		hit := "-"
 		if s.PrefetchHits+s.PrefetchWasted > 0 {
@@ -25,8 +25,15 @@ func writeTable(w io.Writer, stats []pager.ClientStats) error {
 		if s.RingFaults > 0 {
 			inThread = fmt.Sprintf("%d@%s", s.RingFaults, durText(s.RingP50))
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%d\t%d\t\n",
-			s.PID, bytesText(s.ResidentBytes), bytesText(s.RemoteBytes), bytesText(s.PooledBytes), bytesText(s.BudgetBytes),
+		// STALL: the share of wall time in misses of a program whose
+		// budget a slowdown target steers (BUDGET is then the
+		// controller's); "-" for a fixed budget.
+		stall := "-"
+		if s.Auto {
+			stall = fmt.Sprintf("%.2f%%", s.StallPct)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%d\t%d\t\n",
+			s.PID, bytesText(s.ResidentBytes), bytesText(s.ColdBytes), bytesText(s.RemoteBytes), bytesText(s.PooledBytes), bytesText(s.BudgetBytes), stall,
 			s.Faults, durText(s.FaultP50), durText(s.FaultP99), durText(s.FaultP999), durText(s.InstallP50),
 			inThread, s.Evictions, s.WriteBacks, hit, s.BudgetWaits, s.Lost)
 	}

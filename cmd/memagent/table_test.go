@@ -15,13 +15,13 @@ func TestWriteTable(t *testing.T) {
 	err := writeTable(&b, []pager.ClientStats{
 		{PID: 42, ResidentBytes: 3 << 20, RemoteBytes: 5 << 30, BudgetBytes: 512 << 10, Faults: 7,
 			FaultLatency: pager.FaultLatency{FaultP50: 16 * time.Microsecond, FaultP99: time.Millisecond, InstallP50: 12300 * time.Nanosecond}, PrefetchCounts: pager.PrefetchCounts{PrefetchHits: 3, PrefetchWasted: 1}},
-		{PID: 43},
+		{PID: 43, Auto: true, StallPct: 1.5},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	out := b.String()
-	for _, want := range []string{"PID", "42", "3.0MiB", "5.0GiB", "512KiB", "16µs", "1ms", "12.3µs", "75%", "43"} {
+	for _, want := range []string{"PID", "42", "3.0MiB", "5.0GiB", "512KiB", "16µs", "1ms", "12.3µs", "75%", "43", "STALL", "1.50%"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}

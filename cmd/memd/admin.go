@@ -202,13 +202,20 @@ func newAgentsCmd(app *cli.App) *cobra.Command {
 			if asJSON {
 				return cli.PrintJSON(app.Stdout(), ls)
 			}
-			t := cli.NewTable(app.Stdout(), "AGENT", "NODE", "PID", "LEASE", "SLABS", "REPLICAS", "HELD", "USED", "TTL", "EXPIRES IN")
+			t := cli.NewTable(app.Stdout(), "AGENT", "NODE", "PID", "LEASE", "SLABS", "REPLICAS", "HELD", "USED", "STEERED", "TTL", "EXPIRES IN")
 			for _, l := range ls {
 				var used any = cli.Size(l.Used)
 				if l.NoRoom {
 					used = fmt.Sprintf("%v (no room)", cli.Size(l.Used))
 				}
-				t.Row(l.Agent, dash(l.Node), l.PID, l.ID, l.Slabs, l.Replicas, cli.Size(l.Bytes), used, l.TTL.Std(), time.Until(l.Expires).Round(time.Millisecond))
+				// Programs whose budget a slowdown target steers: how
+				// many, their budgets, their bytes in the pool, their
+				// highest stall.
+				steered := "-"
+				if l.Steered > 0 {
+					steered = fmt.Sprintf("%d: budget %v, remote %v, stall <= %.2f%%", l.Steered, cli.Size(l.SteeredBudget), cli.Size(l.SteeredRemote), l.MaxStallPct)
+				}
+				t.Row(l.Agent, dash(l.Node), l.PID, l.ID, l.Slabs, l.Replicas, cli.Size(l.Bytes), used, steered, l.TTL.Std(), time.Until(l.Expires).Round(time.Millisecond))
 			}
 			return t.Flush()
 		})

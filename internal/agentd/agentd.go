@@ -52,6 +52,7 @@ type Options struct {
 	AdminSocket string         // admin socket ("" for none)
 	LocalMem    uint64         // per-process budget; required
 	NodeMem     uint64         // node-wide budget (0: none)
+	MaxSlowdown float64        // pager.Options.MaxSlowdown (0: fixed budgets)
 	MinAlloc    uint64         // the shim's threshold (0: its default)
 	Replicas    int            // 0: 2 when the pool has two servers up or more, else 1
 	Network     string         // rdma provider to reach memory servers (default "tcp")
@@ -153,7 +154,7 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 	}
 	agent, err := pager.New(pager.Options{
 		Socket: opts.Socket, SocketMode: socketMode(opts), AllowUIDs: opts.AllowUIDs, SocketGroup: opts.SocketGroup,
-		Store: store, LocalMem: opts.LocalMem, NodeMem: opts.NodeMem,
+		Store: store, LocalMem: opts.LocalMem, NodeMem: opts.NodeMem, MaxSlowdown: opts.MaxSlowdown,
 		MinAlloc: opts.MinAlloc, FaultTimeout: opts.FaultTimeout, Spin: opts.Spin, SpinSite: loopSpins, StateDir: opts.StateDir, Log: log.Named("pager"), Registry: reg,
 		LoopsChanged: new(loopProcs).changed, // see procs.go
 	})
@@ -163,7 +164,16 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 	}
 	store.SetUsage(func() pool.RenewRequest {
 		p := agent.Pool()
-		return pool.RenewRequest{Used: p.UsedBytes, NoRoom: p.NoRoom != ""}
+		r := pool.RenewRequest{Used: p.UsedBytes, NoRoom: p.NoRoom != ""}
+		for _, c := range agent.Stats() {
+			if c.Auto {
+				r.Steered++
+				r.SteeredBudget += c.BudgetBytes
+				r.SteeredRemote += c.RemoteBytes
+				r.MaxStallPct = max(r.MaxStallPct, c.StallPct)
+			}
+		}
+		return r
 	})
 	d := &Daemon{Agent: agent, Store: store, spins: []*spin.Site{loopSpins, clientSpins}, stateDir: opts.StateDir, Replicas: replicas, Registry: reg, log: log, done: make(chan error, 1),
 		shared: len(opts.AllowUIDs) > 0 || opts.SocketGroup != 0}
@@ -175,7 +185,7 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 	}
 	go func() { d.done <- agent.Run(context.Background()) }()
 	log.Info("agent ready", zap.String("socket", agent.Addr()), zap.String("admin", opts.AdminSocket),
-		zap.Uint64("local_mem", opts.LocalMem), zap.Uint64("node_mem", opts.NodeMem), zap.Int("replicas", replicas))
+		zap.Uint64("local_mem", opts.LocalMem), zap.Uint64("node_mem", opts.NodeMem), zap.Float64("max_slowdown", opts.MaxSlowdown), zap.Int("replicas", replicas))
 	return d, nil
 }
 

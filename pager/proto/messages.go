@@ -11,7 +11,7 @@ import (
 
 // Body sizes.
 const (
-	helloSize      = 40
+	helloSize      = 48
 	welcomeSize    = 24
 	regionAddSize  = 32
 	regionDelSize  = 24
@@ -64,6 +64,11 @@ type Hello struct {
 	// (memagent run --local-mem, passed in EnvLocalMem); 0: the agent's
 	// default.
 	LocalMem uint64
+	// MaxSlowdown, in millionths, has the agent steer the process's
+	// budget by its paging stall (memagent run --max-slowdown, passed in
+	// EnvMaxSlowdown; LocalMem, if set, is then its ceiling); 0: the
+	// agent's default.
+	MaxSlowdown uint32
 }
 
 func (*Hello) Type() Type { return TypeHello }
@@ -76,7 +81,9 @@ func (m *Hello) Encode(b []byte, seq uint32) []byte {
 	b = le.AppendUint64(b, uint64(m.Features))
 	b = le.AppendUint32(b, m.PageSize)
 	b = le.AppendUint32(b, uint32(m.Flags))
-	return le.AppendUint64(b, m.LocalMem)
+	b = le.AppendUint64(b, m.LocalMem)
+	b = le.AppendUint32(b, m.MaxSlowdown)
+	return le.AppendUint32(b, 0)
 }
 
 func (m *Hello) Decode(body []byte) error {
@@ -84,13 +91,14 @@ func (m *Hello) Decode(body []byte) error {
 		return err
 	}
 	h := Hello{
-		PID:        int32(le.Uint32(body)),
-		PPID:       int32(le.Uint32(body[4:])),
-		ForkSerial: le.Uint64(body[8:]),
-		Features:   userfaultfd.Feature(le.Uint64(body[16:])),
-		PageSize:   le.Uint32(body[24:]),
-		Flags:      HelloFlags(le.Uint32(body[28:])),
-		LocalMem:   le.Uint64(body[32:]),
+		PID:         int32(le.Uint32(body)),
+		PPID:        int32(le.Uint32(body[4:])),
+		ForkSerial:  le.Uint64(body[8:]),
+		Features:    userfaultfd.Feature(le.Uint64(body[16:])),
+		PageSize:    le.Uint32(body[24:]),
+		Flags:       HelloFlags(le.Uint32(body[28:])),
+		LocalMem:    le.Uint64(body[32:]),
+		MaxSlowdown: le.Uint32(body[40:]),
 	}
 	switch {
 	case h.PID <= 0:

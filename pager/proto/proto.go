@@ -50,6 +50,11 @@ const (
 	// HELLO (bytes, or with a K/M/G, KiB/MiB/GiB suffix); unset: the
 	// agent's default. memagent run sets it from --local-mem.
 	EnvLocalMem = "RMEM_LOCAL_MEM"
+	// EnvMaxSlowdown is the paging stall the shim asks the agent to steer
+	// its budget by, in HELLO (millionths of wall time: 20000 is 2%);
+	// unset: the agent's default. memagent run sets it from
+	// --max-slowdown.
+	EnvMaxSlowdown = "RMEM_MAX_SLOWDOWN"
 	// EnvInThread, "1", has the shim take its page faults in the faulting
 	// thread, through the fault ring (HelloRing), instead of in the
 	// kernel: memagent run --in-thread sets it.

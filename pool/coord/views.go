@@ -95,7 +95,7 @@ func (c *Coordinator) Server(id pool.ServerID) (pool.ServerView, error) {
 }
 
 func (c *Coordinator) leaseViewLocked(l *lease) pool.LeaseView {
-	v := pool.LeaseView{Lease: l.rec, Slabs: len(l.slabs), Used: l.report.Used, NoRoom: l.report.NoRoom}
+	v := pool.LeaseView{Lease: l.rec, Slabs: len(l.slabs), Used: l.report.Used, NoRoom: l.report.NoRoom, Steering: l.report.Steering}
 	for _, sl := range l.slabs {
 		v.Replicas += len(sl.Replicas)
 		v.Bytes += sl.Size

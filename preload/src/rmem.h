@@ -168,6 +168,7 @@ HIDDEN void rm_init_config(void);
 HIDDEN size_t rm_min_alloc(void);
 HIDDEN void rm_offer_min_alloc(uint64_t v);
 HIDDEN uint64_t rm_local_mem(void);
+HIDDEN uint32_t rm_max_slowdown(void);
 HIDDEN const char *rm_sock_path(void);
 HIDDEN rm_fork_fn *rm_real_fork(void);
 HIDDEN rm_sbrk_fn *rm_real_sbrk(void);

@@ -19,6 +19,7 @@ int rm_in_thread;
 static size_t g_min_alloc = DEFAULT_MIN_ALLOC; /* atomic: WELCOME may change it */
 static int g_min_from_env;
 static uint64_t g_local_mem; /* RMEM_LOCAL_MEM; 0: the agent's budget */
+static uint32_t g_max_slowdown; /* RMEM_MAX_SLOWDOWN, millionths; 0: the agent's */
 static char g_sock_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 static rm_fork_fn *real_fork;
 static rm_sbrk_fn *real_sbrk;
@@ -33,6 +34,7 @@ void rm_offer_min_alloc(uint64_t v)
 }
 
 uint64_t rm_local_mem(void) { return g_local_mem; }
+uint32_t rm_max_slowdown(void) { return g_max_slowdown; }
 const char *rm_sock_path(void) { return g_sock_path; }
 rm_fork_fn *rm_real_fork(void) { return real_fork; }
 rm_sbrk_fn *rm_real_sbrk(void) { return real_sbrk; }
@@ -171,6 +173,16 @@ void rm_init_config(void)
 		else
 			rm_say("rmem: ignoring " RMEM_ENV_LOCAL_MEM "=", lm,
 			    " (want bytes, optionally with K, M, G, KiB, MiB or GiB)", NULL);
+	}
+	const char *ms = getenv(RMEM_ENV_MAX_SLOWDOWN);
+	if (ms && *ms) {
+		int ok;
+		size_t v = rm_parse_size(ms, &ok);
+		if (ok && v > 0 && v < 1000000)
+			g_max_slowdown = (uint32_t)v;
+		else
+			rm_say("rmem: ignoring " RMEM_ENV_MAX_SLOWDOWN "=", ms,
+			    " (want millionths of wall time, 1..999999)", NULL);
 	}
 	const char *it = getenv(RMEM_ENV_IN_THREAD);
 	rm_in_thread = it && strcmp(it, "1") == 0;

@@ -388,6 +388,7 @@ static struct rmem_hello hello_of(pid_t ppid, uint64_t serial, uint64_t features
 		.page_size = (uint32_t)rm_page,
 		.flags = flags,
 		.local_mem = rm_local_mem(),
+		.max_slowdown = rm_max_slowdown(),
 	};
 }
 

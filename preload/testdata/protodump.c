@@ -18,7 +18,8 @@ static void emit(uint16_t type, uint32_t seq, const void *body, uint32_t len)
 int main(void)
 {
 	struct rmem_hello hello = {.pid = 1234, .ppid = 1, .fork_serial = 0, .features = 0x147,
-				   .page_size = 4096, .flags = RMEM_HELLO_UFFD, .local_mem = 64ull << 20};
+				   .page_size = 4096, .flags = RMEM_HELLO_UFFD, .local_mem = 64ull << 20,
+				   .max_slowdown = 20000};
 	emit(RMEM_HELLO, 1, &hello, sizeof hello);
 	struct rmem_region_add add = {.id = 7, .start = 0x7f0000000000ull, .len = 1 << 20, .kind = RMEM_KIND_MMAP};
 	emit(RMEM_REGION_ADD, 2, &add, sizeof add);
