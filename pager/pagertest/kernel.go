@@ -492,6 +492,23 @@ func (k *Kernel) WriteProtect(r userfaultfd.Range) error {
 	return k.protect("writeprotect", r, true, 0)
 }
 
+// protectVictim write-protects the page at a if it is mapped, as the
+// shim's helper does to a ring client's dirty victim before it copies it
+// (pager/evict.go's protectDirty leaves that to the helper), and reports
+// whether the process is in SIGBUS mode: only then does it. No injected
+// error: those are for the agent's calls.
+func (k *Kernel) protectVictim(a userfaultfd.Addr) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.ring == nil {
+		return false
+	}
+	if p := k.pages[a]; p != nil {
+		p.wp = true
+	}
+	return true
+}
+
 // Unprotect lifts r's write protection and wakes it unless DontWake.
 func (k *Kernel) Unprotect(r userfaultfd.Range, flags userfaultfd.Flags) error {
 	return k.protect("unprotect", r, false, flags)

@@ -203,10 +203,16 @@ func (p *Process) answer(r reply) {
 	}
 }
 
-// evict does what the shim's helper does for an EVICT.
+// evict does what the shim's helper does for an EVICT: in SIGBUS mode it
+// write-protects the dirty victims (those with a staging slot) first.
 func (p *Process) evict(ev *proto.Evict) {
 	done := 0
 	errno := unix.Errno(0)
+	for _, e := range ev.Pages[:ev.N] {
+		if e.Slot != proto.NoSlot && !p.K.protectVictim(e.Addr) {
+			break
+		}
+	}
 	for _, e := range ev.Pages[:ev.N] {
 		if e.Slot != proto.NoSlot {
 			if int(e.Slot+1)*PageSize > len(p.staging) || !p.K.CopyOut(e.Addr, p.staging[int(e.Slot)*PageSize:]) {
