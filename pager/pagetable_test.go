@@ -169,12 +169,12 @@ func TestClockHotCold(t *testing.T) {
 		t.Fatalf("the hand passed a ghost and left it: %016b", tabs[0][0])
 	}
 
-	// Hot pages at their share (19 of 20) stay hot; over it (20 of 21),
+	// Hot pages at their share (32 of 33) stay hot; over it (33 of 34),
 	// the next turn makes them cold as it passes them.
 	for _, tc := range []struct {
 		hot  int
 		cold bool
-	}{{19, false}, {20, true}} {
+	}{{32, false}, {33, true}} {
 		tabs = []PageTable{make(PageTable, tc.hot+1)}
 		for i := range tc.hot {
 			tabs[0][i] = Page(0).With(Resident) | FlagHot
