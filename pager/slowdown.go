@@ -13,13 +13,18 @@ import (
 // Controller parameters. A step is a steerPeriod apart (the caller's
 // ticks); the stall measured over one step steers the next.
 const (
-	steerPeriod = 250 * time.Millisecond
+	// A short step is a short thrash when a probe finds the edge of a hot
+	// set (a page short of random reads over it is a miss per pass: the
+	// program stalls until the next step gives memory back).
+	steerPeriod = 100 * time.Millisecond
 	// shrinkFrac is the share of the budget a step takes away while the
-	// stall is under half the target and nothing says to wait.
-	shrinkFrac = 0.04
+	// stall is under half the target and nothing says to wait (15% a
+	// second).
+	shrinkFrac = 0.016
 	// nearFrac is the step near the budget where the stall last rose
-	// (within nearZone of it): the cliff of a hot set is found slowly.
-	nearFrac = 0.01
+	// (within nearZone of it): the cliff of a hot set is found slowly (4%
+	// a second).
+	nearFrac = 0.004
 	nearZone = 1.25 // near: within 25% of that budget, either side
 	// growFrac and growFast: a step with the stall over the target adds
 	// a quarter of the budget, half of it when the stall is 4x the target.
@@ -57,7 +62,7 @@ type slowdown struct {
 	last      time.Time     // the last step
 	lastStall time.Duration // the program's stall so far at last
 	stall     float64       // the stall fraction over the last step
-	smooth    float64       // its moving average (weight 1/4 on each step)
+	smooth    float64       // its moving average (weight 1/8 on each step)
 	knee      int           // the budget where the stall last rose past the target (0: none yet)
 	hold      time.Duration // the current hold (minHold..maxHold)
 	holdUntil time.Time     // no shrinking before
@@ -91,7 +96,7 @@ func (s *slowdown) step(now time.Time, stall time.Duration, resident int) int {
 	frac := float64(stall-s.lastStall) / float64(dt)
 	s.last, s.lastStall = now, stall
 	s.stall = frac
-	s.smooth += (frac - s.smooth) / 4
+	s.smooth += (frac - s.smooth) / 8
 	rising := s.rising
 	s.rising = false // unless this step rises too
 	slack := max(min(s.budget, resident)/16, 2*budgetMargin)

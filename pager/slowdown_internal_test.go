@@ -103,7 +103,7 @@ func TestSlowdownConverges(t *testing.T) {
 	if r := tr.rises - rises; r > 10*60/int(maxHold/time.Second)+2 {
 		t.Fatalf("%d rises in ten minutes (steps over the target %d): the hold does not back off", r, tr.over-over)
 	}
-	for _, b := range tr.budgets[len(tr.budgets)-40:] {
+	for _, b := range tr.budgets[len(tr.budgets)-int(10*time.Second/steerPeriod):] {
 		if b > 2*p.hot {
 			t.Fatalf("budget %d pages in the last 10 s, want under %d", b, 2*p.hot)
 		}
