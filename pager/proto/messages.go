@@ -118,6 +118,9 @@ func (m *Hello) Decode(body []byte) error {
 	case h.Flags&^(HelloUFFD|HelloResume|HelloRing) != 0:
 		return fmt.Errorf("%w: HELLO flags %#x", ErrMalformed, uint32(h.Flags))
 	}
+	if err := reserved(TypeHello, "reserved", le.Uint32(body[44:])); err != nil {
+		return err
+	}
 	*m = h
 	return nil
 }
