@@ -54,21 +54,21 @@ func newFaultRing(mem []byte, adopt bool, h *Histogram) *faultRing {
 	r := &faultRing{mem: mem[:proto.RingSize], serving: make([]ringServing, 0, proto.RingEntries), faults: h}
 	if !adopt {
 		clear(r.mem)
-		putU32(r.mem, proto.RingHdrEntries, proto.RingEntries)
-		storeU32(r.mem, proto.RingHdrMagic, proto.RingMagic)
+		proto.RingPut32(r.mem, proto.RingHdrEntries, proto.RingEntries)
+		proto.RingStore(r.mem, proto.RingHdrMagic, proto.RingMagic)
 		return r
 	}
 	for i := range proto.RingEntries {
-		casU32(r.mem, proto.RingEntryOffset(i)+proto.RingEntState, proto.RingServing, proto.RingPosted)
+		proto.RingCAS(r.mem, proto.RingEntryOffset(i)+proto.RingEntState, proto.RingServing, proto.RingPosted)
 	}
-	storeU32(r.mem, proto.RingHdrAgent, proto.RingAwake)
+	proto.RingStore(r.mem, proto.RingHdrAgent, proto.RingAwake)
 	return r
 }
 
 // pending reports whether an entry waits to be taken.
 func (r *faultRing) pending() bool {
 	for i := range proto.RingEntries {
-		if loadU32(r.mem, proto.RingEntryOffset(i)+proto.RingEntState) == proto.RingPosted {
+		if proto.RingLoad(r.mem, proto.RingEntryOffset(i)+proto.RingEntState) == proto.RingPosted {
 			return true
 		}
 	}
@@ -79,28 +79,28 @@ func (r *faultRing) pending() bool {
 // from now on ring the doorbell. It reports whether an entry was posted
 // before they could see it (then the loop must not block).
 func (r *faultRing) sleep() bool {
-	storeU32(r.mem, proto.RingHdrAgent, proto.RingAsleep) // sequentially consistent: then the entries are read
+	proto.RingStore(r.mem, proto.RingHdrAgent, proto.RingAsleep) // sequentially consistent: then the entries are read
 	if r.pending() {
-		storeU32(r.mem, proto.RingHdrAgent, proto.RingAwake)
+		proto.RingStore(r.mem, proto.RingHdrAgent, proto.RingAwake)
 		return true
 	}
 	return false
 }
 
 // awake says the loop looks at the ring again before it blocks.
-func (r *faultRing) awake() { storeU32(r.mem, proto.RingHdrAgent, proto.RingAwake) }
+func (r *faultRing) awake() { proto.RingStore(r.mem, proto.RingHdrAgent, proto.RingAwake) }
 
 // take calls serve with each posted entry's page, access and flags, as
 // the entry is taken (RingServing).
 func (r *faultRing) take(serve func(entry int, page userfaultfd.Addr, flags userfaultfd.FaultFlags)) {
 	for i := range proto.RingEntries {
 		off := proto.RingEntryOffset(i)
-		if !casU32(r.mem, off+proto.RingEntState, proto.RingPosted, proto.RingServing) {
+		if !proto.RingCAS(r.mem, off+proto.RingEntState, proto.RingPosted, proto.RingServing) {
 			continue
 		}
-		a := userfaultfd.Addr(getU64(r.mem, off+proto.RingEntAddr))
+		a := userfaultfd.Addr(proto.RingGet64(r.mem, off+proto.RingEntAddr))
 		flags := userfaultfd.FaultFlags(0)
-		if getU32(r.mem, off+proto.RingEntFlags)&proto.RingWrite != 0 {
+		if proto.RingGet32(r.mem, off+proto.RingEntFlags)&proto.RingWrite != 0 {
 			flags |= userfaultfd.FaultWrite
 		}
 		serve(i, a.RoundDown(pageSize), flags)
@@ -128,7 +128,7 @@ func (r *faultRing) complete(rg userfaultfd.Range, state uint32) {
 			continue
 		}
 		if now == 0 {
-			now = monotonic()
+			now = proto.RingNow()
 		}
 		r.finish(s, state, now)
 	}
@@ -140,7 +140,7 @@ func (r *faultRing) completeEntry(i int, state uint32) {
 	for k, s := range r.serving {
 		if s.entry == i {
 			r.serving = append(r.serving[:k], r.serving[k+1:]...)
-			r.finish(s, state, monotonic())
+			r.finish(s, state, proto.RingNow())
 			return
 		}
 	}
@@ -150,7 +150,7 @@ func (r *faultRing) completeEntry(i int, state uint32) {
 // sleeps.
 func (r *faultRing) finish(s ringServing, state uint32, now time.Duration) {
 	off := proto.RingEntryOffset(s.entry)
-	posted := time.Duration(getU64(r.mem, off+proto.RingEntPosted))
+	posted := time.Duration(proto.RingGet64(r.mem, off+proto.RingEntPosted))
 	if posted > 0 && now > posted {
 		if r.faults != nil {
 			r.faults.Observe(now - posted)
@@ -159,9 +159,9 @@ func (r *faultRing) finish(s ringServing, state uint32, now time.Duration) {
 			r.stall.Add(int64(now - posted + stallPerRingFault))
 		}
 	}
-	storeU32(r.mem, off+proto.RingEntState, state)
-	if loadU32(r.mem, off+proto.RingEntWaiters) != 0 {
-		futexWake(r.mem, off+proto.RingEntState)
+	proto.RingStore(r.mem, off+proto.RingEntState, state)
+	if proto.RingLoad(r.mem, off+proto.RingEntWaiters) != 0 {
+		proto.RingWake(r.mem, off+proto.RingEntState)
 	}
 }
 

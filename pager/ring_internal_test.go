@@ -17,10 +17,10 @@ func post(mem []byte, i int, a userfaultfd.Addr, write bool) {
 	if write {
 		flags = proto.RingWrite
 	}
-	putU32(mem, off+proto.RingEntFlags, flags)
+	proto.RingPut32(mem, off+proto.RingEntFlags, flags)
 	binary.LittleEndian.PutUint64(mem[off+proto.RingEntAddr:], uint64(a))
-	binary.LittleEndian.PutUint64(mem[off+proto.RingEntPosted:], uint64(monotonic()))
-	storeU32(mem, off+proto.RingEntState, proto.RingPosted)
+	binary.LittleEndian.PutUint64(mem[off+proto.RingEntPosted:], uint64(proto.RingNow()))
+	proto.RingStore(mem, off+proto.RingEntState, proto.RingPosted)
 }
 
 // The ring's states as the loop moves them: posted faults taken with their
@@ -33,16 +33,16 @@ func TestFaultRing(t *testing.T) {
 	var stall atomic.Int64
 	r := newFaultRing(mem, false, &h)
 	r.stall = &stall
-	if getU32(mem, proto.RingHdrMagic) != proto.RingMagic || getU32(mem, proto.RingHdrEntries) != proto.RingEntries || r.pending() {
-		t.Fatalf("a new ring: magic %#x, %d entries, pending %v", getU32(mem, proto.RingHdrMagic), getU32(mem, proto.RingHdrEntries), r.pending())
+	if proto.RingGet32(mem, proto.RingHdrMagic) != proto.RingMagic || proto.RingGet32(mem, proto.RingHdrEntries) != proto.RingEntries || r.pending() {
+		t.Fatalf("a new ring: magic %#x, %d entries, pending %v", proto.RingGet32(mem, proto.RingHdrMagic), proto.RingGet32(mem, proto.RingHdrEntries), r.pending())
 	}
-	if r.sleep() || loadU32(mem, proto.RingHdrAgent) != proto.RingAsleep {
+	if r.sleep() || proto.RingLoad(mem, proto.RingHdrAgent) != proto.RingAsleep {
 		t.Fatal("an empty ring: the loop does not sleep")
 	}
 	r.awake()
 	post(mem, 3, 0x10001234, true)
 	post(mem, 7, 0x20000008, false)
-	if !r.pending() || !r.sleep() || loadU32(mem, proto.RingHdrAgent) != proto.RingAwake {
+	if !r.pending() || !r.sleep() || proto.RingLoad(mem, proto.RingHdrAgent) != proto.RingAwake {
 		t.Fatal("a post before the sleep: the loop must not block")
 	}
 	var got []ringServing
@@ -57,7 +57,7 @@ func TestFaultRing(t *testing.T) {
 		t.Fatalf("taken %v (pending %v), want entries 3 and 7 at their pages", got, r.pending())
 	}
 	r.complete(userfaultfd.Range{Start: 0x10000000, Len: 2 * pageSize}, proto.RingDone)
-	if s3, s7 := loadU32(mem, proto.RingEntryOffset(3)), loadU32(mem, proto.RingEntryOffset(7)); s3 != proto.RingDone || s7 != proto.RingServing {
+	if s3, s7 := proto.RingLoad(mem, proto.RingEntryOffset(3)), proto.RingLoad(mem, proto.RingEntryOffset(7)); s3 != proto.RingDone || s7 != proto.RingServing {
 		t.Fatalf("after completing the first page: states %d, %d", s3, s7)
 	}
 	if h.Count() != 1 {
@@ -68,7 +68,7 @@ func TestFaultRing(t *testing.T) {
 	}
 
 	r2 := newFaultRing(mem, true, nil) // the agent died; the next takes the ring over
-	if loadU32(mem, proto.RingEntryOffset(7)) != proto.RingPosted || loadU32(mem, proto.RingEntryOffset(3)) != proto.RingDone || !r2.pending() {
+	if proto.RingLoad(mem, proto.RingEntryOffset(7)) != proto.RingPosted || proto.RingLoad(mem, proto.RingEntryOffset(3)) != proto.RingDone || !r2.pending() {
 		t.Fatal("a resuming agent: the entry being served is not posted again, or a result was lost")
 	}
 }
@@ -100,16 +100,16 @@ func TestFaultRingWakesSleeper(t *testing.T) {
 	post(mem, 0, 0x5000, false)
 	r.take(func(i int, a userfaultfd.Addr, _ userfaultfd.FaultFlags) { r.serve(i, a, true) })
 	off := proto.RingEntryOffset(0)
-	storeU32(mem, off+proto.RingEntWaiters, 1)
+	proto.RingStore(mem, off+proto.RingEntWaiters, 1)
 	done := make(chan uint32)
 	go func() {
 		for {
-			st := loadU32(mem, off+proto.RingEntState)
+			st := proto.RingLoad(mem, off+proto.RingEntState)
 			if st != proto.RingServing {
 				done <- st
 				return
 			}
-			futexWaitForTest(mem, off+proto.RingEntState, st)
+			proto.RingWait(mem, off+proto.RingEntState, st, 10*time.Millisecond)
 		}
 	}()
 	r.complete(userfaultfd.Range{Start: 0x5000, Len: pageSize}, proto.RingLost)

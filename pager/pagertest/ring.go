@@ -41,7 +41,7 @@ func (r *ringClient) fault(pg userfaultfd.Addr, write bool, deadline time.Time) 
 	entry := -1
 	for entry < 0 {
 		for i := range proto.RingEntries {
-			if casU32(r.mem, proto.RingEntryOffset(i)+proto.RingEntState, proto.RingFree, proto.RingClaimed) {
+			if proto.RingCAS(r.mem, proto.RingEntryOffset(i)+proto.RingEntState, proto.RingFree, proto.RingClaimed) {
 				entry = i
 				break
 			}
@@ -58,28 +58,28 @@ func (r *ringClient) fault(pg userfaultfd.Addr, write bool, deadline time.Time) 
 	if write {
 		flags = proto.RingWrite
 	}
-	putU32(r.mem, off+proto.RingEntFlags, flags)
-	putU32(r.mem, off+proto.RingEntTID, uint32(unix.Gettid()))
-	putU64(r.mem, off+proto.RingEntAddr, uint64(pg))
-	putU64(r.mem, off+proto.RingEntPosted, uint64(monotonic()))
-	storeU32(r.mem, off+proto.RingEntState, proto.RingPosted)
-	if loadU32(r.mem, proto.RingHdrAgent) == proto.RingAsleep {
+	proto.RingPut32(r.mem, off+proto.RingEntFlags, flags)
+	proto.RingPut32(r.mem, off+proto.RingEntTID, uint32(unix.Gettid()))
+	proto.RingPut64(r.mem, off+proto.RingEntAddr, uint64(pg))
+	proto.RingPut64(r.mem, off+proto.RingEntPosted, uint64(proto.RingNow()))
+	proto.RingStore(r.mem, off+proto.RingEntState, proto.RingPosted)
+	if proto.RingLoad(r.mem, proto.RingHdrAgent) == proto.RingAsleep {
 		var one [8]byte
 		one[0] = 1
 		unix.Write(r.doorbell, one[:])
 	}
 	for {
-		st := loadU32(r.mem, off+proto.RingEntState)
+		st := proto.RingLoad(r.mem, off+proto.RingEntState)
 		if st != proto.RingPosted && st != proto.RingServing {
-			storeU32(r.mem, off+proto.RingEntState, proto.RingFree)
+			proto.RingStore(r.mem, off+proto.RingEntState, proto.RingFree)
 			return st, nil
 		}
 		if time.Now().After(deadline) {
 			return 0, ErrNotServed // the entry stays: the thread is gone as far as the agent can tell
 		}
-		storeU32(r.mem, off+proto.RingEntWaiters, 1)
-		futexWait(r.mem, off+proto.RingEntState, st, 10*time.Millisecond)
-		storeU32(r.mem, off+proto.RingEntWaiters, 0)
+		proto.RingStore(r.mem, off+proto.RingEntWaiters, 1)
+		proto.RingWait(r.mem, off+proto.RingEntState, st, 10*time.Millisecond)
+		proto.RingStore(r.mem, off+proto.RingEntWaiters, 0)
 	}
 }
 
@@ -91,5 +91,5 @@ func (k *Kernel) RingAsleep() bool {
 	k.mu.Lock()
 	r := k.ring
 	k.mu.Unlock()
-	return r != nil && loadU32(r.mem, proto.RingHdrAgent) == proto.RingAsleep
+	return r != nil && proto.RingLoad(r.mem, proto.RingHdrAgent) == proto.RingAsleep
 }
