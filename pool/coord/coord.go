@@ -216,7 +216,8 @@ type Coordinator struct {
 	leases   map[pool.LeaseID]*lease
 	slabs    map[pool.SlabID]*pool.Slab
 	nextSlab pool.SlabID
-	pending  []freeJob // frees a server has not confirmed yet
+	pending  []freeJob      // frees a server has not confirmed yet
+	bg       sync.WaitGroup // frees run behind a request (freeLater); Close waits
 	rnd      *mrand.Rand
 	cands    []pool.Candidate // reused by candidatesLocked
 	candSrv  []*srv

@@ -38,6 +38,8 @@
 // writes (so the store's order is the state's order) but never across calls
 // to memory servers: Allocate reserves indexes under mu, grants without it,
 // and commits under it again. Methods ending in Locked need mu held.
-// Goroutines: RoutineSweep (stopped by its ctx) and, during Allocate and
-// frees, one short-lived goroutine per memory server contacted.
+// Goroutines: RoutineSweep (stopped by its ctx); during Allocate and
+// frees, one short-lived goroutine per memory server contacted; and the
+// frees Migrated leaves running behind its answer (freeLater), each
+// bounded by CallTimeout, which Close waits for.
 package coord

@@ -105,7 +105,10 @@ func (c *Coordinator) FreeSlab(ctx context.Context, id pool.LeaseID, sid pool.Sl
 
 // Migrated records that the agent copied slab sid off server from to its
 // replacement: the replica on from is dropped and freed. The slab must keep
-// at least one other replica.
+// at least one other replica. The free runs behind the answer: from is
+// usually a server that is failing (stopped, cut off, draining), and a
+// free to it may wait out CallTimeout, while the agent waits for this
+// answer before it renews its lease or restores other replicas.
 func (c *Coordinator) Migrated(ctx context.Context, id pool.LeaseID, sid pool.SlabID, from pool.ServerID) error {
 	c.mu.Lock()
 	_, sl, err := c.slabOfLocked(id, sid, c.clock.Now())
@@ -138,7 +141,7 @@ func (c *Coordinator) Migrated(ctx context.Context, id pool.LeaseID, sid pool.Sl
 	jobs := c.addFreeLocked(nil, old)
 	c.mu.Unlock()
 	c.log.Info("replica migrated", zap.Uint64("slab", uint64(sid)), zap.String("from", string(from)))
-	c.runFrees(ctx, jobs)
+	c.freeLater(ctx, jobs)
 	return nil
 }
 
@@ -255,6 +258,21 @@ func (c *Coordinator) runFrees(ctx context.Context, jobs []freeJob) {
 			s.releaseLocked(e.Index)
 		}
 	}
+}
+
+// freeLater runs jobs in a goroutine Close waits for, so that the request
+// that caused them does not wait on the servers. A failed job goes to
+// pending as in runFrees.
+func (c *Coordinator) freeLater(ctx context.Context, jobs []freeJob) {
+	if len(jobs) == 0 {
+		return
+	}
+	ctx = context.WithoutCancel(ctx)
+	c.bg.Add(1)
+	go func() {
+		defer c.bg.Done()
+		c.runFrees(ctx, jobs)
+	}()
 }
 
 // freeFailEvery bounds how often failing frees to one server are logged

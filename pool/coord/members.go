@@ -273,9 +273,11 @@ func closeConn(conn SlabServer) {
 	}
 }
 
-// Close releases the connections to memory servers. The Coordinator must
-// not be used afterwards; the caller closes the store.
+// Close waits for the frees started behind requests (each bounded by
+// CallTimeout) and releases the connections to memory servers. The
+// Coordinator must not be used afterwards; the caller closes the store.
 func (c *Coordinator) Close() {
+	c.bg.Wait()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, s := range c.srvList {

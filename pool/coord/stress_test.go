@@ -97,6 +97,7 @@ func TestConcurrentInvariants(t *testing.T) {
 		}
 	}()
 	wg.Wait()
+	e.c.WaitFrees()
 	e.c.Tick(ctx)
 
 	type phys struct {

@@ -52,6 +52,7 @@ type Server struct {
 	keys     map[pool.SlabIndex]pool.Key
 	zeroed   map[pool.SlabIndex]int // times each slab was zeroed
 	failNext error                  // returned by every call while set
+	blocked  <-chan struct{}        // Free waits for it to close, while set
 	epoch    uint64                 // newest leader epoch granted for
 	calls    int
 }
@@ -99,6 +100,14 @@ func (s *Server) Restart() string {
 func (s *Server) Fail(err error) {
 	s.mu.Lock()
 	s.failNext = err
+	s.mu.Unlock()
+}
+
+// Block makes later Free calls wait until release is closed or their
+// context ends, as calls to a stopped server do (nil: answer at once).
+func (s *Server) Block(release <-chan struct{}) {
+	s.mu.Lock()
+	s.blocked = release
 	s.mu.Unlock()
 }
 
@@ -169,6 +178,15 @@ func (s *Server) ProbeInstance(ctx context.Context) (string, error) {
 // Free implements coord.SlabServer.
 func (s *Server) Free(ctx context.Context, instance string, slabs []pool.FreeEntry) error {
 	s.mu.Lock()
+	if b := s.blocked; b != nil {
+		s.mu.Unlock()
+		select {
+		case <-b:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		s.mu.Lock()
+	}
 	defer s.mu.Unlock()
 	s.calls++
 	if s.failNext != nil {

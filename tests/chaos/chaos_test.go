@@ -157,11 +157,12 @@ func TestEtcdChaosServerPartitioned(t *testing.T) {
 // TestEtcdChaosServerPaused injects SIGSTOP of the busiest memory server for
 // longer than the heartbeat timeout, then SIGCONT. It asserts: the slabs
 // are repaired off it while it is stopped, it is up again after it
-// resumes, and the program is exact with no page lost. (With a 6s lease
-// TTL this lost the agent's lease: the coordinator frees the migrated
-// replica on the stopped server inside the agent's migrated request, which
-// waits out its 10s call timeout while the agent's renewals wait behind
-// it. The lease TTL here is 15s; see the report on coord.Migrated.)
+// resumes, and the program is exact with no page lost. (Once the
+// coordinator freed the migrated replica on the stopped server inside the
+// agent's migrated request, which waited out its 10s call timeout while
+// the agent's other repairs waited behind it, and the program ended before
+// every slab had two replicas again; coord.Migrated now frees behind its
+// answer.)
 func TestEtcdChaosServerPaused(t *testing.T) {
 	needs(t)
 	c := standard(t)

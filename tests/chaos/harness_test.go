@@ -38,7 +38,7 @@ const (
 	heapMiB     = 64 // the programs' heap, of which localMem (25%) stays resident
 	electionTTL = 2 * time.Second
 	hbTimeout   = 3 * time.Second
-	leaseTTL    = "15s" // above 3x the coordinator's 10s call timeout: see TestEtcdChaosServerPaused
+	leaseTTL    = "15s"
 	prefix      = "/chaos"
 	runLimit    = 3 * time.Minute
 	// newLeaderWithin is N of "a new leader within N seconds": the
