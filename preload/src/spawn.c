@@ -269,57 +269,65 @@ EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
 	return EXEC((const char *)NULL, argv, envp, real_fexecve(fd, argv, envp));
 }
 
-/* execl, execlp, execle: their arguments as a vector on our stack. */
-#define MAX_LARGS 4096
-#define LARGS(arg0, ap, argv, n)                                               \
-	do {                                                                   \
-		(argv)[0] = (char *)(arg0);                                    \
-		for ((n) = 1; (argv)[(n)-1] && (n) < MAX_LARGS; (n)++)         \
-			(argv)[(n)] = va_arg(ap, char *);                      \
-	} while (0)
+/* execl, execlp, execle, as glibc writes them: the arguments counted, then
+ * copied into a vector on our stack. No limit of ours: a list too long for
+ * the kernel fails there, with E2BIG, as it would without rmem. */
+
+/* largs_count returns how many arguments follow arg0 up to the terminating
+ * NULL, plus one (ap: a copy, started after arg0). */
+static size_t largs_count(va_list ap)
+{
+	size_t n = 1;
+	while (va_arg(ap, char *))
+		n++;
+	return n;
+}
+
+/* largs_fill fills argv[0..n] (n from largs_count) and leaves *ap after the
+ * terminating NULL (where execle's envp is). */
+static void largs_fill(char **argv, const char *arg0, size_t n, va_list *ap)
+{
+	argv[0] = (char *)arg0;
+	for (size_t i = 1; i <= n; i++)
+		argv[i] = va_arg(*ap, char *);
+}
 
 EXPORT int execl(const char *path, const char *arg0, ...)
 {
-	char *argv[MAX_LARGS];
-	int n;
 	va_list ap;
 	va_start(ap, arg0);
-	LARGS(arg0, ap, argv, n);
+	size_t n = largs_count(ap);
 	va_end(ap);
-	if (argv[n - 1]) {
-		errno = E2BIG;
-		return -1;
-	}
+	char *argv[n + 1];
+	va_start(ap, arg0);
+	largs_fill(argv, arg0, n, &ap);
+	va_end(ap);
 	return execve(path, argv, environ);
 }
 
 EXPORT int execlp(const char *file, const char *arg0, ...)
 {
-	char *argv[MAX_LARGS];
-	int n;
 	va_list ap;
 	va_start(ap, arg0);
-	LARGS(arg0, ap, argv, n);
+	size_t n = largs_count(ap);
 	va_end(ap);
-	if (argv[n - 1]) {
-		errno = E2BIG;
-		return -1;
-	}
+	char *argv[n + 1];
+	va_start(ap, arg0);
+	largs_fill(argv, arg0, n, &ap);
+	va_end(ap);
 	return execvpe(file, argv, environ);
 }
 
 EXPORT int execle(const char *path, const char *arg0, ...)
 {
-	char *argv[MAX_LARGS];
-	int n;
 	va_list ap;
 	va_start(ap, arg0);
-	LARGS(arg0, ap, argv, n);
-	char *const *envp = argv[n - 1] ? NULL : va_arg(ap, char *const *);
+	size_t n = largs_count(ap);
 	va_end(ap);
-	if (argv[n - 1]) {
-		errno = E2BIG;
-		return -1;
-	}
+	char *argv[n + 1];
+	va_start(ap, arg0);
+	largs_fill(argv, arg0, n, &ap);
+	char *const *envp = va_arg(ap, char *const *);
+	va_end(ap);
 	return execve(path, argv, envp);
 }

@@ -251,6 +251,44 @@ static void spawn(void)
 	posix_spawn_file_actions_destroy(&fa);
 }
 
+/* The execl family: a child runs /bin/sh with 5,000 arguments (no limit
+ * but the kernel's, as without rmem), and with its argv and (execle) envp
+ * strings on evicted pages. */
+#define X10 "x", "x", "x", "x", "x", "x", "x", "x", "x", "x"
+#define X100 X10, X10, X10, X10, X10, X10, X10, X10, X10, X10
+#define X1000 X100, X100, X100, X100, X100, X100, X100, X100, X100, X100
+static void execl_child(int which)
+{
+	pid_t pid = fork();
+	if (pid < 0)
+		die("fork");
+	if (pid == 0) {
+		if (which == 0)
+			execl("/bin/sh", "sh", "-c", "test $# = 4999", X1000, X1000, X1000, X1000, X1000, (char *)NULL);
+		else if (which == 1)
+			execle("/bin/sh", g_argv[0], g_argv[1], g_argv[2], g_argv[3], g_argv[4], (char *)NULL, g_envp);
+		else
+			execlp("sh", g_argv[0], g_argv[1], g_argv[2], g_argv[3], g_argv[4], (char *)NULL);
+		_exit(127);
+	}
+	int st;
+	if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+		static const char *what[] = {"execl with 5,000 arguments", "execle with argv and envp on evicted pages",
+					     "execlp with argv on evicted pages"};
+		expect(what[which], st, 0, NULL, NULL, 0);
+	}
+}
+
+static void execls(void)
+{
+	execl_child(0);
+	step();
+	execl_child(1);
+	setenv("RINGVAR", "ring-value-on-the-heap", 1); /* execlp passes environ */
+	step();
+	execl_child(2);
+}
+
 static char *g_cmd;
 static void sys(void)
 {
@@ -474,6 +512,7 @@ int main(int argc, char **argv)
 	phase("futex");
 	spawn();
 	sys();
+	execls();
 	phase("spawn");
 	misc();
 	phase("misc");
