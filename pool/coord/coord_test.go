@@ -39,10 +39,13 @@ func newEnv(t *testing.T, st store.Store) *env {
 	return e
 }
 
-func (e *env) open() {
+func (e *env) open() { e.openWith(0) }
+
+// openWith opens the coordinator with a call timeout (0: the default).
+func (e *env) openWith(callTimeout time.Duration) {
 	e.t.Helper()
 	c, err := coord.New(coord.Options{Store: e.st, Dialer: e.ss, SlabSize: slabSize, Clock: e.clock,
-		HeartbeatTimeout: time.Second, Seed: 42})
+		HeartbeatTimeout: time.Second, Seed: 42, CallTimeout: callTimeout})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -74,6 +77,12 @@ func (e *env) lease(agent string, ttl time.Duration) pool.LeaseID {
 		e.t.Fatal(err)
 	}
 	return l.ID
+}
+
+// tick runs a sweep and waits for the frees it started.
+func (e *env) tick(ctx context.Context) {
+	e.c.Tick(ctx)
+	e.c.WaitFrees()
 }
 
 // liveKeys counts the keys all servers hold.
@@ -239,7 +248,7 @@ func TestLeaseExpiryFrees(t *testing.T) {
 		if _, err := e.c.Renew(l, pool.RenewRequest{}); err != nil {
 			t.Fatal(err)
 		}
-		e.c.Tick(context.Background())
+		e.tick(context.Background())
 	}
 	if e.liveKeys() != 4 {
 		t.Fatalf("renewed lease lost keys: %d", e.liveKeys())
@@ -256,7 +265,7 @@ func TestLeaseExpiryFrees(t *testing.T) {
 	}
 	e.clock.Advance(11 * time.Second)
 	e.heartbeatAll()
-	e.c.Tick(context.Background())
+	e.tick(context.Background())
 	if n := e.liveKeys(); n != 0 {
 		t.Fatalf("%d keys still live after expiry", n)
 	}
@@ -303,7 +312,7 @@ func TestDeadServerReported(t *testing.T) {
 		e.c.Heartbeat(id, pool.Heartbeat{Instance: e.infos[id].Instance})
 	}
 	e.clock.Advance(800 * time.Millisecond) // s1: 1.6s > 1s timeout
-	e.c.Tick(context.Background())
+	e.tick(context.Background())
 	sv, _ := e.c.Server("s1")
 	if sv.State != pool.ServerDead {
 		t.Fatalf("s1 is %s", sv.State)
@@ -555,7 +564,7 @@ func TestRestartUnknownUntilHeard(t *testing.T) {
 	}
 	e.clock.Advance(600 * time.Millisecond)
 	e.c.Heartbeat("s0", pool.Heartbeat{Instance: e.infos["s0"].Instance})
-	e.c.Tick(ctx)
+	e.tick(ctx)
 	if got, want := states(), "[s0=up s1=dead 1/s0=ok 1/s1=lost 2/s0=ok 2/s1=lost]"; got != want {
 		t.Fatalf("after the timeout: %s, want %s", got, want)
 	}
@@ -660,7 +669,7 @@ func TestFailedFreeIsRetried(t *testing.T) {
 		t.Fatal("slab reusable before the server confirmed the free")
 	}
 	e.ss.Get("s0").Fail(nil)
-	e.c.Tick(ctx)
+	e.tick(ctx)
 	if sv, _ := e.c.Server("s0"); sv.FreeSlabs != 1 {
 		t.Fatal("retried free did not release the slab")
 	}
@@ -708,6 +717,43 @@ func TestMigratedDoesNotWaitForTheFree(t *testing.T) {
 	e.c.WaitFrees()
 	if n := len(e.ss.Get(from).Keys()); n != 0 {
 		t.Fatalf("%s holds %d keys after the free ran, want 0", from, n)
+	}
+}
+
+// A sweep does not wait for the frees it starts: with a free to a server
+// that stopped answering (not dead yet) in flight, the next sweep still
+// marks a silent server dead. (The call timeout is an hour: a sweep that
+// waited would hang.)
+func TestSweepDoesNotWaitForFrees(t *testing.T) {
+	ctx := context.Background()
+	e := &env{t: t, clock: &pooltest.Clock{}, ss: &pooltest.Servers{}, st: store.NewMem(), infos: map[pool.ServerID]pool.ServerInfo{}}
+	e.openWith(time.Hour)
+	e.addServer("s0", 2, "")
+	e.addServer("s1", 2, "")
+	l := e.lease("a", time.Second)
+	if _, err := e.c.Allocate(ctx, l, pool.AllocateRequest{Slabs: 1, Replicas: 2}); err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	defer close(release)
+	e.ss.Get("s0").Block(release)
+	e.clock.Advance(900 * time.Millisecond)
+	e.heartbeatAll()
+	e.clock.Advance(200 * time.Millisecond) // the lease expired: its frees start
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		e.c.Tick(ctx)
+		e.clock.Advance(2 * time.Second) // no heartbeats since: both servers are silent
+		e.c.Tick(ctx)
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("a sweep waited for a blocked server's free")
+	}
+	if sv, _ := e.c.Server("s1"); sv.State != pool.ServerDead {
+		t.Fatalf("silent server s1 is %s after the second sweep", sv.State)
 	}
 }
 
@@ -808,6 +854,7 @@ func TestFailedFreeLogRateLimited(t *testing.T) {
 	for range 150 { // 150 sweeps, one a second
 		clock.Advance(time.Second)
 		c.Tick(ctx)
+		c.WaitFrees()
 	}
 	failed := logs.FilterMessageSnippet("fail").Len()
 	if calls := ss.Get("s0").Calls(); calls < 150 {
@@ -821,8 +868,10 @@ func TestFailedFreeLogRateLimited(t *testing.T) {
 		t.Fatalf("%d log lines about failing frees over 150 sweeps of 3 slabs, want 3", failed)
 	}
 	ss.Get("s0").Fail(nil)
-	c.Tick(ctx)
-	c.Tick(ctx)
+	for range 2 {
+		c.Tick(ctx)
+		c.WaitFrees()
+	}
 	if n := logs.FilterMessage("frees succeed again").Len(); n != 1 {
 		t.Fatalf("%d lines about the recovery, want 1", n)
 	}

@@ -40,6 +40,6 @@
 // and commits under it again. Methods ending in Locked need mu held.
 // Goroutines: RoutineSweep (stopped by its ctx); during Allocate and
 // frees, one short-lived goroutine per memory server contacted; and the
-// frees Migrated leaves running behind its answer (freeLater), each
+// frees Migrated and Tick leave running behind them (freeLater), each
 // bounded by CallTimeout, which Close waits for.
 package coord

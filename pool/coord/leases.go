@@ -311,7 +311,8 @@ func (c *Coordinator) connLocked(s *srv) (SlabServer, error) {
 
 // Tick does the periodic work: marks servers that missed their heartbeats
 // dead, ends expired leases (freeing their slabs), and retries frees that
-// failed. RoutineSweep calls it; tests with a fake clock call it directly.
+// failed; the frees run behind it (freeLater). RoutineSweep calls it; tests
+// with a fake clock call it directly.
 func (c *Coordinator) Tick(ctx context.Context) {
 	if c.Leading() != nil {
 		return // a deposed leader decides nothing: its successor sweeps
@@ -362,5 +363,8 @@ func (c *Coordinator) Tick(ctx context.Context) {
 	}
 	c.pending = kept
 	c.mu.Unlock()
-	c.runFrees(ctx, append(jobs, retry...))
+	// Behind the sweep: a free to a server that stopped answering but is
+	// not dead yet waits out CallTimeout, and the next sweeps must still
+	// find the dead servers and the expired leases meanwhile.
+	c.freeLater(ctx, append(jobs, retry...))
 }

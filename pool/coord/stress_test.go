@@ -98,7 +98,7 @@ func TestConcurrentInvariants(t *testing.T) {
 	}()
 	wg.Wait()
 	e.c.WaitFrees()
-	e.c.Tick(ctx)
+	e.tick(ctx)
 
 	type phys struct {
 		server pool.ServerID
