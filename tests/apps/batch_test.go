@@ -35,6 +35,7 @@ func runBatchApp(t *testing.T, b batch) {
 	s := e.watch()
 	rm := runBatch(t, e.wrapAt(b.budget, b.argv...), b.stdin, b.env...)
 	peak, agentRSS := s.end()
+	s.checkRing(t, b.name)
 	compare(t, b.name, b.budget, factor, plain, rm, base.hwm, peak, agentRSS)
 }
 

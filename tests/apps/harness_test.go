@@ -18,6 +18,7 @@ import (
 
 	"rmem/internal/agentd"
 	"rmem/pager"
+	"rmem/pager/proto"
 	"rmem/tests/internal/memdtest"
 )
 
@@ -153,6 +154,7 @@ func (e *env) wrapAt(budget uint64, argv ...string) []string {
 type sample struct {
 	remote, resident, held, used uint64
 	agentRSS                     uint64
+	ringFaults                   uint64 // faults served through the fault ring (in-thread)
 }
 
 // sampler watches the agent while a program runs: the sample where its
@@ -165,6 +167,7 @@ type sampler struct {
 	mu     sync.Mutex
 	peak   sample
 	agentM uint64
+	ring   uint64 // the most ring faults seen at once
 	n      int
 }
 
@@ -195,6 +198,7 @@ func (s *sampler) take() {
 	for _, c := range st.Clients {
 		cur.remote += c.RemoteBytes
 		cur.resident += c.ResidentBytes
+		cur.ringFaults += c.RingFaults
 	}
 	cur.held, cur.used = st.Pool.HeldBytes, st.Pool.UsedBytes
 	rss := procStatus(s.e.agent.Pid(), "VmRSS")
@@ -202,6 +206,7 @@ func (s *sampler) take() {
 	defer s.mu.Unlock()
 	s.n++
 	s.agentM = max(s.agentM, rss)
+	s.ring = max(s.ring, cur.ringFaults)
 	if cur.remote >= s.peak.remote {
 		s.peak = cur
 	}
@@ -213,6 +218,24 @@ func (s *sampler) end() (peak sample, agentRSS uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.peak, s.agentM
+}
+
+// checkRing fails t when the suite runs in ring mode (RMEM_IN_THREAD=1 in
+// its environment: every program's faults served in its own threads) and
+// the sampler saw no fault served through the ring: the program ran in the
+// kernel's path after all.
+func (s *sampler) checkRing(t *testing.T, name string) {
+	t.Helper()
+	if os.Getenv(proto.EnvInThread) != "1" {
+		return
+	}
+	s.mu.Lock()
+	n := s.ring
+	s.mu.Unlock()
+	if n == 0 {
+		t.Errorf("%s: %s=1, but no fault went through the fault ring", name, proto.EnvInThread)
+	}
+	t.Logf("%s: %d faults through the fault ring", name, n)
 }
 
 // procStatus reads a "kB" field of /proc/PID/status in bytes (0 if gone).
