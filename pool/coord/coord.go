@@ -218,6 +218,7 @@ type Coordinator struct {
 	nextSlab pool.SlabID
 	pending  []freeJob      // frees a server has not confirmed yet
 	bg       sync.WaitGroup // frees run behind a request (freeLater); Close waits
+	closed   bool           // Close began: freeLater starts nothing more
 	rnd      *mrand.Rand
 	cands    []pool.Candidate // reused by candidatesLocked
 	candSrv  []*srv

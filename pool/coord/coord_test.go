@@ -757,6 +757,35 @@ func TestSweepDoesNotWaitForFrees(t *testing.T) {
 	}
 }
 
+// Close waits for a free running behind a sweep or a request.
+func TestCloseWaitsForFrees(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, store.NewMem())
+	e.addServer("s0", 2, "")
+	l := e.lease("a", time.Second)
+	if _, err := e.c.Allocate(ctx, l, pool.AllocateRequest{Slabs: 1, Replicas: 1}); err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	e.ss.Get("s0").Block(release)
+	e.clock.Advance(900 * time.Millisecond)
+	e.heartbeatAll()
+	e.clock.Advance(200 * time.Millisecond)
+	e.c.Tick(ctx) // the lease expired: its free blocks
+	closed := make(chan struct{})
+	go func() { defer close(closed); e.c.Close() }()
+	select {
+	case <-closed:
+		t.Fatal("Close returned with a free in flight")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	<-closed
+	if n := len(e.ss.Get("s0").Keys()); n != 0 {
+		t.Fatalf("s0 holds %d keys: the free in flight did not finish", n)
+	}
+}
+
 // RoutineSweep does Tick's work on its own and stops with its context.
 func TestRoutineSweep(t *testing.T) {
 	e := newEnv(t, store.NewMem())

@@ -262,13 +262,21 @@ func (c *Coordinator) runFrees(ctx context.Context, jobs []freeJob) {
 
 // freeLater runs jobs in a goroutine Close waits for, so that the request
 // that caused them does not wait on the servers. A failed job goes to
-// pending as in runFrees.
+// pending as in runFrees. Once Close has begun (a request still in flight
+// as the coordinator stops) the jobs are dropped, as pending ones are: the
+// next coordinator loads the slabs from the store, and a server zeroes and
+// re-keys an index it still holds when the index is granted again.
 func (c *Coordinator) freeLater(ctx context.Context, jobs []freeJob) {
 	if len(jobs) == 0 {
 		return
 	}
 	ctx = context.WithoutCancel(ctx)
-	c.bg.Add(1)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	c.bg.Add(1) // under mu, before Close's Wait: see Close
 	go func() {
 		defer c.bg.Done()
 		c.runFrees(ctx, jobs)

@@ -274,9 +274,13 @@ func closeConn(conn SlabServer) {
 }
 
 // Close waits for the frees started behind requests (each bounded by
-// CallTimeout) and releases the connections to memory servers. The
+// CallTimeout; later ones are dropped, see freeLater) and releases the
+// connections to memory servers. The
 // Coordinator must not be used afterwards; the caller closes the store.
 func (c *Coordinator) Close() {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
 	c.bg.Wait()
 	c.mu.Lock()
 	defer c.mu.Unlock()
