@@ -455,8 +455,14 @@ func (a *testAgent) routineClient(conn *net.UnixConn) {
 		a.t.Errorf("agent: WELCOME: %v", err)
 		return
 	}
-	c.stopfd, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
-	if err != nil {
+	a.serveClient(h.PID, c)
+}
+
+// serveClient registers c as pid's client, serves it until it ends or the
+// agent closes, and keeps its journal.
+func (a *testAgent) serveClient(pid int32, c *agentClient) {
+	var err error
+	if c.stopfd, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK); err != nil {
 		a.t.Errorf("agent: %v", err)
 		return
 	}
@@ -466,7 +472,7 @@ func (a *testAgent) routineClient(conn *net.UnixConn) {
 		a.mu.Unlock()
 		return
 	}
-	a.clients[h.PID] = c
+	a.clients[pid] = c
 	a.mu.Unlock()
 	c.serve()
 	a.keepJournal(c)
@@ -595,20 +601,7 @@ func (a *testAgent) routineResume(conn *net.UnixConn, h proto.Hello, fds []int) 
 			c.uffd.Wake(r.r)
 		}
 	}
-	if c.stopfd, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK); err != nil {
-		a.t.Errorf("agent: %v", err)
-		return
-	}
-	defer unix.Close(c.stopfd)
-	a.mu.Lock()
-	if a.closed {
-		a.mu.Unlock()
-		return
-	}
-	a.clients[h.PID] = c
-	a.mu.Unlock()
-	c.serve()
-	a.keepJournal(c)
+	a.serveClient(h.PID, c)
 }
 
 func (a *testAgent) claimFork(k forkKey) (*forkedChild, error) {
