@@ -53,44 +53,31 @@ static void add_path(struct rm_bufs *bs, const char *p)
 		rm_add(bs, p, strlen(p) + 1, 0);
 }
 
-/* A call of one path (and an output of outlen bytes at out, or none). */
-#define PATH_CALL(ret, name, params, args, path, out, outlen, retry)          \
+/* A wrapped call: in ring mode, the buffers the statements after retry add
+ * to bs are made present and pinned around it (RM_PINNED; retry: again
+ * after an EFAULT); otherwise libc's own runs. */
+#define PINNED_CALL(ret, name, params, args, retry, ...)                       \
 	static ret(*real_##name) params;                                       \
 	EXPORT ret name params                                                 \
 	{                                                                      \
 		if (!rm_ring_call())                                           \
 			return RESOLVE(name) args;                             \
 		struct rm_bufs bs = {0};                                       \
-		add_path(&bs, path);                                           \
-		rm_add(&bs, out, outlen, 1);                                   \
+		__VA_ARGS__;                                                   \
 		return RM_PINNED(&bs, retry, real_##name args);                \
 	}
+
+/* A call of one path (and an output of outlen bytes at out, or none). */
+#define PATH_CALL(ret, name, params, args, path, out, outlen, retry)          \
+	PINNED_CALL(ret, name, params, args, retry, add_path(&bs, path); rm_add(&bs, out, outlen, 1))
 
 /* A call of two paths. */
 #define PATH2_CALL(ret, name, params, args, p1, p2)                            \
-	static ret(*real_##name) params;                                       \
-	EXPORT ret name params                                                 \
-	{                                                                      \
-		if (!rm_ring_call())                                           \
-			return RESOLVE(name) args;                             \
-		struct rm_bufs bs = {0};                                       \
-		add_path(&bs, p1);                                             \
-		add_path(&bs, p2);                                             \
-		return RM_PINNED(&bs, 1, real_##name args);                    \
-	}
+	PINNED_CALL(ret, name, params, args, 1, add_path(&bs, p1); add_path(&bs, p2))
 
 /* A call that fills out (outlen bytes), and may read in (inlen). */
 #define OUT_CALL(ret, name, params, args, out, outlen, in, inlen, retry)       \
-	static ret(*real_##name) params;                                       \
-	EXPORT ret name params                                                 \
-	{                                                                      \
-		if (!rm_ring_call())                                           \
-			return RESOLVE(name) args;                             \
-		struct rm_bufs bs = {0};                                       \
-		rm_add(&bs, out, outlen, 1);                                   \
-		rm_add(&bs, in, inlen, 0);                                     \
-		return RM_PINNED(&bs, retry, real_##name args);                \
-	}
+	PINNED_CALL(ret, name, params, args, retry, rm_add(&bs, out, outlen, 1); rm_add(&bs, in, inlen, 0))
 
 /* ---- paths ---- */
 
