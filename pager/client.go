@@ -231,6 +231,9 @@ func (a *Agent) newClientWith(u faultFD, features userfaultfd.Feature, sfd, slot
 		c.ev.stageFree = append(c.ev.stageFree, uint32(s))
 	}
 	if withRing {
+		if max := spin.Resolve(a.opts.Spin); max > 0 {
+			c.spin = spin.New(ringSpinFactor*max, a.opts.SpinSite)
+		}
 		c.ring = newFaultRing(staging[slots*pageSize:], adopt, &c.st.ring)
 		c.ring.stall = &c.st.stall // the waits of its misses, measured by the ring
 		c.uffd.ring = c.ring

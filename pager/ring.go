@@ -35,6 +35,18 @@ type faultRing struct {
 	stall *atomic.Int64
 }
 
+// ringSpinFactor stretches the loop's spin (Options.Spin) for a ring
+// client. The loop's next event is that client's next post, a whole miss
+// later: its thread is served, runs, and faults again. Over tcp that cycle
+// is longer than the default spin, so the loop ran out of it, slept, and
+// the next post had to ring the doorbell and wait for its wake-up: random
+// reads over tcp in ring mode (w3-2-inthread's rr, 128 MiB at 32 MiB)
+// took 52-84 µs a miss with the loop's 50 µs spin, 39-48 µs with 200 µs,
+// 53-64 µs with none; over shm 8.4-10.6 µs and 8.3-8.5 µs. Redis GETs
+// over shm and tcp were the same either way (2026-12-06, one session).
+// The spin still adapts, and ends after a few misses when posts stop.
+const ringSpinFactor = 4
+
 // stallPerRingFault is what a miss through the ring costs its thread
 // besides its wait in the ring: the trap into its SIGBUS handler and the
 // install it makes itself (DESIGN.md: a miss served in the faulting
