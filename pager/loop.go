@@ -90,13 +90,6 @@ func (c *client) RoutineServe() {
 		for n == 0 && !posted && err == nil && c.spin.Polling(until) {
 			n, err = unix.Poll(c.fq.pfds, 0)
 			posted = c.ringPosted()
-			if n == 0 && !posted && c.ring != nil {
-				// A thread of the program's runnable on this CPU (one
-				// that rang the doorbell put this loop here, and waits
-				// in its fault, yielding) runs now, not when the
-				// polling ends.
-				yieldCPU()
-			}
 		}
 		hit := n > 0 || posted
 		if !hit && err == nil && (c.ring == nil || !c.ring.sleep()) {

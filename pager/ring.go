@@ -6,8 +6,6 @@ import (
 
 	"rmem/pager/proto"
 	"rmem/userfaultfd"
-
-	"golang.org/x/sys/unix"
 )
 
 // The fault ring, the agent's side (pager/proto/ring.go has the protocol):
@@ -176,8 +174,3 @@ func (r *faultRing) finish(s ringServing, state uint32, now time.Duration) {
 		proto.RingWake(r.mem, off+proto.RingEntState)
 	}
 }
-
-// yieldCPU gives this CPU to another thread runnable on it, if any
-// (sched_yield(2)): a polling loop that kept it would delay that thread
-// until the polling ends.
-func yieldCPU() { unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }
