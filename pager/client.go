@@ -204,7 +204,7 @@ func (a *Agent) newClientWith(u faultFD, features userfaultfd.Feature, sfd, slot
 	}
 	c := &client{
 		a: a, id: id, uffd: gatedUFFD{faultFD: u}, io: io, features: features,
-		wakefd: wfd, done: make(chan struct{}), spin: spin.New(spin.Resolve(a.opts.Spin), a.opts.SpinSite),
+		wakefd: wfd, done: make(chan struct{}), spin: spin.New(loopSpin(spin.Resolve(a.opts.Spin), withRing), a.opts.SpinSite),
 		sock: socketState{sockfd: -1, pidfd: -1,
 			sendBuf: make([]byte, 0, proto.MaxPacket), recvBuf: make([]byte, proto.MaxPacket),
 			oob: make([]byte, proto.OOBSize)},
@@ -231,9 +231,6 @@ func (a *Agent) newClientWith(u faultFD, features userfaultfd.Feature, sfd, slot
 		c.ev.stageFree = append(c.ev.stageFree, uint32(s))
 	}
 	if withRing {
-		if max := spin.Resolve(a.opts.Spin); max > 0 {
-			c.spin = spin.New(ringSpinFactor*max, a.opts.SpinSite)
-		}
 		c.ring = newFaultRing(staging[slots*pageSize:], adopt, &c.st.ring)
 		c.ring.stall = &c.st.stall // the waits of its misses, measured by the ring
 		c.uffd.ring = c.ring

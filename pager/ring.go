@@ -45,6 +45,15 @@ type faultRing struct {
 // The spin still adapts, and ends after a few misses when posts stop.
 const ringSpinFactor = 4
 
+// loopSpin is the longest spin of a client's loop, max (--spin) stretched
+// for a ring client.
+func loopSpin(max time.Duration, ring bool) time.Duration {
+	if ring {
+		return ringSpinFactor * max // (a negative max, never spinning, stays so)
+	}
+	return max
+}
+
 // stallPerRingFault is what a miss through the ring costs its thread
 // besides its wait in the ring: the trap into its SIGBUS handler and the
 // install it makes itself (DESIGN.md: a miss served in the faulting

@@ -32,10 +32,13 @@ type env struct {
 	infos map[pool.ServerID]pool.ServerInfo
 }
 
-func newEnv(t *testing.T, st store.Store) *env {
+func newEnv(t *testing.T, st store.Store) *env { return newEnvWith(t, st, 0) }
+
+// newEnvWith is newEnv with the coordinator's call timeout (0: the default).
+func newEnvWith(t *testing.T, st store.Store, callTimeout time.Duration) *env {
 	t.Helper()
 	e := &env{t: t, clock: &pooltest.Clock{}, ss: &pooltest.Servers{}, st: st, infos: map[pool.ServerID]pool.ServerInfo{}}
-	e.open()
+	e.openWith(callTimeout)
 	return e
 }
 
@@ -726,8 +729,7 @@ func TestMigratedDoesNotWaitForTheFree(t *testing.T) {
 // waited would hang.)
 func TestSweepDoesNotWaitForFrees(t *testing.T) {
 	ctx := context.Background()
-	e := &env{t: t, clock: &pooltest.Clock{}, ss: &pooltest.Servers{}, st: store.NewMem(), infos: map[pool.ServerID]pool.ServerInfo{}}
-	e.openWith(time.Hour)
+	e := newEnvWith(t, store.NewMem(), time.Hour)
 	e.addServer("s0", 2, "")
 	e.addServer("s1", 2, "")
 	l := e.lease("a", time.Second)

@@ -273,10 +273,10 @@ func closeConn(conn SlabServer) {
 	}
 }
 
-// Close waits for the frees started behind requests (each bounded by
-// CallTimeout; later ones are dropped, see freeLater) and releases the
-// connections to memory servers. The
-// Coordinator must not be used afterwards; the caller closes the store.
+// Close waits for the frees started behind requests and sweeps (each
+// bounded by CallTimeout; later ones are dropped, see freeLater) and
+// releases the connections to memory servers. The Coordinator must not be
+// used afterwards; the caller closes the store.
 func (c *Coordinator) Close() {
 	c.mu.Lock()
 	c.closed = true

@@ -154,7 +154,6 @@ func (e *env) wrapAt(budget uint64, argv ...string) []string {
 type sample struct {
 	remote, resident, held, used uint64
 	agentRSS                     uint64
-	ringFaults                   uint64 // faults served through the fault ring (in-thread)
 }
 
 // sampler watches the agent while a program runs: the sample where its
@@ -195,10 +194,11 @@ func (s *sampler) take() {
 		return
 	}
 	var cur sample
+	var ring uint64
 	for _, c := range st.Clients {
 		cur.remote += c.RemoteBytes
 		cur.resident += c.ResidentBytes
-		cur.ringFaults += c.RingFaults
+		ring += c.RingFaults
 	}
 	cur.held, cur.used = st.Pool.HeldBytes, st.Pool.UsedBytes
 	rss := procStatus(s.e.agent.Pid(), "VmRSS")
@@ -206,7 +206,7 @@ func (s *sampler) take() {
 	defer s.mu.Unlock()
 	s.n++
 	s.agentM = max(s.agentM, rss)
-	s.ring = max(s.ring, cur.ringFaults)
+	s.ring = max(s.ring, ring)
 	if cur.remote >= s.peak.remote {
 		s.peak = cur
 	}
