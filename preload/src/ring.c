@@ -46,10 +46,6 @@ struct uffdio_poison {
  * sleep (a miss that waits for the pool over tcp, or for room). Measured
  * under the test agent: see docs/pager.md. */
 #define SPIN_NS 60000
-/* Past this much of it, the spin yields the CPU now and then: a thread of
- * the agent's (or the shim's helper) that is runnable here gets it. */
-#define YIELD_NS 10000
-
 static inline void cpu_relax(void)
 {
 #if defined(__x86_64__)
@@ -92,29 +88,29 @@ static int waiting(uint32_t s) { return s == RMEM_RING_POSTED || s == RMEM_RING_
 /* Waits for e's result: polls it up to SPIN_NS from the post, then sleeps
  * on the state with waiters set (the agent stores the result, then wakes
  * if it sees waiters; we set waiters, then look at the state: one of the
- * two sees the other). While it polls, the thread yields the CPU: at every
- * look when its post rang the doorbell (the agent slept: woken, it may
- * well be put on this very CPU, where a thread spinning would keep it from
- * running until the spin ends), and now and then past YIELD_NS otherwise
- * (a thread of the agent's, or the shim's helper, runnable here). A thread
- * that stays runnable sees the result at once; one asleep costs a wake-up
- * of its CPU, and by then the agent has stopped polling for its next
- * fault: a thread that sleeps at every miss keeps the agent asleep too. */
-static uint32_t await_result(struct rmem_ring_entry *e, uint64_t posted, int rang)
+ * two sees the other). While it polls, the thread yields its CPU at every
+ * look: the miss is served by threads that need a CPU of their own (the
+ * agent's loop, over tcp the memory server and the agent again for the
+ * reply), and on two vCPUs one of them shares this one (perf sched: the
+ * program's thread and the agent's loop took turns on one vCPU while the
+ * memory server polled on the other; the kernel's EEVDF let a thread that
+ * yielded only now and then run on for 8 us while the loop waited with
+ * the reply). A yield with nobody else runnable here costs a system call
+ * (random reads over tcp in ring mode, slow reads' p50: 31-32 us -> 26-29;
+ * over shm unchanged, 8.6-9.5). A thread that stays runnable sees the
+ * result at once; one asleep costs a wake-up of its CPU, and by then the
+ * agent has stopped polling for its next fault: a thread that sleeps at
+ * every miss keeps the agent asleep too (sleeping at once: 33-34 us). */
+static uint32_t await_result(struct rmem_ring_entry *e, uint64_t posted)
 {
 	uint32_t s;
 	for (unsigned n = 0;; n++) {
 		s = __atomic_load_n(&e->state, __ATOMIC_ACQUIRE);
 		if (!waiting(s))
 			return s;
-		if (rang || (n & 31) == 31) {
-			uint64_t t = now_ns() - posted;
-			if (t > SPIN_NS)
-				break;
-			if (rang || t > YIELD_NS)
-				rm_sys(SYS_sched_yield, 0, 0, 0);
-		}
-		cpu_relax();
+		if ((n & 3) == 3 && now_ns() - posted > SPIN_NS)
+			break;
+		rm_sys(SYS_sched_yield, 0, 0, 0);
 	}
 	for (;;) {
 		__atomic_store_n(&e->waiters, 1, __ATOMIC_SEQ_CST);
@@ -148,16 +144,14 @@ int rm_ring_fault(uintptr_t addr, int write)
 	__atomic_add_fetch(&r->posted, 1, __ATOMIC_RELAXED);
 	/* The agent stores ASLEEP, then looks at the entries once more: it
 	 * finds this post, or we see ASLEEP here and ring. */
-	int rang = 0;
 	if (__atomic_load_n(&r->agent, __ATOMIC_SEQ_CST) == RMEM_RING_ASLEEP) {
-		rang = 1;
 		int db = rm_conn_doorbell();
 		uint64_t one = 1;
 		__atomic_add_fetch(&r->doorbells, 1, __ATOMIC_RELAXED);
 		if (db >= 0)
 			rm_sys(SYS_write, db, &one, sizeof one);
 	}
-	uint32_t s = await_result(e, posted, rang);
+	uint32_t s = await_result(e, posted);
 	__atomic_store_n(&e->state, RMEM_RING_FREE, __ATOMIC_RELEASE);
 	if (s == RMEM_RING_LOST || s == RMEM_RING_NOT_MINE)
 		return (int)s;
