@@ -254,7 +254,7 @@ func (c *Coordinator) allocate(ctx context.Context, id pool.LeaseID, req pool.Al
 	if err != nil {
 		frees := c.abortLocked(jobs)
 		c.mu.Unlock()
-		c.runFrees(ctx, frees)
+		c.freeSoon(ctx, frees)
 		return nil, failed, err
 	}
 	views := make([]pool.SlabView, len(slabs))
@@ -322,7 +322,7 @@ func (c *Coordinator) Replace(ctx context.Context, id pool.LeaseID, sid pool.Sla
 	if err != nil {
 		frees := c.abortLocked(jobs)
 		c.mu.Unlock()
-		c.runFrees(ctx, frees)
+		c.freeSoon(ctx, frees)
 		return pool.ReplicaView{}, err
 	}
 	sl.Replicas = next.Replicas

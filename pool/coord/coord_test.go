@@ -169,6 +169,7 @@ func TestAllOrNothing(t *testing.T) {
 	if !errors.Is(err, pool.ErrGrantFailed) {
 		t.Fatalf("want ErrGrantFailed, got %v", err)
 	}
+	e.c.WaitFrees() // the grants are revoked behind the answer
 	if n := e.liveKeys(); n != 0 {
 		t.Fatalf("%d keys leaked on the servers that granted", n)
 	}
@@ -668,6 +669,7 @@ func TestFailedFreeIsRetried(t *testing.T) {
 	if err := e.c.FreeSlab(ctx, l, slabs[0].ID); err != nil {
 		t.Fatal(err)
 	}
+	e.c.WaitFrees()
 	if sv, _ := e.c.Server("s0"); sv.FreeSlabs != 0 {
 		t.Fatal("slab reusable before the server confirmed the free")
 	}
@@ -756,6 +758,53 @@ func TestSweepDoesNotWaitForFrees(t *testing.T) {
 	}
 	if sv, _ := e.c.Server("s1"); sv.State != pool.ServerDead {
 		t.Fatalf("silent server s1 is %s after the second sweep", sv.State)
+	}
+}
+
+// FreeSlab and DeleteLease answer once the servers have freed, but a
+// server that stopped answering (not dead yet) holds them for freeWait at
+// most, not for the call timeout: the free goes on behind the answer, and
+// happens when the server is back. (The agent's other requests wait
+// behind one that waits.)
+func TestFreesWaitForABlockedServerBriefly(t *testing.T) {
+	ctx := context.Background()
+	e := newEnvWith(t, store.NewMem(), time.Hour)
+	e.addServer("s0", 4, "")
+	l := e.lease("a", time.Minute)
+	slabs, err := e.c.Allocate(ctx, l, pool.AllocateRequest{Slabs: 2, Replicas: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.c.FreeSlab(ctx, l, slabs[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if sv, _ := e.c.Server("s0"); sv.FreeSlabs != 3 {
+		t.Fatalf("%d free slabs once FreeSlab answered, want 3: it did not wait for the server", sv.FreeSlabs)
+	}
+	release := make(chan struct{})
+	e.ss.Get("s0").Block(release)
+	done := make(chan error, 2)
+	go func() {
+		done <- e.c.FreeSlab(ctx, l, slabs[1].ID)
+		done <- e.c.DeleteLease(ctx, l)
+	}()
+	for range 2 {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("a request waited for a blocked server's free")
+		}
+	}
+	close(release)
+	e.c.WaitFrees()
+	if sv, _ := e.c.Server("s0"); sv.FreeSlabs != 4 {
+		t.Fatalf("%d free slabs after the server came back, want 4", sv.FreeSlabs)
+	}
+	if n := e.liveKeys(); n != 0 {
+		t.Fatalf("%d keys left on the server", n)
 	}
 }
 

@@ -40,6 +40,9 @@
 // and commits under it again. Methods ending in Locked need mu held.
 // Goroutines: RoutineSweep (stopped by its ctx); during Allocate and
 // frees, one short-lived goroutine per memory server contacted; and the
-// frees Migrated and Tick leave running behind them (freeLater), each
-// bounded by CallTimeout, which Close waits for.
+// frees Migrated and Tick leave running behind them (freeLater), and those
+// FreeSlab, DeleteLease and a failed Allocate or Replace wait for up to a
+// second before they leave them running (freeSoon), each bounded by
+// CallTimeout, which Close waits for. No request waits for a server's
+// CallTimeout on a free.
 package coord

@@ -74,7 +74,7 @@ func (c *Coordinator) DeleteLease(ctx context.Context, id pool.LeaseID) error {
 	if err != nil {
 		return err
 	}
-	c.runFrees(ctx, jobs)
+	c.freeSoon(ctx, jobs)
 	return nil
 }
 
@@ -99,7 +99,7 @@ func (c *Coordinator) FreeSlab(ctx context.Context, id pool.LeaseID, sid pool.Sl
 	}
 	c.mu.Unlock()
 	c.m.slabsFreed.Add(1)
-	c.runFrees(ctx, jobs)
+	c.freeSoon(ctx, jobs)
 	return nil
 }
 
@@ -261,26 +261,53 @@ func (c *Coordinator) runFrees(ctx context.Context, jobs []freeJob) {
 }
 
 // freeLater runs jobs in a goroutine Close waits for, so that the request
-// that caused them does not wait on the servers. A failed job goes to
-// pending as in runFrees. Once Close has begun (a request still in flight
-// as the coordinator stops) the jobs are dropped, as pending ones are: the
-// next coordinator loads the slabs from the store, and a server zeroes and
-// re-keys an index it still holds when the index is granted again.
-func (c *Coordinator) freeLater(ctx context.Context, jobs []freeJob) {
+// that caused them does not wait on the servers, and returns a channel
+// closed when they are done. A failed job goes to pending as in runFrees.
+// Once Close has begun (a request still in flight as the coordinator
+// stops) the jobs are dropped, as pending ones are: the next coordinator
+// loads the slabs from the store, and a server zeroes and re-keys an index
+// it still holds when the index is granted again.
+func (c *Coordinator) freeLater(ctx context.Context, jobs []freeJob) <-chan struct{} {
+	done := make(chan struct{})
 	if len(jobs) == 0 {
-		return
+		close(done)
+		return done
 	}
 	ctx = context.WithoutCancel(ctx)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return
+		close(done)
+		return done
 	}
 	c.bg.Add(1) // under mu, before Close's Wait: see Close
 	go func() {
 		defer c.bg.Done()
+		defer close(done)
 		c.runFrees(ctx, jobs)
 	}()
+	return done
+}
+
+// freeWait bounds how long a request that frees slabs (FreeSlab,
+// DeleteLease, a failed Allocate or Replace) waits for the servers.
+const freeWait = time.Second
+
+// freeSoon runs jobs behind the request (freeLater) and waits for them up
+// to freeWait: in the common case the request answers once the servers
+// have freed (their room can be allocated again at once), and a server
+// that stopped answering, but is not dead yet, holds it for freeWait
+// rather than for CallTimeout (10s), with the agent's other requests
+// waiting behind it (as Migrated's free held TestEtcdChaosServerPaused's).
+func (c *Coordinator) freeSoon(ctx context.Context, jobs []freeJob) {
+	done := c.freeLater(ctx, jobs)
+	t := time.NewTimer(freeWait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	case <-ctx.Done():
+	}
 }
 
 // freeFailEvery bounds how often failing frees to one server are logged
