@@ -701,13 +701,36 @@ func TestMemagentRunPrivateAgent(t *testing.T) {
 		nowhere := "http://" + memdtest.FreeAddr(t)
 		for _, replicas := range []string{"0", "2"} {
 			r := maExec(t, nil, memagent, "run", "--socket", filepath.Join(dir, "agent.sock"), "--coordinator", nowhere,
-				"--token", memdToken, "--replicas", replicas, "--log-level", "error", "--", "sh", "-c", "echo ran")
+				"--token", memdToken, "--replicas", replicas, "--connect-timeout", "300ms", "--log-level", "error", "--", "sh", "-c", "echo ran")
 			if r.code == 0 || r.stdout != "" || !strings.HasPrefix(r.stderr, "memagent: agentd: no coordinator reachable (is memd running? see --coordinator)") ||
 				!strings.Contains(r.stderr, nowhere) || !strings.Contains(r.stderr, "connection refused") || strings.Count(r.stderr, "\n") != 1 {
 				t.Errorf("memagent run --replicas %s with no memd: exit %d, stdout %q, stderr %q: want a failure, one line saying no coordinator is reachable, naming it and the cause, and CMD not run",
 					replicas, r.code, r.stdout, r.stderr)
 			}
 			t.Logf("with no memd: %s", r.stderr)
+		}
+	})
+
+	// Started before memd, as two units started together are: it waits
+	// for the token file memd writes and for the coordinator, says so
+	// once, and runs CMD once they are there.
+	t.Run("memd started after", func(t *testing.T) {
+		addr, run := memdtest.FreeAddr(t), filepath.Join(dir, "late-run")
+		done := make(chan maResult, 1)
+		go func() {
+			done <- maExec(t, nil, memagent, "run", "--socket", filepath.Join(dir, "late.sock"), "--coordinator", "http://"+addr,
+				"--token-file", filepath.Join(run, "token"), "--local-mem", maLocalMem, "--", "sh", "-c", "echo ran")
+		}()
+		time.Sleep(2 * time.Second)
+		memdtest.Start(t, "late", p.memd, "serve", "--listen", addr, "--tcp-listen", "127.0.0.1:0", "--shm-socket", "off",
+			"--capacity", "64MiB", "--slab-size", "16MiB", "--data-dir", filepath.Join(dir, "late-data"), "--runtime-dir", run,
+			memdtest.MlockFlag(t, 64<<20))
+		r := <-done
+		if r.code != 0 || r.stdout != "ran\n" {
+			t.Fatalf("memagent run started 2s before memd: exit %d, stdout %q\n%s", r.code, r.stdout, r.stderr)
+		}
+		if n := strings.Count(r.stderr, "waiting for the token file"); n != 1 {
+			t.Errorf("said %d times that it waits for the token file, want once:\n%s", n, r.stderr)
 		}
 	})
 }

@@ -813,6 +813,40 @@ func TestMemdSingleNode(t *testing.T) {
 
 // TestMemdBadConfig: invalid settings fail before anything starts, naming
 // the key and where its value came from.
+// TestMemdStartOrder: a memory server started before its coordinator, as
+// two units started together are, waits for the token file the
+// coordinator writes and for the coordinator, saying so once, and joins.
+func TestMemdStartOrder(t *testing.T) {
+	bin, dir := memdtest.Build(t), t.TempDir()
+	addr, run := memdtest.FreeAddr(t), filepath.Join(dir, "run")
+	s := memdtest.Start(t, "s1", bin, "serve", "--role", "server", "--id", "s1", "--coordinator", "http://"+addr,
+		"--token-file", filepath.Join(run, "token"), "--listen", memdtest.FreeAddr(t), "--tcp-listen", "127.0.0.1:0",
+		"--shm-socket", "off", "--capacity", "32MiB", "--slab-size", "16MiB", "--heartbeat-interval", "200ms",
+		"--runtime-dir", filepath.Join(dir, "run-s1"), memdtest.MlockFlag(t, 32<<20))
+	time.Sleep(2 * time.Second)
+	if s.Exited() {
+		t.Fatalf("the server did not wait for its coordinator:\n%s", s.Output())
+	}
+	memdtest.Start(t, "coordinator", bin, "serve", "--role", "coordinator", "--listen", addr, "--runtime-dir", run,
+		"--data-dir", filepath.Join(dir, "data"), "--slab-size", "16MiB")
+	memdtest.Eventually(t, 30*time.Second, "the early server up", func() error {
+		if s.Exited() {
+			t.Fatalf("the server exited:\n%s", s.Output())
+		}
+		out, _, err := memdtest.Run(bin, nil, "servers", "--json", "--coordinator", "http://"+addr, "--token-file", filepath.Join(run, "token"))
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(out, `"state": "up"`) {
+			return errors.New("not up")
+		}
+		return nil
+	})
+	if n := strings.Count(s.Output(), "waiting for the token file"); n != 1 {
+		t.Errorf("said %d times that it waits for the token file, want once:\n%s", n, s.Output())
+	}
+}
+
 func TestMemdBadConfig(t *testing.T) {
 	bin := memdtest.Build(t)
 	dir := t.TempDir()
@@ -836,7 +870,7 @@ func TestMemdBadConfig(t *testing.T) {
 		{"env", nil, []string{"MEMD_SWEEP_INTERVAL=often"}, []string{"sweep-interval", "MEMD_SWEEP_INTERVAL"}},
 		{"config file", []string{"--config", cfg}, nil, []string{"slab-size", "memd.yaml", "2MiB"}},
 		{"server without coordinator", []string{"--role", "server", "--token", "x"}, nil, []string{"coordinator"}},
-		{"server without token", []string{"--role", "server", "--coordinator", "http://127.0.0.1:1"}, nil, []string{"token"}},
+		{"server without token", []string{"--role", "server", "--coordinator", "http://127.0.0.1:1", "--connect-timeout", "300ms"}, nil, []string{"token"}},
 		{"non-loopback without token", []string{"--listen", "0.0.0.0:0"}, nil, []string{"listen", "token"}},
 		{"non-loopback short token", []string{"--listen", "0.0.0.0:0"}, []string{"MEMD_TOKEN=x"}, []string{"token", "at least 16 bytes"}},
 		{"non-loopback readable token file", []string{"--listen", "0.0.0.0:0", "--token-file", openToken}, nil, []string{"token-file", openToken, "0644"}},

@@ -156,7 +156,7 @@ does. Needs root. Programs of other users are paged when --allow-user or
 			if err != nil {
 				return err
 			}
-			if opts.Pool, err = swapPoolClient(app); err != nil {
+			if opts.Pool, err = swapPoolClient(cmd.Context(), app); err != nil {
 				return err
 			}
 			opts.NodeMem, opts.AdminSocket = uint64(nodeMem), app.String("admin-socket")
@@ -354,7 +354,7 @@ func runUffd(ctx context.Context, app *cli.App, args []string) (int, error) {
 		removeStaleRunSockets(filepath.Dir(socket), log)
 		socket = filepath.Join(filepath.Dir(socket), "memagent-run-"+strconv.Itoa(os.Getpid())+".sock")
 		opts.Socket = socket
-		if opts.Pool, err = swapPoolClient(app); err != nil {
+		if opts.Pool, err = swapPoolClient(ctx, app); err != nil {
 			return -1, err
 		}
 		if d, err = agentd.Start(ctx, opts); err != nil {

@@ -12,8 +12,11 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"go.uber.org/zap"
 
+	"rmem/internal/agentd"
 	"rmem/internal/cli"
+	"rmem/internal/startwait"
 	"rmem/internal/swapd"
 	"rmem/pool/client"
 	"rmem/swapfs"
@@ -25,13 +28,14 @@ func poolFlags(f *pflag.FlagSet) {
 	f.String("token", "", "bearer token of the control API; default: read from --token-file")
 	f.String("token-file", "/run/rmem/token", "file holding the token")
 	f.Int("replicas", 0, "replicas of each slab, on distinct memory servers (0: 2 when the pool has two servers or more, else 1)")
+	f.String("connect-timeout", startwait.DefaultTimeout.String(), "at start, how long to wait for the coordinator to answer and for --token-file to appear (a memd starting beside us writes it); 0: fail at once")
 }
 
 // swapPoolArgs returns the pool flags as given, to pass them on to a
 // `memagent mount` child.
 func swapPoolArgs(app *cli.App) []string {
 	var args []string
-	for _, k := range []string{"coordinator", "token", "token-file", "replicas"} {
+	for _, k := range []string{"coordinator", "token", "token-file", "replicas", "connect-timeout"} {
 		if app.IsSet(k) {
 			args = append(args, "--"+k+"="+app.String(k))
 		}
@@ -39,10 +43,21 @@ func swapPoolArgs(app *cli.App) []string {
 	return args
 }
 
-func swapPoolClient(app *cli.App) (*client.Client, error) {
+// swapPoolClient returns a client of the pool's coordinator once the
+// coordinator answers, waiting for it, and for the token file, up to
+// --connect-timeout: memd may be starting beside us.
+func swapPoolClient(ctx context.Context, app *cli.App) (*client.Client, error) {
+	timeout, err := app.Duration("connect-timeout")
+	if err != nil {
+		return nil, err
+	}
+	log := app.Log()
 	tok := strings.TrimSpace(app.String("token"))
 	if tok == "" {
-		t, err := client.LoadToken(app.String("token-file"))
+		file := app.String("token-file")
+		t, err := startwait.TokenFile(ctx, file, timeout, func(err error) {
+			log.Info("waiting for the token file (memd writes it when it starts)", zap.String("file", file), zap.Duration("connect_timeout", timeout), zap.Error(err))
+		})
 		if err != nil {
 			return nil, fmt.Errorf("no control API token: pass --token or MEMAGENT_TOKEN, or --token-file: %w", err)
 		}
@@ -51,6 +66,15 @@ func swapPoolClient(app *cli.App) (*client.Client, error) {
 	c, err := client.New(app.String("coordinator"), client.Options{Token: tok, Timeout: 10 * time.Second})
 	if err != nil {
 		return nil, app.Invalid("coordinator", "%v", err)
+	}
+	err = startwait.Pool(ctx, func(ctx context.Context) error {
+		_, err := c.Status(ctx)
+		return err
+	}, timeout, func(err error) {
+		log.Info("waiting for the coordinator", zap.String("coordinator", c.URL()), zap.Duration("connect_timeout", timeout), zap.Error(err))
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w (is memd running? see --coordinator): %w", agentd.ErrNoCoordinator, err)
 	}
 	return c, nil
 }
@@ -107,7 +131,7 @@ func runMount(app *cli.App, dir string) error {
 	if dir, err = filepath.Abs(dir); err != nil {
 		return err
 	}
-	pc, err := swapPoolClient(app)
+	pc, err := swapPoolClient(context.Background(), app)
 	if err != nil {
 		return err
 	}

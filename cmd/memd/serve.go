@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -16,9 +17,11 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"go.uber.org/zap"
 
 	"rmem/internal/cli"
 	"rmem/internal/memdd"
+	"rmem/internal/startwait"
 	"rmem/pool"
 	"rmem/pool/client"
 	"rmem/pool/memserver"
@@ -86,6 +89,7 @@ generated in <runtime-dir>/token for the CLI and memagent on this host.`,
 	f.String("election-ttl", "5s", "coordinator on etcd: TTL of its etcd lease, whole seconds; a dead leader is replaced about this long after it stopped")
 	f.Int("etcd-max-txn-ops", 128, "coordinator on etcd: the etcd servers' --max-txn-ops (the largest transaction they take)")
 	f.String("heartbeat-interval", "2s", "memory server heartbeat interval")
+	f.String("connect-timeout", startwait.DefaultTimeout.String(), "--role server: at start, how long to wait for --token-file to appear (the coordinator writes it) and for the coordinator to take the registration before failing; 0: wait for the token file not at all, for the coordinator for ever")
 	f.String("heartbeat-timeout", "10s", "coordinator: a server silent this long is dead")
 	f.String("sweep-interval", "1s", "coordinator: how often to look for dead servers and expired leases")
 	f.String("mlock", "true", "lock donated memory in RAM (needs RLIMIT_MEMLOCK ≥ capacity, or root)")
@@ -179,6 +183,10 @@ func readServeConfig(app *cli.App) (memdd.Options, error) {
 			return o, app.Invalid("data-dir", "must be an absolute path")
 		}
 	}
+	connectTimeout, err := app.Duration("connect-timeout")
+	if err != nil {
+		return o, err
+	}
 	tokenFile := app.String("token-file")
 	if tokenFile == "" {
 		tokenFile = filepath.Join(runtimeDir, tokenFileName)
@@ -199,8 +207,17 @@ func readServeConfig(app *cli.App) (memdd.Options, error) {
 			o.Token, fromFile = tok, true
 		case errors.Is(err, os.ErrNotExist) && o.Coord != nil:
 			o.NewTokenFile = tokenFile
+		case errors.Is(err, os.ErrNotExist) && !mtls && app.String("coordinator") == "":
+			return o, app.Invalid("coordinator", "--role server needs the coordinator's URL")
 		case errors.Is(err, os.ErrNotExist) && !mtls:
-			return o, app.Invalid("token", "--role server needs the coordinator's token (--token, MEMD_TOKEN, or --token-file; %s does not exist)", tokenFile)
+			// A coordinator starting beside us writes it.
+			tok, err := startwait.TokenFile(context.Background(), tokenFile, connectTimeout, func(err error) {
+				app.Log().Info("waiting for the token file (the coordinator writes it when it starts)", zap.String("file", tokenFile), zap.Duration("connect_timeout", connectTimeout))
+			})
+			if err != nil {
+				return o, app.Invalid("token", "--role server needs the coordinator's token (--token, MEMD_TOKEN, or --token-file; %s does not exist)", tokenFile)
+			}
+			o.Token, fromFile = tok, true
 		case !errors.Is(err, os.ErrNotExist):
 			return o, app.Invalid("token-file", "%v", err)
 		}
@@ -251,6 +268,9 @@ func readServeConfig(app *cli.App) (memdd.Options, error) {
 
 	if sv := o.Server; sv != nil {
 		sv.HeartbeatInterval, sv.Mlock = heartbeatInterval, mlock
+		if role == "server" {
+			sv.ConnectTimeout = connectTimeout
+		}
 		sv.CoordinatorURL = app.String("coordinator")
 		if role == "server" {
 			if sv.CoordinatorURL == "" {

@@ -79,9 +79,11 @@ func TestReadServeConfig(t *testing.T) {
 				o.Coord.DataDir, o.Coord.Etcd = "", &memdd.EtcdOptions{Endpoints: []string{"http://e1:2379", "http://e2:2379"}, Prefix: "/pool", MaxTxnOps: 128, ElectionTTL: 3 * time.Second}
 			}},
 		{"server", []string{"--role", "server", "--coordinator", "http://c:7470", "--token", " t ", "--id", "s1",
-			"--advertise-url", "http://s1:7470", "--tcp-advertise", "10.0.0.1:7471", "--failure-domain", "rack1", "--mlock=false"},
+			"--advertise-url", "http://s1:7470", "--tcp-advertise", "10.0.0.1:7471", "--failure-domain", "rack1", "--mlock=false",
+			"--connect-timeout", "5s"},
 			func(o *memdd.Options) {
 				o.Coord, o.Server.CoordinatorURL, o.Token, o.NewTokenFile, o.ID = nil, "http://c:7470", "t", "", "s1"
+				o.Server.ConnectTimeout = 5 * time.Second
 				o.AdvertiseURL, o.Server.TCPAdvertise, o.Server.Domain, o.Server.Mlock = "http://s1:7470", "10.0.0.1:7471", "rack1", false
 			}},
 		{"token file", []string{"--runtime-dir", withToken}, func(o *memdd.Options) {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -101,6 +102,11 @@ type ServerOptions struct {
 	Mlock             bool // lock the donated memory in RAM
 	// Spin is rdma.ListenOptions.Spin for the data plane.
 	Spin time.Duration
+	// ConnectTimeout bounds, without the coordinator role, how long the
+	// server waits for its first registration with the coordinator
+	// before Run fails (0: for ever). It retries meanwhile: a coordinator
+	// started beside it may come up after it.
+	ConnectTimeout time.Duration
 }
 
 // validate checks what Run cannot start without, naming the field.
@@ -301,6 +307,11 @@ func Run(ctx context.Context, log *zap.Logger, opts Options) (err error) {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var sweepDone, joinDone, leadDone chan struct{}
+	// Without the coordinator role: the first registration, awaited up
+	// to ConnectTimeout (nil channels: not awaited).
+	var joinReady <-chan struct{}
+	var joinTimeout <-chan time.Time
+	var joinErr atomic.Pointer[error]
 	if co != nil {
 		sweepDone = make(chan struct{})
 		go func() { defer close(sweepDone); co.RoutineSweep(runCtx, opts.Coord.SweepInterval) }()
@@ -335,7 +346,18 @@ func Run(ctx context.Context, log *zap.Logger, opts Options) (err error) {
 		}
 		joinDone = make(chan struct{})
 		ready := make(chan struct{})
-		go func() { defer close(joinDone); ms.RoutineJoin(runCtx, regr, opts.Server.HeartbeatInterval, ready) }()
+		var failed func(error)
+		if co == nil && opts.Server.ConnectTimeout > 0 {
+			joinReady = ready
+			failed = func(err error) { joinErr.Store(&err) }
+			t := time.NewTimer(opts.Server.ConnectTimeout)
+			defer t.Stop()
+			joinTimeout = t.C
+		}
+		go func() {
+			defer close(joinDone)
+			ms.RoutineJoin(runCtx, regr, opts.Server.HeartbeatInterval, ready, failed)
+		}()
 		if co != nil {
 			// In one process, serve only once this node's memory is in the
 			// pool: a client that can reach the API finds it there.
@@ -355,11 +377,29 @@ func Run(ctx context.Context, log *zap.Logger, opts Options) (err error) {
 	}()
 	log.Info("control API listening", zap.String("addr", ln.Addr().String()), zap.Strings("roles", roles))
 
-	select {
-	case <-ctx.Done():
-		log.Info("shutting down")
-	case err = <-httpDone:
-		err = fmt.Errorf("control API: %w", err)
+	for stop := false; !stop; {
+		stop = true
+		select {
+		case <-ctx.Done():
+			log.Info("shutting down")
+		case err = <-httpDone:
+			err = fmt.Errorf("control API: %w", err)
+		case <-joinReady:
+			joinReady, joinTimeout, stop = nil, nil, false
+		case <-joinTimeout:
+			select {
+			case <-joinReady: // registered as the time ran out
+				joinReady, joinTimeout, stop = nil, nil, false
+				continue
+			default:
+			}
+			why := errors.New("no answer yet")
+			if e := joinErr.Load(); e != nil {
+				why = *e
+			}
+			err = fmt.Errorf("no coordinator reachable at %s within --connect-timeout %s (is the coordinator running? see --coordinator): %w",
+				opts.Server.CoordinatorURL, opts.Server.ConnectTimeout, why)
+		}
 	}
 	cancel()
 	if joinDone != nil {

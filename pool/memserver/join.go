@@ -26,10 +26,13 @@ type Registrar interface {
 // succeeds), then heartbeats every interval, registering again when the
 // coordinator does not know this instance. When ctx is done it tells the
 // coordinator it leaves (its memory goes with it) and returns.
-// ready, if not nil, is closed after the first successful registration.
-func (s *Server) RoutineJoin(ctx context.Context, reg Registrar, interval time.Duration, ready chan<- struct{}) {
+// ready, if not nil, is closed after the first successful registration;
+// until then failed, if not nil, is told of each failed attempt, and the
+// log says once that the server waits for the coordinator (a server
+// started beside it comes up first as often as not).
+func (s *Server) RoutineJoin(ctx context.Context, reg Registrar, interval time.Duration, ready chan<- struct{}, failed func(error)) {
 	log := s.opts.Log
-	registered := false
+	registered, joined, said := false, false, false
 	backoff := interval
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -49,13 +52,24 @@ func (s *Server) RoutineJoin(ctx context.Context, reg Registrar, interval time.D
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		if !registered {
 			if _, err := reg.Register(cctx, s.Registration()); err != nil {
-				log.Warn("registering with the coordinator", zap.Error(err), zap.Duration("retry_in", backoff))
+				if !joined && failed != nil {
+					failed(err)
+				}
+				switch {
+				case joined: // the coordinator lost us: say every attempt
+					log.Warn("registering with the coordinator", zap.Error(err), zap.Duration("retry_in", backoff))
+				case !said:
+					log.Info("waiting for the coordinator", zap.Error(err))
+					said = true
+				default:
+					log.Debug("waiting for the coordinator", zap.Error(err), zap.Duration("retry_in", backoff))
+				}
 				t.Reset(backoff)
 				backoff = min(2*backoff, 10*time.Second)
 				cancel()
 				continue
 			}
-			registered, backoff = true, interval
+			registered, joined, backoff = true, true, interval
 			log.Info("registered with the coordinator")
 			if ready != nil {
 				close(ready)

@@ -235,7 +235,7 @@ func TestJoinReregisters(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	ready := make(chan struct{})
-	go func() { s.RoutineJoin(ctx, reg, 10*time.Millisecond, ready); close(done) }()
+	go func() { s.RoutineJoin(ctx, reg, 10*time.Millisecond, ready, nil); close(done) }()
 	<-ready
 	for range 2 {
 		select {
