@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/user"
@@ -963,4 +965,46 @@ func maSlabs(p *maPool) ([]maSlab, error) {
 		return nil, fmt.Errorf("memd slabs --json: %v: %s", err, out)
 	}
 	return slabs, nil
+}
+
+// TestMemagentMetricsListen: memagent serve --metrics-listen serves the
+// agent's metrics over TCP for a Prometheus server, the agent-wide series
+// from the start (the per-program ones come with the programs); memagent
+// run refuses the flag when it uses that agent, and an address in use is
+// a flag error.
+func TestMemagentMetricsListen(t *testing.T) {
+	maNeeds(t)
+	bins := maBuild(t)
+	memagent := filepath.Join(bins, "memagent")
+	p := maStartPool(t, 1)
+	addr := memdtest.FreeAddr(t)
+	a := maServe(t, memagent, p, "--metrics-listen", addr)
+	scrape := func() string {
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET /metrics: %s\n%s", resp.Status, body)
+		}
+		return string(body)
+	}
+	defer http.DefaultClient.CloseIdleConnections()
+	out := scrape()
+	for _, m := range []string{"rmem_agent_clients 0", "rmem_agent_pool_held_bytes ", "rmem_agent_pool_no_room 0", "rmem_spin_seconds_total{"} {
+		if !strings.Contains(out, "\n"+m) {
+			t.Errorf("%s is not exported before any program ran:\n%s", m, out)
+		}
+	}
+	r := maExec(t, nil, memagent, "run", "--socket", a.socket, "--metrics-listen", memdtest.FreeAddr(t), "--", "true")
+	if r.code == 0 || !strings.Contains(r.stderr, "metrics-listen") {
+		t.Errorf("memagent run --metrics-listen with an agent running: exit %d, %q: want a flag error", r.code, r.stderr)
+	}
+	r = maExec(t, nil, memagent, append([]string{"serve", "--socket", filepath.Join(maAgentDir(t), "b.sock"), "--admin-socket", "",
+		"--metrics-listen", addr}, p.args()...)...)
+	if r.code == 0 || !strings.Contains(r.stderr, "metrics-listen") || !strings.Contains(r.stderr, "address already in use") {
+		t.Errorf("memagent serve --metrics-listen on an address in use: exit %d, %q: want a flag error", r.code, r.stderr)
+	}
 }

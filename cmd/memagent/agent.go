@@ -25,6 +25,7 @@ import (
 	"rmem/internal/agentd"
 	"rmem/internal/childproc"
 	"rmem/internal/cli"
+	"rmem/internal/metricsrv"
 	"rmem/pager"
 	"rmem/pager/proto"
 	"rmem/rdma/verbs"
@@ -39,6 +40,7 @@ func agentFlags(f *pflag.FlagSet) {
 	f.String("lease-ttl", "30s", "TTL of the agent's lease on its slabs (renewed every third of it)")
 	f.String("fault-timeout", "60s", "how long a fault waits for a pool that does not answer before its page is given up (SIGBUS); 0: forever")
 	f.String("spin", "50us", cli.SpinFlag)
+	f.String("metrics-listen", "", "serve the agent's Prometheus /metrics over TCP on this address (e.g. 127.0.0.1:7481) for a Prometheus server to scrape; off if empty (run: its own agent's only)")
 	f.String("max-slowdown", "0", "steer each program's budget by its paging stall: at most PCT of wall time in misses (e.g. 2%); --local-mem is then a ceiling, and without it the node's RAM (docs/pager.md, Budgets from a slowdown target); 0: a fixed budget")
 }
 
@@ -120,7 +122,11 @@ func agentOptions(app *cli.App, localMem cli.Size) (agentd.Options, error) {
 	if slowdown > 0 && !app.IsSet("local-mem") {
 		localMem = cli.Size(totalRAM()) // everything local to start with
 	}
-	return agentd.Options{MaxSlowdown: slowdown,
+	metrics := strings.TrimSpace(app.String("metrics-listen"))
+	if _, port, err := net.SplitHostPort(metrics); metrics != "" && (err != nil || port == "") {
+		return o, app.Invalid("metrics-listen", "want HOST:PORT, e.g. 127.0.0.1:7481")
+	}
+	return agentd.Options{MaxSlowdown: slowdown, MetricsListen: metrics,
 		Socket: app.String("socket"), LocalMem: uint64(localMem), MinAlloc: uint64(minAlloc),
 		Replicas: replicas, Network: network, LeaseTTL: ttl, FaultTimeout: faultTimeout, Spin: spinMax, Log: app.Log(), Lock: true,
 	}, nil
@@ -173,7 +179,7 @@ does. Needs root. Programs of other users are paged when --allow-user or
 			defer stop()
 			d, err := agentd.Start(ctx, opts)
 			if err != nil {
-				return err
+				return metricsFlagErr(app, err)
 			}
 			select {
 			case <-ctx.Done():
@@ -274,6 +280,15 @@ func uffdRunFlags(f *pflag.FlagSet) {
 	f.String("admin-socket", agentd.DefaultAdminSocket, "admin socket of the agent already running at --socket, where --stats reads")
 }
 
+// metricsFlagErr names --metrics-listen in err when its listener could
+// not start.
+func metricsFlagErr(app *cli.App, err error) error {
+	if me := (*metricsrv.Error)(nil); errors.As(err, &me) {
+		return app.Invalid("metrics-listen", "%v", me.Err)
+	}
+	return err
+}
+
 // shimPath finds the shim: --shim, or librmem.so beside this binary.
 func shimPath(app *cli.App) (string, error) {
 	p := app.String("shim")
@@ -348,6 +363,9 @@ func runUffd(ctx context.Context, app *cli.App, args []string) (int, error) {
 		// agent's own --local-mem applies.
 		askBudget = app.IsSet("local-mem")
 		askSlowdown = app.IsSet("max-slowdown") && opts.MaxSlowdown > 0
+		if opts.MetricsListen != "" {
+			return -1, app.Invalid("metrics-listen", "the agent already running at %s pages CMD and has the metrics: give it --metrics-listen", socket)
+		}
 		log.Info("using the agent already running", zap.String("socket", socket), zap.Bool("own-local-mem", askBudget), zap.Bool("own-max-slowdown", askSlowdown))
 	} else {
 		// A private socket, so that this agent never takes over another's.
@@ -358,7 +376,7 @@ func runUffd(ctx context.Context, app *cli.App, args []string) (int, error) {
 			return -1, err
 		}
 		if d, err = agentd.Start(ctx, opts); err != nil {
-			return -1, err
+			return -1, metricsFlagErr(app, err)
 		}
 		defer d.Close()
 	}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -141,10 +140,7 @@ func runMount(app *cli.App, dir string) error {
 		MetricsListen: app.String("metrics-listen"), Lock: lock,
 		StopSignals: []os.Signal{syscall.SIGTERM, syscall.SIGINT}, Log: app.Log(),
 	})
-	if me := (*swapd.MetricsError)(nil); errors.As(err, &me) {
-		return app.Invalid("metrics-listen", "%v", me.Err)
-	}
-	return err
+	return metricsFlagErr(app, err)
 }
 
 func newUmountCmd(app *cli.App) *cobra.Command {

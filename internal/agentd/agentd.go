@@ -28,6 +28,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"rmem/internal/cpuidle"
+	"rmem/internal/metricsrv"
 	"rmem/internal/spinmetrics"
 	"rmem/pager"
 	"rmem/pager/poolstore"
@@ -50,6 +51,10 @@ type Options struct {
 	AllowUIDs   []uint32       // users served besides root and the daemon's own
 	SocketGroup int            // group given the socket, whose members are served (0: none)
 	AdminSocket string         // admin socket ("" for none)
+	// MetricsListen is a TCP address (HOST:PORT) serving the agent's
+	// /metrics for Prometheus ("" for none); the admin socket serves
+	// them too, to root only.
+	MetricsListen string
 	LocalMem    uint64         // per-process budget; required
 	NodeMem     uint64         // node-wide budget (0: none)
 	MaxSlowdown float64        // pager.Options.MaxSlowdown (0: fixed budgets)
@@ -85,6 +90,10 @@ type Daemon struct {
 	shared   bool // serves users besides root: the admin socket is open to them (their own stats)
 	admin    *http.Server
 	adml     net.Listener
+	// stopMetrics stops the --metrics-listen server (nil: none);
+	// MetricsAddr is its address.
+	stopMetrics func()
+	MetricsAddr string
 	done     chan error
 }
 
@@ -183,8 +192,14 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 			return nil, err
 		}
 	}
+	if opts.MetricsListen != "" {
+		if d.MetricsAddr, d.stopMetrics, err = metricsrv.Serve(opts.MetricsListen, reg); err != nil {
+			d.Close()
+			return nil, fmt.Errorf("agentd: %w", err) // a *metricsrv.Error
+		}
+	}
 	go func() { d.done <- agent.Run(context.Background()) }()
-	log.Info("agent ready", zap.String("socket", agent.Addr()), zap.String("admin", opts.AdminSocket),
+	log.Info("agent ready", zap.String("socket", agent.Addr()), zap.String("admin", opts.AdminSocket), zap.String("metrics", d.MetricsAddr),
 		zap.Uint64("local_mem", opts.LocalMem), zap.Uint64("node_mem", opts.NodeMem), zap.Float64("max_slowdown", opts.MaxSlowdown), zap.Int("replicas", replicas))
 	return d, nil
 }
@@ -349,6 +364,9 @@ func (d *Daemon) Done() <-chan error { return d.done }
 func (d *Daemon) Close() error {
 	if d.admin != nil {
 		d.admin.Close()
+	}
+	if d.stopMetrics != nil {
+		d.stopMetrics()
 	}
 	live := len(d.Agent.Stats())
 	err := d.Agent.Close()

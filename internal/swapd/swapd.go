@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -13,12 +11,12 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
 	"rmem/internal/agentd"
 	"rmem/internal/cgroup"
+	"rmem/internal/metricsrv"
 	"rmem/internal/swapdev"
 	"rmem/internal/swaprun"
 	"rmem/pager/poolstore"
@@ -74,13 +72,6 @@ func (o *Options) validate() error {
 	return nil
 }
 
-// MetricsError is Run's error when it cannot listen on
-// Options.MetricsListen; Err is the listener's.
-type MetricsError struct{ Err error }
-
-func (e *MetricsError) Error() string { return "swapd: metrics listener: " + e.Err.Error() }
-func (e *MetricsError) Unwrap() error { return e.Err }
-
 // Run runs the daemon (see the package comment) until DIR is unmounted,
 // and returns nil then. Each of Options.StopSignals, and the end of ctx,
 // asks it to unmount; the request is refused while the swap file is in
@@ -132,9 +123,11 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	defer fs.Close()
 	if opts.MetricsListen != "" {
-		stopMetrics, err := serveMetrics(opts.MetricsListen, fs)
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(fs.Collector())
+		_, stopMetrics, err := metricsrv.Serve(opts.MetricsListen, reg)
 		if err != nil {
-			return &MetricsError{err}
+			return fmt.Errorf("swapd: %w", err) // a *metricsrv.Error
 		}
 		defer stopMetrics()
 	}
@@ -178,23 +171,6 @@ func Run(ctx context.Context, opts Options) error {
 			request(zap.NamedError("context", ctx.Err()))
 		}
 	}
-}
-
-// serveMetrics serves the file system's counters for Prometheus on addr
-// until stop is called.
-func serveMetrics(addr string, fs *swapfs.FS) (stop func(), err error) {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(fs.Collector())
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, err
-	}
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	done := make(chan struct{})
-	go func() { hs.Serve(ln); close(done) }()
-	return func() { hs.Close(); <-done }, nil
 }
 
 // Unmount unmounts the pool swap file system at dir (served by another

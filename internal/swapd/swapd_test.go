@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"rmem/internal/metricsrv"
 	"rmem/internal/swapd"
 	"rmem/internal/swaprun"
 	"rmem/pool/client"
@@ -272,7 +273,7 @@ func TestRunStops(t *testing.T) {
 }
 
 // TestRunMetricsListenError: an address Run cannot listen on is a
-// *MetricsError keeping the errno, and what Run started before is undone:
+// *metricsrv.Error keeping the errno, and what Run started before is undone:
 // nothing is mounted, the lease is gone.
 func TestRunMetricsListenError(t *testing.T) {
 	cl := startPool(t)
@@ -283,7 +284,7 @@ func TestRunMetricsListenError(t *testing.T) {
 	defer ln.Close()
 	dir := t.TempDir()
 	err = swapd.Run(context.Background(), swapd.Options{Dir: dir, Size: 1 << 20, Pool: cl, Replicas: 1, MetricsListen: ln.Addr().String()})
-	var me *swapd.MetricsError
+	var me *metricsrv.Error
 	if !errors.As(err, &me) || !errors.Is(err, syscall.EADDRINUSE) {
 		t.Fatalf("Run with its metrics address in use: %v", err)
 	}
