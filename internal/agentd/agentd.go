@@ -55,13 +55,13 @@ type Options struct {
 	// /metrics for Prometheus ("" for none); the admin socket serves
 	// them too, to root only.
 	MetricsListen string
-	LocalMem    uint64         // per-process budget; required
-	NodeMem     uint64         // node-wide budget (0: none)
-	MaxSlowdown float64        // pager.Options.MaxSlowdown (0: fixed budgets)
-	MinAlloc    uint64         // the shim's threshold (0: its default)
-	Replicas    int            // 0: 2 when the pool has two servers up or more, else 1
-	Network     string         // rdma provider to reach memory servers (default "tcp")
-	LeaseTTL    time.Duration  // default 30s
+	LocalMem      uint64        // per-process budget; required
+	NodeMem       uint64        // node-wide budget (0: none)
+	MaxSlowdown   float64       // pager.Options.MaxSlowdown (0: fixed budgets)
+	MinAlloc      uint64        // the shim's threshold (0: its default)
+	Replicas      int           // 0: 2 when the pool has two servers up or more, else 1
+	Network       string        // rdma provider to reach memory servers (default "tcp")
+	LeaseTTL      time.Duration // default 30s
 	// FaultTimeout is pager.Options.FaultTimeout (0: its default).
 	FaultTimeout time.Duration
 	// Spin is pager.Options.Spin, for the data plane's connections too
@@ -94,7 +94,7 @@ type Daemon struct {
 	// MetricsAddr is its address.
 	stopMetrics func()
 	MetricsAddr string
-	done     chan error
+	done        chan error
 }
 
 // Start takes a lease, opens the agent's socket and starts serving.
