@@ -14,8 +14,13 @@ FUZZTIME ?= 20000x
 
 all: build
 
+# The version the binaries answer --version with: the commit (git describe),
+# stamped at link time (GOFLAGS may say -buildvcs=false).
+VERSION ?= $(shell git describe --always --dirty --tags 2>/dev/null || echo dev)
+GO_LDFLAGS := -X rmem/internal/version.Version=$(VERSION)
+
 build: shim
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -ldflags "$(GO_LDFLAGS)" -o $(BIN)/ ./cmd/...
 
 # The LD_PRELOAD shim, installed beside the binaries (memagent run finds it
 # there). preload/build.sh is its one build (preload's tests use it too): it

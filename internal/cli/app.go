@@ -48,6 +48,10 @@ func NewApp(name, envPrefix string, root *cobra.Command) *App {
 	root.SilenceUsage = true
 	root.SilenceErrors = true
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error { return a.load(cmd) }
+	// --version as well as the version command: what packages and
+	// operators try first.
+	root.Version = version.String()
+	root.SetVersionTemplate(name + " {{.Version}}\n")
 	root.AddCommand(&cobra.Command{
 		Use:   "version",
 		Short: "Print the version",

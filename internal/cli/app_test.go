@@ -145,4 +145,9 @@ func TestVersion(t *testing.T) {
 	if err != nil || !strings.HasPrefix(out, "testd ") || !strings.Contains(out, "go1.") {
 		t.Fatalf("version: %q %v", out, err)
 	}
+	_, root, _ = newTestApp(t)
+	flag, err := run(root, "--version")
+	if err != nil || flag != out {
+		t.Fatalf("--version: %q %v, want %q as the version command says", flag, err, out)
+	}
 }
