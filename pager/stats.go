@@ -173,6 +173,10 @@ type ClientStats struct {
 	// threads spent in misses over the controller's last step (percent).
 	Auto     bool    `json:"auto,omitempty"`
 	StallPct float64 `json:"stall_pct,omitempty"`
+	// Stall is the time the process's threads spent in misses (first
+	// touches not counted), as the agent measures it plus its estimate of
+	// the trap and wake-up it does not see (rmem_agent_stall_seconds_total).
+	Stall time.Duration `json:"stall_ns"`
 	// Faults counts MISSING faults served (zero fills, remote reads,
 	// staged copies, poisons); WPFaults counts writes to clean pages.
 	Faults      uint64 `json:"faults"`
@@ -255,6 +259,7 @@ func (c *counters) snapshot(pageSize uint64) ClientStats {
 		WPFaults: c.wpFaults.Load(), Held: c.held.Load(),
 		FaultLatency: FaultLatency{FaultP50: lat[0], FaultP99: lat[1], FaultP999: lat[2], InstallP50: c.install.Quantile(0.50)},
 		RingFaults:   c.ringFaults.Load(),
+		Stall:        time.Duration(c.stall.Load()),
 		Evictions:    c.evictions.Load(), WriteBacks: c.writeBacks.Load(), Lost: c.lost.Load(),
 		Retries: c.retries.Load(), BudgetWaits: c.waits.Load(),
 		PrefetchCounts: PrefetchCounts{PrefetchIssued: c.prefetchIssued.Load(), PrefetchHits: c.prefetchHits.Load(),

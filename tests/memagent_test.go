@@ -998,7 +998,13 @@ func TestMemagentMetricsListen(t *testing.T) {
 			t.Errorf("%s is not exported before any program ran:\n%s", m, out)
 		}
 	}
-	r := maExec(t, nil, memagent, "run", "--socket", a.socket, "--metrics-listen", memdtest.FreeAddr(t), "--", "true")
+	// memagent top --once against the same agent: one frame, rates over
+	// one interval.
+	r := maExec(t, nil, memagent, "top", "--once", "--interval", "200ms", "--admin-socket", a.admin)
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "memagent top - ") || !strings.Contains(r.stdout, "    PID   RES REMOT BUDGT MISS/s") {
+		t.Errorf("memagent top --once: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = maExec(t, nil, memagent, "run", "--socket", a.socket, "--metrics-listen", memdtest.FreeAddr(t), "--", "true")
 	if r.code == 0 || !strings.Contains(r.stderr, "metrics-listen") {
 		t.Errorf("memagent run --metrics-listen with an agent running: exit %d, %q: want a flag error", r.code, r.stderr)
 	}

@@ -22,7 +22,7 @@ func newRoot() *cobra.Command {
 	app := cli.NewApp("memagent", "MEMAGENT", root)
 	root.AddCommand(newUffdDemoCmd(app))
 	root.AddCommand(newMountCmd(app), newUmountCmd(app), newSwaponCmd(app), newSwapoffCmd(app), newCleanupCmd(app))
-	root.AddCommand(newRunCmd(app), newServeCmd(app), newStatsCmd(app))
+	root.AddCommand(newRunCmd(app), newServeCmd(app), newStatsCmd(app), newTopCmd(app))
 	return root
 }
 
