@@ -12,11 +12,10 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"golang.org/x/sys/unix"
-	"golang.org/x/term"
 
 	"rmem/internal/agentd"
 	"rmem/internal/cli"
+	"rmem/internal/livetop"
 	"rmem/pager"
 )
 
@@ -58,7 +57,11 @@ interval) and exits.`,
 				}
 				key = s[0]
 			}
-			return runTop(cmd.Context(), app.String("admin-socket"), interval, once, key, os.Stdin, os.Stdout)
+			scr := &agentTop{admin: app.String("admin-socket"), key: key, comm: procComm}
+			if once {
+				return livetop.Once(cmd.Context(), scr, interval, os.Stdout)
+			}
+			return livetop.Run(cmd.Context(), scr, interval, os.Stdin, os.Stdout)
 		},
 	}
 	f := cmd.Flags()
@@ -126,11 +129,10 @@ func sortTop(rows []topRow, key byte) {
 // terminal; COMMAND follows when the terminal is wider.
 const topHeader = "    PID   RES REMOT BUDGT MISS/s   P50   P99 STALL EVIC/s   WB/s  PF% WAIT LOST"
 
-// writeTop draws one frame of rows (sorted already) for a terminal of
-// width x height (0: no limit): a line about the agent, one about its
-// pool, the keys, and the table. comm names a pid's program ("" unknown).
-func writeTop(w io.Writer, prev, cur agentd.StatsResponse, rows []topRow, dt time.Duration, now time.Time, key byte,
-	width, height int, comm func(pid int) string, eol string) error {
+// topLines is one frame of rows (sorted already): a line about the agent,
+// one about its pool, the keys, and the table; wide adds COMMAND, which
+// comm gives for a pid ("" unknown).
+func topLines(prev, cur agentd.StatsResponse, rows []topRow, dt time.Duration, now time.Time, key byte, wide bool, comm func(pid int) string) []string {
 	var lines []string
 	cpu := "-"
 	if dt > 0 {
@@ -139,7 +141,7 @@ func writeTop(w io.Writer, prev, cur agentd.StatsResponse, rows []topRow, dt tim
 	}
 	lines = append(lines, fmt.Sprintf("memagent top - %s  programs %d  agent CPU %s", now.Format(time.TimeOnly), len(rows), cpu))
 	p := cur.Pool
-	pool := fmt.Sprintf("pool: %s held in %d slabs, %s used by pages, replicas %d", compactBytes(p.HeldBytes), p.Slabs, compactBytes(p.UsedBytes), cur.Replicas)
+	pool := fmt.Sprintf("pool: %s held in %d slabs, %s used by pages, replicas %d", livetop.Bytes(p.HeldBytes), p.Slabs, livetop.Bytes(p.UsedBytes), cur.Replicas)
 	if p.NoRoom != "" {
 		pool += "; NO ROOM: " + p.NoRoom
 	}
@@ -147,7 +149,6 @@ func writeTop(w io.Writer, prev, cur agentd.StatsResponse, rows []topRow, dt tim
 	sorts := map[byte]string{'m': "misses/s", 'r': "resident", 's': "stall", 'e': "evictions/s", 'p': "pid"}
 	lines = append(lines, fmt.Sprintf("sorted by %s; keys: m r s e p sort, q quits", sorts[key]), "")
 	header := topHeader
-	wide := width == 0 || width > len(topHeader)+7
 	if wide {
 		header += " COMMAND"
 	}
@@ -156,7 +157,7 @@ func writeTop(w io.Writer, prev, cur agentd.StatsResponse, rows []topRow, dt tim
 		s := r.s
 		misses, evicts, wbs, stall := "-", "-", "-", "-"
 		if r.rated {
-			misses, evicts, wbs = compactRate(r.misses), compactRate(r.evicts), compactRate(r.wbs)
+			misses, evicts, wbs = livetop.Rate(r.misses), livetop.Rate(r.evicts), livetop.Rate(r.wbs)
 			stall = fmt.Sprintf("%.1f%%", 100*r.stall)
 		}
 		hit := "-"
@@ -164,91 +165,54 @@ func writeTop(w io.Writer, prev, cur agentd.StatsResponse, rows []topRow, dt tim
 			hit = fmt.Sprintf("%.0f%%", 100*s.PrefetchHitRate())
 		}
 		line := fmt.Sprintf("%7d %5s %5s %5s %6s %5s %5s %5s %6s %6s %4s %4s %4s", s.PID,
-			compactBytes(s.ResidentBytes), compactBytes(s.RemoteBytes), compactBytes(s.BudgetBytes), misses,
-			compactDur(s.FaultP50), compactDur(s.FaultP99), stall, evicts, wbs, hit, compactCount(s.BudgetWaits), compactCount(s.Lost))
+			livetop.Bytes(s.ResidentBytes), livetop.Bytes(s.RemoteBytes), livetop.Bytes(s.BudgetBytes), misses,
+			livetop.Dur(s.FaultP50), livetop.Dur(s.FaultP99), stall, evicts, wbs, hit, livetop.Count(s.BudgetWaits), livetop.Count(s.Lost))
 		if wide && comm != nil {
 			line += " " + comm(s.PID)
 		}
 		lines = append(lines, line)
 	}
-	if height > 0 && len(lines) > height {
-		lines = lines[:height]
+	return lines
+}
+
+// agentTop is memagent top's screen: the agent's last two stats.
+type agentTop struct {
+	admin     string
+	key       byte
+	comm      func(pid int) string
+	prev, cur agentd.StatsResponse
+	at, now   time.Time // when prev and cur were taken
+}
+
+func (a *agentTop) Fetch(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	st, err := agentd.FetchStats(cctx, a.admin)
+	if err != nil {
+		return err
 	}
-	for i, l := range lines {
-		if r := []rune(l); width > 0 && len(r) > width {
-			l = string(r[:width])
-		}
-		if i < len(lines)-1 || eol == "\n" {
-			l += eol
-		}
-		if _, err := io.WriteString(w, l); err != nil {
-			return err
-		}
+	t := time.Now()
+	if a.now.IsZero() { // the first: no rates until the next
+		a.cur, a.now = st, t
 	}
+	a.prev, a.at, a.cur, a.now = a.cur, a.now, st, t
 	return nil
 }
 
-// compactBytes is n in at most 5 columns: 512B, 64K, 12.5M, 1.2G.
-func compactBytes(n uint64) string {
-	v, unit := float64(n), ""
-	for _, u := range []string{"K", "M", "G", "T"} {
-		if v < 1024 {
-			break
-		}
-		v, unit = v/1024, u
-	}
-	switch {
-	case unit == "":
-		return strconv.FormatUint(n, 10) + "B"
-	case v < 100:
-		return strconv.FormatFloat(v, 'f', 1, 64) + unit
-	}
-	return strconv.FormatFloat(v, 'f', 0, 64) + unit
+func (a *agentTop) Draw(w io.Writer, width, height int, eol string) error {
+	dt := a.now.Sub(a.at)
+	rows := topRows(a.prev, a.cur, dt)
+	sortTop(rows, a.key)
+	wide := width == 0 || width > len(topHeader)+7
+	return livetop.Fit(w, topLines(a.prev, a.cur, rows, dt, a.now, a.key, wide, a.comm), width, height, eol)
 }
 
-// compactRate is a rate per second in at most 6 columns: 12, 1.2k, 123.4k, 1.2M.
-func compactRate(r float64) string {
-	switch {
-	case r < 1000:
-		return strconv.FormatFloat(r, 'f', 0, 64)
-	case r < 1e6:
-		return strconv.FormatFloat(r/1e3, 'f', 1, 64) + "k"
+func (a *agentTop) Key(k byte) bool {
+	if strings.IndexByte(topKeys, k) < 0 {
+		return false
 	}
-	return strconv.FormatFloat(r/1e6, 'f', 1, 64) + "M"
-}
-
-// compactCount is a count in at most 4 columns: 12, 999, 1.2k, 12k, 1.2M.
-func compactCount(n uint64) string {
-	switch {
-	case n < 1000:
-		return strconv.FormatUint(n, 10)
-	case n < 10000:
-		return strconv.FormatFloat(float64(n)/1e3, 'f', 1, 64) + "k"
-	case n < 1e6:
-		return strconv.FormatUint(n/1000, 10) + "k"
-	case n < 1e7:
-		return strconv.FormatFloat(float64(n)/1e6, 'f', 1, 64) + "M"
-	}
-	return strconv.FormatUint(n/1e6, 10) + "M"
-}
-
-// compactDur is d in at most 5 columns: 850n, 12µs, 1.2ms, 12ms, 1.2s.
-func compactDur(d time.Duration) string {
-	switch {
-	case d == 0:
-		return "-"
-	case d < time.Microsecond:
-		return strconv.FormatInt(int64(d), 10) + "n"
-	case d < 10*time.Microsecond:
-		return strconv.FormatFloat(float64(d)/1e3, 'f', 1, 64) + "µs"
-	case d < time.Millisecond:
-		return strconv.FormatInt(int64(d/time.Microsecond), 10) + "µs"
-	case d < 10*time.Millisecond:
-		return strconv.FormatFloat(float64(d)/1e6, 'f', 1, 64) + "ms"
-	case d < time.Second:
-		return strconv.FormatInt(int64(d/time.Millisecond), 10) + "ms"
-	}
-	return strconv.FormatFloat(d.Seconds(), 'f', 1, 64) + "s"
+	a.key = k
+	return true
 }
 
 // procComm is the command name of pid on this node ("" when it is gone).
@@ -258,126 +222,4 @@ func procComm(pid int) string {
 		return ""
 	}
 	return strings.TrimSpace(string(b))
-}
-
-// runTop fetches the agent's stats every interval and draws them on out;
-// keys come from in when it is a terminal (put in raw mode meanwhile).
-func runTop(ctx context.Context, admin string, interval time.Duration, once bool, key byte, in, out *os.File) error {
-	fetch := func() (agentd.StatsResponse, time.Time, error) {
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		st, err := agentd.FetchStats(cctx, admin)
-		return st, time.Now(), err
-	}
-	prev, at, err := fetch()
-	if err != nil {
-		return err
-	}
-	if once {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(interval):
-		}
-		cur, now, err := fetch()
-		if err != nil {
-			return err
-		}
-		rows := topRows(prev, cur, now.Sub(at))
-		sortTop(rows, key)
-		return writeTop(out, prev, cur, rows, now.Sub(at), now, key, 0, 0, procComm, "\n")
-	}
-	width, height := 80, 24
-	interactive := term.IsTerminal(int(out.Fd()))
-	if interactive {
-		if w, h, err := term.GetSize(int(out.Fd())); err == nil {
-			width, height = w, h
-		}
-		fmt.Fprint(out, "\x1b[?1049h\x1b[?25l") // the alternate screen, no cursor
-		defer fmt.Fprint(out, "\x1b[?25h\x1b[?1049l")
-	}
-	keys := -1
-	if term.IsTerminal(int(in.Fd())) {
-		old, err := term.MakeRaw(int(in.Fd()))
-		if err != nil {
-			return err
-		}
-		defer term.Restore(int(in.Fd()), old)
-		keys = int(in.Fd())
-	}
-	cur, now := prev, at
-	draw := func() error {
-		rows := topRows(prev, cur, now.Sub(at))
-		sortTop(rows, key)
-		if interactive {
-			if w, h, err := term.GetSize(int(out.Fd())); err == nil {
-				width, height = w, h
-			}
-			fmt.Fprint(out, "\x1b[H\x1b[2J")
-		}
-		return writeTop(out, prev, cur, rows, now.Sub(at), now, key, width, height, procComm, "\r\n")
-	}
-	if err := draw(); err != nil {
-		return err
-	}
-	next := time.Now().Add(interval)
-	for {
-		k, err := waitKey(ctx, keys, time.Until(next))
-		if err != nil {
-			return err
-		}
-		switch {
-		case k == 'q' || k == 'Q' || k == 3 || k == 4: // q, ^C, ^D
-			return nil
-		case k != 0 && strings.IndexByte(topKeys, k) >= 0:
-			key = k
-			if err := draw(); err != nil {
-				return err
-			}
-			continue
-		case k != 0 || time.Now().Before(next):
-			continue
-		}
-		st, t, err := fetch()
-		if err != nil {
-			return err
-		}
-		prev, at, cur, now = cur, now, st, t
-		next = t.Add(interval)
-		if err := draw(); err != nil {
-			return err
-		}
-	}
-}
-
-// waitKey waits up to d for a key on fd (-1: none, only the wait) and
-// returns it, or 0 when d passed first.
-func waitKey(ctx context.Context, fd int, d time.Duration) (byte, error) {
-	if err := ctx.Err(); err != nil {
-		return 0, err
-	}
-	if d <= 0 {
-		return 0, nil
-	}
-	if fd < 0 {
-		select {
-		case <-ctx.Done():
-			return 0, ctx.Err()
-		case <-time.After(d):
-			return 0, nil
-		}
-	}
-	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-	n, err := unix.Poll(fds, int(d.Milliseconds())+1)
-	if err == unix.EINTR || n == 0 {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, err
-	}
-	var b [1]byte
-	if m, err := unix.Read(fd, b[:]); err != nil || m == 0 {
-		return 'q', nil // the terminal went away
-	}
-	return b[0], nil
 }

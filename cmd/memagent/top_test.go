@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"rmem/internal/agentd"
+	"rmem/internal/livetop"
 	"rmem/pager"
 )
 
@@ -18,7 +19,7 @@ func TestTopFrame(t *testing.T) {
 		{ID: 1, PID: 4242, Faults: 21000, Evictions: 10500, WriteBacks: 2100, Stall: 600 * time.Millisecond,
 			ResidentBytes: 64 << 20, RemoteBytes: 200 << 20, BudgetBytes: 64 << 20,
 			FaultLatency: pager.FaultLatency{FaultP50: 8700 * time.Nanosecond, FaultP99: 1200 * time.Microsecond},
-			BudgetWaits: 12345, Lost: 0, PrefetchCounts: pager.PrefetchCounts{PrefetchHits: 3, PrefetchWasted: 1}},
+			BudgetWaits:  12345, Lost: 0, PrefetchCounts: pager.PrefetchCounts{PrefetchHits: 3, PrefetchWasted: 1}},
 		{ID: 2, PID: 77, Faults: 12, ResidentBytes: 1 << 30},
 		{ID: 3, PID: 9000000, Faults: 5}, // new: no rates yet
 	}, Pool: pager.PoolStats{HeldBytes: 256 << 20, Slabs: 4, UsedBytes: 200 << 20, NoRoom: "pool full"}, Replicas: 2,
@@ -46,7 +47,8 @@ func TestTopFrame(t *testing.T) {
 	sortTop(rows, 'm')
 	var b strings.Builder
 	now := time.Date(2026, 12, 6, 11, 0, 0, 0, time.UTC)
-	if err := writeTop(&b, prev, cur, rows, dt, now, 'm', 80, 24, func(pid int) string { return "redis-server" }, "\n"); err != nil {
+	comm := func(pid int) string { return "redis-server" }
+	if err := livetop.Fit(&b, topLines(prev, cur, rows, dt, now, 'm', false, comm), 80, 24, "\n"); err != nil {
 		t.Fatal(err)
 	}
 	out := b.String()
@@ -68,22 +70,8 @@ func TestTopFrame(t *testing.T) {
 		t.Error("COMMAND at 80 columns: there is no room")
 	}
 	b.Reset()
-	writeTop(&b, prev, cur, rows, dt, now, 'm', 120, 6, func(pid int) string { return "redis-server" }, "\n")
+	livetop.Fit(&b, topLines(prev, cur, rows, dt, now, 'm', true, comm), 120, 6, "\n")
 	if out := b.String(); !strings.Contains(out, "COMMAND") || !strings.Contains(out, "redis-server") || strings.Count(out, "\n") != 6 {
 		t.Errorf("at 120x6: want COMMAND and 6 lines:\n%s", out)
-	}
-}
-
-func TestCompactFigures(t *testing.T) {
-	for _, c := range []struct{ got, want string }{
-		{compactBytes(512), "512B"}, {compactBytes(64 << 10), "64.0K"}, {compactBytes(200 << 20), "200M"}, {compactBytes(1 << 30), "1.0G"},
-		{compactRate(12), "12"}, {compactRate(1234), "1.2k"}, {compactRate(123456), "123.5k"}, {compactRate(1.5e6), "1.5M"},
-		{compactCount(999), "999"}, {compactCount(1200), "1.2k"}, {compactCount(12345), "12k"}, {compactCount(2500000), "2.5M"},
-		{compactDur(0), "-"}, {compactDur(850), "850n"}, {compactDur(8700), "8.7µs"}, {compactDur(120 * time.Microsecond), "120µs"},
-		{compactDur(1200 * time.Microsecond), "1.2ms"}, {compactDur(1500 * time.Millisecond), "1.5s"},
-	} {
-		if c.got != c.want {
-			t.Errorf("got %q, want %q", c.got, c.want)
-		}
 	}
 }

@@ -22,7 +22,7 @@ embedded store. The other commands administer a running pool.`,
 	}
 	app := cli.NewApp("memd", "MEMD", root)
 	root.AddCommand(newServeCmd(app))
-	root.AddCommand(newStatusCmd(app), newServersCmd(app), newAgentsCmd(app), newSlabsCmd(app))
+	root.AddCommand(newStatusCmd(app), newServersCmd(app), newAgentsCmd(app), newSlabsCmd(app), newTopCmd(app))
 	root.AddCommand(newDrainCmd(app, true), newDrainCmd(app, false))
 	return root
 }
