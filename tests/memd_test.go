@@ -845,6 +845,11 @@ func TestMemdStartOrder(t *testing.T) {
 	if n := strings.Count(s.Output(), "waiting for the token file"); n != 1 {
 		t.Errorf("said %d times that it waits for the token file, want once:\n%s", n, s.Output())
 	}
+	// memd top --once shows it.
+	out, errOut, err := memdtest.Run(bin, nil, "top", "--once", "--coordinator", "http://"+addr, "--token-file", filepath.Join(run, "token"))
+	if err != nil || !strings.HasPrefix(out, "memd top - ") || !regexp.MustCompile(`(?m)^s1 +up +32\.0M`).MatchString(out) {
+		t.Errorf("memd top --once: %v\n%s%s", err, out, errOut)
+	}
 }
 
 func TestMemdBadConfig(t *testing.T) {
