@@ -158,6 +158,9 @@ type Agent struct {
 	forked   map[forkKey]*client   // forked children waiting for their HELLO
 	copies   map[forkKey]*forkCopy // FORK_PREPARE copies waiting for their child's HELLO
 	exited   []ClientStats         // final stats of the last maxExited clients
+	// gone sums the counters of every client that has exited, for the
+	// metrics' "exited" series (metrics.go).
+	gone ClientStats
 	closed   bool
 	nclients atomic.Int64
 
@@ -692,6 +695,7 @@ func (a *Agent) dropClient(c *client) {
 			a.exited = append(a.exited[:0], a.exited[1:]...)
 		}
 		a.exited = append(a.exited, final)
+		a.gone.addCounters(final)
 	}
 	for k, fc := range a.forked {
 		if fc == c {

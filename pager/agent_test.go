@@ -30,6 +30,8 @@ import (
 	"rmem/pager/remote"
 	"rmem/preload/shimtest"
 	"rmem/userfaultfd"
+
+	dto "github.com/prometheus/client_model/go"
 )
 
 const (
@@ -380,19 +382,7 @@ func TestOverBudget(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := map[string]float64{}
-			for _, mf := range mfs {
-				for _, m := range mf.GetMetric() {
-					switch {
-					case m.GetCounter() != nil:
-						got[mf.GetName()] = m.GetCounter().GetValue()
-					case m.GetGauge() != nil:
-						got[mf.GetName()] = m.GetGauge().GetValue()
-					case m.GetHistogram() != nil:
-						got[mf.GetName()] = float64(m.GetHistogram().GetSampleCount())
-					}
-				}
-			}
+			got := sumMetrics(mfs)
 			if got["rmem_agent_evictions_total"] < float64(st.Evictions) || got["rmem_agent_fault_seconds"] == 0 ||
 				got["rmem_agent_clients"] != 1 || got["rmem_agent_write_backs_total"] < float64(st.WriteBacks) ||
 				st.InstallP50 > 0 && got["rmem_agent_install_p50_seconds"] == 0 {
@@ -408,8 +398,36 @@ func TestOverBudget(t *testing.T) {
 			if len(ex) != 1 || !ex[0].Exited || ex[0].ID != st.ID || ex[0].Evictions < st.Evictions || ex[0].RemoteReads < st.RemoteReads {
 				t.Fatalf("exited stats %+v, last live %+v", ex, st)
 			}
+			// And in the metrics' "exited" series: a sum over clients
+			// does not fall when one exits.
+			if mfs, err = reg.Gather(); err != nil {
+				t.Fatal(err)
+			}
+			if after := sumMetrics(mfs); after["rmem_agent_evictions_total"] != float64(ex[0].Evictions) ||
+				after["rmem_agent_faults_total"] != float64(ex[0].Faults) || after["rmem_agent_clients"] != 0 {
+				t.Fatalf("metrics once the client exited: %v; its final stats %+v", after, ex[0])
+			}
 		})
 	}
+}
+
+// sumMetrics sums each family's series: counters and gauges, and the
+// histograms' sample counts.
+func sumMetrics(mfs []*dto.MetricFamily) map[string]float64 {
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			switch {
+			case m.GetCounter() != nil:
+				got[mf.GetName()] += m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				got[mf.GetName()] += m.GetGauge().GetValue()
+			case m.GetHistogram() != nil:
+				got[mf.GetName()] += float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return got
 }
 
 // agentWait bounds each wait for the agent to get somewhere (checked

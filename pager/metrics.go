@@ -8,6 +8,9 @@ import (
 )
 
 var (
+	// A client's series: its id and pid. The counters have one more
+	// series, client "exited" (pid ""), summing the clients that have
+	// exited, from the agent's start.
 	labels = []string{"client", "pid"}
 
 	descResident = prometheus.NewDesc("rmem_agent_resident_bytes", "Resident bytes of a client's paged regions.", labels, nil)
@@ -68,6 +71,23 @@ func (col collector) Collect(ch chan<- prometheus.Metric) {
 		noRoom = 1
 	}
 	ch <- prometheus.MustNewConstMetric(descNoRoom, prometheus.GaugeValue, noRoom)
+	// The counters of the clients that have exited, as one series
+	// (client "exited"), there from the start: a sum over clients does
+	// not fall when one exits, and an alert on lost pages or waits has a
+	// series at zero before the first.
+	a.mu.Lock()
+	gone := a.gone
+	a.mu.Unlock()
+	for _, m := range []struct {
+		d *prometheus.Desc
+		v float64
+	}{{descFaults, float64(gone.Faults)}, {descZero, float64(gone.ZeroFills)}, {descReads, float64(gone.RemoteReads)},
+		{descWP, float64(gone.WPFaults)}, {descEvict, float64(gone.Evictions)}, {descWB, float64(gone.WriteBacks)},
+		{descLost, float64(gone.Lost)}, {descWaits, float64(gone.BudgetWaits)}, {descPFIssued, float64(gone.PrefetchIssued)},
+		{descPFHits, float64(gone.PrefetchHits)}, {descPFWasted, float64(gone.PrefetchWasted)}, {descRAHits, float64(gone.ReadaheadHits)},
+		{descRing, float64(gone.RingFaults)}, {descStallSec, gone.Stall.Seconds()}} {
+		ch <- prometheus.MustNewConstMetric(m.d, prometheus.CounterValue, m.v, "exited", "")
+	}
 	for _, c := range cs {
 		budget := float64(c.budgetPages() * pageSize)
 		s := c.st.snapshot(pageSize)

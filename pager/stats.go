@@ -274,3 +274,21 @@ func (c *counters) snapshot(pageSize uint64) ClientStats {
 	}
 	return s
 }
+
+// addCounters adds the counters of o (not its gauges or quantiles) to s.
+func (s *ClientStats) addCounters(o ClientStats) {
+	s.Faults += o.Faults
+	s.ZeroFills += o.ZeroFills
+	s.RemoteReads += o.RemoteReads
+	s.WPFaults += o.WPFaults
+	s.Evictions += o.Evictions
+	s.WriteBacks += o.WriteBacks
+	s.Lost += o.Lost
+	s.BudgetWaits += o.BudgetWaits
+	s.PrefetchIssued += o.PrefetchIssued
+	s.PrefetchHits += o.PrefetchHits
+	s.PrefetchWasted += o.PrefetchWasted
+	s.ReadaheadHits += o.ReadaheadHits
+	s.RingFaults += o.RingFaults
+	s.Stall += o.Stall
+}

@@ -969,7 +969,8 @@ func maSlabs(p *maPool) ([]maSlab, error) {
 
 // TestMemagentMetricsListen: memagent serve --metrics-listen serves the
 // agent's metrics over TCP for a Prometheus server, the agent-wide series
-// from the start (the per-program ones come with the programs); memagent
+// and the counters of exited programs from the start (the per-program
+// ones come with the programs); memagent
 // run refuses the flag when it uses that agent, and an address in use is
 // a flag error.
 func TestMemagentMetricsListen(t *testing.T) {
@@ -993,7 +994,9 @@ func TestMemagentMetricsListen(t *testing.T) {
 	}
 	defer http.DefaultClient.CloseIdleConnections()
 	out := scrape()
-	for _, m := range []string{"rmem_agent_clients 0", "rmem_agent_pool_held_bytes ", "rmem_agent_pool_no_room 0", "rmem_spin_seconds_total{"} {
+	for _, m := range []string{"rmem_agent_clients 0", "rmem_agent_pool_held_bytes ", "rmem_agent_pool_no_room 0", "rmem_spin_seconds_total{",
+		`rmem_agent_lost_pages_total{client="exited",pid=""} 0`, `rmem_agent_faults_total{client="exited",pid=""} 0`,
+		`rmem_agent_stall_seconds_total{client="exited",pid=""} 0`, `rmem_agent_budget_waits_total{client="exited",pid=""} 0`} {
 		if !strings.Contains(out, "\n"+m) {
 			t.Errorf("%s is not exported before any program ran:\n%s", m, out)
 		}
