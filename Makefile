@@ -10,7 +10,7 @@ KERNEL_PKGS := ./userfaultfd/... ./internal/uffddemo/... ./pager/... ./preload/.
 # "context deadline exceeded" on a loaded machine.
 FUZZTIME ?= 20000x
 
-.PHONY: all build shim demo bench bench-services test fmt-check vet pager-layers shim-layers test-race test-gomaxprocs1 fuzz clean
+.PHONY: all build shim demo deb bench bench-services test fmt-check vet pager-layers shim-layers test-race test-gomaxprocs1 fuzz clean
 
 all: build
 
@@ -34,6 +34,11 @@ shim: $(BIN)/librmem.so
 $(BIN)/librmem.so: $(SHIM_SRC)
 	@mkdir -p $(BIN)
 	CC=$(SHIM_CC) ./preload/build.sh $@
+
+# The Debian package, dist/rmem_VERSION_amd64.deb (scripts/deb.sh says what
+# it holds): dpkg -i it, then systemctl enable --now memd memagent.
+deb: build
+	BIN=$(BIN) ./scripts/deb.sh dist
 
 # The main job, end to end on this host: memd + memagent run on a program
 # using 4x its local-memory budget (scripts/demo.sh).

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/cobra/doc"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 	"go.uber.org/zap"
@@ -52,6 +53,18 @@ func NewApp(name, envPrefix string, root *cobra.Command) *App {
 	// operators try first.
 	root.Version = version.String()
 	root.SetVersionTemplate(name + " {{.Version}}\n")
+	root.AddCommand(&cobra.Command{
+		Use:    "man DIR",
+		Short:  "Write the man pages of every command into DIR (make deb does)",
+		Hidden: true,
+		Args:   cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := os.MkdirAll(args[0], 0o755); err != nil {
+				return err
+			}
+			return doc.GenManTree(root, &doc.GenManHeader{Title: strings.ToUpper(name), Section: "1", Source: "rmem " + version.String()}, args[0])
+		},
+	})
 	root.AddCommand(&cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
