@@ -10,7 +10,7 @@ KERNEL_PKGS := ./userfaultfd/... ./internal/uffddemo/... ./pager/... ./preload/.
 # "context deadline exceeded" on a loaded machine.
 FUZZTIME ?= 20000x
 
-.PHONY: all build shim demo deb bench bench-services test fmt-check vet pager-layers shim-layers test-race test-gomaxprocs1 fuzz clean
+.PHONY: all build shim demo deb check bench bench-services test fmt-check vet pager-layers shim-layers test-race test-gomaxprocs1 fuzz clean
 
 all: build
 
@@ -49,6 +49,16 @@ demo: build
 # (kernel tests included, never cached), the kernel tests again with
 # GOMAXPROCS=1, and a short run of every fuzzer.
 test: fmt-check vet pager-layers shim-layers test-race test-gomaxprocs1 fuzz
+
+# The fast tier, for the edit-test loop (about a minute with the build
+# cache warm; make test stays the whole suite, and CI's): formatting, vet,
+# the layers, and the tests of every package but the integration suites
+# under tests/ (real daemons, applications, chaos), with -short: the long
+# paging workloads (preload's allocators, forks while allocating, Python)
+# skip themselves. The kernel tests run, as root.
+CHECK_PKGS = $$($(GO) list ./... | grep -v '^rmem/tests')
+check: fmt-check vet pager-layers shim-layers
+	$(GO) test -short -count=1 $(CHECK_PKGS)
 
 fmt-check:
 	@out=$$(gofmt -l $$(find . -name '*.go' -not -path './bin/*')); \

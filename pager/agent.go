@@ -152,15 +152,15 @@ type Agent struct {
 	wg     sync.WaitGroup
 	nextID atomic.Uint64
 
-	mu       sync.Mutex
-	cond     *sync.Cond
-	clients  map[uint64]*client
-	forked   map[forkKey]*client   // forked children waiting for their HELLO
-	copies   map[forkKey]*forkCopy // FORK_PREPARE copies waiting for their child's HELLO
-	exited   []ClientStats         // final stats of the last maxExited clients
+	mu      sync.Mutex
+	cond    *sync.Cond
+	clients map[uint64]*client
+	forked  map[forkKey]*client   // forked children waiting for their HELLO
+	copies  map[forkKey]*forkCopy // FORK_PREPARE copies waiting for their child's HELLO
+	exited  []ClientStats         // final stats of the last maxExited clients
 	// gone sums the counters of every client that has exited, for the
 	// metrics' "exited" series (metrics.go).
-	gone ClientStats
+	gone     ClientStats
 	closed   bool
 	nclients atomic.Int64
 

@@ -109,6 +109,7 @@ func parseAddrs(t *testing.T, line string) []uint64 {
 // strdup: redis-server's calls, which crashed at start with the old shim
 // (its malloc won over jemalloc's and handed out glibc's blocks).
 func TestAllocators(t *testing.T) {
+	skipLong(t, "four allocators' workloads", 142)
 	for i, al := range allocators {
 		t.Run(al.name, func(t *testing.T) {
 			prog := progFor(t, "allocs.c", i)
@@ -381,6 +382,7 @@ func TestMinAllocDefault(t *testing.T) {
 // (make test-gomaxprocs1, which looks for the test agent starving) it forks
 // 16 times: a fork takes 1.7 s there, 1 s with -race.
 func TestForkWhileAllocating(t *testing.T) {
+	skipLong(t, "forks while three allocators page", 116)
 	needUFFD(t)
 	var env []string
 	if runtime.GOMAXPROCS(0) == 1 {
@@ -475,6 +477,7 @@ func testExec(t *testing.T, env ...string) {
 // tables come from the heap; every page is evicted, then the dict is read
 // back whole and compared.
 func TestPythonDict(t *testing.T) {
+	skipLong(t, "a Python dict paged", 20)
 	needUFFD(t)
 	py := python(t)
 	a := newTestAgent(t)

@@ -35,6 +35,15 @@ func build(t testing.TB) string { return shimtest.Build(t) }
 
 // needUFFD skips unless this process can do what the shim does: create a
 // userfaultfd with EVENT_FORK (root or CAP_SYS_PTRACE) and WP.
+// skipLong skips a long workload (about secs seconds here) under -short:
+// make check, the fast tier, leaves it to make test.
+func skipLong(t *testing.T, what string, secs int) {
+	t.Helper()
+	if testing.Short() {
+		t.Skipf("-short: %s take about %d s; make test runs them", what, secs)
+	}
+}
+
 func needUFFD(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -216,7 +225,10 @@ func TestRefusedHelloFallsBack(t *testing.T) {
 	}
 }
 
-func TestPython(t *testing.T) { bothModes(t, testPython) }
+func TestPython(t *testing.T) {
+	skipLong(t, "Python in both modes", 13)
+	bothModes(t, testPython)
+}
 
 func testPython(t *testing.T, env ...string) {
 	needUFFD(t)
@@ -278,6 +290,7 @@ func TestMinAllocFromEnv(t *testing.T) {
 // sbrk: in front of the shim its memory never reaches the shim (the
 // program works, nothing is paged).
 func TestOtherAllocators(t *testing.T) {
+	skipLong(t, "allocators in front of and behind the shim", 13)
 	needUFFD(t)
 	const libdir = "/usr/lib/x86_64-linux-gnu"
 	cases := []struct {
