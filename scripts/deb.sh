@@ -5,7 +5,8 @@
 # memagent in /usr/lib/rmem with librmem.so beside them (memagent finds the
 # shim beside its own binary) and links in /usr/bin; the systemd units
 # (pointing at /usr/bin), man pages and bash/zsh/fish completions generated
-# from the cobra commands, the example configs and the docs in
+# from the cobra commands (bash-completion loads completions/CMD.bash too:
+# the only files named memd and memagent are the binaries), the example configs and the docs in
 # /usr/share/doc/rmem, and the Prometheus rules and Grafana dashboard in
 # /usr/share/rmem. The package's version is the commit's (0.1.0~gitDATE.HASH);
 # the binaries answer --version with VERSION (make passes git describe).
@@ -46,7 +47,7 @@ for u in memd memagent; do
 		"$root/configs/$u.service" >"$d/lib/systemd/system/$u.service"
 	chmod 0644 "$d/lib/systemd/system/$u.service"
 	"$bin/$u" man "$d/usr/share/man/man1" >/dev/null
-	"$bin/$u" completion bash >"$d/usr/share/bash-completion/completions/$u"
+	"$bin/$u" completion bash >"$d/usr/share/bash-completion/completions/$u.bash"
 	"$bin/$u" completion zsh >"$d/usr/share/zsh/vendor-completions/_$u"
 	"$bin/$u" completion fish >"$d/usr/share/fish/vendor_completions.d/$u.fish"
 done

@@ -42,7 +42,7 @@ func TestDebPackage(t *testing.T) {
 		t.Fatalf("dpkg-deb -x: %v\n%s", err, b)
 	}
 	for _, f := range []string{"usr/lib/rmem/librmem.so", "usr/share/man/man1/memagent-run.1.gz", "usr/share/man/man1/memd-serve.1.gz",
-		"usr/share/bash-completion/completions/memagent", "usr/share/zsh/vendor-completions/_memd",
+		"usr/share/bash-completion/completions/memagent.bash", "usr/share/zsh/vendor-completions/_memd",
 		"usr/share/rmem/prometheus/rmem-alerts.yml", "usr/share/rmem/grafana/rmem-dashboard.json", "usr/share/doc/rmem/examples/memd.yaml"} {
 		if _, err := os.Stat(filepath.Join(root, f)); err != nil {
 			t.Errorf("the package lacks %s", f)
