@@ -9,10 +9,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"rmem/pool"
 	"rmem/pool/client"
@@ -253,6 +256,66 @@ func TestJoinReregisters(t *testing.T) {
 	case <-reg.left:
 	default:
 		t.Fatal("did not leave on stop")
+	}
+}
+
+// flakyReg refuses the first n registrations (no coordinator yet).
+type flakyReg struct {
+	fakeReg
+	n int
+}
+
+func (f *flakyReg) Register(ctx context.Context, info pool.ServerInfo) (pool.Server, error) {
+	if f.n > 0 {
+		f.n--
+		return pool.Server{}, errors.New("connection refused")
+	}
+	return f.fakeReg.Register(ctx, info)
+}
+
+// Before its first registration RoutineJoin tells failed of each refusal
+// and says once, at info, that it waits for the coordinator; then it
+// joins.
+func TestJoinWaitsForTheCoordinator(t *testing.T) {
+	core, logs := observer.New(zap.DebugLevel)
+	s, err := New(Options{ID: "m1", Capacity: 4 * slabSize, SlabSize: slabSize, Log: zap.New(core),
+		Listen: map[string]string{"tcp": "127.0.0.1:0"}})
+	if err != nil {
+		if errors.Is(err, ErrMemory) {
+			t.Skipf("cannot lock %d bytes here: %v", 4*slabSize, err)
+		}
+		t.Fatal(err)
+	}
+	defer s.Close()
+	reg := &flakyReg{fakeReg: fakeReg{registered: make(chan pool.ServerInfo, 10), left: make(chan pool.ServerID, 1)}, n: 3}
+	ctx, cancel := context.WithCancel(context.Background())
+	done, ready := make(chan struct{}), make(chan struct{})
+	var failures atomic.Int32
+	go func() {
+		s.RoutineJoin(ctx, reg, time.Millisecond, ready, func(error) { failures.Add(1) })
+		close(done)
+	}()
+	select {
+	case <-ready:
+	case <-time.After(30 * time.Second):
+		t.Fatal("never joined")
+	}
+	cancel()
+	<-done
+	if n := failures.Load(); n != 3 {
+		t.Errorf("failed told of %d refusals, want 3", n)
+	}
+	info, debug := 0, 0
+	for _, e := range logs.FilterMessage("waiting for the coordinator").All() {
+		switch e.Level {
+		case zap.InfoLevel:
+			info++
+		case zap.DebugLevel:
+			debug++
+		}
+	}
+	if info != 1 || debug != 2 || logs.FilterMessage("registering with the coordinator").Len() != 0 {
+		t.Errorf("logged the wait %d times at info and %d at debug, want once and twice", info, debug)
 	}
 }
 
