@@ -22,7 +22,7 @@ import (
 // memagent top: the agent's programs live, refreshed every interval, the
 // way top and iostat 1 show CPU and disks. What a frame shows is a plain
 // function of two stats snapshots and the time between them (topRows,
-// writeTop); the loop only fetches, draws and reads keys.
+// topLines); internal/livetop fetches, draws and reads keys.
 
 func newTopCmd(app *cli.App) *cobra.Command {
 	cmd := &cobra.Command{
@@ -39,17 +39,6 @@ evictions/s, p by pid; q quits. --once prints one frame (rates over one
 interval) and exits.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			interval, err := app.Duration("interval")
-			if err != nil {
-				return err
-			}
-			if interval < 100*time.Millisecond {
-				return app.Invalid("interval", "must be at least 100ms")
-			}
-			once, err := app.Bool("once")
-			if err != nil {
-				return err
-			}
 			key := byte('m')
 			if s := app.String("sort"); s != "" {
 				if !strings.ContainsRune(topKeys, rune(s[0])) || len(s) != 1 {
@@ -57,17 +46,12 @@ interval) and exits.`,
 				}
 				key = s[0]
 			}
-			scr := &agentTop{admin: app.String("admin-socket"), key: key, comm: procComm}
-			if once {
-				return livetop.Once(cmd.Context(), scr, interval, os.Stdout)
-			}
-			return livetop.Run(cmd.Context(), scr, interval, os.Stdin, os.Stdout)
+			return livetop.Main(cmd.Context(), app, &agentTop{admin: app.String("admin-socket"), key: key, comm: procComm}, true)
 		},
 	}
 	f := cmd.Flags()
 	f.String("admin-socket", agentd.DefaultAdminSocket, "admin socket of the agent")
-	f.String("interval", "1s", "time between frames")
-	f.Bool("once", false, "print one frame, with rates over one interval, and exit")
+	livetop.Flags(f)
 	f.String("sort", "m", "sort key: m misses/s, r resident, s stall, e evictions/s, p pid")
 	return cmd
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"time"
 
@@ -23,22 +22,7 @@ import (
 func newTopCmd(app *cli.App) *cobra.Command {
 	cmd := adminCmd(app, "top", "Show the pool live: capacity and use, its servers and agents", cobra.NoArgs,
 		func(ctx context.Context, c *client.Client, _ bool, _ []string) error {
-			interval, err := app.Duration("interval")
-			if err != nil {
-				return err
-			}
-			if interval < 100*time.Millisecond {
-				return app.Invalid("interval", "must be at least 100ms")
-			}
-			once, err := app.Bool("once")
-			if err != nil {
-				return err
-			}
-			scr := &poolTop{c: c, key: 'u'}
-			if once {
-				return livetop.Once(ctx, scr, 0, app.Stdout())
-			}
-			return livetop.Run(ctx, scr, interval, os.Stdin, os.Stdout)
+			return livetop.Main(ctx, app, &poolTop{c: c, key: 'u'}, false)
 		})
 	cmd.Long = `top shows the pool behind --coordinator, refreshed every --interval: capacity,
 use, servers up and down, slabs' health; each server's state, capacity, use,
@@ -46,9 +30,7 @@ slabs and last heartbeat; each agent's node, slabs held and bytes used, and
 whether it waits for room.
 
 Keys: u sorts by use, n by name; q quits. --once prints one frame and exits.`
-	f := cmd.Flags()
-	f.String("interval", "1s", "time between frames")
-	f.Bool("once", false, "print one frame and exit")
+	livetop.Flags(cmd.Flags())
 	return cmd
 }
 

@@ -15,8 +15,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 	"golang.org/x/term"
+
+	"rmem/internal/cli"
 )
 
 // Screen is what a live view shows.
@@ -29,6 +32,36 @@ type Screen interface {
 	// Key handles a key other than q, reporting whether the frame
 	// changed (drawn again at once).
 	Key(k byte) bool
+}
+
+// Flags declares a view's --interval and --once.
+func Flags(f *pflag.FlagSet) {
+	f.String("interval", "1s", "time between frames")
+	f.Bool("once", false, "print one frame (rates over one interval) and exit")
+}
+
+// Main shows s as Flags ask: one frame on app's stdout with --once (after
+// an interval when rates, so that they cover one), else live on the
+// terminal until q.
+func Main(ctx context.Context, app *cli.App, s Screen, rates bool) error {
+	interval, err := app.Duration("interval")
+	if err != nil {
+		return err
+	}
+	if interval < 100*time.Millisecond {
+		return app.Invalid("interval", "must be at least 100ms")
+	}
+	once, err := app.Bool("once")
+	if err != nil {
+		return err
+	}
+	if once {
+		if !rates {
+			interval = 0
+		}
+		return Once(ctx, s, interval, app.Stdout())
+	}
+	return Run(ctx, s, interval, os.Stdin, os.Stdout)
 }
 
 // Once fetches, waits interval, fetches again (so that rates cover an

@@ -15,7 +15,6 @@ import (
 	"errors"
 	"net/http"
 	"os"
-	"strings"
 	"time"
 
 	"rmem/pool/client"
@@ -75,7 +74,7 @@ func TokenFile(ctx context.Context, path string, timeout time.Duration, say func
 		}
 		// Missing, or created but not written yet (memd writes it
 		// whole, but a hand-made one may be caught half-way).
-		if errors.Is(err, os.ErrNotExist) || strings.Contains(err.Error(), "is empty") {
+		if errors.Is(err, os.ErrNotExist) || errors.Is(err, client.ErrEmptyToken) {
 			return false, err
 		}
 		return true, err

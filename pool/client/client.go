@@ -141,6 +141,9 @@ func (e *Error) Error() string {
 // Unwrap returns the pool sentinel for the status, if any.
 func (e *Error) Unwrap() error { return e.err }
 
+// ErrEmptyToken: a token file holds no token (yet).
+var ErrEmptyToken = errors.New("client: token file is empty")
+
 // LoadToken reads a token file (the first line, trimmed).
 func LoadToken(path string) (string, error) {
 	b, err := os.ReadFile(path)
@@ -150,7 +153,7 @@ func LoadToken(path string) (string, error) {
 	tok, _, _ := strings.Cut(string(b), "\n")
 	tok = strings.TrimSpace(tok)
 	if tok == "" {
-		return "", fmt.Errorf("client: token file %s is empty", path)
+		return "", fmt.Errorf("%w: %s", ErrEmptyToken, path)
 	}
 	return tok, nil
 }
