@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -283,6 +284,17 @@ func (f *fake) statsWhen(ok func(pager.ClientStats) bool) (pager.ClientStats, bo
 		return ok(last)
 	})
 	return last, held
+}
+
+// settle waits for the agent's only client to have no eviction in flight
+// and none due: resident pages at most the high watermark (a batch starts
+// only past it, and its pages stay counted until it is done).
+func (f *fake) settle() {
+	f.t.Helper()
+	high := uint64(pager.WatermarksFor(budgetPages).High) * pagertest.PageSize
+	if st, ok := f.statsWhen(func(s pager.ClientStats) bool { return s.ResidentBytes <= high }); !ok {
+		f.t.Fatalf("resident %d bytes, still past the high watermark (%d bytes)", st.ResidentBytes, high)
+	}
 }
 
 // gone waits for the agent to have dropped every client and freed their
@@ -1050,52 +1062,79 @@ func TestCoreHotSetThroughScan(t *testing.T) {
 // but left clean (evicted without a write: the read-back finds the old
 // generation), and a stream that takes a WP fault per page.
 func TestCoreWriteAheadStreams(t *testing.T) {
+	t.Run("up", func(t *testing.T) { testWriteAheadStream(t, false) })
+	t.Run("down", func(t *testing.T) { testWriteAheadStream(t, true) })
+}
+
+func testWriteAheadStream(t *testing.T, down bool) {
 	store := pagertest.New(t, pagertest.Options{})
 	f := startFake(t, coreOpts(store), 4*budgetPages)
 	if err := f.write(1, 0, f.pages, nil); err != nil {
 		t.Fatal(err)
 	}
-	n := budgetPages / 2
-	for _, down := range []bool{false, true} {
-		// Read n pages back (installed clean), then overwrite them.
-		from := map[bool]int{false: 0, true: 2 * n}[down]
-		order := orderOf("forward", n)
-		for k := range order {
-			order[k] += from
-		}
-		if err := f.check(1, order); err != nil {
+	// Only the n pages of the stream keep their data: the rest of the
+	// region is zapped, so that reading them back evicts nothing. An
+	// eviction during the stream would take pages just ahead of it as
+	// often as any (every page is referenced or none: no accessed
+	// bits), and each taken restarts the stream at one page; a test of
+	// that would be a test of the CLOCK hand's position.
+	f.settle()
+	n, from := budgetPages/2, budgetPages
+	for _, z := range [][2]int{{0, from}, {from + n, f.pages}} {
+		zap := userfaultfd.Range{Start: f.addr(z[0], 0), Len: uint64(z[1]-z[0]) * pagertest.PageSize}
+		if err := f.p.ZapRegion(1, zap); err != nil {
 			t.Fatal(err)
 		}
-		if down {
-			order = orderOf("reverse", n)
-			for k := range order {
-				order[k] += from
-			}
-		}
-		wp := f.k.Counts().WPFaults
-		for _, i := range order {
-			if err := f.write(2, i, i+1, nil); err != nil {
-				t.Fatal(err)
-			}
-		}
-		wp = f.k.Counts().WPFaults - wp
-		t.Logf("%d resident pages overwritten (down %v): %d WP faults", n, down, wp)
-		// One a page without it (32); 6 here.
-		if wp > n/4 {
-			t.Errorf("overwriting %d resident pages in order (down %v) took %d WP faults: want a run per fault", n, down, wp)
+	}
+	order := orderOf("forward", n)
+	for k := range order {
+		order[k] += from
+	}
+	if err := f.check(1, order); err != nil { // the pool's come back clean
+		t.Fatal(err)
+	}
+	if down {
+		slices.Reverse(order)
+	}
+	clean := 0 // the pages each of which takes a WP fault without write-ahead
+	for _, i := range order {
+		if mapped, wp := f.k.Mapped(f.addr(i, 0)); mapped && wp {
+			clean++
 		}
 	}
+	ev, wp := f.stats().Evictions, f.k.Counts().WPFaults
+	for _, i := range order {
+		if err := f.write(2, i, i+1, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wp = f.k.Counts().WPFaults - wp
+	t.Logf("%d pages read back (%d clean), then overwritten (down %v): %d WP faults", n, clean, down, wp)
+	if st := f.stats(); st.Evictions != ev {
+		t.Fatalf("%d evictions while %d pages were overwritten with %d resident of a budget of %d", st.Evictions-ev, n, st.ResidentBytes/pagertest.PageSize, budgetPages)
+	}
+	if clean < n/2 {
+		t.Fatalf("%d of the %d pages read back are mapped clean: want most, the others were never evicted", clean, n)
+	}
+	// One a clean page without it (up to 32); 6 here (runs of 1, 2, 4 ...).
+	if wp > n/4 {
+		t.Errorf("overwriting %d resident pages in order (down %v, %d clean) took %d WP faults: want a run per fault", n, down, clean, wp)
+	}
 	// Everything evicted and read back: the overwritten pages hold the
-	// second generation, the others the first.
-	if err := f.write(3, 3*n, f.pages, nil); err != nil { // pushes the others out
+	// second generation, the pages written since the third, the zapped
+	// ones zeros.
+	if err := f.write(3, from+n, f.pages, nil); err != nil { // pushes the others out
 		t.Fatal(err)
 	}
 	for i := range f.pages {
-		gen := uint64(1)
-		switch {
-		case i < n, i >= 2*n && i < 3*n:
-			gen = 2
-		case i >= 3*n:
+		if i < from {
+			if v, err := f.k.Load(f.addr(i, 0)); err != nil || v != 0 {
+				t.Fatalf("zapped page %d reads %#x, %v; want 0", i, v, err)
+			}
+			continue
+		}
+		gen := uint64(2)
+		if i >= from+n {
 			gen = 3
 		}
 		if err := f.check(gen, []int{i}); err != nil {
