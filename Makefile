@@ -48,7 +48,8 @@ demo: build
 # The whole test suite: formatting, vet, every test with the race detector
 # (kernel tests included, never cached), the kernel tests again with
 # GOMAXPROCS=1, and a short run of every fuzzer.
-test: fmt-check vet pager-layers shim-layers test-race test-gomaxprocs1 fuzz
+test: fmt-check vet pager-layers shim-layers
+	GO=$(GO) ./scripts/test.sh $(KERNEL_PKGS) -- '$(GOMAXPROCS1_SKIP)' $(FUZZTIME)
 
 # The fast tier, for the edit-test loop (about a minute with the build
 # cache warm; make test stays the whole suite, and CI's): formatting, vet,
