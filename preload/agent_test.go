@@ -1096,6 +1096,10 @@ func (c *agentClient) installed(page userfaultfd.Range) (again, exists bool, err
 		c.readMu.Unlock()
 		return true, false, nil
 	}
+	// The counts are taken with the install, under smu: the install
+	// wakes the thread, and the program may have ended (the test
+	// reading the counts) before this goroutine runs again.
+	c.smu.Lock()
 	if restore {
 		var flags userfaultfd.Flags
 		if c.a.restoreWP.Load() {
@@ -1109,9 +1113,9 @@ func (c *agentClient) installed(page userfaultfd.Range) (again, exists bool, err
 	if userfaultfd.IsMMChanged(err) {
 		// A non-cooperative event (REMOVE, UNMAP, FORK) is being
 		// delivered; once the reader has taken it, this succeeds.
+		c.smu.Unlock()
 		return true, false, nil
 	}
-	c.smu.Lock()
 	if restore && err == nil {
 		delete(c.saved, page.Start)
 		c.stats.Restores++
