@@ -47,7 +47,10 @@ demo: build
 
 # The whole test suite: formatting, vet, every test with the race detector
 # (kernel tests included, never cached), the kernel tests again with
-# GOMAXPROCS=1, and a short run of every fuzzer.
+# GOMAXPROCS=1, and a short run of every fuzzer. The kernel tests and the
+# rest run in two lanes at once (scripts/test.sh: about 13 minutes here,
+# where the phases one after the other took 24); test-race,
+# test-gomaxprocs1 and fuzz run one phase alone.
 test: fmt-check vet pager-layers shim-layers
 	GO=$(GO) ./scripts/test.sh $(KERNEL_PKGS) -- '$(GOMAXPROCS1_SKIP)' $(FUZZTIME)
 
@@ -103,6 +106,8 @@ shim-layers:
 
 # -p 1: the kernel tests share host-wide state (swap, /run/rmem, CPU time
 # that fault latencies depend on); one package at a time keeps them apart.
+# (make test runs the kernel packages and the others in two lanes, each
+# -p 1: the lanes share CPU time only, scripts/test.sh.)
 test-race:
 	$(GO) test -race -count=1 -p 1 $(PKGS)
 
