@@ -43,14 +43,40 @@ var (
 	descNoRoom   = prometheus.NewDesc("rmem_agent_pool_no_room", "1 while the pool gives the agent no more memory.", nil, nil)
 )
 
+// metricCounters are the per-client counters, each with its figure in
+// ClientStats: the live clients' series and the exited one read the same
+// list. (The ring's faults are exported for a ring client only, and for
+// the exited sum.)
+var metricCounters = []struct {
+	d *prometheus.Desc
+	v func(*ClientStats) float64
+}{
+	{descFaults, func(s *ClientStats) float64 { return float64(s.Faults) }},
+	{descZero, func(s *ClientStats) float64 { return float64(s.ZeroFills) }},
+	{descReads, func(s *ClientStats) float64 { return float64(s.RemoteReads) }},
+	{descWP, func(s *ClientStats) float64 { return float64(s.WPFaults) }},
+	{descEvict, func(s *ClientStats) float64 { return float64(s.Evictions) }},
+	{descWB, func(s *ClientStats) float64 { return float64(s.WriteBacks) }},
+	{descLost, func(s *ClientStats) float64 { return float64(s.Lost) }},
+	{descWaits, func(s *ClientStats) float64 { return float64(s.BudgetWaits) }},
+	{descPFIssued, func(s *ClientStats) float64 { return float64(s.PrefetchIssued) }},
+	{descPFHits, func(s *ClientStats) float64 { return float64(s.PrefetchHits) }},
+	{descPFWasted, func(s *ClientStats) float64 { return float64(s.PrefetchWasted) }},
+	{descRAHits, func(s *ClientStats) float64 { return float64(s.ReadaheadHits) }},
+	{descStallSec, func(s *ClientStats) float64 { return s.Stall.Seconds() }},
+	{descRing, func(s *ClientStats) float64 { return float64(s.RingFaults) }},
+}
+
 // collector exports every client's figures (the same as Agent.Stats).
 type collector struct{ a *Agent }
 
 func (collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descResident, descRemote, descBudget, descFaults, descZero, descReads, descWP,
-		descEvict, descWB, descLost, descPooled, descWaits, descPFIssued, descPFHits, descPFWasted, descRAHits, descLatency, descLatQ, descInstall, descRing, descRingWait, descClients,
-		descHeld, descUsed, descNoRoom, descStall, descStallSec, descAuto} {
+	for _, d := range []*prometheus.Desc{descResident, descRemote, descBudget, descPooled, descLatency, descLatQ, descInstall, descRingWait,
+		descClients, descHeld, descUsed, descNoRoom, descStall, descAuto} {
 		ch <- d
+	}
+	for _, m := range metricCounters {
+		ch <- m.d
 	}
 }
 
@@ -61,6 +87,7 @@ func (col collector) Collect(ch chan<- prometheus.Metric) {
 	for _, c := range a.clients {
 		cs = append(cs, c)
 	}
+	gone := a.gone
 	a.mu.Unlock()
 	ch <- prometheus.MustNewConstMetric(descClients, prometheus.GaugeValue, float64(len(cs)))
 	ps := a.Pool()
@@ -75,59 +102,36 @@ func (col collector) Collect(ch chan<- prometheus.Metric) {
 	// (client "exited"), there from the start: a sum over clients does
 	// not fall when one exits, and an alert on lost pages or waits has a
 	// series at zero before the first.
-	a.mu.Lock()
-	gone := a.gone
-	a.mu.Unlock()
-	for _, m := range []struct {
-		d *prometheus.Desc
-		v float64
-	}{{descFaults, float64(gone.Faults)}, {descZero, float64(gone.ZeroFills)}, {descReads, float64(gone.RemoteReads)},
-		{descWP, float64(gone.WPFaults)}, {descEvict, float64(gone.Evictions)}, {descWB, float64(gone.WriteBacks)},
-		{descLost, float64(gone.Lost)}, {descWaits, float64(gone.BudgetWaits)}, {descPFIssued, float64(gone.PrefetchIssued)},
-		{descPFHits, float64(gone.PrefetchHits)}, {descPFWasted, float64(gone.PrefetchWasted)}, {descRAHits, float64(gone.ReadaheadHits)},
-		{descRing, float64(gone.RingFaults)}, {descStallSec, gone.Stall.Seconds()}} {
-		ch <- prometheus.MustNewConstMetric(m.d, prometheus.CounterValue, m.v, "exited", "")
+	for _, m := range metricCounters {
+		ch <- prometheus.MustNewConstMetric(m.d, prometheus.CounterValue, m.v(&gone), "exited", "")
 	}
 	for _, c := range cs {
-		budget := float64(c.budgetPages() * pageSize)
 		s := c.st.snapshot(pageSize)
 		lv := []string{strconv.FormatUint(c.id, 10), strconv.FormatInt(c.pidAtm.Load(), 10)}
 		gauge := func(d *prometheus.Desc, v float64) {
 			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, lv...)
 		}
-		counter := func(d *prometheus.Desc, v uint64) {
-			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), lv...)
-		}
 		gauge(descResident, float64(s.ResidentBytes))
 		gauge(descRemote, float64(s.RemoteBytes))
-		gauge(descBudget, budget)
+		gauge(descBudget, float64(c.budgetPages()*pageSize))
+		gauge(descPooled, float64(s.PooledBytes))
 		auto := 0.0
 		if a.target(c) > 0 {
 			auto = 1
 			gauge(descStall, math.Float64frombits(c.stallFrac.Load()))
 		}
 		gauge(descAuto, auto)
-		ch <- prometheus.MustNewConstMetric(descStallSec, prometheus.CounterValue, float64(c.st.stall.Load())/1e9, lv...)
-		counter(descFaults, s.Faults)
-		counter(descZero, s.ZeroFills)
-		counter(descReads, s.RemoteReads)
-		counter(descWP, s.WPFaults)
-		counter(descEvict, s.Evictions)
-		counter(descWB, s.WriteBacks)
-		counter(descLost, s.Lost)
-		gauge(descPooled, float64(s.PooledBytes))
-		counter(descWaits, s.BudgetWaits)
-		counter(descPFIssued, s.PrefetchIssued)
-		counter(descPFHits, s.PrefetchHits)
-		counter(descPFWasted, s.PrefetchWasted)
-		counter(descRAHits, s.ReadaheadHits)
+		for _, m := range metricCounters {
+			if m.d != descRing || c.ring != nil {
+				ch <- prometheus.MustNewConstMetric(m.d, prometheus.CounterValue, m.v(&s), lv...)
+			}
+		}
 		buckets, count, sum := c.st.latency.Buckets()
 		ch <- prometheus.MustNewConstHistogram(descLatency, count, sum, buckets, lv...)
 		ch <- prometheus.MustNewConstSummary(descLatQ, count, sum, map[float64]float64{
 			0.5: s.FaultP50.Seconds(), 0.99: s.FaultP99.Seconds(), 0.999: s.FaultP999.Seconds()}, lv...)
 		ch <- prometheus.MustNewConstMetric(descInstall, prometheus.GaugeValue, s.InstallP50.Seconds(), lv...)
 		if c.ring != nil {
-			counter(descRing, s.RingFaults)
 			buckets, count, sum := c.st.ring.Buckets()
 			ch <- prometheus.MustNewConstHistogram(descRingWait, count, sum, buckets, lv...)
 		}
