@@ -11,7 +11,7 @@ while IFS= read -r line; do
 	fn=$(sed -E 's/.*func (Fuzz[A-Za-z0-9_]*).*/\1/' <<<"$line")
 	pkg=$(dirname "$file")
 	echo "fuzz: $pkg $fn for $fuzztime"
-	if ! go test -run='^$' -fuzz="^${fn}\$" -fuzztime="$fuzztime" "$pkg"; then
+	if ! ${GO:-go} test -run='^$' -fuzz="^${fn}\$" -fuzztime="$fuzztime" "$pkg"; then
 		status=1
 	fi
 done < <(grep -rn --include='*_test.go' -E '^func Fuzz[A-Za-z0-9_]*\(f \*testing\.F\)' . | grep -v '^./bin/' | sort)

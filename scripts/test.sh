@@ -12,8 +12,9 @@
 # programs with in-process test agents on temporary sockets, the system
 # lane runs real daemons on ports of their own (tests/, tests/apps) and in
 # network namespaces (tests/chaos); the swap tests take their own lock.
-# Each lane's output goes to a log printed whole when both are done (a
-# failure is found by its lane's name), then the time of every phase.
+# Each lane's output goes to a log printed whole when the lane is done (a
+# failure is found by its lane's name), then the time of every phase; if
+# make test is stopped, the logs so far.
 #
 # Usage: scripts/test.sh KERNEL_PKGS... -- GOMAXPROCS1_SKIP FUZZTIME
 # (the Makefile passes them: make test).
@@ -62,23 +63,45 @@ lane_system() {
 	return $rc
 }
 
-t0=$SECONDS
-lane_kernel >"$logs/kernel.log" 2>&1 &
-kpid=$!
-lane_system >"$logs/system.log" 2>&1 &
-spid=$!
-wait $kpid
-krc=$?
-wait $spid
-src=$?
+show() {
+	echo "======== lane $1 ========"
+	cat "$logs/$1.log"
+}
 
-for lane in kernel system; do
-	echo "======== lane $lane ========"
-	cat "$logs/$lane.log"
+# Stopped (CI's time limit, ^C): each lane is stopped whole (set -m gives
+# each a process group of its own; their stdin is /dev/null, as it is for
+# a background job without job control), and what the lanes printed so far
+# is shown, to find what hung.
+stop() {
+	trap - INT TERM
+	kill -TERM -- -"$kpid" -"$spid" 2>/dev/null
+	wait
+	show kernel
+	show system
+	echo "STOPPED by a signal: above is what the lanes printed before"
+	exit 130
+}
+
+set -m
+t0=$SECONDS
+lane_kernel </dev/null >"$logs/kernel.log" 2>&1 &
+kpid=$!
+lane_system </dev/null >"$logs/system.log" 2>&1 &
+spid=$!
+trap stop INT TERM
+# Each lane's log is shown as soon as it ends.
+declare -A lane=([$kpid]=kernel [$spid]=system) rc=()
+while [ ${#lane[@]} -gt 0 ]; do
+	wait -n -p done "${!lane[@]}"
+	r=$?
+	rc[${lane[$done]}]=$r
+	show "${lane[$done]}"
+	unset "lane[$done]"
 done
+
 echo "======== phases (the lanes ran at once: $((SECONDS - t0)) s in all) ========"
 cat "$logs/phases"
-if [ $krc != 0 ] || [ $src != 0 ]; then
-	echo "FAILED: lane kernel exit $krc, lane system exit $src"
+if [ "${rc[kernel]}" != 0 ] || [ "${rc[system]}" != 0 ]; then
+	echo "FAILED: lane kernel exit ${rc[kernel]}, lane system exit ${rc[system]}"
 	exit 1
 fi
