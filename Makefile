@@ -52,7 +52,7 @@ demo: build
 # where the phases one after the other took 24); test-race,
 # test-gomaxprocs1 and fuzz run one phase alone.
 test: fmt-check vet pager-layers shim-layers
-	GO=$(GO) ./scripts/test.sh $(KERNEL_PKGS) -- '$(GOMAXPROCS1_SKIP)' $(FUZZTIME)
+	GO=$(GO) MAKE=$(MAKE) ./scripts/test.sh $(KERNEL_PKGS)
 
 # The fast tier, for the edit-test loop (about a minute with the build
 # cache warm; make test stays the whole suite, and CI's): formatting, vet,

@@ -16,19 +16,15 @@
 # failure is found by its lane's name), then the time of every phase; if
 # make test is stopped, the logs so far.
 #
-# Usage: scripts/test.sh KERNEL_PKGS... -- GOMAXPROCS1_SKIP FUZZTIME
-# (the Makefile passes them: make test).
+# The phases are the Makefile's targets (test-race, test-gomaxprocs1,
+# fuzz), run by the lanes with PKGS set to the lane's packages.
+#
+# Usage: scripts/test.sh KERNEL_PKGS... (make test passes its own, the
+# packages test-gomaxprocs1 runs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
-
-kernel=()
-while [ $# -gt 0 ] && [ "$1" != -- ]; do
-	kernel+=("$1")
-	shift
-done
-shift
-skip1=$1 fuzztime=$2
+MAKE=${MAKE:-make}
 
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
@@ -46,20 +42,20 @@ phase() {
 }
 
 # The kernel lane's packages, as go list names them, and everything else.
-mapfile -t kpkgs < <($GO list "${kernel[@]}")
+mapfile -t kpkgs < <($GO list "$@")
 mapfile -t others < <($GO list ./... | grep -vxF -f <(printf '%s\n' "${kpkgs[@]}"))
 
 lane_kernel() {
 	local rc=0
-	phase kernel "race" $GO test -race -count=1 -p 1 "${kpkgs[@]}" || rc=1
-	phase kernel "GOMAXPROCS=1" env GOMAXPROCS=1 $GO test -count=1 -skip "$skip1" "${kpkgs[@]}" || rc=1
+	phase kernel "race" $MAKE --no-print-directory test-race PKGS="${kpkgs[*]}" || rc=1
+	phase kernel "GOMAXPROCS=1" $MAKE --no-print-directory test-gomaxprocs1 || rc=1
 	return $rc
 }
 
 lane_system() {
 	local rc=0
-	phase system "race" $GO test -race -count=1 -p 1 "${others[@]}" || rc=1
-	phase system "fuzz $fuzztime each" ./scripts/fuzz.sh "$fuzztime" || rc=1
+	phase system "race" $MAKE --no-print-directory test-race PKGS="${others[*]}" || rc=1
+	phase system "fuzz" $MAKE --no-print-directory fuzz || rc=1
 	return $rc
 }
 
