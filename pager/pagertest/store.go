@@ -308,3 +308,23 @@ func (s *Store) Repair(ctx context.Context, from ...int) (int, error) {
 	}
 	return moved, nil
 }
+
+// Scribble overwrites b at byte offset off of replica ri (in placement
+// order) of slab id, behind the Table's back: a stray write, or a memory
+// server's DIMM going bad. It goes through the server's rdma listener, as
+// any peer's WRITE would.
+func (s *Store) Scribble(ctx context.Context, id remote.SlabID, ri int, off uint64, b []byte) error {
+	s.mu.Lock()
+	pl, ok := s.slabs[id]
+	s.mu.Unlock()
+	if !ok || ri >= len(pl) {
+		return fmt.Errorf("pagertest: slab %d has no replica %d", id, ri)
+	}
+	sv := s.servers[pl[ri].server]
+	c, err := rdma.Dial(ctx, s.opts.Network, sv.ln.Addr(), rdma.DialOptions{})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return rdma.Write(ctx, c, pl[ri].key, off, b)
+}

@@ -12,6 +12,7 @@ package remote
 import (
 	"context"
 	"errors"
+	"fmt"
 )
 
 // SlabID names one slab of remote memory (all of its replicas) inside a
@@ -26,6 +27,10 @@ type PageOp struct {
 	Off  uint64
 	Buf  []byte
 	Err  error
+	// Corrupt counts, after a Read, the copies of the op's pages that
+	// failed their checksum (see PageIO): each was read again from
+	// another replica and rewritten, or the op ends with ErrCorrupt.
+	Corrupt uint32
 }
 
 // Errors of a Store and its PageIO, set per op in PageOp.Err.
@@ -33,6 +38,11 @@ var (
 	// ErrLost: every replica of the slab is gone (dead server, revoked
 	// key): its data cannot come back. The pager poisons such pages.
 	ErrLost = errors.New("remote: every replica lost")
+	// ErrCorrupt: every copy of a page that could be read failed its
+	// checksum: its data is gone as surely as a lost slab's (it wraps
+	// ErrLost), and the pager poisons the page (SIGBUS, never wrong
+	// bytes).
+	ErrCorrupt = fmt.Errorf("remote: every copy failed its checksum: %w", ErrLost)
 	// ErrUnavailable: no replica could be reached right now (transport
 	// failures) but none is known lost: retry later, never guess.
 	ErrUnavailable = errors.New("remote: no replica reachable")

@@ -18,6 +18,13 @@
 //     some succeed and some fail, the failed ones hold stale data and are
 //     marked Lost so no READ ever returns it; if all fail, nothing is
 //     marked: they still hold the previous version.
+//   - Checksums (sums.go): WRITE records a CRC32C of each whole page in
+//     the slab's entry; READ checks each whole page against it. A bad
+//     copy moves the op to the next replica, like an error, and the good
+//     copy found after it is written back to the replicas (repaired); with
+//     no good copy the op ends remote.ErrCorrupt (an ErrLost), and an op
+//     of several pages is read again page by page so that its good pages
+//     arrive. Table.OnCorrupt hears of each slab and server once.
 //   - Migrate copies a slab to a new replica in chunks while the slab is in
 //     use: each chunk's READ+WRITE excludes IO.Write calls (copyMu), and
 //     writes in between also go to the Filling replica, so the copy never

@@ -2,6 +2,8 @@ package slabio
 
 import (
 	"context"
+	"errors"
+	"sync/atomic"
 	"time"
 
 	"rmem/pager/remote"
@@ -73,6 +75,7 @@ func (io *IO) SetOpTimeout(d time.Duration) { io.opTimeout = d }
 const (
 	whyLost uint8 = 1 << iota
 	whyUnavailable
+	whyCorrupt // a copy read failed its checksum
 )
 
 // Marks of a posted WRITE (writeReq.marks).
@@ -88,13 +91,18 @@ type readOp struct {
 	via  *peer // the connection of the request posted this round (nil: none)
 	// srv is the server of that replica, named at post time: the table
 	// may change (Migrate) before the completion is classified.
-	srv string
+	srv  string
+	sums []atomic.Uint64 // the slab's checksums
+	// bad: a copy read failed its checksum; the good one found after it
+	// is written back (repair).
+	bad bool
 }
 
 // writeOp is what the WRITEs of one op did.
 type writeOp struct {
-	ok  uint8 // replicas written (a Filling one does not count)
-	why uint8
+	ok   uint8 // replicas written (a Filling one does not count)
+	why  uint8
+	sums []atomic.Uint64 // the slab's checksums
 }
 
 // writeReq is one posted WRITE: an op's replica.
@@ -121,6 +129,11 @@ type IO struct {
 	reqs   []writeReq // per posted WRITE of the current chunk
 	pend   []int32    // READ: the ops still to read, this round and the next
 	more   []int32
+	// fix: ops whose good copy came after a bad one (written back after
+	// the chunk); split: the pages of an op read again one by one.
+	fix   []remote.PageOp
+	split []remote.PageOp
+	noFix bool // Migrate's copy: it holds copyMu, which Write takes
 	// Buffers registered with every connection that can (RegisterLocal).
 	locals    [][]byte
 	octx      opCtx
@@ -218,9 +231,16 @@ func (io *IO) endRound() {
 // Read implements remote.PageIO.
 func (io *IO) Read(ctx context.Context, ops []remote.PageOp) error {
 	defer io.endCall()
+	for i := range ops {
+		ops[i].Corrupt = 0
+	}
 	for len(ops) > 0 {
 		n := min(len(ops), io.depth)
-		if err := io.readChunk(ctx, ops[:n]); err != nil {
+		err := io.readChunk(ctx, ops[:n])
+		if err == nil {
+			err = io.afterChunk(ctx, ops[:n])
+		}
+		if err != nil {
 			for i := range ops {
 				if ops[i].Err == nil {
 					ops[i].Err = err
@@ -229,6 +249,54 @@ func (io *IO) Read(ctx context.Context, ops []remote.PageOp) error {
 			return err
 		}
 		ops = ops[n:]
+	}
+	return nil
+}
+
+// afterChunk writes back the good copies found after bad ones (io.fix),
+// and reads the ops of several pages that found no good copy again page by
+// page, so that every page with a good copy is in their Buf.
+func (io *IO) afterChunk(ctx context.Context, ops []remote.PageOp) error {
+	if io.noFix {
+		io.fix = io.fix[:0]
+	}
+	if len(io.fix) > 0 {
+		if err := io.Write(ctx, io.fix); err != nil {
+			return err
+		}
+		for _, f := range io.fix {
+			if f.Err == nil {
+				io.t.repaired.Add(uint64(len(f.Buf) / pageSize))
+			}
+		}
+		io.fix = io.fix[:0]
+	}
+	for i := range ops {
+		op := &ops[i]
+		if !errors.Is(op.Err, remote.ErrCorrupt) || len(op.Buf) <= pageSize || len(op.Buf)%pageSize != 0 {
+			continue
+		}
+		io.split = io.split[:0]
+		for j := 0; j < len(op.Buf); j += pageSize {
+			io.split = append(io.split, remote.PageOp{Slab: op.Slab, Off: op.Off + uint64(j), Buf: op.Buf[j : j+pageSize]})
+		}
+		for k := 0; k < len(io.split); k += io.depth {
+			part := io.split[k:min(k+io.depth, len(io.split))]
+			err := io.readChunk(ctx, part)
+			if err == nil {
+				err = io.afterChunk(ctx, part) // single pages: writes back only
+			}
+			if err != nil {
+				return err
+			}
+		}
+		op.Err = nil
+		for _, p := range io.split {
+			op.Corrupt += p.Corrupt
+			if p.Err != nil && (op.Err == nil || errors.Is(p.Err, remote.ErrCorrupt)) {
+				op.Err = p.Err
+			}
+		}
 	}
 	return nil
 }
@@ -247,11 +315,13 @@ func (io *IO) readChunk(ctx context.Context, ops []remote.PageOp) error {
 		for _, i := range io.pend {
 			op, ro := &ops[i], &io.reads[i]
 			ro.via = nil
-			reps, ok := io.t.lookup(op.Slab)
+			e, ok := io.t.entry(op.Slab)
 			if !ok {
 				op.Err = remote.ErrUnknownSlab
 				continue
 			}
+			reps := e.reps
+			ro.sums = e.sums
 			for int(ro.next) < len(reps) {
 				r := &reps[ro.next]
 				switch r.State {
@@ -301,9 +371,22 @@ func (io *IO) readChunk(ctx context.Context, ops []remote.PageOp) error {
 		for _, p := range io.active {
 			err := io.collect(ctx, p, func(c *rdma.Completion) {
 				i := int32(c.ID)
-				op := &ops[i]
+				op, ro := &ops[i], &io.reads[i]
 				if c.Status == rdma.StatusOK {
+					if n, at := badPages(ro.sums, op.Off, op.Buf); n > 0 {
+						// A wrong copy: the next replica is tried, as
+						// after an error.
+						op.Corrupt += uint32(n)
+						io.t.reportCorrupt(op.Slab, ro.srv, at, n)
+						ro.why |= whyCorrupt
+						ro.bad = true
+						io.more = append(io.more, i)
+						return
+					}
 					io.t.reads.Add(1)
+					if ro.bad {
+						io.fix = append(io.fix, remote.PageOp{Slab: op.Slab, Off: op.Off, Buf: op.Buf})
+					}
 					return
 				}
 				io.classify(op.Slab, io.reads[i].srv, c.Status, p, &io.reads[i].why)
@@ -399,11 +482,15 @@ func (io *IO) classify(id remote.SlabID, server string, st rdma.Status, p *peer,
 }
 
 func (io *IO) fail(op *remote.PageOp, why uint8) {
-	if why&whyUnavailable != 0 {
+	switch {
+	case why&whyUnavailable != 0:
 		op.Err = remote.ErrUnavailable
 		return
+	case why&whyCorrupt != 0:
+		op.Err = remote.ErrCorrupt
+	default:
+		op.Err = remote.ErrLost
 	}
-	op.Err = remote.ErrLost
 	io.t.lost.Add(1)
 }
 
@@ -436,11 +523,13 @@ func (io *IO) writeChunk(parent context.Context, ops []remote.PageOp) error {
 		op := &ops[i]
 		op.Err = nil
 		io.writes[i] = writeOp{}
-		reps, ok := io.t.lookup(op.Slab)
+		e, ok := io.t.entry(op.Slab)
 		if !ok {
 			op.Err = remote.ErrUnknownSlab
 			continue
 		}
+		reps := e.reps
+		io.writes[i].sums = e.sums
 		for ri := range reps {
 			r := &reps[ri]
 			if r.State == Lost {
@@ -526,6 +615,7 @@ func (io *IO) writeChunk(parent context.Context, ops []remote.PageOp) error {
 			continue
 		}
 		io.t.writes.Add(1)
+		recordSums(io.writes[i].sums, op.Off, op.Buf)
 	}
 	// Replicas that missed a WRITE a healthy replica took are stale. One
 	// that only a Filling replica took is not written (the caller

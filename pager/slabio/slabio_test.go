@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -479,5 +480,96 @@ func TestSilentServerFailsOver(t *testing.T) {
 				t.Fatalf("slab %d: replica on the silent server is %v after missing a WRITE, want lost", id, r.State)
 			}
 		}
+	}
+}
+
+// flip changes one byte of page p of replica ri of slab id in the server's
+// memory, behind the table's back.
+func flip(t *testing.T, s *pagertest.Store, id remote.SlabID, ri, p int, gen uint64) {
+	t.Helper()
+	b := make([]byte, page)
+	fill(b, id, uint64(p*page), gen)
+	if err := s.Scribble(context.Background(), id, ri, uint64(p*page+100), []byte{b[100] ^ 0x40}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestChecksums: a copy that changed in a server's memory is never
+// returned. With another replica the op reads the good copy and rewrites
+// the bad one; with none, the page is lost (ErrCorrupt, an ErrLost), and an
+// op of several pages still returns its good pages. A page written in part
+// has no sum, so it is not mistaken for a bad one.
+func TestChecksums(t *testing.T) {
+	for _, network := range []string{"mem", "tcp"} {
+		t.Run(network, func(t *testing.T) {
+			s, io, ids := setup(t, pagertest.Options{Servers: 3, Replicas: 2, SlabSize: 64 * page, Network: network}, 1)
+			id := ids[0]
+			var reported []string
+			s.Table().OnCorrupt(func(got remote.SlabID, server string, off uint64) {
+				reported = append(reported, fmt.Sprintf("%d %s %d", got, server, off))
+			})
+			writeAll(t, io, ids, 64, 1)
+
+			// One replica's copy changed: read from the other, repaired.
+			flip(t, s, id, 0, 5, 1)
+			flip(t, s, id, 0, 6, 1)
+			allNil(t, readAll(t, io, ids, 64, 1))
+			st := s.Table().Stats()
+			if st.Corrupt != 2 || st.Repaired != 2 {
+				t.Fatalf("after two bad copies on one replica: corrupt %d repaired %d, want 2 and 2", st.Corrupt, st.Repaired)
+			}
+			if want := fmt.Sprintf("%d %s %d", id, "server-0", 5*page); len(reported) != 1 || reported[0] != want {
+				t.Fatalf("reported %q, want once: %q", reported, want)
+			}
+			allNil(t, readAll(t, io, ids, 64, 1))
+			if st2 := s.Table().Stats(); st2.Corrupt != st.Corrupt {
+				t.Fatalf("the repaired pages failed their sums again: %+v", st2)
+			}
+
+			// Every copy of page 7 changed: lost, loudly.
+			flip(t, s, id, 0, 7, 1)
+			flip(t, s, id, 1, 7, 1)
+			ops := []remote.PageOp{{Slab: id, Off: 7 * page, Buf: make([]byte, page)}}
+			if err := io.Read(context.Background(), ops); err != nil {
+				t.Fatal(err)
+			}
+			if !errors.Is(ops[0].Err, remote.ErrCorrupt) || !errors.Is(ops[0].Err, remote.ErrLost) || ops[0].Corrupt != 2 {
+				t.Fatalf("page with two bad copies: err %v, corrupt %d; want ErrCorrupt (an ErrLost), 2", ops[0].Err, ops[0].Corrupt)
+			}
+
+			// In one op of 16 pages, the other 15 still arrive; a page bad on
+			// one replica and another bad on the other both come back.
+			flip(t, s, id, 0, 3, 1)
+			flip(t, s, id, 1, 9, 1)
+			ops = []remote.PageOp{{Slab: id, Off: 0, Buf: make([]byte, 16*page)}}
+			io.Read(context.Background(), ops)
+			if !errors.Is(ops[0].Err, remote.ErrCorrupt) {
+				t.Fatalf("16 pages, page 7 bad everywhere: err %v", ops[0].Err)
+			}
+			for p := 0; p < 16; p++ {
+				if p != 7 {
+					check(t, ops[0].Buf[p*page:(p+1)*page], id, uint64(p*page), 1)
+				}
+			}
+			ops = []remote.PageOp{{Slab: id, Off: 0, Buf: make([]byte, 7*page)}}
+			io.Read(context.Background(), ops)
+			if ops[0].Err != nil {
+				t.Fatalf("pages 0-6 (page 3 bad on replica 0, repaired): %v", ops[0].Err)
+			}
+			for p := 0; p < 7; p++ {
+				check(t, ops[0].Buf[p*page:(p+1)*page], id, uint64(p*page), 1)
+			}
+
+			// A write of part of a page drops its sum: what it left reads back.
+			part := []remote.PageOp{{Slab: id, Off: 20*page + 8, Buf: []byte("a partial write")}}
+			if err := io.Write(context.Background(), part); err != nil || part[0].Err != nil {
+				t.Fatal(err, part[0].Err)
+			}
+			ops = []remote.PageOp{{Slab: id, Off: 20 * page, Buf: make([]byte, page)}}
+			io.Read(context.Background(), ops)
+			if ops[0].Err != nil || ops[0].Corrupt != 0 || string(ops[0].Buf[8:23]) != "a partial write" {
+				t.Fatalf("page written in part: err %v corrupt %d", ops[0].Err, ops[0].Corrupt)
+			}
+		})
 	}
 }

@@ -60,6 +60,11 @@ type Stats struct {
 	// without a bounce copy) and registrations the connection refused.
 	LocalRegistered uint64
 	LocalRefused    uint64
+	// Checksums (package doc, Checksums): page copies read that failed
+	// theirs, and pages written back to their replicas after a good copy
+	// was found.
+	Corrupt  uint64
+	Repaired uint64
 }
 
 // Table is the set of slabs an agent holds, with their replicas.
@@ -70,26 +75,75 @@ type Table struct {
 	copyMu sync.RWMutex // IO.Write: R for a call; Migrate: W per chunk
 
 	mu    sync.RWMutex
-	slabs map[remote.SlabID][]Replica // copy-on-write values
+	slabs map[remote.SlabID]slabEntry
 
 	reads, writes, failovers, lost, stale, copied, stalls atomic.Uint64
 	localRegistered, localRefused                         atomic.Uint64
+	corrupt, repaired                                     atomic.Uint64
+
+	// badMu guards bad: the (slab, server) pairs already reported to
+	// onCorrupt, so that each is reported once.
+	badMu     sync.Mutex
+	bad       map[badCopy]bool
+	onCorrupt func(id remote.SlabID, server string, off uint64)
+}
+
+// slabEntry is a slab's replicas (a copy-on-write slice: replaced, never
+// changed in place) and its pages' checksums (sums.go), shared by every
+// IO and changed one element at a time.
+type slabEntry struct {
+	reps []Replica
+	sums []atomic.Uint64
+}
+
+type badCopy struct {
+	id     remote.SlabID
+	server string
 }
 
 // NewTable returns an empty table of slabs of slabSize bytes. dial are the
 // options IOs dial replicas with (Depth bounds a batch).
 func NewTable(slabSize uint64, dial rdma.DialOptions) *Table {
-	return &Table{slabSize: slabSize, dial: dial, slabs: map[remote.SlabID][]Replica{}}
+	return &Table{slabSize: slabSize, dial: dial, slabs: map[remote.SlabID]slabEntry{}, bad: map[badCopy]bool{}}
+}
+
+// OnCorrupt sets f to be called, once per slab and server, when a copy of
+// a page read there fails its checksum (off: the page's byte offset in the
+// slab). f must not block; it is called from the IO that found it.
+func (t *Table) OnCorrupt(f func(id remote.SlabID, server string, off uint64)) {
+	t.badMu.Lock()
+	t.onCorrupt = f
+	t.badMu.Unlock()
+}
+
+// reportCorrupt counts n bad copies read from server and calls onCorrupt
+// the first time the pair is seen.
+func (t *Table) reportCorrupt(id remote.SlabID, server string, off uint64, n int) {
+	t.corrupt.Add(uint64(n))
+	t.badMu.Lock()
+	f, seen := t.onCorrupt, t.bad[badCopy{id, server}]
+	t.bad[badCopy{id, server}] = true
+	t.badMu.Unlock()
+	if f != nil && !seen {
+		f(id, server, off)
+	}
 }
 
 // SlabSize returns the slab size.
 func (t *Table) SlabSize() uint64 { return t.slabSize }
 
-// Put adds or replaces slab id with a copy of reps.
+// Put adds or replaces slab id with a copy of reps. A slab put again
+// keeps its pages' checksums; a new one has none yet (nothing verified
+// until written).
 func (t *Table) Put(id remote.SlabID, reps []Replica) {
 	c := append([]Replica(nil), reps...)
 	t.mu.Lock()
-	t.slabs[id] = c
+	e, ok := t.slabs[id]
+	if !ok {
+		e.sums = make([]atomic.Uint64, t.slabSize/pageSize)
+	}
+	e.reps = c
+	t.slabs[id] = e
 	t.mu.Unlock()
 }
 
@@ -98,6 +152,13 @@ func (t *Table) Remove(id remote.SlabID) {
 	t.mu.Lock()
 	delete(t.slabs, id)
 	t.mu.Unlock()
+	t.badMu.Lock()
+	for k := range t.bad {
+		if k.id == id {
+			delete(t.bad, k)
+		}
+	}
+	t.badMu.Unlock()
 }
 
 // Replicas returns a copy of slab id's replicas (nil, false if unknown).
@@ -119,10 +180,17 @@ func (t *Table) IDs() []remote.SlabID {
 
 // lookup returns the slab's replica slice, which must not be modified.
 func (t *Table) lookup(id remote.SlabID) ([]Replica, bool) {
+	e, ok := t.entry(id)
+	return e.reps, ok
+}
+
+// entry returns the slab's entry: its replica slice, which must not be
+// modified, and its checksums.
+func (t *Table) entry(id remote.SlabID) (slabEntry, bool) {
 	t.mu.RLock()
-	reps, ok := t.slabs[id]
+	e, ok := t.slabs[id]
 	t.mu.RUnlock()
-	return reps, ok
+	return e, ok
 }
 
 // SetState sets the state of the slab's replica on server.
@@ -144,12 +212,14 @@ func (t *Table) MarkServerLost(server string) []remote.SlabID {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var ids []remote.SlabID
-	for id, reps := range t.slabs {
+	for id, e := range t.slabs {
+		reps := e.reps
 		for i := range reps {
 			if reps[i].Server == server && reps[i].State != Lost {
 				c := append([]Replica(nil), reps...)
 				c[i].State = Lost
-				t.slabs[id] = c
+				e.reps = c
+				t.slabs[id] = e
 				ids = append(ids, id)
 				break
 			}
@@ -162,15 +232,16 @@ func (t *Table) MarkServerLost(server string) []remote.SlabID {
 func (t *Table) update(id remote.SlabID, f func([]Replica) ([]Replica, error)) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	reps, ok := t.slabs[id]
+	e, ok := t.slabs[id]
 	if !ok {
 		return fmt.Errorf("%w: %d", remote.ErrUnknownSlab, id)
 	}
-	c, err := f(append([]Replica(nil), reps...))
+	c, err := f(append([]Replica(nil), e.reps...))
 	if err != nil {
 		return err
 	}
-	t.slabs[id] = c
+	e.reps = c
+	t.slabs[id] = e
 	return nil
 }
 
@@ -187,6 +258,7 @@ func (t *Table) Stats() Stats {
 		Reads: t.reads.Load(), Writes: t.writes.Load(), Failovers: t.failovers.Load(),
 		Lost: t.lost.Load(), Stale: t.stale.Load(), Copied: t.copied.Load(), Stalls: t.stalls.Load(),
 		LocalRegistered: t.localRegistered.Load(), LocalRefused: t.localRefused.Load(),
+		Corrupt: t.corrupt.Load(), Repaired: t.repaired.Load(),
 	}
 }
 
@@ -248,6 +320,7 @@ func dropServer(reps []Replica, server string) []Replica {
 // copySlab copies the slab from its healthy replicas to the replica to.
 func (t *Table) copySlab(ctx context.Context, id remote.SlabID, to Replica) error {
 	io := t.NewIO()
+	io.noFix = true // the good copies it finds go to the new replica
 	defer io.Close()
 	dst, err := rdma.Dial(ctx, to.Network, to.Addr, t.dial)
 	if err != nil {
@@ -263,6 +336,12 @@ func (t *Table) copySlab(ctx context.Context, id remote.SlabID, to Replica) erro
 		err := io.Read(ctx, ops)
 		if err == nil {
 			err = ops[0].Err
+		}
+		if errors.Is(err, remote.ErrCorrupt) {
+			// Pages with no good copy are copied as they are: they
+			// still fail their checksums on the new replica, and the
+			// chunk's other pages are the good copies Read found.
+			err = nil
 		}
 		if err == nil {
 			err = rdma.Write(ctx, dst, to.Key, off, buf[:n])
