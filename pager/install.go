@@ -136,7 +136,8 @@ func (c *client) installed(r *region, idx int, p Page, write bool) {
 	c.set(r, idx, p.FaultedIn())
 }
 
-// poison makes page idx raise SIGBUS: every replica of its data is gone.
+// poison makes page idx raise SIGBUS: no replica holds a good copy of its
+// data (gone, or failed its checksum).
 // An IsMMChanged error means: retry after reading events.
 func (c *client) poison(r *region, idx int) error {
 	a := r.addr(idx)
@@ -147,7 +148,7 @@ func (c *client) poison(r *region, idx int) error {
 			c.st.lost.Add(^uint64(0))
 			return err
 		}
-		c.log.Error("PAGE LOST: every replica of an evicted page is gone; the client gets SIGBUS",
+		c.log.Error("PAGE LOST: no replica holds a good copy of an evicted page (lost, or every copy failed its checksum); the client gets SIGBUS",
 			zap.Int("pid", int(c.pidAtm.Load())), zap.Stringer("addr", a), zap.Uint64("region", r.id))
 		if err == nil || userfaultfd.IsExist(err) || userfaultfd.IsGone(err) {
 			if err != nil {
@@ -158,7 +159,7 @@ func (c *client) poison(r *region, idx int) error {
 		c.log.Error("poison failed", zap.Error(err))
 	} else {
 		c.st.lost.Add(1)
-		c.log.Error("PAGE LOST: every replica of an evicted page is gone; the client gets SIGBUS (no UFFDIO_POISON: the process is killed)",
+		c.log.Error("PAGE LOST: no replica holds a good copy of an evicted page (lost, or every copy failed its checksum); the client gets SIGBUS (no UFFDIO_POISON: the process is killed)",
 			zap.Int("pid", int(c.pidAtm.Load())), zap.Stringer("addr", a), zap.Uint64("region", r.id))
 	}
 	// Never let the thread see zeros: stop the process.

@@ -23,6 +23,7 @@ var (
 	descEvict    = prometheus.NewDesc("rmem_agent_evictions_total", "Pages evicted.", labels, nil)
 	descWB       = prometheus.NewDesc("rmem_agent_write_backs_total", "Dirty pages written back to the pool.", labels, nil)
 	descLost     = prometheus.NewDesc("rmem_agent_lost_pages_total", "Pages poisoned because every replica was gone.", labels, nil)
+	descChecksum = prometheus.NewDesc("rmem_agent_checksum_errors_total", "Copies of a client's pages read from the pool that failed their checksum (repaired from another replica, or the page is lost).", labels, nil)
 	descPooled   = prometheus.NewDesc("rmem_agent_pooled_bytes", "Pool slots a client names: its remote pages and the clean resident ones whose pool copy is kept.", labels, nil)
 	descWaits    = prometheus.NewDesc("rmem_agent_budget_waits_total", "Faults that waited because the client was past its budget and no eviction could run (no pool room).", labels, nil)
 	descPFIssued = prometheus.NewDesc("rmem_agent_prefetch_issued_total", "Pages prefetched.", labels, nil)
@@ -58,6 +59,7 @@ var metricCounters = []struct {
 	{descEvict, func(s *ClientStats) float64 { return float64(s.Evictions) }},
 	{descWB, func(s *ClientStats) float64 { return float64(s.WriteBacks) }},
 	{descLost, func(s *ClientStats) float64 { return float64(s.Lost) }},
+	{descChecksum, func(s *ClientStats) float64 { return float64(s.ChecksumErrors) }},
 	{descWaits, func(s *ClientStats) float64 { return float64(s.BudgetWaits) }},
 	{descPFIssued, func(s *ClientStats) float64 { return float64(s.PrefetchIssued) }},
 	{descPFHits, func(s *ClientStats) float64 { return float64(s.PrefetchHits) }},

@@ -149,6 +149,7 @@ func (c *client) flushReads(since, now time.Time) {
 	b.merge()
 	c.io.Read(c.a.ctx, b.merged)
 	spreadErrs(b.reads, b.merged, b.mergedAt)
+	c.checkRuns()
 	// The sample, when one is due, is the batch's last prefetched page:
 	// a stream's next fault comes past it anyway, and its hit (sampleHit)
 	// prefetches on as that fault would.
@@ -190,6 +191,25 @@ func (c *client) flushReads(since, now time.Time) {
 		}
 	}
 	b.reset()
+}
+
+// checkRuns counts the bad copies the batch's READs met (end-to-end
+// checksums, pager/slabio), and reads the pages of a run that came back
+// ErrCorrupt again one by one: only the pages with no good copy are lost
+// (poisoned by installRead), not their run.
+func (c *client) checkRuns() {
+	b := &c.rd
+	for m := range b.merged {
+		run := &b.merged[m]
+		c.st.checksumErrors.Add(uint64(run.Corrupt))
+		k, j := b.mergedAt[m], len(b.reads)
+		if m+1 < len(b.mergedAt) {
+			j = b.mergedAt[m+1]
+		}
+		if j-k > 1 && errors.Is(run.Err, remote.ErrCorrupt) {
+			c.io.Read(c.a.ctx, b.reads[k:j])
+		}
+	}
 }
 
 // copyRun installs reads [k, j), adjacent pages of one region, with one

@@ -138,7 +138,7 @@ type counters struct {
 	faults, zeroFills, remoteReads, wpFaults, held atomic.Uint64
 	evictions, writeBacks, lost, retries, waits    atomic.Uint64
 	prefetchIssued, prefetchHits, prefetchWasted   atomic.Uint64
-	readaheadHits, ringFaults                      atomic.Uint64
+	readaheadHits, ringFaults, checksumErrors      atomic.Uint64
 	resident, remote, pooled, regions              atomic.Int64
 	noRoomSince                                    atomic.Int64 // unix ns; 0: eviction has pool slots
 	hot                                            atomic.Int64 // hot pages as the CLOCK hand last went round (Clock.Hot)
@@ -187,8 +187,13 @@ type ClientStats struct {
 	FaultLatency
 	Evictions  uint64 `json:"evictions"`
 	WriteBacks uint64 `json:"write_backs"`
-	Lost       uint64 `json:"lost"` // pages poisoned: every replica gone
-	Retries    uint64 `json:"retries"`
+	Lost       uint64 `json:"lost"` // pages poisoned: every replica gone, or every copy bad
+	// ChecksumErrors counts copies of the process's pages read from the
+	// pool that failed their checksum (pager/slabio): each was read again
+	// from another replica and rewritten there, or the page is lost
+	// (SIGBUS, never wrong bytes).
+	ChecksumErrors uint64 `json:"checksum_errors"`
+	Retries        uint64 `json:"retries"`
 	// BudgetWaits counts faults that waited because the process was past
 	// its budget and no eviction could run (the pool had no room for its
 	// dirty pages); NoRoomSince is when its evictions began to lack pool
@@ -261,7 +266,8 @@ func (c *counters) snapshot(pageSize uint64) ClientStats {
 		RingFaults:   c.ringFaults.Load(),
 		Stall:        time.Duration(c.stall.Load()),
 		Evictions:    c.evictions.Load(), WriteBacks: c.writeBacks.Load(), Lost: c.lost.Load(),
-		Retries: c.retries.Load(), BudgetWaits: c.waits.Load(),
+		ChecksumErrors: c.checksumErrors.Load(),
+		Retries:        c.retries.Load(), BudgetWaits: c.waits.Load(),
 		PrefetchCounts: PrefetchCounts{PrefetchIssued: c.prefetchIssued.Load(), PrefetchHits: c.prefetchHits.Load(),
 			PrefetchWasted: c.prefetchWasted.Load(), ReadaheadHits: c.readaheadHits.Load()},
 	}
@@ -284,6 +290,7 @@ func (s *ClientStats) addCounters(o ClientStats) {
 	s.Evictions += o.Evictions
 	s.WriteBacks += o.WriteBacks
 	s.Lost += o.Lost
+	s.ChecksumErrors += o.ChecksumErrors
 	s.BudgetWaits += o.BudgetWaits
 	s.PrefetchIssued += o.PrefetchIssued
 	s.PrefetchHits += o.PrefetchHits

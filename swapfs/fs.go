@@ -169,6 +169,7 @@ func (fs *FS) Stats() Stats {
 		PoolReadOps: fs.c.poolReadOps.Load(), PoolWriteOps: fs.c.poolWriteOps.Load(),
 		PoolReadBytes: fs.c.poolReadBytes.Load(), PoolWriteBytes: fs.c.poolWriteBytes.Load(),
 		ZeroBlocks: fs.c.zero.Load(), Retries: fs.c.retries.Load(), Errors: fs.c.errors.Load(),
+		ChecksumErrors: fs.c.checksumErrors.Load(),
 	}
 }
 
@@ -285,6 +286,9 @@ func (fs *FS) run(w *worker, write bool) error {
 			err = w.io.Write(fs.ctx, ops)
 		} else {
 			err = w.io.Read(fs.ctx, ops)
+			for i := range ops {
+				fs.c.checksumErrors.Add(uint64(ops[i].Corrupt))
+			}
 		}
 		if err != nil {
 			return err

@@ -2,6 +2,7 @@ package swapfs
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"math/rand/v2"
 	"os"
@@ -390,6 +391,35 @@ func TestCollector(t *testing.T) {
 	} {
 		if got[k] != v {
 			t.Errorf("%s = %v, want %v", k, got[k], v)
+		}
+	}
+}
+
+// A block whose pool copy changed in a server's memory: read from the
+// other replica (exact, counted); with no other copy the READ fails
+// (ErrCorrupt, an ErrLost: EIO to the kernel), never wrong bytes.
+func TestChecksums(t *testing.T) {
+	for _, replicas := range []int{2, 1} {
+		fs, st := newFS(t, 1<<20, pagertest.Options{Servers: 2, Replicas: replicas})
+		want := pattern(3, 2*testSlab)
+		if err := fs.WriteAt([][]byte{want}, 0); err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range st.Slabs() {
+			if err := st.Scribble(context.Background(), id, 0, 5*BlockSize+9, []byte("SCRIBBLE")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got := make([]byte, len(want))
+		err := fs.ReadAt(got, 0)
+		switch {
+		case replicas == 2 && (err != nil || !bytes.Equal(got, want)):
+			t.Fatalf("one bad copy of two: err %v, equal %v", err, bytes.Equal(got, want))
+		case replicas == 1 && !errors.Is(err, remote.ErrCorrupt):
+			t.Fatalf("the only copy bad: %v, want ErrCorrupt", err)
+		}
+		if n := fs.Stats().ChecksumErrors; n == 0 {
+			t.Fatalf("%d replicas: no checksum error counted", replicas)
 		}
 	}
 }

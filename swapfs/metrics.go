@@ -13,6 +13,7 @@ var (
 	descZeroBlocks = prometheus.NewDesc("rmem_swapfs_zero_blocks_total", "Never-written blocks read as zeros without traffic.", nil, nil)
 	descRetries    = prometheus.NewDesc("rmem_swapfs_retries_total", "Batches retried because no replica was reachable.", nil, nil)
 	descErrors     = prometheus.NewDesc("rmem_swapfs_errors_total", "Requests failed with EIO.", nil, nil)
+	descChecksum   = prometheus.NewDesc("rmem_swapfs_checksum_errors_total", "Copies of blocks read from the pool that failed their checksum (repaired from another replica, or the READ failed with EIO).", nil, nil)
 )
 
 // Collector returns a Prometheus collector of the FS's Stats.
@@ -22,7 +23,7 @@ type collector struct{ fs *FS }
 
 func (collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descSize, descSlabs, descWritten, descReqs, descReqBytes, descPoolOps,
-		descPoolBytes, descZeroBlocks, descRetries, descErrors} {
+		descPoolBytes, descZeroBlocks, descRetries, descErrors, descChecksum} {
 		ch <- d
 	}
 }
@@ -49,4 +50,5 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descZeroBlocks, s.ZeroBlocks)
 	counter(descRetries, s.Retries)
 	counter(descErrors, s.Errors)
+	counter(descChecksum, s.ChecksumErrors)
 }

@@ -26,6 +26,11 @@ type Stats struct {
 	ZeroBlocks     uint64 `json:"zero_blocks"` // never-written blocks read as zeros, no traffic
 	Retries        uint64 `json:"retries"`     // batches retried because no replica was reachable
 	Errors         uint64 `json:"errors"`      // requests failed with EIO
+	// ChecksumErrors counts copies of blocks read from the pool that
+	// failed their checksum (pager/slabio): each was read again from
+	// another replica and rewritten there, or the READ failed with EIO
+	// (the kernel's swap-in then raises SIGBUS: never wrong bytes).
+	ChecksumErrors uint64 `json:"checksum_errors"`
 }
 
 // ParseStats decodes the content of a stats file.
@@ -41,5 +46,5 @@ type counters struct {
 	reads, writes, readBytes, writeBytes         atomic.Uint64
 	poolReadOps, poolWriteOps                    atomic.Uint64
 	poolReadBytes, poolWriteBytes, zero, retries atomic.Uint64
-	errors, slabs                                atomic.Uint64
+	errors, slabs, checksumErrors                atomic.Uint64
 }

@@ -139,6 +139,13 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("poolstore: pool slab size %d is not a multiple of 4096", st.SlabSize)
 	}
 	s := &Store{opts: opts, table: slabio.NewTable(st.SlabSize, opts.Dial), done: make(chan struct{})}
+	log := opts.Log
+	s.table.OnCorrupt(func(id remote.SlabID, server string, off uint64) {
+		// Once per slab and server: the page was read from another
+		// replica and written back to all, or, with no good copy, lost.
+		log.Warn("a page read from a memory server failed its checksum", zap.Uint64("slab", uint64(id)),
+			zap.String("server", server), zap.Uint64("offset", off))
+	})
 	if opts.Adopt != "" {
 		if sk, ok := opts.Pool.(secretKeeper); ok && opts.AdoptSecret != "" {
 			sk.SetLeaseSecret(opts.Adopt, opts.AdoptSecret)
