@@ -137,7 +137,7 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 	store, err := poolstore.Open(ctx, poolstore.Options{
 		Pool: opts.Pool, Agent: "memagent@" + host, Node: host, PID: os.Getpid(),
 		TTL: opts.LeaseTTL, Replicas: replicas, Network: opts.Network, Log: log.Named("store"), Adopt: adopt, AdoptSecret: secret,
-		Dial: rdma.DialOptions{Spin: opts.Spin, SpinSite: clientSpins},
+		Dial: rdma.DialOptions{Spin: opts.Spin, SpinSite: clientSpins}, SumDir: sumDir(opts.StateDir),
 	})
 	if err != nil {
 		return nil, err
@@ -416,4 +416,13 @@ func FetchStats(ctx context.Context, path string) (StatsResponse, error) {
 		return StatsResponse{}, fmt.Errorf("memagent at %s: %w", path, err)
 	}
 	return out, nil
+}
+
+// sumDir is where the pages' checksums are kept for the next agent
+// (poolstore.Options.SumDir): beside the journal, or nowhere without one.
+func sumDir(stateDir string) string {
+	if stateDir == "" {
+		return ""
+	}
+	return filepath.Join(stateDir, "sums")
 }

@@ -55,6 +55,10 @@ type Options struct {
 	// when it keeps secrets (SetLeaseSecret): the coordinator refuses a
 	// lease's requests without it.
 	AdoptSecret string
+	// SumDir, when set, keeps the pages' checksums in files there, one per
+	// slab (slabio.Table.PersistSums), so that the agent that adopts the
+	// lease after this one checks the pages written before it.
+	SumDir string
 }
 
 // secretKeeper is a Pool that sends each lease's secret with its requests
@@ -139,6 +143,9 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("poolstore: pool slab size %d is not a multiple of 4096", st.SlabSize)
 	}
 	s := &Store{opts: opts, table: slabio.NewTable(st.SlabSize, opts.Dial), done: make(chan struct{})}
+	if opts.SumDir != "" {
+		s.table.PersistSums(opts.SumDir)
+	}
 	log := opts.Log
 	s.table.OnCorrupt(func(id remote.SlabID, server string, off uint64) {
 		// Once per slab and server: the page was read from another
@@ -194,7 +201,9 @@ func (s *Store) adopt(ctx context.Context, id pool.LeaseID) error {
 		if err != nil {
 			return err
 		}
-		s.table.Put(remote.SlabID(v.ID), reps)
+		if err := s.table.Adopt(remote.SlabID(v.ID), reps); err != nil {
+			s.opts.Log.Warn("no checksum file for an adopted slab: its pages are checked once written again", zap.Uint64("slab", uint64(v.ID)), zap.Error(err))
+		}
 	}
 	s.lease = resp.Lease
 	s.opts.Log.Info("took over the previous agent's lease", zap.String("lease", string(id)), zap.Int("slabs", len(views)))
@@ -244,7 +253,9 @@ func (s *Store) Alloc(ctx context.Context, n int) ([]remote.SlabID, error) {
 			return nil, err
 		}
 		id := remote.SlabID(v.ID)
-		s.table.Put(id, reps)
+		if err := s.table.Put(id, reps); err != nil {
+			s.opts.Log.Warn("no checksum file for a new slab: its pages' checksums are kept in memory only", zap.Uint64("slab", uint64(v.ID)), zap.Error(err))
+		}
 		ids = append(ids, id)
 	}
 	s.allocated.Add(uint64(len(ids)))

@@ -103,6 +103,7 @@ type writeOp struct {
 	ok   uint8 // replicas written (a Filling one does not count)
 	why  uint8
 	sums []atomic.Uint64 // the slab's checksums
+	file *sumFile
 }
 
 // writeReq is one posted WRITE: an op's replica.
@@ -131,9 +132,10 @@ type IO struct {
 	more   []int32
 	// fix: ops whose good copy came after a bad one (written back after
 	// the chunk); split: the pages of an op read again one by one.
-	fix   []remote.PageOp
-	split []remote.PageOp
-	noFix bool // Migrate's copy: it holds copyMu, which Write takes
+	fix    []remote.PageOp
+	split  []remote.PageOp
+	noFix  bool   // Migrate's copy: it holds copyMu, which Write takes
+	sumBuf []byte // sums encoded for their file
 	// Buffers registered with every connection that can (RegisterLocal).
 	locals    [][]byte
 	octx      opCtx
@@ -529,7 +531,7 @@ func (io *IO) writeChunk(parent context.Context, ops []remote.PageOp) error {
 			continue
 		}
 		reps := e.reps
-		io.writes[i].sums = e.sums
+		io.writes[i].sums, io.writes[i].file = e.sums, e.file
 		for ri := range reps {
 			r := &reps[ri]
 			if r.State == Lost {
@@ -615,7 +617,8 @@ func (io *IO) writeChunk(parent context.Context, ops []remote.PageOp) error {
 			continue
 		}
 		io.t.writes.Add(1)
-		recordSums(io.writes[i].sums, op.Off, op.Buf)
+		lo, hi := recordSums(io.writes[i].sums, op.Off, op.Buf)
+		io.sumBuf = io.writes[i].file.write(io.writes[i].sums, lo, hi, io.sumBuf)
 	}
 	// Replicas that missed a WRITE a healthy replica took are stale. One
 	// that only a Filling replica took is not written (the caller

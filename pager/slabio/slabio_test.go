@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"rmem/pager/pagertest"
 	"rmem/pager/remote"
 	"rmem/pager/slabio"
+	"rmem/rdma"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -571,5 +573,58 @@ func TestChecksums(t *testing.T) {
 				t.Fatalf("page written in part: err %v corrupt %d", ops[0].Err, ops[0].Corrupt)
 			}
 		})
+	}
+}
+
+// The next agent checks the pages the one before it wrote: with
+// PersistSums, a table that adopts the slab (Adopt) loads its sums and
+// catches a copy that changed since; a slab put as new starts without
+// sums (no page taken for bad by a sum it did not write); Remove deletes
+// the file.
+func TestPersistSums(t *testing.T) {
+	dir := t.TempDir()
+	s := pagertest.New(t, pagertest.Options{Servers: 1, Replicas: 1, SlabSize: 16 * page})
+	s.Table().PersistSums(dir)
+	ids, err := s.Alloc(context.Background(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io := s.Table().NewIO()
+	defer io.Close()
+	writeAll(t, io, ids, 16, 1)
+	reps, _ := s.Table().Replicas(ids[0])
+	flip(t, s, ids[0], 0, 4, 1)
+
+	next := func(adopt bool) *slabio.IO {
+		tab := slabio.NewTable(16*page, rdma.DialOptions{Depth: 64})
+		tab.PersistSums(dir)
+		put := tab.Put
+		if adopt {
+			put = tab.Adopt
+		}
+		if err := put(ids[0], reps); err != nil {
+			t.Fatal(err)
+		}
+		nio := tab.NewIO()
+		t.Cleanup(func() { nio.Close() })
+		return nio
+	}
+	ops := []remote.PageOp{{Slab: ids[0], Off: 4 * page, Buf: make([]byte, page)}}
+	next(true).Read(context.Background(), ops)
+	if !errors.Is(ops[0].Err, remote.ErrCorrupt) {
+		t.Fatalf("the next agent read a page changed since the last one wrote it: %v, want ErrCorrupt", ops[0].Err)
+	}
+	// A slab put as new: the file is made anew, nothing is checked.
+	next(false).Read(context.Background(), ops)
+	if ops[0].Err != nil || ops[0].Corrupt != 0 {
+		t.Fatalf("a slab put as new over an old sum file: %v, %d bad", ops[0].Err, ops[0].Corrupt)
+	}
+	next(true).Read(context.Background(), ops)
+	if ops[0].Err != nil {
+		t.Fatalf("adopted after a Put that reset its file: %v", ops[0].Err)
+	}
+	s.Free(context.Background(), ids)
+	if left, _ := filepath.Glob(filepath.Join(dir, "sums-*")); len(left) != 0 {
+		t.Fatalf("sum files left after the slab was freed: %v", left)
 	}
 }

@@ -86,6 +86,8 @@ type Table struct {
 	badMu     sync.Mutex
 	bad       map[badCopy]bool
 	onCorrupt func(id remote.SlabID, server string, off uint64)
+
+	sumDir string // PersistSums
 }
 
 // slabEntry is a slab's replicas (a copy-on-write slice: replaced, never
@@ -94,6 +96,7 @@ type Table struct {
 type slabEntry struct {
 	reps []Replica
 	sums []atomic.Uint64
+	file *sumFile // PersistSums; nil: none
 }
 
 type badCopy struct {
@@ -132,24 +135,50 @@ func (t *Table) reportCorrupt(id remote.SlabID, server string, off uint64, n int
 // SlabSize returns the slab size.
 func (t *Table) SlabSize() uint64 { return t.slabSize }
 
-// Put adds or replaces slab id with a copy of reps. A slab put again
-// keeps its pages' checksums; a new one has none yet (nothing verified
-// until written).
-func (t *Table) Put(id remote.SlabID, reps []Replica) {
-	c := append([]Replica(nil), reps...)
+// PersistSums keeps the checksums of the slabs put from now on in files in
+// dir (sums.go), for the agent after this one (Adopt). Call it before the
+// first Put.
+func (t *Table) PersistSums(dir string) {
 	t.mu.Lock()
-	e, ok := t.slabs[id]
-	if !ok {
-		e.sums = make([]atomic.Uint64, t.slabSize/pageSize)
-	}
-	e.reps = c
-	t.slabs[id] = e
+	t.sumDir = dir
 	t.mu.Unlock()
 }
 
-// Remove forgets slab id.
+// Put adds or replaces slab id with a copy of reps. A slab put again
+// keeps its pages' checksums; a new one has none yet (nothing verified
+// until written).
+func (t *Table) Put(id remote.SlabID, reps []Replica) error { return t.put(id, reps, false) }
+
+// Adopt is Put for a slab an agent before this one wrote: its pages'
+// checksums are loaded from the file that agent kept (PersistSums), if
+// there is one.
+func (t *Table) Adopt(id remote.SlabID, reps []Replica) error { return t.put(id, reps, true) }
+
+// put returns the error of a sum file it could not make: the slab is put
+// all the same, its sums kept in memory only.
+func (t *Table) put(id remote.SlabID, reps []Replica, keep bool) error {
+	c := append([]Replica(nil), reps...)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.slabs[id]
+	var err error
+	if !ok {
+		e.sums = make([]atomic.Uint64, t.slabSize/pageSize)
+		if t.sumDir != "" {
+			e.file, err = openSumFile(t.sumDir, id, e.sums, keep)
+		}
+	}
+	e.reps = c
+	t.slabs[id] = e
+	return err
+}
+
+// Remove forgets slab id (and its sum file).
 func (t *Table) Remove(id remote.SlabID) {
 	t.mu.Lock()
+	if e, ok := t.slabs[id]; ok && e.file != nil {
+		e.file.drop()
+	}
 	delete(t.slabs, id)
 	t.mu.Unlock()
 	t.badMu.Lock()
