@@ -1327,3 +1327,22 @@ func TestCoreChecksums(t *testing.T) {
 		}
 	})
 }
+
+// Pool().StoredBytes counts every copy of the slots in use: twice the used
+// bytes with two replicas, once when one server is lost.
+func TestCoreStoredBytes(t *testing.T) {
+	store := pagertest.New(t, pagertest.Options{Servers: 2, Replicas: 2})
+	f := startFake(t, coreOpts(store), 4*budgetPages)
+	if err := f.write(1, 0, f.pages, nil); err != nil {
+		t.Fatal(err)
+	}
+	f.settle()
+	p := f.a.Pool()
+	if p.UsedBytes == 0 || p.StoredBytes != 2*p.UsedBytes {
+		t.Fatalf("two replicas: used %d, stored %d; want stored = 2 x used > 0", p.UsedBytes, p.StoredBytes)
+	}
+	store.Lose(0)
+	if p = f.a.Pool(); p.StoredBytes != p.UsedBytes {
+		t.Fatalf("one replica lost: used %d, stored %d; want equal", p.UsedBytes, p.StoredBytes)
+	}
+}

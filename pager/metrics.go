@@ -41,6 +41,7 @@ var (
 	descClients  = prometheus.NewDesc("rmem_agent_clients", "Client processes served.", nil, nil)
 	descHeld     = prometheus.NewDesc("rmem_agent_pool_held_bytes", "Pool memory the agent holds (its slabs).", nil, nil)
 	descUsed     = prometheus.NewDesc("rmem_agent_pool_used_bytes", "Pool memory holding pages' data (used slots).", nil, nil)
+	descStored   = prometheus.NewDesc("rmem_agent_pool_stored_bytes", "Memory the servers hold for the agent's pages: each used slot once per copy of its slab.", nil, nil)
 	descNoRoom   = prometheus.NewDesc("rmem_agent_pool_no_room", "1 while the pool gives the agent no more memory.", nil, nil)
 )
 
@@ -74,7 +75,7 @@ type collector struct{ a *Agent }
 
 func (collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descResident, descRemote, descBudget, descPooled, descLatency, descLatQ, descInstall, descRingWait,
-		descClients, descHeld, descUsed, descNoRoom, descStall, descAuto} {
+		descClients, descHeld, descUsed, descStored, descNoRoom, descStall, descAuto} {
 		ch <- d
 	}
 	for _, m := range metricCounters {
@@ -95,6 +96,7 @@ func (col collector) Collect(ch chan<- prometheus.Metric) {
 	ps := a.Pool()
 	ch <- prometheus.MustNewConstMetric(descHeld, prometheus.GaugeValue, float64(ps.HeldBytes))
 	ch <- prometheus.MustNewConstMetric(descUsed, prometheus.GaugeValue, float64(ps.UsedBytes))
+	ch <- prometheus.MustNewConstMetric(descStored, prometheus.GaugeValue, float64(ps.StoredBytes))
 	noRoom := 0.0
 	if ps.NoRoom != "" {
 		noRoom = 1

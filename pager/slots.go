@@ -116,6 +116,11 @@ type PoolStats struct {
 	Slabs     int    `json:"slabs"`
 	HeldBytes uint64 `json:"held_bytes"` // slabs held from the pool
 	UsedBytes uint64 `json:"used_bytes"` // slots holding a page's data
+	// StoredBytes is what the memory servers hold for those pages: each
+	// used slot once per copy of its slab (replicas not lost), counted in
+	// page slots, not the free space of slabs held. Under --replicas 2
+	// it is about twice UsedBytes.
+	StoredBytes uint64 `json:"stored_bytes"`
 	// NoRoom is why the pool gave no slab the last time it was asked
 	// (empty once it gives again), and NoRoomSince when that began.
 	NoRoom      string    `json:"no_room,omitempty"`
@@ -311,6 +316,12 @@ func (p *slotPool) kickReservoir() {
 	}
 }
 
+// copyCounter is a Store that tells how many copies of a slab the memory
+// servers hold (pager/poolstore, pager/pagertest: their slabio.Table).
+type copyCounter interface {
+	Copies(id remote.SlabID) int
+}
+
 // stats returns the pool's space.
 func (p *slotPool) stats() PoolStats {
 	p.mu.Lock()
@@ -321,9 +332,19 @@ func (p *slotPool) stats() PoolStats {
 			n++
 		}
 	}
+	stored := 0
+	if c, ok := p.store.(copyCounter); ok {
+		for _, s := range p.slabs {
+			if s != nil {
+				stored += s.used * c.Copies(s.id)
+			}
+		}
+	} else {
+		stored = p.used
+	}
 	st := PoolStats{
 		SlabSize: uint64(p.pps) * pageSize, Slabs: n,
-		HeldBytes: uint64(n*p.pps) * pageSize, UsedBytes: uint64(p.used) * pageSize,
+		HeldBytes: uint64(n*p.pps) * pageSize, UsedBytes: uint64(p.used) * pageSize, StoredBytes: uint64(stored) * pageSize,
 		Allocated: p.counts.allocated, Freed: p.counts.freed, Drained: p.counts.drained, Relocated: p.counts.relocated,
 	}
 	if p.noRoom != nil {

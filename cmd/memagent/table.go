@@ -47,8 +47,8 @@ func writePool(w io.Writer, p pager.PoolStats) error {
 	if p.UsedBytes > 0 {
 		ratio = fmt.Sprintf("%.2fx", float64(p.HeldBytes)/float64(p.UsedBytes))
 	}
-	_, err := fmt.Fprintf(w, "pool: %s held in %d slabs of %s, %s used by pages (held/used %s)",
-		bytesText(p.HeldBytes), p.Slabs, bytesText(p.SlabSize), bytesText(p.UsedBytes), ratio)
+	_, err := fmt.Fprintf(w, "pool: %s held in %d slabs of %s, %s used by pages (held/used %s), %s stored with every copy",
+		bytesText(p.HeldBytes), p.Slabs, bytesText(p.SlabSize), bytesText(p.UsedBytes), ratio, bytesText(p.StoredBytes))
 	if err == nil && p.NoRoom != "" {
 		_, err = fmt.Fprintf(w, "; NO ROOM since %s: %s", p.NoRoomSince.Format(time.TimeOnly), p.NoRoom)
 	}

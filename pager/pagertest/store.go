@@ -113,6 +113,10 @@ func New(tb testing.TB, opts Options) *Store {
 // Table returns the Store's slab table (for stats and inspection).
 func (s *Store) Table() *slabio.Table { return s.table }
 
+// Copies returns how many copies of slab id the servers hold (its replicas
+// not lost).
+func (s *Store) Copies(id remote.SlabID) int { return s.table.Copies(id) }
+
 // SlabSize implements remote.Store.
 func (s *Store) SlabSize() uint64 { return s.opts.SlabSize }
 

@@ -222,6 +222,10 @@ func (s *Store) Lease() pool.Lease { return s.lease }
 // Table returns the slab table.
 func (s *Store) Table() *slabio.Table { return s.table }
 
+// Copies returns how many copies of slab id the servers hold (its replicas
+// not lost).
+func (s *Store) Copies(id remote.SlabID) int { return s.table.Copies(id) }
+
 // SlabSize implements remote.Store.
 func (s *Store) SlabSize() uint64 { return s.table.SlabSize() }
 

@@ -196,6 +196,19 @@ func (t *Table) Replicas(id remote.SlabID) ([]Replica, bool) {
 	return append([]Replica(nil), reps...), ok
 }
 
+// Copies returns how many replicas of slab id hold its data (not Lost;
+// a Filling one, being copied to, counts), 0 for an unknown slab.
+func (t *Table) Copies(id remote.SlabID) int {
+	reps, _ := t.lookup(id)
+	n := 0
+	for _, r := range reps {
+		if r.State != Lost {
+			n++
+		}
+	}
+	return n
+}
+
 // IDs returns the slabs in the table.
 func (t *Table) IDs() []remote.SlabID {
 	t.mu.RLock()
