@@ -176,6 +176,7 @@ func (c *client) move(rl *relocation) int {
 	for j := range rl.ops {
 		op := rl.ops[j]
 		ref := reads[j]
+		c.st.checksumErrors.Add(uint64(op.Corrupt))
 		switch {
 		case op.Err == nil:
 			slab, off := c.a.slots.where(fresh[j])
