@@ -14,7 +14,8 @@
  *                     condition variable in the heap handed between two
  *                     threads, a thread doing pipe I/O from and to heap
  *                     buffers, a thread sleeping with all signals blocked
- *                     in between reading the heap; says "ok".
+ *                     in between reading the heap; ends at the test's go
+ *                     (a byte on stdin) and says "ok".
  */
 #include "common.h"
 #include <dirent.h>
@@ -390,7 +391,8 @@ static void wp(void)
 struct pp {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
-	int turn, left;
+	int turn, left; /* left: 0 once the test said go */
+	long rounds;
 };
 
 static void *pong(void *arg)
@@ -403,7 +405,7 @@ static void *pong(void *arg)
 		if (p->left <= 0)
 			break;
 		p->turn = 0;
-		p->left--;
+		p->rounds++;
 		pthread_cond_signal(&p->cv);
 	}
 	pthread_mutex_unlock(&p->mu);
@@ -447,17 +449,33 @@ static void *blocked(void *arg)
 	return NULL;
 }
 
+/* The test's go (a byte on stdin) ends the churn, after the eviction rounds
+ * it wants: the threads run as long as the test evicts, however fast either
+ * side is. */
+static void *until_go(void *arg)
+{
+	struct pp *p = arg;
+	wait_go();
+	pthread_mutex_lock(&p->mu);
+	p->left = 0;
+	pthread_cond_broadcast(&p->cv);
+	pthread_mutex_unlock(&p->mu);
+	return NULL;
+}
+
 static void churn(void)
 {
 	struct pp *p = malloc(sizeof *p);
 	pthread_mutex_init(&p->mu, NULL);
 	pthread_cond_init(&p->cv, NULL);
 	p->turn = 0;
-	p->left = 20000;
-	pthread_t tp, tio, tb;
+	p->left = 1;
+	p->rounds = 0;
+	pthread_t tp, tio, tb, tg;
 	pthread_create(&tp, NULL, pong, p);
 	pthread_create(&tio, NULL, pipes, NULL);
 	pthread_create(&tb, NULL, blocked, NULL);
+	pthread_create(&tg, NULL, until_go, p);
 	pthread_mutex_lock(&p->mu);
 	while (p->left > 0) {
 		while (p->turn != 0 && p->left > 0)
@@ -469,6 +487,7 @@ static void churn(void)
 	}
 	pthread_mutex_unlock(&p->mu);
 	pthread_join(tp, NULL);
+	pthread_join(tg, NULL);
 	stop = 1;
 	pthread_join(tio, NULL);
 	pthread_join(tb, NULL);
