@@ -300,6 +300,13 @@ int rm_conn_resume(int *journaled)
 			__atomic_store_n(&conn.doorbell, db, __ATOMIC_RELEASE);
 		else if (rm_sys(SYS_dup3, db, cur_db, O_CLOEXEC) >= 0)
 			close(db);
+		/* The next agent serves the ring from its WELCOME on, and may
+		 * have said ASLEEP already: a thread that posted meanwhile rang
+		 * the old agent's eventfd, still under that number until the
+		 * dup3, and would wait for good (and the agent with it). One
+		 * ring on the new one makes the agent look at the ring. */
+		uint64_t one = 1;
+		rm_sys(SYS_write, rm_conn_doorbell(), &one, sizeof one);
 	}
 	rm_lock(&conn.reply_mu);
 	conn.resuming = 0;
