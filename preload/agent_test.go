@@ -46,6 +46,10 @@ type testAgent struct {
 	// ns the ring reader polls a client's fault ring, once it is empty,
 	// before it sleeps in poll(2) on the doorbell (ring mode).
 	ringSpin atomic.Int64
+	// resumeReply: a successor serves a resumed process this long before
+	// it answers its RESUME_DONE (TestAgentRestartDoorbell): the shim
+	// installs the new doorbell only once answered.
+	resumeReply time.Duration
 }
 
 // journal is what an agent knows of a client's pages that the client
@@ -115,6 +119,9 @@ type agentClient struct {
 	smap   []byte // the staging mapping: the slots, then the fault ring
 	ring   agentRing
 	bell   int // the doorbell eventfd, ring mode; -1
+	// lateReply: the RESUME_DONE serve answers after a.resumeReply (0:
+	// answered already).
+	lateReply uint32
 	done   chan struct{}
 	cmds   chan evictCmd
 	raw    chan rawCmd
@@ -204,7 +211,13 @@ func newSuccessor(t testing.TB, from *testAgent) *testAgent {
 	return startTestAgent(t, from.path, from)
 }
 
-func startTestAgent(t testing.TB, path string, from *testAgent) *testAgent {
+// newSuccessorWith is newSuccessor with set applied before it listens.
+func newSuccessorWith(t testing.TB, from *testAgent, set func(*testAgent)) *testAgent {
+	t.Helper()
+	return startTestAgent(t, from.path, from, set)
+}
+
+func startTestAgent(t testing.TB, path string, from *testAgent, set ...func(*testAgent)) *testAgent {
 	t.Helper()
 	a := &testAgent{
 		t:       t,
@@ -216,6 +229,9 @@ func startTestAgent(t testing.TB, path string, from *testAgent) *testAgent {
 	}
 	a.cond = sync.NewCond(&a.mu)
 	a.ringSpin.Store(int64(100 * time.Microsecond))
+	for _, f := range set {
+		f(a)
+	}
 	ln, err := proto.Listen(a.path)
 	if err != nil {
 		t.Fatal(err)
@@ -589,7 +605,11 @@ func (a *testAgent) routineResume(conn *net.UnixConn, h proto.Hello, fds []int) 
 			a.t.Errorf("agent: resume of pid %d: %v before RESUME_DONE", h.PID, hdr.Type)
 			return
 		}
-		c.reply(hdr.Seq, nil)
+		if a.resumeReply > 0 {
+			c.lateReply = hdr.Seq // (answered by serve, after a.resumeReply)
+		} else {
+			c.reply(hdr.Seq, nil)
+		}
 		break
 	}
 	c.publishRegions()
@@ -801,12 +821,19 @@ func (c *agentClient) serve() {
 	var retry []userfaultfd.Event
 	var rretry []ringFault
 	var rawReply chan *proto.Evicted
+	var late <-chan time.Time
+	if c.lateReply != 0 {
+		late = time.After(c.a.resumeReply)
+	}
 	for {
 		var tick <-chan time.Time
 		if len(retry) > 0 || len(rretry) > 0 {
 			tick = time.After(200 * time.Microsecond)
 		}
 		select {
+		case <-late:
+			c.reply(c.lateReply, nil)
+			late = nil
 		case <-tick:
 			again := retry[:0:0]
 			for _, e := range retry {

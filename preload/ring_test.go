@@ -157,6 +157,38 @@ func TestRingChurn(t *testing.T) {
 	})
 }
 
+// TestAgentRestartDoorbell: the next agent serves a resumed process's
+// fault ring from its answer to RESUME_DONE on, and the shim installs that
+// agent's doorbell only once it has the answer. This successor answers
+// 300 ms late and sleeps on its doorbell whenever the ring is empty (no
+// polling), so the program's threads post with the agent ASLEEP while the
+// dead agent's eventfd still has the doorbell's number: unless the shim
+// rings the new doorbell once it is installed, the threads and the agent
+// wait for each other for good.
+func TestAgentRestartDoorbell(t *testing.T) {
+	t.Run("ring", func(t *testing.T) {
+		needUFFD(t)
+		a := newTestAgent(t)
+		p := start(t, a.path, []string{"blocks"}, ringEnv)
+		p.Expect("ready")
+		evict(t, a, p.Pid(), 24*640)
+		a.Close()
+		waitStderr(t, p.Stderr.String, "rmem: lost the agent")
+		p.Send("g")
+		b := newSuccessorWith(t, a, func(b *testAgent) {
+			b.ringSpin.Store(0)
+			b.resumeReply = 300 * time.Millisecond
+		})
+		p.Expect("ok")
+		p.Wait()
+		s := b.Stats(p.Pid())
+		t.Logf("the successor's stats %+v", s)
+		if s.RingBells == 0 || s.Restores < 24*640 {
+			t.Errorf("stats %+v: want the threads to have rung the doorbell, and every page back", s)
+		}
+	})
+}
+
 // TestAgentRestartWhileWaiting: the agent dies with the program's pages
 // evicted, and the program's faults on them wait: in ring mode on the
 // fault ring's entries (spinning, then on their futex), otherwise in the
