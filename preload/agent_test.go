@@ -122,9 +122,9 @@ type agentClient struct {
 	// lateReply: the RESUME_DONE serve answers after a.resumeReply (0:
 	// answered already).
 	lateReply uint32
-	done   chan struct{}
-	cmds   chan evictCmd
-	raw    chan rawCmd
+	done      chan struct{}
+	cmds      chan evictCmd
+	raw       chan rawCmd
 
 	// Owned by the serve goroutine.
 	regions  []region
