@@ -477,10 +477,10 @@ func (a *Agent) handshake(conn *net.UnixConn) {
 		if fc != nil {
 			c.adopt(fc.regs)
 			if hello.LocalMem == 0 {
-				c.localMem.Store(fc.localMem)
+				c.bud.localMem.Store(fc.localMem)
 			}
 			if hello.MaxSlowdown == 0 {
-				c.maxSlowdown.Store(fc.maxSlowdown)
+				c.bud.maxSlowdown.Store(fc.maxSlowdown)
 			}
 		}
 		c.uid.Store(cred.Uid)
@@ -501,10 +501,10 @@ func (a *Agent) handshake(conn *net.UnixConn) {
 			return
 		}
 		if hello.LocalMem != 0 {
-			c.localMem.Store(hello.LocalMem)
+			c.bud.localMem.Store(hello.LocalMem)
 		}
 		if hello.MaxSlowdown != 0 {
-			c.maxSlowdown.Store(hello.MaxSlowdown)
+			c.bud.maxSlowdown.Store(hello.MaxSlowdown)
 		}
 		if (hello.Flags&proto.HelloRing != 0) != (c.ring != nil) {
 			// Its uffd is a copy of its parent's: the same features. The
@@ -558,8 +558,8 @@ func (a *Agent) newClientFromHello(h proto.Header, hello *proto.Hello, fds []int
 		refuse(h, unix.ENOMEM, err.Error())
 		return nil
 	}
-	c.localMem.Store(hello.LocalMem)
-	c.maxSlowdown.Store(hello.MaxSlowdown)
+	c.bud.localMem.Store(hello.LocalMem)
+	c.bud.maxSlowdown.Store(hello.MaxSlowdown)
 	return c
 }
 
@@ -738,7 +738,7 @@ func (a *Agent) statsOf(c *client) ClientStats {
 	s.ID, s.PID, s.UID, s.BudgetBytes = c.id, int(c.pidAtm.Load()), c.uid.Load(), uint64(c.budgetPages())*pageSize
 	s.Auto = a.target(c) > 0 // steered from the next step (steer.go) on
 	if s.Auto {
-		s.StallPct = math.Round(100*math.Float64frombits(c.stallFrac.Load())*1000) / 1000
+		s.StallPct = math.Round(100*math.Float64frombits(c.bud.stallFrac.Load())*1000) / 1000
 	}
 	return s
 }

@@ -1,13 +1,29 @@
 package pager
 
+import "sync/atomic"
+
+// budgetAsk is what sets a client's budget, read and written by the loop,
+// the agent's goroutines and the steering routine. localMem is the budget
+// its HELLO asked for (0: the agent's); maxSlowdown the slowdown target
+// its HELLO asked for, millionths (0: the agent's, Options.MaxSlowdown);
+// auto the budget in pages the steering routine gives it (0: a fixed
+// budget, budgetPages), and stallFrac (float64 bits) its stall over the
+// last step.
+type budgetAsk struct {
+	localMem    atomic.Uint64
+	maxSlowdown atomic.Uint32
+	auto        atomic.Int64
+	stallFrac   atomic.Uint64
+}
+
 // budgetPages returns the budget of resident pages of c: the steering
 // routine's when its budget is steered by a slowdown target, else the
 // fixed one.
 func (c *client) budgetPages() int {
-	if b := c.auto.Load(); b > 0 {
+	if b := c.bud.auto.Load(); b > 0 {
 		return int(b)
 	}
-	return c.a.budgetPages(c.localMem.Load())
+	return c.a.budgetPages(c.bud.localMem.Load())
 }
 
 // budgetPages returns the budget of resident pages of a client that asked

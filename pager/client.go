@@ -40,19 +40,12 @@ type client struct {
 	io   remote.PageIO
 	st   counters
 
-	ctl      control // what the agent's goroutines hand the loop
-	wakefd   int
-	done     chan struct{}
-	pidAtm   atomic.Int64
-	uid      atomic.Uint32 // the client's user (SO_PEERCRED)
-	localMem atomic.Uint64 // the budget its HELLO asked for (0: the agent's)
-	// maxSlowdown is the slowdown target its HELLO asked for, millionths
-	// (0: the agent's, Options.MaxSlowdown). auto is the budget in pages
-	// the steering routine gives it (0: a fixed budget, budgetPages), and
-	// stallFrac (float64 bits) its stall over the last step.
-	maxSlowdown atomic.Uint32
-	auto        atomic.Int64
-	stallFrac   atomic.Uint64
+	ctl    control // what the agent's goroutines hand the loop
+	wakefd int
+	done   chan struct{}
+	pidAtm atomic.Int64
+	uid    atomic.Uint32 // the client's user (SO_PEERCRED)
+	bud    budgetAsk     // its budget: asked for, and steered (budget.go)
 
 	// Loop state, by concern.
 	sock     socketState // the process: its socket, pidfd and packets (conn.go)

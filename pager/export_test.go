@@ -110,7 +110,7 @@ func (a *Agent) ServeForTest(u faultFD, conn *net.UnixConn, pid int, localMem ui
 	if err != nil {
 		return -1, 0, err
 	}
-	c.localMem.Store(localMem)
+	c.bud.localMem.Store(localMem)
 	return a.serveForTest(c, conn, pid)
 }
 
@@ -122,7 +122,7 @@ func (a *Agent) ServeRingForTest(u faultFD, conn *net.UnixConn, pid int, localMe
 	if err != nil {
 		return -1, 0, -1, err
 	}
-	c.localMem.Store(localMem)
+	c.bud.localMem.Store(localMem)
 	if doorbell, err = unix.Dup(c.wakefd); err != nil {
 		c.teardownUnstarted()
 		return -1, 0, -1, err
@@ -169,7 +169,7 @@ func (a *Agent) ServeForkChildForTest(u faultFD, conn *net.UnixConn, ppid, pid i
 		return -1, 0, err
 	}
 	c.adopt(fc.regs)
-	c.localMem.Store(fc.localMem)
+	c.bud.localMem.Store(fc.localMem)
 	return a.serveForTest(c, conn, pid)
 }
 

@@ -181,7 +181,7 @@ func (c *client) prefetch(r *region, idx int, write bool, now time.Time) {
 		if qp.State() == Remote && qp&(FlagFetch|FlagBusy|FlagSampled) == 0 {
 			room--
 			c.addRead(r, int(q), true, write, now)
-			c.st.prefetchIssued.Add(1)
+			c.st.pf.issued.Add(1)
 			added++
 		}
 	}
@@ -302,11 +302,11 @@ func (c *client) sampleHit(r *region, idx int, flags userfaultfd.FaultFlags, sin
 	}
 	c.observeFault(since)
 	if s >= sampleSlots { // a marker: the next window, from its end
-		c.st.readaheadHits.Add(1)
+		c.st.pf.readahead.Add(1)
 		c.prefetch(r, c.sample.end[s-sampleSlots], flags&userfaultfd.FaultWrite != 0, now)
 		return true
 	}
-	c.st.prefetchHits.Add(1)
+	c.st.pf.hits.Add(1)
 	c.prefetch(r, idx, flags&userfaultfd.FaultWrite != 0, now)
 	return true
 }

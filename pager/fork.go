@@ -35,8 +35,8 @@ func (c *client) fork(fd int) {
 		c.log.Error("cannot serve forked child", zap.Error(err))
 		return
 	}
-	child.localMem.Store(c.localMem.Load()) // its HELLO may say otherwise
-	child.maxSlowdown.Store(c.maxSlowdown.Load())
+	child.bud.localMem.Store(c.bud.localMem.Load()) // its HELLO may say otherwise
+	child.bud.maxSlowdown.Store(c.bud.maxSlowdown.Load())
 	child.uid.Store(c.uid.Load())
 	// The helper may have dropped victims of the batch in flight before
 	// fork(2) copied the page tables (the child lacks them) or after (the
@@ -298,7 +298,7 @@ func (c *client) finishForkPrepare() error {
 	}
 	copied := c.a.opts.Now() // the copy may have taken a while (writeStaged)
 	c.a.addForkCopy(forkKey{int(c.pidAtm.Load()), serial}, &forkCopy{
-		regs: regs, uid: c.uid.Load(), localMem: c.localMem.Load(), maxSlowdown: c.maxSlowdown.Load(), made: copied,
+		regs: regs, uid: c.uid.Load(), localMem: c.bud.localMem.Load(), maxSlowdown: c.bud.maxSlowdown.Load(), made: copied,
 	})
 	c.fk.forkedAt = copied // the pause counts from the ACK
 	c.log.Debug("pages copied for a fork", zap.Uint64("serial", serial), zap.Int("regions", len(regs)))

@@ -451,7 +451,7 @@ func (c *client) startJournal(pid int, uid uint32) {
 }
 
 func (c *client) meta(pid int, start uint64, uid uint32) clientMeta {
-	return clientMeta{PID: pid, Start: start, UID: uid, LocalMem: c.localMem.Load(), Features: uint64(c.features),
+	return clientMeta{PID: pid, Start: start, UID: uid, LocalMem: c.bud.localMem.Load(), Features: uint64(c.features),
 		Staging: len(c.ev.stageOwner), Forks: c.fk.forks}
 }
 

@@ -122,7 +122,7 @@ func (col collector) Collect(ch chan<- prometheus.Metric) {
 		auto := 0.0
 		if a.target(c) > 0 {
 			auto = 1
-			gauge(descStall, math.Float64frombits(c.stallFrac.Load()))
+			gauge(descStall, math.Float64frombits(c.bud.stallFrac.Load()))
 		}
 		gauge(descAuto, auto)
 		for _, m := range metricCounters {

@@ -193,8 +193,8 @@ func (a *Agent) resume(conn *net.UnixConn, cred *unix.Ucred, h proto.Header, hel
 		refuse(h, unix.ENOMEM, err.Error())
 		return false
 	}
-	c.localMem.Store(hello.LocalMem)
-	c.maxSlowdown.Store(hello.MaxSlowdown)
+	c.bud.localMem.Store(hello.LocalMem)
+	c.bud.maxSlowdown.Store(hello.MaxSlowdown)
 	c.uid.Store(cred.Uid)
 	c.pidAtm.Store(int64(cred.Pid))
 	welcome := proto.Welcome{ClientID: c.id, MinAlloc: a.opts.MinAlloc, StagingSlots: uint32(slots)}
@@ -202,7 +202,7 @@ func (a *Agent) resume(conn *net.UnixConn, cred *unix.Ucred, h proto.Header, hel
 		welcome.Flags = proto.WelcomeResumed
 		c.fk.forks = o.meta.Forks
 		if hello.LocalMem == 0 {
-			c.localMem.Store(o.meta.LocalMem)
+			c.bud.localMem.Store(o.meta.LocalMem)
 		}
 	}
 	if err := proto.Send(conn, buf, 1, &welcome, c.welcomeFDs(&welcome)...); err != nil {

@@ -104,7 +104,7 @@ func (c *client) releaseSample(s int) {
 	if p := o.entry(); p.State() == Remote && p.Has(FlagSampled) {
 		o.r.pages[o.idx] = p &^ FlagSampled
 		if s < sampleSlots {
-			c.st.prefetchWasted.Add(1)
+			c.st.pf.wasted.Add(1)
 		}
 	}
 }

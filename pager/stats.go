@@ -133,12 +133,17 @@ func (h *Histogram) Buckets() (map[float64]uint64, uint64, float64) {
 	return m, cum, sum
 }
 
+// prefetchCounters are a client's PrefetchCounts as its loop counts them.
+type prefetchCounters struct {
+	issued, hits, wasted, readahead atomic.Uint64
+}
+
 // counters are a client's statistics, written by its loop only.
 type counters struct {
 	faults, zeroFills, remoteReads, wpFaults, held atomic.Uint64
 	evictions, writeBacks, lost, retries, waits    atomic.Uint64
-	prefetchIssued, prefetchHits, prefetchWasted   atomic.Uint64
-	readaheadHits, ringFaults, checksumErrors      atomic.Uint64
+	pf                                             prefetchCounters
+	ringFaults, checksumErrors                     atomic.Uint64
 	resident, remote, pooled, regions              atomic.Int64
 	noRoomSince                                    atomic.Int64 // unix ns; 0: eviction has pool slots
 	hot                                            atomic.Int64 // hot pages as the CLOCK hand last went round (Clock.Hot)
@@ -187,7 +192,20 @@ type ClientStats struct {
 	FaultLatency
 	Evictions  uint64 `json:"evictions"`
 	WriteBacks uint64 `json:"write_backs"`
-	Lost       uint64 `json:"lost"` // pages poisoned: every replica gone, or every copy bad
+	Trouble
+	PrefetchCounts
+	// RingFaults counts the faults that came through the fault ring
+	// (served in the faulting thread's wait, not in the kernel's: ring.go),
+	// of Faults and WPFaults.
+	RingFaults uint64 `json:"ring_faults"`
+	// Exited marks the final stats of a client whose process has gone.
+	Exited bool `json:"exited,omitempty"`
+}
+
+// Trouble is what went wrong for a client's pages (its JSON is the
+// client's own fields).
+type Trouble struct {
+	Lost uint64 `json:"lost"` // pages poisoned: every replica gone, or every copy bad
 	// ChecksumErrors counts copies of the process's pages read from the
 	// pool that failed their checksum (pager/slabio): each was read again
 	// from another replica and rewritten there, or the page is lost
@@ -200,13 +218,6 @@ type ClientStats struct {
 	// slots (zero: they have them).
 	BudgetWaits uint64    `json:"budget_waits"`
 	NoRoomSince time.Time `json:"no_room_since,omitzero"`
-	PrefetchCounts
-	// RingFaults counts the faults that came through the fault ring
-	// (served in the faulting thread's wait, not in the kernel's: ring.go),
-	// of Faults and WPFaults.
-	RingFaults uint64 `json:"ring_faults"`
-	// Exited marks the final stats of a client whose process has gone.
-	Exited bool `json:"exited,omitempty"`
 }
 
 // PrefetchCounts are a client's pages fetched ahead. Hits and Wasted count
@@ -265,11 +276,11 @@ func (c *counters) snapshot(pageSize uint64) ClientStats {
 		FaultLatency: FaultLatency{FaultP50: lat[0], FaultP99: lat[1], FaultP999: lat[2], InstallP50: c.install.Quantile(0.50)},
 		RingFaults:   c.ringFaults.Load(),
 		Stall:        time.Duration(c.stall.Load()),
-		Evictions:    c.evictions.Load(), WriteBacks: c.writeBacks.Load(), Lost: c.lost.Load(),
-		ChecksumErrors: c.checksumErrors.Load(),
-		Retries:        c.retries.Load(), BudgetWaits: c.waits.Load(),
-		PrefetchCounts: PrefetchCounts{PrefetchIssued: c.prefetchIssued.Load(), PrefetchHits: c.prefetchHits.Load(),
-			PrefetchWasted: c.prefetchWasted.Load(), ReadaheadHits: c.readaheadHits.Load()},
+		Evictions:    c.evictions.Load(), WriteBacks: c.writeBacks.Load(),
+		Trouble: Trouble{Lost: c.lost.Load(), ChecksumErrors: c.checksumErrors.Load(),
+			Retries: c.retries.Load(), BudgetWaits: c.waits.Load()},
+		PrefetchCounts: PrefetchCounts{PrefetchIssued: c.pf.issued.Load(), PrefetchHits: c.pf.hits.Load(),
+			PrefetchWasted: c.pf.wasted.Load(), ReadaheadHits: c.pf.readahead.Load()},
 	}
 	if s.RingFaults > 0 {
 		rq := c.ring.Quantiles(0.50, 0.99)

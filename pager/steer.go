@@ -10,7 +10,7 @@ import (
 // (slowdown.go) of each client whose budget a slowdown target sets, fits
 // their budgets into NodeMem, and wakes the loops whose budget changed
 // (they evict down to it, or let faults held at it go). The controllers
-// are its own state; the clients see only their budget (client.auto).
+// are its own state; the clients see only their budget (client.bud.auto).
 
 // steering is the routine's state: a controller per steered client, and
 // its scratch slices.
@@ -40,7 +40,7 @@ func (a *Agent) RoutineSteer(ctx context.Context) {
 
 // target returns c's slowdown target as a fraction (0: a fixed budget).
 func (a *Agent) target(c *client) float64 {
-	if m := c.maxSlowdown.Load(); m != 0 {
+	if m := c.bud.maxSlowdown.Load(); m != 0 {
 		return float64(m) / 1e6
 	}
 	return a.opts.MaxSlowdown
@@ -50,7 +50,7 @@ func (a *Agent) target(c *client) float64 {
 // its HELLO asked for, or else the agent's LocalMem, and at most NodeMem.
 func (a *Agent) ceiling(c *client) int {
 	b := a.opts.LocalMem
-	if l := c.localMem.Load(); l != 0 {
+	if l := c.bud.localMem.Load(); l != 0 {
 		b = l
 	}
 	if a.opts.NodeMem > 0 {
@@ -74,7 +74,7 @@ func (a *Agent) steer(st *steering, now time.Time) {
 	for _, c := range st.cs {
 		target := a.target(c)
 		if target <= 0 {
-			c.auto.Store(0)
+			c.bud.auto.Store(0)
 			fixed += c.budgetPages()
 			continue
 		}
@@ -85,7 +85,7 @@ func (a *Agent) steer(st *steering, now time.Time) {
 			st.ctl[c.id] = s
 		}
 		want := s.step(now, time.Duration(c.st.stall.Load()), int(c.st.resident.Load()))
-		c.stallFrac.Store(math.Float64bits(s.stall))
+		c.bud.stallFrac.Store(math.Float64bits(s.stall))
 		st.cs[k] = c
 		k++
 		st.wants = append(st.wants, want)
@@ -106,7 +106,7 @@ func (a *Agent) steer(st *steering, now time.Time) {
 		if s := st.ctl[c.id]; b < s.budget {
 			s.budget = b // the node's share: the controller grows from there when the stall rises
 		}
-		if old := c.auto.Swap(int64(b)); old != int64(b) {
+		if old := c.bud.auto.Swap(int64(b)); old != int64(b) {
 			c.wake() // evict down to it now, not at the next fault; or let faults held at it go
 		}
 	}

@@ -19,7 +19,7 @@ func TestTopFrame(t *testing.T) {
 		{ID: 1, PID: 4242, Faults: 21000, Evictions: 10500, WriteBacks: 2100, Stall: 600 * time.Millisecond,
 			ResidentBytes: 64 << 20, RemoteBytes: 200 << 20, BudgetBytes: 64 << 20,
 			FaultLatency: pager.FaultLatency{FaultP50: 8700 * time.Nanosecond, FaultP99: 1200 * time.Microsecond},
-			BudgetWaits:  12345, Lost: 0, PrefetchCounts: pager.PrefetchCounts{PrefetchHits: 3, PrefetchWasted: 1}},
+			Trouble:      pager.Trouble{BudgetWaits: 12345}, PrefetchCounts: pager.PrefetchCounts{PrefetchHits: 3, PrefetchWasted: 1}},
 		{ID: 2, PID: 77, Faults: 12, ResidentBytes: 1 << 30},
 		{ID: 3, PID: 9000000, Faults: 5}, // new: no rates yet
 	}, Pool: pager.PoolStats{HeldBytes: 256 << 20, Slabs: 4, UsedBytes: 200 << 20, NoRoom: "pool full"}, Replicas: 2,
