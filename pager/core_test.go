@@ -920,11 +920,17 @@ func TestCorePrefetch(t *testing.T) {
 					t.Errorf("a stream of %d evicted pages was installed with %d UFFDIO_COPYs: want a run each", f.pages, copies)
 				}
 				// A window's marker fetches the next one while the
-				// rest of it is read (this reader takes the pages as
-				// fast as they come, so about as many faults still
-				// land past a window, on its READ in flight).
-				if ahead < uint64(faults/4) {
-					t.Errorf("%d of a stream's %d faults were on read-ahead markers: want at least 1/4", ahead, faults)
+				// rest of it is read. This reader takes the pages as
+				// fast as they come, so faults also land past a
+				// window, on its READ in flight, and how many depends
+				// on how the two goroutines are scheduled: of the
+				// faults down a stream, the markers' share was 0.24-0.55
+				// (median 0.33) in 80 runs under -race here, 0.239 once
+				// in CI with the other lane running (then at 1/4 the
+				// test failed at random; it did before this bound).
+				// Markers that do not work take none.
+				if ahead < uint64(faults/8) {
+					t.Errorf("%d of a stream's %d faults were on read-ahead markers: want at least 1/8", ahead, faults)
 				}
 			case "random":
 				if issued > uint64(f.pages/8) {
