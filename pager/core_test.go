@@ -1297,13 +1297,19 @@ func scribble(t *testing.T, store *pagertest.Store, ri int) {
 // no other copy they raise SIGBUS. Catches wrong bytes handed to the
 // program (what a pool without checksums does: the check reads "SCRIBBLE").
 func TestCoreChecksums(t *testing.T) {
-	t.Run("repaired", func(t *testing.T) {
-		store := pagertest.New(t, pagertest.Options{Servers: 2, Replicas: 2})
+	// scribbled: a fake process that wrote 4 budgets' worth of pages over
+	// replicas copies, the first replica's then scribbled over.
+	scribbled := func(t *testing.T, replicas int) (*fake, *pagertest.Store) {
+		store := pagertest.New(t, pagertest.Options{Servers: 2, Replicas: replicas})
 		f := startFake(t, coreOpts(store), 4*budgetPages)
 		if err := f.write(1, 0, f.pages, nil); err != nil {
 			t.Fatal(err)
 		}
 		scribble(t, store, 0)
+		return f, store
+	}
+	t.Run("repaired", func(t *testing.T) {
+		f, store := scribbled(t, 2)
 		if err := f.check(1, orderOf("random", f.pages)); err != nil {
 			t.Fatal(err)
 		}
@@ -1316,12 +1322,7 @@ func TestCoreChecksums(t *testing.T) {
 		}
 	})
 	t.Run("lost", func(t *testing.T) {
-		store := pagertest.New(t, pagertest.Options{Servers: 2, Replicas: 1})
-		f := startFake(t, coreOpts(store), 4*budgetPages)
-		if err := f.write(1, 0, f.pages, nil); err != nil {
-			t.Fatal(err)
-		}
-		scribble(t, store, 0)
+		f, _ := scribbled(t, 1)
 		if v, err := f.k.Load(f.addr(0, 257)); !errors.Is(err, pagertest.ErrSIGBUS) {
 			t.Fatalf("an evicted page whose only copy changed read %#x, %v; want SIGBUS", v, err)
 		}

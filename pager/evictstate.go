@@ -116,14 +116,21 @@ func (e *evictState) writeBack(ctx context.Context, io remote.PageIO) {
 // ops[at[r]:at[r+1]] (readBatch.merge, writeBack).
 func spreadErrs(ops, runs []remote.PageOp, at []int) {
 	for r, run := range runs {
-		end := len(ops)
-		if r+1 < len(at) {
-			end = at[r+1]
-		}
-		for k := at[r]; k < end; k++ {
+		start, end := runOps(at, r, len(ops))
+		for k := start; k < end; k++ {
 			ops[k].Err = run.Err
 		}
 	}
+}
+
+// runOps returns the ops [start, end) of run r, whose first ops are at
+// (n ops in all).
+func runOps(at []int, r, n int) (start, end int) {
+	end = n
+	if r+1 < len(at) {
+		end = at[r+1]
+	}
+	return at[r], end
 }
 
 // release unmaps and closes the staging area (teardown).

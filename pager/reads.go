@@ -202,10 +202,7 @@ func (c *client) checkRuns() {
 	for m := range b.merged {
 		run := &b.merged[m]
 		c.st.checksumErrors.Add(uint64(run.Corrupt))
-		k, j := b.mergedAt[m], len(b.reads)
-		if m+1 < len(b.mergedAt) {
-			j = b.mergedAt[m+1]
-		}
+		k, j := runOps(b.mergedAt, m, len(b.reads))
 		if j-k > 1 && errors.Is(run.Err, remote.ErrCorrupt) {
 			c.io.Read(c.a.ctx, b.reads[k:j])
 		}

@@ -259,9 +259,6 @@ func (io *IO) Read(ctx context.Context, ops []remote.PageOp) error {
 // and reads the ops of several pages that found no good copy again page by
 // page, so that every page with a good copy is in their Buf.
 func (io *IO) afterChunk(ctx context.Context, ops []remote.PageOp) error {
-	if io.noFix {
-		io.fix = io.fix[:0]
-	}
 	if len(io.fix) > 0 {
 		if err := io.Write(ctx, io.fix); err != nil {
 			return err
@@ -386,7 +383,7 @@ func (io *IO) readChunk(ctx context.Context, ops []remote.PageOp) error {
 						return
 					}
 					io.t.reads.Add(1)
-					if ro.bad {
+					if ro.bad && !io.noFix {
 						io.fix = append(io.fix, remote.PageOp{Slab: op.Slab, Off: op.Off, Buf: op.Buf})
 					}
 					return

@@ -16,7 +16,7 @@ import (
 // every whole page an IO writes gets a CRC32C in its slab's entry, and
 // every whole page it reads is checked against it before the caller sees
 // it (remote.PageIO's contract). CRC32C runs in hardware here (SSE4.2):
-// ~0.3 µs a page, beside a READ of 10 µs or more.
+// 0.16 µs a page (BenchmarkPageSum), beside a READ of 10 µs or more.
 //
 // A sum is the CRC in the low 32 bits and sumValid: 0 is no sum (a slab
 // never written, a page written in part), and such a page is not checked.

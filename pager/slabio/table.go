@@ -155,18 +155,32 @@ func (t *Table) Put(id remote.SlabID, reps []Replica) error { return t.put(id, r
 func (t *Table) Adopt(id remote.SlabID, reps []Replica) error { return t.put(id, reps, true) }
 
 // put returns the error of a sum file it could not make: the slab is put
-// all the same, its sums kept in memory only.
+// all the same, its sums kept in memory only. A new slab's sums and file
+// are made before t.mu is taken: every IO takes it for each op.
 func (t *Table) put(id remote.SlabID, reps []Replica, keep bool) error {
 	c := append([]Replica(nil), reps...)
+	t.mu.RLock()
+	_, known := t.slabs[id]
+	dir := t.sumDir
+	t.mu.RUnlock()
+	var fresh slabEntry
+	var err error
+	if !known {
+		fresh.sums = make([]atomic.Uint64, t.slabSize/pageSize)
+		if dir != "" {
+			fresh.file, err = openSumFile(dir, id, fresh.sums, keep)
+		}
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e, ok := t.slabs[id]
-	var err error
-	if !ok {
+	switch {
+	case !ok && fresh.sums == nil: // removed meanwhile: put anew, without a file
 		e.sums = make([]atomic.Uint64, t.slabSize/pageSize)
-		if t.sumDir != "" {
-			e.file, err = openSumFile(t.sumDir, id, e.sums, keep)
-		}
+	case !ok:
+		e = fresh
+	case fresh.file != nil: // put meanwhile by another caller: its file stays
+		fresh.file.f.Close()
 	}
 	e.reps = c
 	t.slabs[id] = e
