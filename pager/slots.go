@@ -316,10 +316,12 @@ func (p *slotPool) kickReservoir() {
 	}
 }
 
-// copyCounter is a Store that tells how many copies of a slab the memory
-// servers hold (pager/poolstore, pager/pagertest: their slabio.Table).
-type copyCounter interface {
-	Copies(id remote.SlabID) int
+// layouter is a Store that tells how the memory servers keep a slab
+// (pager/poolstore, pager/pagertest: their slabio.Table): copies of each
+// used slot, and, erasure-coded, m parity pages per stripe of k slots
+// that holds a used one.
+type layouter interface {
+	Layout(id remote.SlabID) (copies, k, m int)
 }
 
 // stats returns the pool's space.
@@ -333,10 +335,10 @@ func (p *slotPool) stats() PoolStats {
 		}
 	}
 	stored := 0
-	if c, ok := p.store.(copyCounter); ok {
+	if l, ok := p.store.(layouter); ok {
 		for _, s := range p.slabs {
 			if s != nil {
-				stored += s.used * c.Copies(s.id)
+				stored += s.stored(l.Layout(s.id))
 			}
 		}
 	} else {
@@ -351,6 +353,25 @@ func (p *slotPool) stats() PoolStats {
 		st.NoRoom, st.NoRoomSince = p.noRoom.Error(), p.since
 	}
 	return st
+}
+
+// stored returns the page slots the servers hold for s's used slots:
+// copies of each, and m parity pages for each stripe (k consecutive
+// slots) with a used slot.
+func (s *poolSlab) stored(copies, k, m int) int {
+	n := s.used * copies
+	if m == 0 || k < 1 {
+		return n
+	}
+	for i := 0; i < len(s.refs); i += k {
+		for _, r := range s.refs[i:min(i+k, len(s.refs))] {
+			if r != 0 {
+				n += m
+				break
+			}
+		}
+	}
+	return n
 }
 
 // full reports whether the pool said it has no room (ErrFull), rather

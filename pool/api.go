@@ -50,6 +50,9 @@ type ReplicaView struct {
 	Key    Key               `json:"key,omitempty"` // empty in admin listings
 	Length uint64            `json:"length"`
 	State  string            `json:"state"` // "ok", "lost", "draining", "unknown" (server not heard from yet)
+	// Shard is the replica's place in an erasure-coded slab (Layout):
+	// kept by its replacement.
+	Shard int `json:"shard,omitempty"`
 }
 
 // SlabView is a logical slab as the API shows it.
@@ -58,6 +61,7 @@ type SlabView struct {
 	Lease    LeaseID       `json:"lease"`
 	Agent    string        `json:"agent"`
 	Size     uint64        `json:"size"`
+	Layout   string        `json:"layout,omitempty"` // AllocateRequest.Layout
 	Replicas []ReplicaView `json:"replicas"`
 	Created  time.Time     `json:"created"`
 }
@@ -120,6 +124,11 @@ type CreateLeaseRequest struct {
 type AllocateRequest struct {
 	Slabs    int `json:"slabs"`
 	Replicas int `json:"replicas"`
+	// Layout, when set, is how the agent spreads a slab over its
+	// replicas, kept with the slab for the agent after it: "ec:K+M" (an
+	// erasure-coded slab of K+M shards, Replicas = K+M, each replica a
+	// shard named by its ReplicaView.Shard). Empty: replicas are copies.
+	Layout string `json:"layout,omitempty"`
 }
 
 // AllocateResponse lists the new slabs.

@@ -144,7 +144,8 @@ type Replica struct {
 	Server   ServerID  `json:"server"`
 	Index    SlabIndex `json:"index"`
 	Key      Key       `json:"key"`
-	Instance string    `json:"instance"` // the server instance that issued Key
+	Instance string    `json:"instance"`        // the server instance that issued Key
+	Shard    int       `json:"shard,omitempty"` // its place in an erasure-coded slab (Slab.Layout)
 }
 
 // Slab is a logical slab: the replicas of one unit of an agent's memory.
@@ -152,6 +153,7 @@ type Slab struct {
 	ID       SlabID    `json:"id"`
 	Lease    LeaseID   `json:"lease"`
 	Size     uint64    `json:"size"`
+	Layout   string    `json:"layout,omitempty"` // AllocateRequest.Layout
 	Replicas []Replica `json:"replicas"`
 	// While a replica is being replaced (drain, lost server) Replicas holds
 	// the new one too: the old one is dropped when the agent reports the

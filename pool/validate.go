@@ -97,5 +97,14 @@ func (r *AllocateRequest) Validate() error {
 	if r.Replicas < 1 || r.Replicas > MaxReplicas {
 		return fieldErr("replicas", "must be between 1 and %d, got %d", MaxReplicas, r.Replicas)
 	}
+	if r.Layout != "" {
+		red, err := ParseRedundancy(r.Layout)
+		if err != nil || red.M == 0 {
+			return fieldErr("layout", "want ec:K+M, got %q", r.Layout)
+		}
+		if red.K+red.M != r.Replicas {
+			return fieldErr("layout", "%s needs %d replicas, got %d", r.Layout, red.K+red.M, r.Replicas)
+		}
+	}
 	return nil
 }

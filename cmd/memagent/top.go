@@ -125,7 +125,7 @@ func topLines(prev, cur agentd.StatsResponse, rows []topRow, dt time.Duration, n
 	}
 	lines = append(lines, fmt.Sprintf("memagent top - %s  programs %d  agent CPU %s", now.Format(time.TimeOnly), len(rows), cpu))
 	p := cur.Pool
-	pool := fmt.Sprintf("pool: %s held in %d slabs, %s used by pages, replicas %d", livetop.Bytes(p.HeldBytes), p.Slabs, livetop.Bytes(p.UsedBytes), cur.Replicas)
+	pool := fmt.Sprintf("pool: %s held in %d slabs, %s used by pages, %s", livetop.Bytes(p.HeldBytes), p.Slabs, livetop.Bytes(p.UsedBytes), redundancy(cur.Redundancy, cur.Replicas))
 	if p.NoRoom != "" {
 		pool += "; NO ROOM: " + p.NoRoom
 	}
@@ -206,4 +206,13 @@ func procComm(pid int) string {
 		return ""
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// redundancy is how an agent's stats say it keeps pages (an agent from
+// before redundancy was said: its replicas).
+func redundancy(red string, replicas int) string {
+	if red == "" {
+		return fmt.Sprintf("rep:%d", replicas)
+	}
+	return red
 }

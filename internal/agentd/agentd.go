@@ -55,13 +55,16 @@ type Options struct {
 	// /metrics for Prometheus ("" for none); the admin socket serves
 	// them too, to root only.
 	MetricsListen string
-	LocalMem      uint64        // per-process budget; required
-	NodeMem       uint64        // node-wide budget (0: none)
-	MaxSlowdown   float64       // pager.Options.MaxSlowdown (0: fixed budgets)
-	MinAlloc      uint64        // the shim's threshold (0: its default)
-	Replicas      int           // 0: 2 when the pool has two servers up or more, else 1
-	Network       string        // rdma provider to reach memory servers (default "tcp")
-	LeaseTTL      time.Duration // default 30s
+	LocalMem      uint64  // per-process budget; required
+	NodeMem       uint64  // node-wide budget (0: none)
+	MaxSlowdown   float64 // pager.Options.MaxSlowdown (0: fixed budgets)
+	MinAlloc      uint64  // the shim's threshold (0: its default)
+	Replicas      int     // 0: 2 when the pool has two servers up or more, else 1
+	// Redundancy, when set, is how pages are kept instead of Replicas
+	// (rep:N or ec:K+M, poolstore.Options.Redundancy).
+	Redundancy pool.Redundancy
+	Network    string        // rdma provider to reach memory servers (default "tcp")
+	LeaseTTL   time.Duration // default 30s
 	// FaultTimeout is pager.Options.FaultTimeout (0: its default).
 	FaultTimeout time.Duration
 	// Spin is pager.Options.Spin, for the data plane's connections too
@@ -81,8 +84,10 @@ type Options struct {
 type Daemon struct {
 	Agent    *pager.Agent
 	Store    *poolstore.Store
-	Replicas int
-	Registry *prometheus.Registry
+	Replicas int // copies of a page (1 under ec: one shard)
+	// Redundancy is how pages are kept (rep:N or ec:K+M).
+	Redundancy pool.Redundancy
+	Registry   *prometheus.Registry
 
 	log      *zap.Logger
 	spins    []*spin.Site // the agent's loops, its tcp clients: polling counted for stats and metrics
@@ -125,7 +130,14 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w (is memd running? see --coordinator): %w", ErrNoCoordinator, err)
 	}
-	replicas := ChooseReplicas(st.ServersUp, opts.Replicas, log)
+	red := opts.Redundancy
+	if red == (pool.Redundancy{}) {
+		red = pool.Redundancy{Copies: ChooseReplicas(st.ServersUp, opts.Replicas, log)}
+	} else if red.Servers() > st.ServersUp {
+		log.Warn("the pool has fewer memory servers up than a slab needs: new slabs wait for them", zap.Stringer("redundancy", red),
+			zap.Int("servers_up", st.ServersUp), zap.Int("needs", red.Servers()))
+	}
+	replicas := max(red.Copies, 1)
 	host, _ := os.Hostname()
 	var adopt pool.LeaseID
 	var secret string
@@ -136,7 +148,7 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 	loopSpins, clientSpins := &spin.Site{Name: "agent-loop"}, &spin.Site{Name: "tcp-client"}
 	store, err := poolstore.Open(ctx, poolstore.Options{
 		Pool: opts.Pool, Agent: "memagent@" + host, Node: host, PID: os.Getpid(),
-		TTL: opts.LeaseTTL, Replicas: replicas, Network: opts.Network, Log: log.Named("store"), Adopt: adopt, AdoptSecret: secret,
+		TTL: opts.LeaseTTL, Replicas: replicas, Redundancy: red, Network: opts.Network, Log: log.Named("store"), Adopt: adopt, AdoptSecret: secret,
 		Dial: rdma.DialOptions{Spin: opts.Spin, SpinSite: clientSpins}, SumDir: sumDir(opts.StateDir),
 	})
 	if err != nil {
@@ -184,7 +196,7 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 		}
 		return r
 	})
-	d := &Daemon{Agent: agent, Store: store, spins: []*spin.Site{loopSpins, clientSpins}, stateDir: opts.StateDir, Replicas: replicas, Registry: reg, log: log, done: make(chan error, 1),
+	d := &Daemon{Agent: agent, Store: store, spins: []*spin.Site{loopSpins, clientSpins}, stateDir: opts.StateDir, Replicas: replicas, Redundancy: red, Registry: reg, log: log, done: make(chan error, 1),
 		shared: len(opts.AllowUIDs) > 0 || opts.SocketGroup != 0}
 	if opts.AdminSocket != "" {
 		if err := d.serveAdmin(opts.AdminSocket); err != nil {
@@ -200,7 +212,7 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 	}
 	go func() { d.done <- agent.Run(context.Background()) }()
 	log.Info("agent ready", zap.String("socket", agent.Addr()), zap.String("admin", opts.AdminSocket), zap.String("metrics", d.MetricsAddr),
-		zap.Uint64("local_mem", opts.LocalMem), zap.Uint64("node_mem", opts.NodeMem), zap.Float64("max_slowdown", opts.MaxSlowdown), zap.Int("replicas", replicas))
+		zap.Uint64("local_mem", opts.LocalMem), zap.Uint64("node_mem", opts.NodeMem), zap.Float64("max_slowdown", opts.MaxSlowdown), zap.Stringer("redundancy", red))
 	return d, nil
 }
 
@@ -232,8 +244,10 @@ type StatsResponse struct {
 	Clients  []pager.ClientStats `json:"clients"`
 	Exited   []pager.ClientStats `json:"exited"`
 	Replicas int                 `json:"replicas"`
-	Slabs    int                 `json:"slabs"`
-	Pool     pager.PoolStats     `json:"pool"`
+	// Redundancy is how pages are kept: rep:N or ec:K+M.
+	Redundancy string          `json:"redundancy"`
+	Slabs      int             `json:"slabs"`
+	Pool       pager.PoolStats `json:"pool"`
 	// Process is the agent's own CPU time (all its programs') and what of
 	// it went to polling.
 	Process ProcessCPU `json:"process"`
@@ -274,7 +288,7 @@ func (d *Daemon) ProcessCPU() ProcessCPU {
 
 // Stats returns what GET /v1/stats serves.
 func (d *Daemon) Stats() StatsResponse {
-	return StatsResponse{Clients: d.Agent.Stats(), Exited: d.Agent.Exited(), Replicas: d.Replicas, Slabs: d.Store.Stats().Slabs,
+	return StatsResponse{Clients: d.Agent.Stats(), Exited: d.Agent.Exited(), Replicas: d.Replicas, Redundancy: d.Redundancy.String(), Slabs: d.Store.Stats().Slabs,
 		Pool: d.Agent.Pool(), Process: d.ProcessCPU()}
 }
 

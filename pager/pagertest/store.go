@@ -22,6 +22,10 @@ type Options struct {
 	SlabSize       uint64 // bytes (default 1 MiB)
 	SlabsPerServer int    // capacity of each server (default 64)
 	Network        string // "mem" (default) or "tcp" (loopback)
+	// ECData, ECParity > 0: slabs are erasure-coded (ec:ECData+ECParity,
+	// slabio.PutGroup) instead of replicated: a slab is SlabSize x
+	// ECData bytes over ECData+ECParity shards on distinct servers.
+	ECData, ECParity int
 }
 
 func (o *Options) defaults() {
@@ -78,6 +82,9 @@ var ErrNoCapacity = fmt.Errorf("pagertest: no capacity: %w", remote.ErrFull)
 func New(tb testing.TB, opts Options) *Store {
 	tb.Helper()
 	opts.defaults()
+	if opts.ECParity > 0 && opts.ECData+opts.ECParity > opts.Servers {
+		tb.Fatalf("pagertest: ec:%d+%d needs as many servers, have %d", opts.ECData, opts.ECParity, opts.Servers)
+	}
 	if opts.Replicas > opts.Servers {
 		tb.Fatalf("pagertest: %d replicas need as many servers, have %d", opts.Replicas, opts.Servers)
 	}
@@ -113,12 +120,16 @@ func New(tb testing.TB, opts Options) *Store {
 // Table returns the Store's slab table (for stats and inspection).
 func (s *Store) Table() *slabio.Table { return s.table }
 
-// Copies returns how many copies of slab id the servers hold (its replicas
-// not lost).
-func (s *Store) Copies(id remote.SlabID) int { return s.table.Copies(id) }
+// Layout returns how slab id is kept (slabio.Table.Layout).
+func (s *Store) Layout(id remote.SlabID) (copies, k, m int) { return s.table.Layout(id) }
 
 // SlabSize implements remote.Store.
-func (s *Store) SlabSize() uint64 { return s.opts.SlabSize }
+func (s *Store) SlabSize() uint64 {
+	if s.opts.ECParity > 0 {
+		return s.opts.SlabSize * uint64(s.opts.ECData)
+	}
+	return s.opts.SlabSize
+}
 
 // OpenIO implements remote.Store.
 func (s *Store) OpenIO() (remote.PageIO, error) { return s.table.NewIO(), nil }
@@ -132,7 +143,11 @@ func (s *Store) Alloc(ctx context.Context, n int) ([]remote.SlabID, error) {
 	}
 	ids := make([]remote.SlabID, 0, n)
 	for k := 0; k < n; k++ {
-		pl, err := s.placeLocked(s.opts.Replicas, nil)
+		n := s.opts.Replicas
+		if s.opts.ECParity > 0 {
+			n = s.opts.ECData + s.opts.ECParity
+		}
+		pl, err := s.placeLocked(n, nil)
 		if err != nil {
 			for _, id := range ids {
 				s.freeLocked(ctx, id)
@@ -142,7 +157,16 @@ func (s *Store) Alloc(ctx context.Context, n int) ([]remote.SlabID, error) {
 		s.next++
 		id := s.next
 		s.slabs[id] = pl
-		s.table.Put(id, s.replicasLocked(pl))
+		reps := s.replicasLocked(pl)
+		if s.opts.ECParity > 0 {
+			shards := make([][]slabio.Replica, len(reps))
+			for i := range reps {
+				shards[i] = reps[i : i+1]
+			}
+			s.table.PutGroup(id, s.opts.ECData, s.opts.ECParity, shards)
+		} else {
+			s.table.Put(id, reps)
+		}
 		ids = append(ids, id)
 	}
 	s.allocs += n
@@ -259,6 +283,14 @@ func (s *Store) Lose(i int) {
 func (s *Store) Repair(ctx context.Context, from ...int) (int, error) {
 	moved := 0
 	for _, id := range s.table.IDs() {
+		if shards, _ := s.table.Group(id); shards != nil {
+			n, err := s.repairGroup(ctx, id, shards, from)
+			moved += n
+			if err != nil {
+				return moved, err
+			}
+			continue
+		}
 		reps, ok := s.table.Replicas(id)
 		if !ok {
 			continue
@@ -313,8 +345,57 @@ func (s *Store) Repair(ctx context.Context, from ...int) (int, error) {
 	return moved, nil
 }
 
+// repairGroup is Repair for group id: each shard that is lost or on a
+// server of from is rebuilt on another live server (placement i is shard
+// i's).
+func (s *Store) repairGroup(ctx context.Context, id remote.SlabID, shards []remote.SlabID, from []int) (int, error) {
+	moved := 0
+	for i, sid := range shards {
+		reps, _ := s.table.Replicas(sid)
+		if len(reps) != 1 {
+			continue
+		}
+		leaving := reps[0].State == slabio.Lost
+		for _, f := range from {
+			leaving = leaving || s.servers[f].name == reps[0].Server
+		}
+		if !leaving {
+			continue
+		}
+		s.mu.Lock()
+		avoid := map[int]bool{}
+		for _, p := range s.slabs[id] {
+			avoid[p.server] = true
+		}
+		for _, f := range from {
+			avoid[f] = true
+		}
+		pl, err := s.placeLocked(1, avoid)
+		var to slabio.Replica
+		if err == nil {
+			to = s.replicasLocked(pl)[0]
+		}
+		s.mu.Unlock()
+		if err != nil {
+			return moved, err
+		}
+		if err := s.table.Migrate(ctx, sid, reps[0].Server, to); err != nil {
+			s.mu.Lock()
+			s.releaseLocked(ctx, pl[0])
+			s.mu.Unlock()
+			return moved, err
+		}
+		s.mu.Lock()
+		s.releaseLocked(ctx, s.slabs[id][i])
+		s.slabs[id][i] = pl[0]
+		s.mu.Unlock()
+		moved++
+	}
+	return moved, nil
+}
+
 // Scribble overwrites b at byte offset off of replica ri (in placement
-// order) of slab id, behind the Table's back: a stray write, or a memory
+// order; of an erasure-coded slab, shard ri) of slab id, behind the Table's back: a stray write, or a memory
 // server's DIMM going bad. It goes through the server's rdma listener, as
 // any peer's WRITE would.
 func (s *Store) Scribble(ctx context.Context, id remote.SlabID, ri int, off uint64, b []byte) error {

@@ -41,11 +41,15 @@ type Options struct {
 	Agent    string // lease agent name, e.g. "memagent@node-a"; required
 	Node     string
 	PID      int
-	TTL      time.Duration    // lease TTL (default 30s)
-	Replicas int              // replicas per slab, 1..8 (default 1)
-	Network  string           // rdma provider used to reach servers (default "tcp")
-	Dial     rdma.DialOptions // for every connection (Depth bounds a batch)
-	Log      *zap.Logger
+	TTL      time.Duration // lease TTL (default 30s)
+	Replicas int           // replicas per slab, 1..8 (default 1); Redundancy wins if set
+	// Redundancy, when set, is how pages are kept: rep:N (Replicas N) or
+	// ec:K+M, erasure-coded slabs (slabio.PutGroup) of K+M shards, each a
+	// replica of one pool slab on a server of its own.
+	Redundancy pool.Redundancy
+	Network    string           // rdma provider used to reach servers (default "tcp")
+	Dial       rdma.DialOptions // for every connection (Depth bounds a batch)
+	Log        *zap.Logger
 	// Adopt, when set, is a lease of a previous agent of this node (one
 	// that was killed or restarted): Open takes it over, with its slabs,
 	// if it is still alive, and creates a new one otherwise (Adopted says
@@ -78,6 +82,8 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("%w: TTL %v: want at least 100ms", ErrOptions, o.TTL)
 	case o.Replicas < 0 || o.Replicas > 8:
 		return fmt.Errorf("%w: Replicas %d: want 1..8", ErrOptions, o.Replicas)
+	case o.Redundancy.Servers() > pool.MaxReplicas || o.Redundancy.Copies < 0 || o.Redundancy.K < 0 || o.Redundancy.M < 0:
+		return fmt.Errorf("%w: Redundancy %s: at most %d servers a slab", ErrOptions, o.Redundancy, pool.MaxReplicas)
 	}
 	if err := o.Dial.Validate(); err != nil {
 		return fmt.Errorf("%w: Dial: %w", ErrOptions, err)
@@ -128,6 +134,9 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	}
 	if opts.Replicas == 0 {
 		opts.Replicas = 1
+	}
+	if opts.Redundancy == (pool.Redundancy{}) {
+		opts.Redundancy = pool.Redundancy{Copies: opts.Replicas}
 	}
 	if opts.Network == "" {
 		opts.Network = "tcp"
@@ -197,6 +206,19 @@ func (s *Store) adopt(ctx context.Context, id pool.LeaseID) error {
 		if v.Size != s.table.SlabSize() {
 			return fmt.Errorf("poolstore: slab %d of lease %s has size %d, want %d", v.ID, id, v.Size, s.table.SlabSize())
 		}
+		if v.Layout != s.layout() {
+			return fmt.Errorf("poolstore: slab %d of lease %s is kept as %q, this agent keeps %q (--redundancy)", v.ID, id, v.Layout, s.layout())
+		}
+		if s.opts.Redundancy.EC() {
+			shards, err := s.shards(v)
+			if err != nil {
+				return err
+			}
+			if err := s.table.AdoptGroup(remote.SlabID(v.ID), s.opts.Redundancy.K, s.opts.Redundancy.M, shards); err != nil {
+				s.opts.Log.Warn("no checksum file for an adopted slab's shard: its pages are checked once written again", zap.Uint64("slab", uint64(v.ID)), zap.Error(err))
+			}
+			continue
+		}
 		reps, err := s.replicas(v.Replicas)
 		if err != nil {
 			return err
@@ -222,19 +244,59 @@ func (s *Store) Lease() pool.Lease { return s.lease }
 // Table returns the slab table.
 func (s *Store) Table() *slabio.Table { return s.table }
 
-// Copies returns how many copies of slab id the servers hold (its replicas
-// not lost).
-func (s *Store) Copies(id remote.SlabID) int { return s.table.Copies(id) }
+// Layout returns how the servers keep slab id (slabio.Table.Layout).
+func (s *Store) Layout(id remote.SlabID) (copies, k, m int) { return s.table.Layout(id) }
 
-// SlabSize implements remote.Store.
-func (s *Store) SlabSize() uint64 { return s.table.SlabSize() }
+// SlabSize implements remote.Store: a pool slab, or K of them under
+// ec:K+M (a group's data shards).
+func (s *Store) SlabSize() uint64 {
+	if s.opts.Redundancy.EC() {
+		return s.table.SlabSize() * uint64(s.opts.Redundancy.K)
+	}
+	return s.table.SlabSize()
+}
+
+// Redundancy returns how the Store keeps pages.
+func (s *Store) Redundancy() pool.Redundancy { return s.opts.Redundancy }
+
+// layout is the pool's Layout of the Store's slabs.
+func (s *Store) layout() string {
+	if s.opts.Redundancy.EC() {
+		return s.opts.Redundancy.String()
+	}
+	return ""
+}
+
+// shards returns the shards of an erasure-coded slab's view: shard i's
+// replicas (one, or two while it is replaced).
+func (s *Store) shards(v pool.SlabView) ([][]slabio.Replica, error) {
+	n := s.opts.Redundancy.K + s.opts.Redundancy.M
+	shards := make([][]slabio.Replica, n)
+	for _, rv := range v.Replicas {
+		if rv.Shard < 0 || rv.Shard >= n {
+			return nil, fmt.Errorf("poolstore: slab %d: replica on %s is shard %d of %d", v.ID, rv.Server, rv.Shard, n)
+		}
+		r, err := s.replica(rv)
+		if err != nil {
+			return nil, err
+		}
+		shards[rv.Shard] = append(shards[rv.Shard], r)
+	}
+	for i, sh := range shards {
+		if len(sh) == 0 {
+			return nil, fmt.Errorf("poolstore: slab %d has no shard %d", v.ID, i)
+		}
+	}
+	return shards, nil
+}
 
 // OpenIO implements remote.Store.
 func (s *Store) OpenIO() (remote.PageIO, error) { return s.table.NewIO(), nil }
 
 // Alloc implements remote.Store.
 func (s *Store) Alloc(ctx context.Context, n int) ([]remote.SlabID, error) {
-	views, err := s.opts.Pool.Allocate(ctx, s.lease.ID, pool.AllocateRequest{Slabs: n, Replicas: s.opts.Replicas})
+	red := s.opts.Redundancy
+	views, err := s.opts.Pool.Allocate(ctx, s.lease.ID, pool.AllocateRequest{Slabs: n, Replicas: red.Servers(), Layout: s.layout()})
 	if errors.Is(err, pool.ErrNoCapacity) {
 		return nil, fmt.Errorf("poolstore: allocate %d slabs: %w (%w)", n, remote.ErrFull, err)
 	}
@@ -243,7 +305,14 @@ func (s *Store) Alloc(ctx context.Context, n int) ([]remote.SlabID, error) {
 	}
 	ids := make([]remote.SlabID, 0, len(views))
 	for _, v := range views {
-		reps, err := s.replicas(v.Replicas)
+		var reps []slabio.Replica
+		var shards [][]slabio.Replica
+		var err error
+		if red.EC() {
+			shards, err = s.shards(v)
+		} else {
+			reps, err = s.replicas(v.Replicas)
+		}
 		if err == nil && v.Size != s.table.SlabSize() {
 			err = fmt.Errorf("poolstore: slab %d has size %d, want %d", v.ID, v.Size, s.table.SlabSize())
 		}
@@ -257,7 +326,12 @@ func (s *Store) Alloc(ctx context.Context, n int) ([]remote.SlabID, error) {
 			return nil, err
 		}
 		id := remote.SlabID(v.ID)
-		if err := s.table.Put(id, reps); err != nil {
+		if red.EC() {
+			err = s.table.PutGroup(id, red.K, red.M, shards)
+		} else {
+			err = s.table.Put(id, reps)
+		}
+		if err != nil {
 			s.opts.Log.Warn("no checksum file for a new slab: its pages' checksums are kept in memory only", zap.Uint64("slab", uint64(v.ID)), zap.Error(err))
 		}
 		ids = append(ids, id)
@@ -422,7 +496,7 @@ func (s *Store) repair(ctx context.Context, events []pool.Event) error {
 	var todo []work
 	seen := map[work]bool{}
 	for _, ev := range events {
-		w := work{remote.SlabID(ev.Slab), string(ev.Server)}
+		w := work{s.tableSlab(remote.SlabID(ev.Slab), string(ev.Server)), string(ev.Server)}
 		if ev.Type == pool.EventReplicaLost {
 			if s.table.SetState(w.slab, w.from, slabio.Lost) == nil {
 				s.log.Warn("replica lost", zap.Uint64("slab", uint64(w.slab)), zap.String("server", w.from))
@@ -434,13 +508,19 @@ func (s *Store) repair(ctx context.Context, events []pool.Event) error {
 		}
 	}
 	// Replicas the data plane found stale (a missed WRITE).
-	for _, id := range s.table.IDs() {
-		reps, _ := s.table.Replicas(id)
-		for _, r := range reps {
-			w := work{id, r.Server}
-			if r.State == slabio.Lost && !seen[w] {
-				seen[w] = true
-				todo = append(todo, w)
+	for _, gid := range s.table.IDs() {
+		ids, _ := s.table.Group(gid)
+		if ids == nil {
+			ids = []remote.SlabID{gid}
+		}
+		for _, id := range ids {
+			reps, _ := s.table.Replicas(id)
+			for _, r := range reps {
+				w := work{id, r.Server}
+				if r.State == slabio.Lost && !seen[w] {
+					seen[w] = true
+					todo = append(todo, w)
+				}
 			}
 		}
 	}
@@ -456,12 +536,30 @@ func (s *Store) repair(ctx context.Context, events []pool.Event) error {
 	return errors.Join(errs...)
 }
 
-// migrate replaces slab id's replica on from by a new one.
+// tableSlab returns the Table's slab of pool slab id's replica on server:
+// id, or the shard of group id that the replica holds.
+func (s *Store) tableSlab(id remote.SlabID, server string) remote.SlabID {
+	shards, _ := s.table.Group(id)
+	for _, sh := range shards {
+		reps, _ := s.table.Replicas(sh)
+		for _, r := range reps {
+			if r.Server == server {
+				return sh
+			}
+		}
+	}
+	return id
+}
+
+// migrate replaces slab id's replica on from by a new one. A shard of an
+// erasure-coded slab is copied from its replica on from while that is
+// healthy (a drain), else rebuilt from the rest of its stripes.
 func (s *Store) migrate(ctx context.Context, id remote.SlabID, from string) error {
 	reps, ok := s.table.Replicas(id)
 	if !ok {
 		return nil // freed meanwhile
 	}
+	pid, _, shard := slabio.ShardOf(id)
 	alive := 0
 	for _, r := range reps {
 		if r.State == slabio.Healthy && r.Server != from {
@@ -474,7 +572,7 @@ func (s *Store) migrate(ctx context.Context, id remote.SlabID, from string) erro
 			fromHealthy = true
 		}
 	}
-	if alive == 0 && !fromHealthy {
+	if alive == 0 && !fromHealthy && !shard {
 		s.lostMu.Lock()
 		first := !s.lostSaid[id]
 		if s.lostSaid == nil {
@@ -488,9 +586,9 @@ func (s *Store) migrate(ctx context.Context, id remote.SlabID, from string) erro
 		}
 		return fmt.Errorf("poolstore: slab %d: %w", id, remote.ErrLost)
 	}
-	view, err := s.opts.Pool.Replace(ctx, s.lease.ID, pool.SlabID(id), pool.ServerID(from))
+	view, err := s.opts.Pool.Replace(ctx, s.lease.ID, pool.SlabID(pid), pool.ServerID(from))
 	if err != nil {
-		return fmt.Errorf("poolstore: replace slab %d on %s: %w", id, from, err)
+		return fmt.Errorf("poolstore: replace slab %d on %s: %w", pid, from, err)
 	}
 	to, err := s.replica(view)
 	if err != nil {
@@ -499,11 +597,11 @@ func (s *Store) migrate(ctx context.Context, id remote.SlabID, from string) erro
 	if err := s.table.Migrate(ctx, id, from, to); err != nil {
 		return err
 	}
-	if err := s.opts.Pool.Migrated(ctx, s.lease.ID, pool.SlabID(id), pool.ServerID(from)); err != nil {
-		return fmt.Errorf("poolstore: report slab %d migrated from %s: %w", id, from, err)
+	if err := s.opts.Pool.Migrated(ctx, s.lease.ID, pool.SlabID(pid), pool.ServerID(from)); err != nil {
+		return fmt.Errorf("poolstore: report slab %d migrated from %s: %w", pid, from, err)
 	}
 	s.migrations.Add(1)
-	s.log.Info("replica restored", zap.Uint64("slab", uint64(id)), zap.String("from", from), zap.String("to", to.Server))
+	s.log.Info("replica restored", zap.Uint64("slab", uint64(pid)), zap.String("from", from), zap.String("to", to.Server), zap.Bool("shard", shard))
 	return nil
 }
 

@@ -140,6 +140,7 @@ type IO struct {
 	locals    [][]byte
 	octx      opCtx
 	opTimeout time.Duration
+	ec        ecIO // erasure-coded slabs' scratch (ec.go)
 }
 
 // NewIO returns an IO over t. Connections are dialled on first use, with
@@ -232,6 +233,14 @@ func (io *IO) endRound() {
 
 // Read implements remote.PageIO.
 func (io *IO) Read(ctx context.Context, ops []remote.PageOp) error {
+	if io.t.hasGroups.Load() {
+		return io.ecRead(ctx, ops)
+	}
+	return io.readReplicas(ctx, ops)
+}
+
+// readReplicas reads ops of slabs with replicas (a group's shards are).
+func (io *IO) readReplicas(ctx context.Context, ops []remote.PageOp) error {
 	defer io.endCall()
 	for i := range ops {
 		ops[i].Corrupt = 0
@@ -260,7 +269,7 @@ func (io *IO) Read(ctx context.Context, ops []remote.PageOp) error {
 // page, so that every page with a good copy is in their Buf.
 func (io *IO) afterChunk(ctx context.Context, ops []remote.PageOp) error {
 	if len(io.fix) > 0 {
-		if err := io.Write(ctx, io.fix); err != nil {
+		if err := io.writeReplicas(ctx, io.fix); err != nil {
 			return err
 		}
 		for _, f := range io.fix {
@@ -495,6 +504,14 @@ func (io *IO) fail(op *remote.PageOp, why uint8) {
 
 // Write implements remote.PageIO.
 func (io *IO) Write(ctx context.Context, ops []remote.PageOp) error {
+	if io.t.hasGroups.Load() {
+		return io.ecWrite(ctx, ops)
+	}
+	return io.writeReplicas(ctx, ops)
+}
+
+// writeReplicas writes ops of slabs with replicas (a group's shards are).
+func (io *IO) writeReplicas(ctx context.Context, ops []remote.PageOp) error {
 	defer io.endCall()
 	io.t.copyMu.RLock()
 	defer io.t.copyMu.RUnlock()

@@ -74,8 +74,14 @@ type Table struct {
 
 	copyMu sync.RWMutex // IO.Write: R for a call; Migrate: W per chunk
 
-	mu    sync.RWMutex
-	slabs map[remote.SlabID]slabEntry
+	mu     sync.RWMutex
+	slabs  map[remote.SlabID]slabEntry
+	groups map[remote.SlabID]*group // erasure-coded slabs (ec.go); their shards are in slabs
+
+	hasGroups atomic.Bool // a group was ever put: IOs take the ec paths
+	// stripeMu: a stripe's WRITE and degraded READs exclude each other
+	// (ec.go). Lock order: stripeMu (in lock order), then copyMu.
+	stripeMu [stripeLocks]sync.Mutex
 
 	reads, writes, failovers, lost, stale, copied, stalls atomic.Uint64
 	localRegistered, localRefused                         atomic.Uint64
@@ -107,7 +113,7 @@ type badCopy struct {
 // NewTable returns an empty table of slabs of slabSize bytes. dial are the
 // options IOs dial replicas with (Depth bounds a batch).
 func NewTable(slabSize uint64, dial rdma.DialOptions) *Table {
-	return &Table{slabSize: slabSize, dial: dial, slabs: map[remote.SlabID]slabEntry{}, bad: map[badCopy]bool{}}
+	return &Table{slabSize: slabSize, dial: dial, slabs: map[remote.SlabID]slabEntry{}, groups: map[remote.SlabID]*group{}, bad: map[badCopy]bool{}}
 }
 
 // OnCorrupt sets f to be called, once per slab and server, when a copy of
@@ -187,9 +193,17 @@ func (t *Table) put(id remote.SlabID, reps []Replica, keep bool) error {
 	return err
 }
 
-// Remove forgets slab id (and its sum file).
+// Remove forgets slab id (and its sum file), or group id and its shards.
 func (t *Table) Remove(id remote.SlabID) {
 	t.mu.Lock()
+	if g := t.groups[id]; g != nil {
+		delete(t.groups, id)
+		t.mu.Unlock()
+		for _, s := range g.shards {
+			t.Remove(s)
+		}
+		return
+	}
 	if e, ok := t.slabs[id]; ok && e.file != nil {
 		e.file.drop()
 	}
@@ -223,12 +237,17 @@ func (t *Table) Copies(id remote.SlabID) int {
 	return n
 }
 
-// IDs returns the slabs in the table.
+// IDs returns the slabs in the table: groups, not their shards.
 func (t *Table) IDs() []remote.SlabID {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	ids := make([]remote.SlabID, 0, len(t.slabs))
 	for id := range t.slabs {
+		if !isShard(id) {
+			ids = append(ids, id)
+		}
+	}
+	for id := range t.groups {
 		ids = append(ids, id)
 	}
 	return ids
@@ -389,9 +408,14 @@ func (t *Table) copySlab(ctx context.Context, id remote.SlabID, to Replica) erro
 		n := min(uint64(len(buf)), t.slabSize-off)
 		t.copyMu.Lock()
 		ops[0] = remote.PageOp{Slab: id, Off: off, Buf: buf[:n]}
-		err := io.Read(ctx, ops)
+		err := io.readReplicas(ctx, ops)
 		if err == nil {
 			err = ops[0].Err
+		}
+		if err != nil && isShard(id) && !errors.Is(err, remote.ErrCorrupt) {
+			// A shard with no replica to copy from: rebuilt from the
+			// rest of each stripe.
+			err = io.rebuildChunk(ctx, id, off, buf[:n])
 		}
 		if errors.Is(err, remote.ErrCorrupt) {
 			// Pages with no good copy are copied as they are: they

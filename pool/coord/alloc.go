@@ -216,13 +216,20 @@ func (c *Coordinator) allocate(ctx context.Context, id pool.LeaseID, req pool.Al
 	}
 	slabs := make([]*pool.Slab, req.Slabs)
 	for i := range slabs {
-		slabs[i] = &pool.Slab{ID: c.nextSlab, Lease: id, Size: c.opts.SlabSize, Created: now, Replicas: make([]pool.Replica, 0, req.Replicas)}
+		slabs[i] = &pool.Slab{ID: c.nextSlab, Lease: id, Size: c.opts.SlabSize, Layout: req.Layout, Created: now, Replicas: make([]pool.Replica, 0, req.Replicas)}
 		c.nextSlab++
 	}
 	jobs, err := c.reserveLocked(slabs, req.Replicas, avoid)
 	c.mu.Unlock()
 	if err != nil {
 		return nil, nil, err
+	}
+	if req.Layout != "" { // each replica a shard, in the order placed
+		for _, sl := range slabs {
+			for i := range sl.Replicas {
+				sl.Replicas[i].Shard = i
+			}
+		}
 	}
 
 	err = c.grant(ctx, jobs)
@@ -289,8 +296,12 @@ func (c *Coordinator) Replace(ctx context.Context, id pool.LeaseID, sid pool.Sla
 		return pool.ReplicaView{}, fmt.Errorf("%w: slab %d already has %d replicas: report migrations done first", pool.ErrConflict, sid, len(sl.Replicas))
 	}
 	avoid := make([]pool.ServerID, 0, len(sl.Replicas))
+	shard := 0 // the replacement takes the shard of the replica it replaces
 	for _, r := range sl.Replicas {
 		avoid = append(avoid, r.Server)
+		if r.Server == from {
+			shard = r.Shard
+		}
 	}
 	tmp := &pool.Slab{ID: sid, Replicas: make([]pool.Replica, 0, 1)}
 	jobs, err := c.reserveLocked([]*pool.Slab{tmp}, 1, [][]pool.ServerID{avoid})
@@ -314,6 +325,7 @@ func (c *Coordinator) Replace(ctx context.Context, id pool.LeaseID, sid pool.Sla
 	}
 	if err == nil {
 		next = *sl
+		tmp.Replicas[0].Shard = shard
 		next.Replicas = append(append([]pool.Replica(nil), sl.Replicas...), tmp.Replicas[0])
 		if err = c.opts.Store.Update(func(tx store.Tx) error { return put(tx, store.Slabs, slabKey(sid), &next) }); err != nil {
 			err = fmt.Errorf("coord: replace: %w", err)

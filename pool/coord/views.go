@@ -33,7 +33,7 @@ func (c *Coordinator) replicaStateLocked(r *pool.Replica) string {
 }
 
 func (c *Coordinator) replicaViewLocked(r *pool.Replica) pool.ReplicaView {
-	v := pool.ReplicaView{Server: r.Server, Index: r.Index, Key: r.Key, Length: c.opts.SlabSize, State: c.replicaStateLocked(r)}
+	v := pool.ReplicaView{Server: r.Server, Index: r.Index, Key: r.Key, Length: c.opts.SlabSize, State: c.replicaStateLocked(r), Shard: r.Shard}
 	if s := c.getSrvLocked(r.Server); s != nil {
 		v.Addrs = s.Addrs
 	}
@@ -41,7 +41,7 @@ func (c *Coordinator) replicaViewLocked(r *pool.Replica) pool.ReplicaView {
 }
 
 func (c *Coordinator) slabViewLocked(sl *pool.Slab, l *lease) pool.SlabView {
-	v := pool.SlabView{ID: sl.ID, Lease: sl.Lease, Size: sl.Size, Created: sl.Created, Replicas: make([]pool.ReplicaView, len(sl.Replicas))}
+	v := pool.SlabView{ID: sl.ID, Lease: sl.Lease, Size: sl.Size, Layout: sl.Layout, Created: sl.Created, Replicas: make([]pool.ReplicaView, len(sl.Replicas))}
 	if l != nil {
 		v.Agent = l.rec.Agent
 	}
