@@ -1353,3 +1353,56 @@ func TestCoreStoredBytes(t *testing.T) {
 		t.Fatalf("one replica lost: used %d, stored %d; want equal", p.UsedBytes, p.StoredBytes)
 	}
 }
+
+// Erasure-coded slabs (ec:4+2 over six servers) under the pager: pages
+// evicted, rewritten and read back exactly; two servers lost, then read
+// back from the rest of their stripes; the servers hold (k+m)/k of the
+// bytes paged out, not twice them.
+func TestCoreErasureCoded(t *testing.T) {
+	store := pagertest.New(t, pagertest.Options{Servers: 7, ECData: 4, ECParity: 2, SlabSize: 64 << 10})
+	f := startFake(t, coreOpts(store), 8*budgetPages)
+	if err := f.write(1, 0, f.pages, nil); err != nil {
+		t.Fatal(err)
+	}
+	f.settle()
+	p := f.a.Pool()
+	if ratio := float64(p.StoredBytes) / float64(p.UsedBytes); p.UsedBytes == 0 || ratio < 1.5 || ratio > 1.5*1.1 {
+		t.Fatalf("ec:4+2: used %d, stored %d (%.2fx); want about 1.5x", p.UsedBytes, p.StoredBytes, ratio)
+	}
+	// Every other page rewritten: stripes written in part (the parity
+	// from the pages in the pool) and old slots freed.
+	odd := make([]int, 0, f.pages/2)
+	for i := 1; i < f.pages; i += 2 {
+		odd = append(odd, i)
+	}
+	for _, i := range odd {
+		for _, w := range words {
+			if err := f.k.Store(f.addr(i, w), word(uint64(i), 2, uint64(w))); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	f.settle()
+	check := func(what string) {
+		t.Helper()
+		for i := 0; i < f.pages; i++ {
+			gen := uint64(1 + i%2)
+			for _, w := range words {
+				v, err := f.k.Load(f.addr(i, w))
+				if err != nil {
+					t.Fatalf("%s: page %d: %v", what, i, err)
+				}
+				if want := word(uint64(i), gen, uint64(w)); v != want {
+					t.Fatalf("%s: page %d word %d: %#x, want %#x", what, i, w, v, want)
+				}
+			}
+		}
+	}
+	check("healthy")
+	store.Lose(0)
+	store.Lose(3)
+	check("two servers lost")
+	if st := store.Table().Stats(); st.Lost != 0 {
+		t.Fatalf("%d pages lost with two of ec:4+2's servers down", st.Lost)
+	}
+}

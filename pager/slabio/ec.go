@@ -430,6 +430,7 @@ func (io *IO) reconstruct(ctx context.Context, id remote.SlabID, g *group, s, ro
 		}
 	}
 	io.t.reads.Add(1)
+	io.t.degraded.Add(1)
 	return bad, nil
 }
 

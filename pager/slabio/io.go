@@ -499,7 +499,9 @@ func (io *IO) fail(op *remote.PageOp, why uint8) {
 	default:
 		op.Err = remote.ErrLost
 	}
-	io.t.lost.Add(1)
+	if !isShard(op.Slab) { // a shard's page is reconstructed, or counted then (ec.go)
+		io.t.lost.Add(1)
+	}
 }
 
 // Write implements remote.PageIO.

@@ -65,6 +65,9 @@ type Stats struct {
 	// was found.
 	Corrupt  uint64
 	Repaired uint64
+	// Degraded: pages of erasure-coded slabs read from the rest of their
+	// stripe (their shard lost, unreachable or bad).
+	Degraded uint64
 }
 
 // Table is the set of slabs an agent holds, with their replicas.
@@ -85,7 +88,7 @@ type Table struct {
 
 	reads, writes, failovers, lost, stale, copied, stalls atomic.Uint64
 	localRegistered, localRefused                         atomic.Uint64
-	corrupt, repaired                                     atomic.Uint64
+	corrupt, repaired, degraded                           atomic.Uint64
 
 	// badMu guards bad: the (slab, server) pairs already reported to
 	// onCorrupt, so that each is reported once.
@@ -333,7 +336,7 @@ func (t *Table) Stats() Stats {
 		Reads: t.reads.Load(), Writes: t.writes.Load(), Failovers: t.failovers.Load(),
 		Lost: t.lost.Load(), Stale: t.stale.Load(), Copied: t.copied.Load(), Stalls: t.stalls.Load(),
 		LocalRegistered: t.localRegistered.Load(), LocalRefused: t.localRefused.Load(),
-		Corrupt: t.corrupt.Load(), Repaired: t.repaired.Load(),
+		Corrupt: t.corrupt.Load(), Repaired: t.repaired.Load(), Degraded: t.degraded.Load(),
 	}
 }
 

@@ -1,0 +1,146 @@
+package poolstore_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"rmem/pager/poolstore"
+	"rmem/pager/remote"
+	"rmem/pager/slabio"
+	"rmem/pool"
+)
+
+// ec:3+2 over a real pool of eight servers: a slab is three pool slabs of
+// data; a drained server's shard is copied, a left server's rebuilt from
+// the stripes (the pool keeps each replica's shard); an agent that adopts
+// the lease reads the pages, checked against the sums the first kept.
+func TestErasureCodedSlabs(t *testing.T) {
+	ctx := context.Background()
+	cl, servers := startPool(t, 8)
+	red := pool.Redundancy{K: 3, M: 2}
+	sums := t.TempDir()
+	s, err := poolstore.Open(ctx, poolstore.Options{Pool: cl, Agent: "memagent-test", PID: 1, TTL: time.Minute, Redundancy: red, SumDir: sums})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.SlabSize() != 3*slabSize {
+		t.Fatalf("slab size %d, want 3 pool slabs", s.SlabSize())
+	}
+	ids, err := s.Alloc(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := ids[0]
+	shards, k := s.Table().Group(id)
+	if k != 3 || len(shards) != 5 {
+		t.Fatalf("group %d: %d shards, k %d", id, len(shards), k)
+	}
+	if c, k, m := s.Layout(id); c != 1 || k != 3 || m != 2 {
+		t.Fatalf("layout %d %d %d", c, k, m)
+	}
+	io, _ := s.OpenIO()
+	const pages = 48
+	ops := make([]remote.PageOp, pages)
+	for p := range ops {
+		b := make([]byte, 4096)
+		pattern(b, byte(p*3+1))
+		ops[p] = remote.PageOp{Slab: id, Off: uint64(p) * 4096 * 5, Buf: b}
+	}
+	if err := io.Write(ctx, ops); err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range ops {
+		if op.Err != nil {
+			t.Fatal(op.Err)
+		}
+	}
+	verify := func(what string, io remote.PageIO) {
+		t.Helper()
+		rd := make([]remote.PageOp, len(ops))
+		for i, op := range ops {
+			rd[i] = remote.PageOp{Slab: op.Slab, Off: op.Off, Buf: make([]byte, 4096)}
+		}
+		if err := io.Read(ctx, rd); err != nil {
+			t.Fatal(err)
+		}
+		for i := range rd {
+			if rd[i].Err != nil || string(rd[i].Buf) != string(ops[i].Buf) {
+				t.Fatalf("%s: page %d: %v / data differs", what, i, rd[i].Err)
+			}
+		}
+	}
+	verify("written", io)
+	server := func(sh int) pool.ServerID {
+		reps, _ := s.Table().Replicas(shards[sh])
+		return pool.ServerID(reps[0].Server)
+	}
+	// Drain the server of data shard 0: copied from it.
+	victim := server(0)
+	if _, err := cl.Drain(ctx, victim, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RenewOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if dv, err := cl.DrainStatus(ctx, victim); err != nil || !dv.Done {
+		t.Fatalf("drain of %s not done after a renewal: %+v %v", victim, dv, err)
+	}
+	servers[victim].Close()
+	verify("after the drain", io)
+	// The servers of shards 1 and 3 leave without draining: rebuilt from
+	// the rest of the stripes onto the two servers left.
+	a, b := server(1), server(3)
+	for _, g := range []pool.ServerID{a, b} {
+		if err := cl.Leave(ctx, g); err != nil {
+			t.Fatal(err)
+		}
+		servers[g].Close()
+	}
+	verify("two servers gone", io)
+	if err := s.RenewOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Stats(); st.Migrations != 3 {
+		t.Fatalf("migrations %d, want the drain and two rebuilds", st.Migrations)
+	}
+	for i := range shards {
+		if reps, _ := s.Table().Replicas(shards[i]); len(reps) != 1 || reps[0].State != slabio.Healthy {
+			t.Fatalf("shard %d after the rebuild: %+v", i, reps)
+		}
+	}
+	if st := s.Table().Stats(); st.Degraded == 0 {
+		t.Fatal("no degraded reads with two shards gone")
+	}
+	io.Close()
+	// A new agent adopts the lease: same layout, shards in place, the
+	// pages checked against the first agent's sums.
+	s.Abandon()
+	s2, err := poolstore.Open(ctx, poolstore.Options{Pool: cl, Agent: "memagent-test", PID: 2, TTL: time.Minute, Redundancy: red, SumDir: sums,
+		Adopt: s.Lease().ID, AdoptSecret: s.Lease().Secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close(ctx)
+	if !s2.Adopted() {
+		t.Fatal("not adopted")
+	}
+	if got, _ := s2.Table().Group(id); len(got) != 5 {
+		t.Fatalf("adopted group: %v", got)
+	}
+	io2, _ := s2.OpenIO()
+	defer io2.Close()
+	verify("adopted", io2)
+	// The rebuilt shards are what the stripes need: two more servers go.
+	for _, sh := range []int{0, 4} {
+		reps, _ := s2.Table().Replicas(shards[sh])
+		servers[pool.ServerID(reps[0].Server)].Close()
+	}
+	verify("adopted, two more servers gone", io2)
+	// An agent with another redundancy refuses the lease's slabs.
+	s2.Abandon()
+	if _, err := poolstore.Open(ctx, poolstore.Options{Pool: cl, Agent: "memagent-test", PID: 3, TTL: time.Minute, Replicas: 2,
+		Adopt: s.Lease().ID, AdoptSecret: s.Lease().Secret}); err == nil {
+		t.Fatal("a rep:2 agent adopted ec:3+2 slabs")
+	}
+}
