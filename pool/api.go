@@ -62,6 +62,8 @@ type SlabView struct {
 	Agent    string        `json:"agent"`
 	Size     uint64        `json:"size"`
 	Layout   string        `json:"layout,omitempty"` // AllocateRequest.Layout
+	Group    SlabID        `json:"group,omitempty"`  // Slab.Group
+	Part     int           `json:"part,omitempty"`
 	Replicas []ReplicaView `json:"replicas"`
 	Created  time.Time     `json:"created"`
 }
@@ -127,7 +129,11 @@ type AllocateRequest struct {
 	// Layout, when set, is how the agent spreads a slab over its
 	// replicas, kept with the slab for the agent after it: "ec:K+M" (an
 	// erasure-coded slab of K+M shards, Replicas = K+M, each replica a
-	// shard named by its ReplicaView.Shard). Empty: replicas are copies.
+	// shard named by its ReplicaView.Shard), or "stripe:K" (Slabs is a
+	// multiple of K, and each K slabs in turn are one unit: the agent's
+	// pages striped over them, each slab with Replicas copies; the views
+	// name the unit's first slab as Group and each slab's Part). Empty:
+	// replicas are copies of independent slabs.
 	Layout string `json:"layout,omitempty"`
 }
 

@@ -68,3 +68,17 @@ func (r Redundancy) Tolerates() int {
 	}
 	return r.Copies - 1
 }
+
+// StripeLayout reads a Layout "stripe:K" (AllocateRequest.Layout), ok
+// false for any other; K < 1 if it does not parse.
+func StripeLayout(layout string) (k int, ok bool) {
+	arg, ok := strings.CutPrefix(layout, "stripe:")
+	if !ok {
+		return 0, false
+	}
+	k, err := strconv.Atoi(arg)
+	if err != nil {
+		return -1, true
+	}
+	return k, true
+}

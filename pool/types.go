@@ -150,10 +150,14 @@ type Replica struct {
 
 // Slab is a logical slab: the replicas of one unit of an agent's memory.
 type Slab struct {
-	ID       SlabID    `json:"id"`
-	Lease    LeaseID   `json:"lease"`
-	Size     uint64    `json:"size"`
-	Layout   string    `json:"layout,omitempty"` // AllocateRequest.Layout
+	ID     SlabID  `json:"id"`
+	Lease  LeaseID `json:"lease"`
+	Size   uint64  `json:"size"`
+	Layout string  `json:"layout,omitempty"` // AllocateRequest.Layout
+	// Group and Part: under Layout "stripe:K", the slab is part Part of
+	// the K slabs allocated together whose first is Group.
+	Group    SlabID    `json:"group,omitempty"`
+	Part     int       `json:"part,omitempty"`
 	Replicas []Replica `json:"replicas"`
 	// While a replica is being replaced (drain, lost server) Replicas holds
 	// the new one too: the old one is dropped when the agent reports the

@@ -97,7 +97,11 @@ func (r *AllocateRequest) Validate() error {
 	if r.Replicas < 1 || r.Replicas > MaxReplicas {
 		return fieldErr("replicas", "must be between 1 and %d, got %d", MaxReplicas, r.Replicas)
 	}
-	if r.Layout != "" {
+	if k, ok := StripeLayout(r.Layout); ok {
+		if k < 1 || k > MaxSlabsPerRequest || r.Slabs%k != 0 {
+			return fieldErr("layout", "%s: want K >= 1 and slabs a multiple of K, got %d slabs", r.Layout, r.Slabs)
+		}
+	} else if r.Layout != "" {
 		red, err := ParseRedundancy(r.Layout)
 		if err != nil || red.M == 0 {
 			return fieldErr("layout", "want ec:K+M, got %q", r.Layout)

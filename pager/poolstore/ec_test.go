@@ -144,3 +144,99 @@ func TestErasureCodedSlabs(t *testing.T) {
 		t.Fatal("a rep:2 agent adopted ec:3+2 slabs")
 	}
 }
+
+// With fewer servers than ec:3+2's five to place on, new slabs fall back
+// to units of three pool slabs of three copies each (the same tolerance
+// of two lost servers), which survive a loss and are repaired as copies;
+// once five servers take slabs again, new slabs are erasure-coded.
+func TestErasureCodedFallback(t *testing.T) {
+	ctx := context.Background()
+	cl, servers := startPool(t, 5)
+	var ids []pool.ServerID
+	for id := range servers {
+		ids = append(ids, id)
+	}
+	// A draining server takes no new slabs: four to place on.
+	if _, err := cl.Drain(ctx, ids[0], true); err != nil {
+		t.Fatal(err)
+	}
+	red := pool.Redundancy{K: 3, M: 2}
+	s, err := poolstore.Open(ctx, poolstore.Options{Pool: cl, Agent: "memagent-test", PID: 1, TTL: time.Minute, Redundancy: red})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(ctx)
+	got, err := s.Alloc(ctx, 1)
+	if err != nil {
+		t.Fatalf("no fallback: %v", err)
+	}
+	id := got[0]
+	if c, k, m := s.Layout(id); c != 3 || k != 3 || m != 0 {
+		t.Fatalf("fallback layout: copies %d k %d m %d, want 3 copies of 3 parts", c, k, m)
+	}
+	io, _ := s.OpenIO()
+	defer io.Close()
+	ops := make([]remote.PageOp, 30)
+	for p := range ops {
+		b := make([]byte, 4096)
+		pattern(b, byte(p+9))
+		ops[p] = remote.PageOp{Slab: id, Off: uint64(p) * 4096 * 7, Buf: b}
+	}
+	if err := io.Write(ctx, ops); err != nil {
+		t.Fatal(err)
+	}
+	verify := func(what string) {
+		t.Helper()
+		rd := make([]remote.PageOp, len(ops))
+		for i, op := range ops {
+			rd[i] = remote.PageOp{Slab: op.Slab, Off: op.Off, Buf: make([]byte, 4096)}
+		}
+		if err := io.Read(ctx, rd); err != nil {
+			t.Fatal(err)
+		}
+		for i := range rd {
+			if rd[i].Err != nil || string(rd[i].Buf) != string(ops[i].Buf) {
+				t.Fatalf("%s: page %d: %v / data differs", what, i, rd[i].Err)
+			}
+		}
+	}
+	verify("written")
+	// Five servers take slabs again: the next slab is erasure-coded.
+	if _, err := cl.Drain(ctx, ids[0], false); err != nil {
+		t.Fatal(err)
+	}
+	next, err := s.Alloc(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, k, m := s.Layout(next[0]); c != 1 || k != 3 || m != 2 {
+		t.Fatalf("with five servers: copies %d k %d m %d, want ec:3+2", c, k, m)
+	}
+	if err := s.Free(ctx, next); err != nil {
+		t.Fatal(err)
+	}
+	// Two servers holding copies leave: the pages read from the third
+	// copy, and the renewal repairs the parts' replicas.
+	shards, _ := s.Table().Group(id)
+	reps, _ := s.Table().Replicas(shards[0])
+	for _, r := range reps[:2] {
+		if err := cl.Leave(ctx, pool.ServerID(r.Server)); err != nil {
+			t.Fatal(err)
+		}
+		servers[pool.ServerID(r.Server)].Close()
+	}
+	verify("two servers gone")
+	s.RenewOnce(ctx) // two servers for the lost copies: some wait for more
+	if st := s.Stats(); st.Migrations == 0 {
+		t.Fatal("no part's replica was restored")
+	}
+	verify("after the repair")
+	// Freed: every part goes back to the pool.
+	if err := s.Free(ctx, []remote.SlabID{id}); err != nil {
+		t.Fatal(err)
+	}
+	views, err := cl.LeaseSlabs(ctx, s.Lease().ID)
+	if err != nil || len(views) != 0 {
+		t.Fatalf("after the free the lease holds %d slabs (%v)", len(views), err)
+	}
+}

@@ -120,6 +120,14 @@ type Store struct {
 	allocated, freed, renewals, migrations, migrateErr atomic.Uint64
 	adopted                                            bool
 
+	striped atomic.Bool // the last Alloc fell back from ec to copies
+
+	// parts: the pool slabs of each unit of Layout "stripe:K" (by the
+	// table's id for it), and the table shard each is.
+	partsMu sync.Mutex
+	parts   map[remote.SlabID][]pool.SlabID
+	partOf  map[pool.SlabID]remote.SlabID
+
 	lostMu   sync.Mutex
 	lostSaid map[remote.SlabID]bool // slabs whose loss was logged (once each: a job per lost replica)
 }
@@ -151,7 +159,8 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if st.SlabSize == 0 || st.SlabSize%4096 != 0 {
 		return nil, fmt.Errorf("poolstore: pool slab size %d is not a multiple of 4096", st.SlabSize)
 	}
-	s := &Store{opts: opts, table: slabio.NewTable(st.SlabSize, opts.Dial), done: make(chan struct{})}
+	s := &Store{opts: opts, table: slabio.NewTable(st.SlabSize, opts.Dial), done: make(chan struct{}),
+		parts: map[remote.SlabID][]pool.SlabID{}, partOf: map[pool.SlabID]remote.SlabID{}}
 	if opts.SumDir != "" {
 		s.table.PersistSums(opts.SumDir)
 	}
@@ -202,30 +211,8 @@ func (s *Store) adopt(ctx context.Context, id pool.LeaseID) error {
 	if err != nil {
 		return err
 	}
-	for _, v := range views {
-		if v.Size != s.table.SlabSize() {
-			return fmt.Errorf("poolstore: slab %d of lease %s has size %d, want %d", v.ID, id, v.Size, s.table.SlabSize())
-		}
-		if v.Layout != s.layout() {
-			return fmt.Errorf("poolstore: slab %d of lease %s is kept as %q, this agent keeps %q (--redundancy)", v.ID, id, v.Layout, s.layout())
-		}
-		if s.opts.Redundancy.EC() {
-			shards, err := s.shards(v)
-			if err != nil {
-				return err
-			}
-			if err := s.table.AdoptGroup(remote.SlabID(v.ID), s.opts.Redundancy.K, s.opts.Redundancy.M, shards); err != nil {
-				s.opts.Log.Warn("no checksum file for an adopted slab's shard: its pages are checked once written again", zap.Uint64("slab", uint64(v.ID)), zap.Error(err))
-			}
-			continue
-		}
-		reps, err := s.replicas(v.Replicas)
-		if err != nil {
-			return err
-		}
-		if err := s.table.Adopt(remote.SlabID(v.ID), reps); err != nil {
-			s.opts.Log.Warn("no checksum file for an adopted slab: its pages are checked once written again", zap.Uint64("slab", uint64(v.ID)), zap.Error(err))
-		}
+	if _, err := s.put(views, true); err != nil {
+		return fmt.Errorf("poolstore: lease %s: %w", id, err)
 	}
 	s.lease = resp.Lease
 	s.opts.Log.Info("took over the previous agent's lease", zap.String("lease", string(id)), zap.Int("slabs", len(views)))
@@ -293,51 +280,181 @@ func (s *Store) shards(v pool.SlabView) ([][]slabio.Replica, error) {
 // OpenIO implements remote.Store.
 func (s *Store) OpenIO() (remote.PageIO, error) { return s.table.NewIO(), nil }
 
-// Alloc implements remote.Store.
+// Alloc implements remote.Store. Under ec:K+M with fewer than K+M
+// servers to place a slab's shards on, it falls back to a unit of K pool
+// slabs of M+1 copies each (the same tolerance, the same slab size),
+// saying so once, and goes back to erasure coding when it can.
 func (s *Store) Alloc(ctx context.Context, n int) ([]remote.SlabID, error) {
 	red := s.opts.Redundancy
-	views, err := s.opts.Pool.Allocate(ctx, s.lease.ID, pool.AllocateRequest{Slabs: n, Replicas: red.Servers(), Layout: s.layout()})
+	ids, err := s.alloc(ctx, pool.AllocateRequest{Slabs: n, Replicas: red.Servers(), Layout: s.layout()})
+	if !red.EC() {
+		return ids, err
+	}
+	if err == nil {
+		if s.striped.Swap(false) {
+			s.log.Info("enough memory servers up again: new slabs are erasure-coded", zap.Stringer("redundancy", red))
+		}
+		return ids, nil
+	}
+	if !errors.Is(err, remote.ErrFull) {
+		return nil, err
+	}
+	ids, serr := s.alloc(ctx, pool.AllocateRequest{Slabs: n * red.K, Replicas: red.M + 1, Layout: fmt.Sprintf("stripe:%d", red.K)})
+	if serr != nil {
+		return nil, err
+	}
+	if !s.striped.Swap(true) {
+		s.log.Warn("too few memory servers up for erasure-coded slabs: new slabs are kept as copies, with the same tolerance, until enough are up",
+			zap.Stringer("redundancy", red), zap.Int("copies", red.M+1), zap.Error(err))
+	}
+	return ids, nil
+}
+
+// alloc allocates req's slabs and puts them in the table.
+func (s *Store) alloc(ctx context.Context, req pool.AllocateRequest) ([]remote.SlabID, error) {
+	views, err := s.opts.Pool.Allocate(ctx, s.lease.ID, req)
 	if errors.Is(err, pool.ErrNoCapacity) {
-		return nil, fmt.Errorf("poolstore: allocate %d slabs: %w (%w)", n, remote.ErrFull, err)
+		return nil, fmt.Errorf("poolstore: allocate %d slabs: %w (%w)", req.Slabs, remote.ErrFull, err)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("poolstore: allocate %d slabs: %w", n, err)
+		return nil, fmt.Errorf("poolstore: allocate %d slabs: %w", req.Slabs, err)
 	}
-	ids := make([]remote.SlabID, 0, len(views))
-	for _, v := range views {
-		var reps []slabio.Replica
-		var shards [][]slabio.Replica
-		var err error
-		if red.EC() {
-			shards, err = s.shards(v)
-		} else {
-			reps, err = s.replicas(v.Replicas)
+	ids, err := s.put(views, false)
+	if err != nil {
+		for _, v := range views {
+			s.opts.Pool.FreeSlab(ctx, s.lease.ID, v.ID)
 		}
-		if err == nil && v.Size != s.table.SlabSize() {
-			err = fmt.Errorf("poolstore: slab %d has size %d, want %d", v.ID, v.Size, s.table.SlabSize())
+		for _, id := range ids {
+			s.Forget(id)
 		}
-		if err != nil {
-			for _, v := range views {
-				s.opts.Pool.FreeSlab(ctx, s.lease.ID, v.ID)
-			}
-			for _, id := range ids {
-				s.table.Remove(id)
-			}
-			return nil, err
-		}
-		id := remote.SlabID(v.ID)
-		if red.EC() {
-			err = s.table.PutGroup(id, red.K, red.M, shards)
-		} else {
-			err = s.table.Put(id, reps)
-		}
-		if err != nil {
-			s.opts.Log.Warn("no checksum file for a new slab: its pages' checksums are kept in memory only", zap.Uint64("slab", uint64(v.ID)), zap.Error(err))
-		}
-		ids = append(ids, id)
+		return nil, err
 	}
 	s.allocated.Add(uint64(len(ids)))
 	return ids, nil
+}
+
+// put puts the slabs of views in the table (adopt: with the sums kept by
+// the agent before) and returns the table's ids: a slab, an erasure-coded
+// slab (its shards the slab's replicas), or a unit of K slabs of Layout
+// "stripe:K" (named by its first slab).
+func (s *Store) put(views []pool.SlabView, adopt bool) ([]remote.SlabID, error) {
+	red := s.opts.Redundancy
+	warn := func(id pool.SlabID, err error) {
+		if err != nil {
+			s.opts.Log.Warn("no checksum file for a slab: its pages' checksums are kept in memory only, and pages written before are not checked", zap.Uint64("slab", uint64(id)), zap.Error(err))
+		}
+	}
+	type unit struct {
+		reps  [][]slabio.Replica
+		parts []pool.SlabID
+	}
+	units := map[pool.SlabID]*unit{}
+	var order []pool.SlabID
+	var ids []remote.SlabID
+	for _, v := range views {
+		if v.Size != s.table.SlabSize() {
+			return ids, fmt.Errorf("poolstore: slab %d has size %d, want %d", v.ID, v.Size, s.table.SlabSize())
+		}
+		k, striped := pool.StripeLayout(v.Layout)
+		switch {
+		case striped && (!red.EC() || k != red.K || v.Part < 0 || v.Part >= k):
+			return ids, fmt.Errorf("poolstore: slab %d is kept as %q (part %d), this agent keeps %s (--redundancy)", v.ID, v.Layout, v.Part, red)
+		case striped:
+			u := units[v.Group]
+			if u == nil {
+				u = &unit{reps: make([][]slabio.Replica, k), parts: make([]pool.SlabID, k)}
+				units[v.Group] = u
+				order = append(order, v.Group)
+			}
+			reps, err := s.replicas(v.Replicas)
+			if err != nil {
+				return ids, err
+			}
+			u.reps[v.Part], u.parts[v.Part] = reps, v.ID
+		case v.Layout != s.layout():
+			return ids, fmt.Errorf("poolstore: slab %d is kept as %q, this agent keeps %s (--redundancy)", v.ID, v.Layout, red)
+		case red.EC():
+			shards, err := s.shards(v)
+			if err != nil {
+				return ids, err
+			}
+			if adopt {
+				err = s.table.AdoptGroup(remote.SlabID(v.ID), red.K, red.M, shards)
+			} else {
+				err = s.table.PutGroup(remote.SlabID(v.ID), red.K, red.M, shards)
+			}
+			warn(v.ID, err)
+			ids = append(ids, remote.SlabID(v.ID))
+		default:
+			reps, err := s.replicas(v.Replicas)
+			if err != nil {
+				return ids, err
+			}
+			if adopt {
+				err = s.table.Adopt(remote.SlabID(v.ID), reps)
+			} else {
+				err = s.table.Put(remote.SlabID(v.ID), reps)
+			}
+			warn(v.ID, err)
+			ids = append(ids, remote.SlabID(v.ID))
+		}
+	}
+	for _, gid := range order {
+		u := units[gid]
+		for i, r := range u.reps {
+			if r == nil {
+				return ids, fmt.Errorf("poolstore: unit %d has no part %d", gid, i)
+			}
+		}
+		id := remote.SlabID(gid)
+		s.partsMu.Lock()
+		s.parts[id] = u.parts
+		for i, p := range u.parts {
+			s.partOf[p] = slabio.ShardID(id, i)
+		}
+		s.partsMu.Unlock()
+		var err error
+		if adopt {
+			err = s.table.AdoptGroup(id, red.K, 0, u.reps)
+		} else {
+			err = s.table.PutGroup(id, red.K, 0, u.reps)
+		}
+		warn(gid, err)
+		ids = append(ids, id)
+	}
+	return ids, nil
+}
+
+// Forget drops slab id from the table (and a unit's parts from the
+// Store's map), without freeing it in the pool; it returns the pool slabs
+// it was.
+func (s *Store) Forget(id remote.SlabID) []pool.SlabID {
+	s.table.Remove(id)
+	s.partsMu.Lock()
+	defer s.partsMu.Unlock()
+	parts := s.parts[id]
+	if parts == nil {
+		return []pool.SlabID{pool.SlabID(id)}
+	}
+	delete(s.parts, id)
+	for _, p := range parts {
+		delete(s.partOf, p)
+	}
+	return parts
+}
+
+// poolSlab returns the pool slab that the table's slab or shard id is.
+func (s *Store) poolSlab(id remote.SlabID) pool.SlabID {
+	gid, i, ok := slabio.ShardOf(id)
+	if !ok {
+		return pool.SlabID(id)
+	}
+	s.partsMu.Lock()
+	defer s.partsMu.Unlock()
+	if parts := s.parts[gid]; parts != nil {
+		return parts[i]
+	}
+	return pool.SlabID(gid)
 }
 
 func (s *Store) replicas(views []pool.ReplicaView) ([]slabio.Replica, error) {
@@ -375,12 +492,16 @@ func (s *Store) replica(v pool.ReplicaView) (slabio.Replica, error) {
 func (s *Store) Free(ctx context.Context, ids []remote.SlabID) error {
 	var errs []error
 	for _, id := range ids {
-		s.table.Remove(id)
-		if err := s.opts.Pool.FreeSlab(ctx, s.lease.ID, pool.SlabID(id)); err != nil && !errors.Is(err, pool.ErrNotFound) {
-			errs = append(errs, fmt.Errorf("poolstore: free slab %d: %w", id, err))
-			continue
+		failed := false
+		for _, p := range s.Forget(id) {
+			if err := s.opts.Pool.FreeSlab(ctx, s.lease.ID, p); err != nil && !errors.Is(err, pool.ErrNotFound) {
+				errs = append(errs, fmt.Errorf("poolstore: free slab %d: %w", p, err))
+				failed = true
+			}
 		}
-		s.freed.Add(1)
+		if !failed {
+			s.freed.Add(1)
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -539,6 +660,12 @@ func (s *Store) repair(ctx context.Context, events []pool.Event) error {
 // tableSlab returns the Table's slab of pool slab id's replica on server:
 // id, or the shard of group id that the replica holds.
 func (s *Store) tableSlab(id remote.SlabID, server string) remote.SlabID {
+	s.partsMu.Lock()
+	sh, part := s.partOf[pool.SlabID(id)]
+	s.partsMu.Unlock()
+	if part {
+		return sh
+	}
 	shards, _ := s.table.Group(id)
 	for _, sh := range shards {
 		reps, _ := s.table.Replicas(sh)
@@ -559,7 +686,14 @@ func (s *Store) migrate(ctx context.Context, id remote.SlabID, from string) erro
 	if !ok {
 		return nil // freed meanwhile
 	}
-	pid, _, shard := slabio.ShardOf(id)
+	// A shard of an erasure-coded slab is rebuilt from its stripes; a
+	// part of a unit of copies is copied as any slab.
+	gid, _, shard := slabio.ShardOf(id)
+	if _, k := s.table.Group(gid); shard && k > 0 {
+		_, _, m := s.table.Layout(gid)
+		shard = m > 0
+	}
+	pid := s.poolSlab(id)
 	alive := 0
 	for _, r := range reps {
 		if r.State == slabio.Healthy && r.Server != from {
@@ -622,7 +756,7 @@ func (s *Store) close(ctx context.Context, end bool) error {
 		s.cancel()
 		<-s.done
 		for _, id := range s.table.IDs() {
-			s.table.Remove(id)
+			s.Forget(id)
 		}
 		if !end {
 			return

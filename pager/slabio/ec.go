@@ -86,7 +86,9 @@ func stripeLock(id remote.SlabID, row int) int {
 
 // PutGroup adds erasure-coded slab id of k data and m parity shards,
 // shards[i] being shard i's replicas (one normally; a replacement being
-// filled makes two). Its size is k times the Table's slab size.
+// filled makes two). Its size is k times the Table's slab size. With m 0
+// the pages are only striped over k slabs that have replicas of their
+// own (a fallback while too few servers are up for k+m shards).
 func (t *Table) PutGroup(id remote.SlabID, k, m int, shards [][]Replica) error {
 	return t.putGroup(id, k, m, shards, false)
 }
@@ -98,7 +100,7 @@ func (t *Table) AdoptGroup(id remote.SlabID, k, m int, shards [][]Replica) error
 }
 
 func (t *Table) putGroup(id remote.SlabID, k, m int, shards [][]Replica, keep bool) error {
-	if k < 1 || m < 1 || len(shards) != k+m || isShard(id) {
+	if k < 1 || m < 0 || len(shards) != k+m || k+m > maxShards || isShard(id) {
 		return fmt.Errorf("slabio: group %d: %d shards for %d+%d", id, len(shards), k, m)
 	}
 	g := &group{k: k, m: m, shards: make([]remote.SlabID, k+m)}
@@ -137,8 +139,10 @@ func (t *Table) group(id remote.SlabID) *group {
 // lost; 1 per shard of a group), and k, m of a group (1, 0 otherwise).
 // The servers hold copies x (pages used) + m x (stripes used) slots.
 func (t *Table) Layout(id remote.SlabID) (copies, k, m int) {
-	if g := t.group(id); g != nil {
+	if g := t.group(id); g != nil && g.m > 0 {
 		return 1, g.k, g.m
+	} else if g != nil {
+		return t.Copies(g.shards[0]), g.k, 0
 	}
 	return t.Copies(id), 1, 0
 }
@@ -288,7 +292,7 @@ func (io *IO) ecRead(ctx context.Context, ops []remote.PageOp) error {
 		}
 		op.Corrupt += in.Corrupt
 		err := in.Err
-		if err != nil && !errors.Is(err, remote.ErrUnknownSlab) {
+		if err != nil && !errors.Is(err, remote.ErrUnknownSlab) && g0(io.t, op.Slab) {
 			// A degraded read: the page from the rest of its stripe.
 			g := io.t.group(op.Slab)
 			if g == nil {
@@ -312,6 +316,12 @@ func (io *IO) ecRead(ctx context.Context, ops []remote.PageOp) error {
 		}
 	}
 	return nil
+}
+
+// g0 reports whether slab id is a group with parity.
+func g0(t *Table, id remote.SlabID) bool {
+	g := t.group(id)
+	return g != nil && g.m > 0
 }
 
 func (io *IO) failAll(ops []remote.PageOp, err error) error {
@@ -458,6 +468,14 @@ func (io *IO) ecWrite(ctx context.Context, ops []remote.PageOp) error {
 			op.Err = ErrLayout
 			continue
 		}
+		if g.m == 0 { // striped only: each page to its slab's replicas
+			for j := 0; j < len(op.Buf)/pageSize; j++ {
+				s, r := g.pageOf(first + j)
+				e.inner = append(e.inner, remote.PageOp{Slab: g.shards[s], Off: uint64(r) * pageSize, Buf: op.Buf[j*pageSize : (j+1)*pageSize]})
+				e.back = append(e.back, ecRef{op: int32(i), page: int32(j), sh: -1})
+			}
+			continue
+		}
 		for j := 0; j < len(op.Buf)/pageSize; j++ {
 			s, r := g.pageOf(first + j)
 			k := stripeKey{op.Slab, r}
@@ -530,7 +548,9 @@ func (io *IO) ecWrite(ctx context.Context, ops []remote.PageOp) error {
 	for n := range e.inner {
 		in, b := &e.inner[n], e.back[n]
 		if b.sh < 0 {
-			ops[b.op].Err = in.Err
+			if op := &ops[b.op]; b.page < 0 || op.Err == nil {
+				op.Err = in.Err
+			}
 			continue
 		}
 		st := &e.strs[b.str]
@@ -551,6 +571,10 @@ func (io *IO) ecWrite(ctx context.Context, ops []remote.PageOp) error {
 		op := &ops[i]
 		g := io.t.group(op.Slab)
 		if g == nil || op.Err != nil {
+			continue
+		}
+		if g.m == 0 {
+			io.t.writes.Add(1)
 			continue
 		}
 		first := int(op.Off / pageSize)

@@ -224,7 +224,11 @@ func (c *Coordinator) allocate(ctx context.Context, id pool.LeaseID, req pool.Al
 	if err != nil {
 		return nil, nil, err
 	}
-	if req.Layout != "" { // each replica a shard, in the order placed
+	if k, ok := pool.StripeLayout(req.Layout); ok { // each K slabs a unit
+		for i, sl := range slabs {
+			sl.Group, sl.Part = slabs[i-i%k].ID, i%k
+		}
+	} else if req.Layout != "" { // each replica a shard, in the order placed
 		for _, sl := range slabs {
 			for i := range sl.Replicas {
 				sl.Replicas[i].Shard = i

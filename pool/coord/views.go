@@ -41,7 +41,7 @@ func (c *Coordinator) replicaViewLocked(r *pool.Replica) pool.ReplicaView {
 }
 
 func (c *Coordinator) slabViewLocked(sl *pool.Slab, l *lease) pool.SlabView {
-	v := pool.SlabView{ID: sl.ID, Lease: sl.Lease, Size: sl.Size, Layout: sl.Layout, Created: sl.Created, Replicas: make([]pool.ReplicaView, len(sl.Replicas))}
+	v := pool.SlabView{ID: sl.ID, Lease: sl.Lease, Size: sl.Size, Layout: sl.Layout, Group: sl.Group, Part: sl.Part, Created: sl.Created, Replicas: make([]pool.ReplicaView, len(sl.Replicas))}
 	if l != nil {
 		v.Agent = l.rec.Agent
 	}
