@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"rmem/tests/internal/memdtest"
 )
 
 // TestMemagentChecksums: bytes flipped in a live memory server's donated
@@ -62,7 +64,7 @@ func TestMemagentChecksums(t *testing.T) {
 				t.Fatalf("the pool's slabs: %v, %v", slabs, err)
 			}
 			victim := slabs[0].Replicas[0].Server
-			flipped := flipDonated(t, p.servers[victim].Pid())
+			flipped := memdtest.FlipDonated(t, p.servers[victim].Pid())
 			t.Logf("%d slabs; %d bytes flipped in %s's donated memory", len(slabs), flipped, victim)
 			if err := os.WriteFile(gate, nil, 0o644); err != nil {
 				t.Fatal(err)
@@ -93,44 +95,4 @@ func TestMemagentChecksums(t *testing.T) {
 			t.Logf("program: %v; agent log:\n%s", err, logs)
 		})
 	}
-}
-
-// flipDonated flips one byte every 7 pages and 333 bytes of memd pid's
-// donated memory (its memd-slabs mapping), and returns how many.
-func flipDonated(t *testing.T, pid int) int {
-	t.Helper()
-	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var lo, hi uint64
-	for _, l := range strings.Split(string(maps), "\n") {
-		if f := strings.Fields(l); len(f) >= 6 && strings.Contains(f[5], "memd-slabs") {
-			if _, err := fmt.Sscanf(f[0], "%x-%x", &lo, &hi); err != nil {
-				t.Fatal(err)
-			}
-			break
-		}
-	}
-	if hi == 0 {
-		t.Fatalf("no memd-slabs mapping in memd %d:\n%s", pid, maps)
-	}
-	mem, err := os.OpenFile(fmt.Sprintf("/proc/%d/mem", pid), os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mem.Close()
-	n := 0
-	b := make([]byte, 1)
-	for off := lo + 1000; off < hi; off += 7*4096 + 333 {
-		if _, err := mem.ReadAt(b, int64(off)); err != nil {
-			t.Fatal(err)
-		}
-		b[0] ^= 0x5a
-		if _, err := mem.WriteAt(b, int64(off)); err != nil {
-			t.Fatal(err)
-		}
-		n++
-	}
-	return n
 }

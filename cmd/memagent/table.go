@@ -12,10 +12,11 @@ import (
 )
 
 // writeTable prints stats as the human table of `memagent stats`: one row
-// per client process.
+// per client process. BAD: copies of its pages read from the pool that
+// failed their checksum (repaired, or the page is LOST); LOST stays last.
 func writeTable(w io.Writer, stats []pager.ClientStats) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "PID\tRESIDENT\tCOLD\tREMOTE\tPOOLED\tBUDGET\tSTALL\tFAULTS\tP50\tP99\tP99.9\tINSTALL\tIN-THREAD\tEVICTIONS\tWRITE-BACKS\tPREFETCH HITS\tWAITS\tLOST\t")
+	fmt.Fprintln(tw, "PID\tRESIDENT\tCOLD\tREMOTE\tPOOLED\tBUDGET\tSTALL\tFAULTS\tP50\tP99\tP99.9\tINSTALL\tIN-THREAD\tEVICTIONS\tWRITE-BACKS\tPREFETCH HITS\tWAITS\tBAD\tLOST\t")
 	for _, s := range stats {
 		hit := "-"
 		if s.PrefetchHits+s.PrefetchWasted > 0 {
@@ -32,10 +33,10 @@ func writeTable(w io.Writer, stats []pager.ClientStats) error {
 		if s.Auto {
 			stall = fmt.Sprintf("%.2f%%", s.StallPct)
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%d\t%d\t\n",
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%d\t%d\t%d\t\n",
 			s.PID, bytesText(s.ResidentBytes), bytesText(s.ColdBytes), bytesText(s.RemoteBytes), bytesText(s.PooledBytes), bytesText(s.BudgetBytes), stall,
 			s.Faults, durText(s.FaultP50), durText(s.FaultP99), durText(s.FaultP999), durText(s.InstallP50),
-			inThread, s.Evictions, s.WriteBacks, hit, s.BudgetWaits, s.Lost)
+			inThread, s.Evictions, s.WriteBacks, hit, s.BudgetWaits, s.ChecksumErrors, s.Lost)
 	}
 	return tw.Flush()
 }
@@ -47,7 +48,7 @@ func writePool(w io.Writer, p pager.PoolStats) error {
 	if p.UsedBytes > 0 {
 		ratio = fmt.Sprintf("%.2fx", float64(p.HeldBytes)/float64(p.UsedBytes))
 	}
-	_, err := fmt.Fprintf(w, "pool: %s held in %d slabs of %s, %s used by pages (held/used %s), %s stored with every copy",
+	_, err := fmt.Fprintf(w, "pool: %s held in %d slabs of %s, %s used by pages (held/used %s), %s stored (every copy and parity)",
 		bytesText(p.HeldBytes), p.Slabs, bytesText(p.SlabSize), bytesText(p.UsedBytes), ratio, bytesText(p.StoredBytes))
 	if err == nil && p.NoRoom != "" {
 		_, err = fmt.Fprintf(w, "; NO ROOM since %s: %s", p.NoRoomSince.Format(time.TimeOnly), p.NoRoom)

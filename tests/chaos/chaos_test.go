@@ -252,3 +252,66 @@ func sum(ps []*faultproxy.Proxy) faultproxy.Stats {
 	}
 	return s
 }
+
+// TestEtcdChaosErasureCoded runs the program under --redundancy ec:6+2 on
+// eight memory servers. With its heap in the pool (at its gate), two
+// servers are killed (kill -9) and two fresh ones join; the agent rebuilds
+// the lost shards onto them from the stripes (the time is the table's
+// figure). Then bytes are flipped in two other servers' donated memory,
+// and the program reads and rewrites its heap: exact checksums, no page
+// lost, and the bad copies counted (BAD).
+func TestEtcdChaosErasureCoded(t *testing.T) {
+	needs(t)
+	c := newCluster(t, "e1", "e2", "e3", "c1", "c2", "c3", "s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8", "s9", "s10", "a1")
+	c.startEtcd()
+	c.startCoordinators(3)
+	for i := 1; i <= 8; i++ {
+		c.startServer(fmt.Sprintf("s%d", i), "128MiB")
+	}
+	c.waitServersUp(8)
+	p := c.startProgramWith(heapMiB, 3, c.coordList(), "--redundancy", "ec:6+2")
+	killed := time.Now()
+	c.procs["s1"].Kill()
+	c.procs["s2"].Kill()
+	c.startServer("s9", "128MiB")
+	c.startServer("s10", "128MiB")
+	memdtest.Eventually(t, 60*time.Second, "the lost shards rebuilt on the new servers", func() error {
+		slabs, err := c.leaseSlabs()
+		if err != nil {
+			return err
+		}
+		if len(slabs) == 0 {
+			return errors.New("the agent holds no slab")
+		}
+		for _, sl := range slabs {
+			if sl.Layout != "ec:6+2" {
+				return fmt.Errorf("slab %d is kept as %q", sl.ID, sl.Layout)
+			}
+			ok := 0
+			for _, r := range sl.Replicas {
+				if r.Server == "s1" || r.Server == "s2" {
+					return fmt.Errorf("slab %d still has shard %d on %s (%s)", sl.ID, r.Shard, r.Server, r.State)
+				}
+				if r.State == "ok" {
+					ok++
+				}
+			}
+			if ok != 8 {
+				return fmt.Errorf("slab %d has %d shards ok", sl.ID, ok)
+			}
+		}
+		return nil
+	})
+	took := time.Since(killed)
+	t.Logf("two servers killed: shards rebuilt on two new servers %v after the kill", took.Round(time.Millisecond))
+	flipped := memdtest.FlipDonated(t, c.procs["s3"].Pid()) + memdtest.FlipDonated(t, c.procs["s4"].Pid())
+	p.release()
+	lost, elapsed := p.wait()
+	bad := statsColumn(t, p.stderr.String(), "BAD")
+	if bad == 0 {
+		t.Errorf("%d bytes flipped in two servers, and no page read failed its checksum:\n%s", flipped, p.stderr.String())
+	}
+	t.Logf("program done in %v; %d copies read failed their checksum", elapsed.Round(time.Millisecond), bad)
+	record(result{"ec:6+2 on eight servers", "kill -9 of two servers (two new ones join), then bytes flipped in two others",
+		fmt.Sprintf("shards rebuilt %v after the kill; %d bad copies repaired", took.Round(100*time.Millisecond), bad), lost})
+}

@@ -216,7 +216,7 @@ type cluster struct {
 	serverData func(id string) string
 }
 
-var hostIPs = map[string]int{"ob": 5, "e1": 11, "e2": 12, "e3": 13, "c1": 21, "c2": 22, "c3": 23, "s1": 31, "s2": 32, "s3": 33, "a1": 41, "px": 50}
+var hostIPs = map[string]int{"ob": 5, "e1": 11, "e2": 12, "e3": 13, "c1": 21, "c2": 22, "c3": 23, "s1": 31, "s2": 32, "s3": 33, "s4": 34, "s5": 35, "s6": 36, "s7": 37, "s8": 38, "s9": 39, "s10": 40, "a1": 41, "px": 50}
 
 // newCluster creates the namespaces and the bridge (deleted at the end of
 // the test); nothing runs yet.
@@ -397,17 +397,28 @@ func (c *cluster) startCoordinator(id string) *memdtest.Proc {
 func (c *cluster) startServers(n int) {
 	c.t.Helper()
 	for i := 1; i <= n; i++ {
-		id := fmt.Sprintf("s%d", i)
-		ip := c.nodes[id].ip
-		args := []string{"serve", "--role", "server", "--id", id, "--listen", ip + ":7480", "--token", token,
-			"--coordinator", c.coordList(), "--tcp-listen", ip + ":7481", "--shm-socket", "off",
-			"--capacity", "256MiB", "--slab-size", slabSize, "--heartbeat-interval", "500ms",
-			"--runtime-dir", filepath.Join(c.dir, "run-"+id), memdtest.MlockFlag(c.t, 256<<20)}
-		if a := c.serverData(id); a != "" {
-			args = append(args, "--tcp-advertise", a)
-		}
-		c.start(id, id, filepath.Join(c.bin, "memd"), args...)
+		c.startServer(fmt.Sprintf("s%d", i), "256MiB")
 	}
+	c.waitServersUp(n)
+}
+
+// startServer starts memory server id donating capacity.
+func (c *cluster) startServer(id, capacity string) {
+	c.t.Helper()
+	ip := c.nodes[id].ip
+	args := []string{"serve", "--role", "server", "--id", id, "--listen", ip + ":7480", "--token", token,
+		"--coordinator", c.coordList(), "--tcp-listen", ip + ":7481", "--shm-socket", "off",
+		"--capacity", capacity, "--slab-size", slabSize, "--heartbeat-interval", "500ms",
+		"--runtime-dir", filepath.Join(c.dir, "run-"+id), memdtest.MlockFlag(c.t, 256<<20)}
+	if a := c.serverData(id); a != "" {
+		args = append(args, "--tcp-advertise", a)
+	}
+	c.start(id, id, filepath.Join(c.bin, "memd"), args...)
+}
+
+// waitServersUp waits until the pool has n memory servers up.
+func (c *cluster) waitServersUp(n int) {
+	c.t.Helper()
 	memdtest.Eventually(c.t, 30*time.Second, fmt.Sprintf("%d memory servers up", n), func() error {
 		st, err := c.status()
 		if err != nil {
@@ -554,6 +565,11 @@ func (c *cluster) startProgram(rounds int, coordinators string) *program {
 // startProgramSized is startProgram with a heap of heap MiB (a power of
 // two), 25% of it local.
 func (c *cluster) startProgramSized(heap, rounds int, coordinators string) *program {
+	return c.startProgramWith(heap, rounds, coordinators, "--replicas", "2")
+}
+
+// startProgramWith is startProgramSized with the agent's redundancy flags.
+func (c *cluster) startProgramWith(heap, rounds int, coordinators string, redundancy ...string) *program {
 	c.t.Helper()
 	dir, err := os.MkdirTemp("", "chaos-a-") // short: socket paths are limited
 	if err != nil {
@@ -562,9 +578,9 @@ func (c *cluster) startProgramSized(heap, rounds int, coordinators string) *prog
 	c.t.Cleanup(func() { os.RemoveAll(dir) })
 	p := &program{c: c, gate: filepath.Join(dir, "go"), rounds: rounds, heap: heap, lines: make(chan string, 64), done: make(chan struct{})}
 	args := []string{"netns", "exec", c.nodes["a1"].ns, filepath.Join(c.bin, "memagent"), "run",
-		"--socket", filepath.Join(dir, "agent.sock"), "--local-mem", strconv.Itoa(heap/4) + "MiB", "--replicas", "2", "--lease-ttl", leaseTTL,
-		"--stats", "--log-level", "warn", "--coordinator", coordinators, "--token", token,
-		"--", filepath.Join(c.bin, "churn"), strconv.Itoa(heap), strconv.Itoa(rounds), p.gate}
+		"--socket", filepath.Join(dir, "agent.sock"), "--local-mem", strconv.Itoa(heap/4) + "MiB", "--lease-ttl", leaseTTL,
+		"--stats", "--log-level", "warn", "--coordinator", coordinators, "--token", token}
+	args = append(append(args, redundancy...), "--", filepath.Join(c.bin, "churn"), strconv.Itoa(heap), strconv.Itoa(rounds), p.gate)
 	p.cmd = exec.Command("ip", args...)
 	pr, pw, err := os.Pipe()
 	if err != nil {
@@ -663,6 +679,18 @@ func expected(heap, rounds int) string {
 // lostPages sums the LOST column of memagent run --stats.
 func lostPages(t *testing.T, stderr string) int {
 	t.Helper()
+	return statsColumn(t, stderr, "LOST")
+}
+
+// statsColumn sums a column of the stats table in memagent's output
+// (LOST is the last; BAD, the pages read that failed their checksum, the
+// one before it).
+func statsColumn(t *testing.T, stderr, col string) int {
+	t.Helper()
+	back := 1
+	if col == "BAD" {
+		back = 2
+	}
 	sc := bufio.NewScanner(strings.NewReader(stderr))
 	header, lost, cols, rows := false, 0, 0, 0
 	for sc.Scan() {
@@ -674,7 +702,7 @@ func lostPages(t *testing.T, stderr string) int {
 			continue
 		}
 		if header && len(f) == cols && isNumber(f[0]) { // a row, not the pool line
-			n, err := strconv.Atoi(f[cols-1])
+			n, err := strconv.Atoi(f[cols-back])
 			if err != nil {
 				t.Fatalf("stats row %q: %v", sc.Text(), err)
 			}
