@@ -97,11 +97,14 @@ type slotView struct {
 }
 
 type poolSlab struct {
-	id   remote.SlabID
-	refs []uint8
-	over map[int]uint32 // counts above slotRefMax, by page
-	used int
-	hint int // the next page alloc looks at
+	id remote.SlabID
+	// stripe: slots per stripe of an erasure-coded slab (its k, 1 for
+	// copies): whole free stripes are taken first (takeStripes).
+	stripe int
+	refs   []uint8
+	over   map[int]uint32 // counts above slotRefMax, by page
+	used   int
+	hint   int // the next page alloc looks at
 }
 
 // slotStats counts the reservoir's work.
@@ -193,7 +196,7 @@ func (p *slotPool) tryAlloc(out []Slot) int { return p.take(out, false) }
 func (p *slotPool) take(out []Slot, report bool) int {
 	p.mu.Lock()
 	p.asked = p.now()
-	n := 0
+	n := p.takeStripesLocked(out)
 	for tries := 0; n < len(out) && p.free > 0 && tries <= len(p.slabs); tries++ {
 		if p.next >= len(p.slabs) {
 			p.next = 0
@@ -228,6 +231,56 @@ func (p *slotPool) take(out []Slot, report bool) int {
 	p.mu.Unlock()
 	if short {
 		p.kickReservoir()
+	}
+	return n
+}
+
+// stripeOf returns the slots per stripe of slab id (1 unless the Store
+// erasure-codes it).
+func (p *slotPool) stripeOf(id remote.SlabID) int {
+	if l, ok := p.store.(layouter); ok {
+		if _, k, m := l.Layout(id); m > 0 {
+			return k
+		}
+	}
+	return 1
+}
+
+// takeStripesLocked fills out with the slots of whole free stripes of
+// erasure-coded slabs, and returns how many it took. A WRITE that covers
+// a stripe needs no READ for its parity; one that fills a stripe in part
+// reads the stripe's other pages (pager/slabio, ec.go), so slots freed
+// here and there are taken only when no whole stripe is free.
+func (p *slotPool) takeStripesLocked(out []Slot) int {
+	n := 0
+	for i := 0; i < len(p.slabs) && n < len(out); i++ {
+		num := (p.next + i) % len(p.slabs)
+		s := p.slabs[num]
+		if s == nil || s.stripe <= 1 || num == p.drain || p.pps-s.used < s.stripe {
+			continue
+		}
+		k, stripes := s.stripe, p.pps/s.stripe
+		first := s.hint / k
+		for j := 0; j < stripes && n < len(out); j++ {
+			base := ((first + j) % stripes) * k
+			free := true
+			for _, r := range s.refs[base : base+k] {
+				if r != 0 {
+					free = false
+					break
+				}
+			}
+			if !free {
+				continue
+			}
+			for x := base; x < base+k && n < len(out); x++ {
+				s.refs[x] = 1
+				s.used++
+				out[n] = Slot(num*p.pps + x + 1)
+				n++
+				s.hint = (x + 1) % p.pps
+			}
+		}
 	}
 	return n
 }
@@ -492,7 +545,7 @@ func (p *slotPool) grow(ctx context.Context) bool {
 	for i < len(p.slabs) && p.slabs[i] != nil {
 		i++
 	}
-	s := &poolSlab{id: ids[0], refs: make([]uint8, p.pps)}
+	s := &poolSlab{id: ids[0], refs: make([]uint8, p.pps), stripe: p.stripeOf(ids[0])}
 	if i == len(p.slabs) {
 		p.slabs = append(p.slabs, s)
 	} else {
@@ -748,7 +801,7 @@ func (p *slotPool) restore(nums map[int]remote.SlabID) {
 		for len(p.slabs) <= num {
 			p.slabs = append(p.slabs, nil)
 		}
-		p.slabs[num] = &poolSlab{id: id, refs: make([]uint8, p.pps)}
+		p.slabs[num] = &poolSlab{id: id, refs: make([]uint8, p.pps), stripe: p.stripeOf(id)}
 		p.free += p.pps
 	}
 	p.publishLocked()

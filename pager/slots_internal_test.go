@@ -385,3 +385,46 @@ func TestSlotPoolSharedCopiesFreeNothing(t *testing.T) {
 		t.Errorf("used %d bytes, want the parent's %d slots", got, len(ss))
 	}
 }
+
+// ecStore is a fakeStore whose slabs are erasure-coded, k slots a stripe.
+type ecStore struct {
+	*fakeStore
+	k int
+}
+
+func (s ecStore) Layout(remote.SlabID) (copies, k, m int) { return 1, s.k, 2 }
+
+// Under erasure coding whole free stripes are taken before slots freed
+// here and there, so that a write-back batch covers its stripes (no read
+// for their parity); scattered slots are taken once no stripe is free.
+func TestSlotPoolStripes(t *testing.T) {
+	st := ecStore{&fakeStore{slabSize: 64 * pageSize, capacity: 4, held: map[remote.SlabID]bool{}}, 4}
+	clk := &testClock{t: time.Unix(1_000_000, 0)}
+	p := newSlotPool(st, zaptest.NewLogger(t), clk.now)
+	all := take(t, p, 32) // stripes 0-7
+	// Free one slot in each of stripes 0-3, and the whole of stripe 5.
+	p.release(all[1], all[6], all[11], all[12])
+	p.release(all[20:24]...)
+	stripeOf := func(s Slot) int { return int(s-1) % 64 / 4 }
+	got := take(t, p, 8)
+	for _, s := range got {
+		if n := stripeOf(s); n >= 0 && n < 4 {
+			t.Fatalf("took slot %d of stripe %d, partly used, while whole stripes were free: %v", s, n, got)
+		}
+	}
+	// The whole stripes left (six never used, stripe 5), then the
+	// scattered slots.
+	rest := take(t, p, 64-32-8+4+4)
+	seen := map[Slot]bool{}
+	for _, s := range rest {
+		seen[s] = true
+	}
+	for _, s := range []Slot{all[1], all[6], all[11], all[12]} {
+		if !seen[s] {
+			t.Fatalf("slot %d freed alone not taken once the stripes ran out", s)
+		}
+	}
+	if c := p.slabs[0].stored(1, 4, 2); c != 64+16*2 {
+		t.Fatalf("a full slab of 16 stripes stores %d slots, want 64 + 2 x 16", c)
+	}
+}

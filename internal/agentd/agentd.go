@@ -248,6 +248,8 @@ type StatsResponse struct {
 	Redundancy string          `json:"redundancy"`
 	Slabs      int             `json:"slabs"`
 	Pool       pager.PoolStats `json:"pool"`
+	// IO is what the agent's reads and writes of the pool met.
+	IO IOStats `json:"io"`
 	// Process is the agent's own CPU time (all its programs') and what of
 	// it went to polling.
 	Process ProcessCPU `json:"process"`
@@ -288,8 +290,28 @@ func (d *Daemon) ProcessCPU() ProcessCPU {
 
 // Stats returns what GET /v1/stats serves.
 func (d *Daemon) Stats() StatsResponse {
-	return StatsResponse{Clients: d.Agent.Stats(), Exited: d.Agent.Exited(), Replicas: d.Replicas, Redundancy: d.Redundancy.String(), Slabs: d.Store.Stats().Slabs,
-		Pool: d.Agent.Pool(), Process: d.ProcessCPU()}
+	st := d.Store.Stats()
+	return StatsResponse{Clients: d.Agent.Stats(), Exited: d.Agent.Exited(), Replicas: d.Replicas, Redundancy: d.Redundancy.String(), Slabs: st.Slabs,
+		Pool: d.Agent.Pool(), Process: d.ProcessCPU(),
+		IO: IOStats{Failovers: st.Failovers, Degraded: st.Degraded, Corrupt: st.Corrupt, Repaired: st.Repaired, Lost: st.Lost,
+			Restored: st.Migrations, CopiedBytes: st.Copied}}
+}
+
+// IOStats counts, over the agent's life, what its reads and writes of the
+// pool met: reads moved to another replica after an error (failovers),
+// pages of erasure-coded slabs rebuilt from the rest of their stripe
+// (degraded), copies that failed their checksum (corrupt) and pages
+// rewritten after one (repaired), pages with no good copy left (lost),
+// and the replicas or shards restored on another server with the bytes
+// copied or rebuilt for them.
+type IOStats struct {
+	Failovers   uint64 `json:"failovers"`
+	Degraded    uint64 `json:"degraded_reads"`
+	Corrupt     uint64 `json:"corrupt_copies"`
+	Repaired    uint64 `json:"repaired"`
+	Lost        uint64 `json:"lost"`
+	Restored    uint64 `json:"restored"`
+	CopiedBytes uint64 `json:"copied_bytes"`
 }
 
 func (d *Daemon) serveAdmin(path string) error {
