@@ -77,6 +77,7 @@ vet:
 bench: build
 	$(GO) run ./bench -out docs/bench -bin $(BIN)
 	$(GO) run ./bench/services -out docs/bench/services -bin $(BIN)
+	$(GO) run ./bench/ec -out docs/bench/ec.md -bin $(BIN)
 
 # Redis and memcached at 50% and 25% local, GETs/s and tail latency
 # under zram swap and rmem (docs/bench/services; root, about 15 minutes).

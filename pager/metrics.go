@@ -41,7 +41,7 @@ var (
 	descClients  = prometheus.NewDesc("rmem_agent_clients", "Client processes served.", nil, nil)
 	descHeld     = prometheus.NewDesc("rmem_agent_pool_held_bytes", "Pool memory the agent holds (its slabs).", nil, nil)
 	descUsed     = prometheus.NewDesc("rmem_agent_pool_used_bytes", "Pool memory holding pages' data (used slots).", nil, nil)
-	descStored   = prometheus.NewDesc("rmem_agent_pool_stored_bytes", "Memory the servers hold for the agent's pages: each used slot once per copy of its slab.", nil, nil)
+	descStored   = prometheus.NewDesc("rmem_agent_pool_stored_bytes", "Memory the servers hold for the agent's pages: each used slot once per copy of its slab, and erasure-coded slabs' parity.", nil, nil)
 	descNoRoom   = prometheus.NewDesc("rmem_agent_pool_no_room", "1 while the pool gives the agent no more memory.", nil, nil)
 )
 

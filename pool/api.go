@@ -85,6 +85,12 @@ type Status struct {
 	SlabsDegraded  int    `json:"slabs_degraded"` // some replica lost, at least one ok
 	SlabsLost      int    `json:"slabs_lost"`     // no replica ok
 	SlabsUnknown   int    `json:"slabs_unknown"`  // none known lost but some on servers not heard from yet, or all lost but those
+	// Domains is the failure domains of the servers up (a server without
+	// one is a domain of its own): how many servers a slab can spread over.
+	Domains int `json:"failure_domains"`
+	// Redundancy is the pool's default for agents that choose none
+	// (memd serve --redundancy): rep:N or ec:K+M; empty: theirs.
+	Redundancy string `json:"redundancy,omitempty"`
 	// Coordinators is GET /v1/coordinators, added by memd status.
 	Coordinators *Coordinators `json:"coordinators,omitempty"`
 }

@@ -3,8 +3,9 @@
 // loopback), and runs a program that writes a 256 MiB heap and then reads
 // random words of it at 32 MiB local, under memagent serve
 // --redundancy rep:2, ec:6+2, and ec:6+2 with two of the eight servers
-// killed (kill -9) between the writes and the reads (degraded reads:
-// every page of a lost shard is rebuilt from its stripe). It reports the
+// killed (kill -9) between the writes and the reads: the servers of two
+// data shards of its first slab (degraded reads: every page of a lost
+// shard is rebuilt from its stripe). It reports the
 // program's page faults as it sees them (p50, p99 of reads over 2 µs),
 // the pool bytes per byte paged out (pool.stored_bytes / remote bytes),
 // and the ratios to rep:2 of the same run, in docs/bench/ec.md.
@@ -151,9 +152,9 @@ func measure(p *pool, prog, red string, heap, local int, kill bool) result {
 	time.Sleep(time.Second)
 	r.Stored, _ = agentStats(p.bin, adm)
 	if kill {
-		for _, s := range p.servers[:2] {
-			s.Process.Kill()
-			s.Wait()
+		for _, i := range dataServers(p) {
+			p.servers[i].Process.Kill()
+			p.servers[i].Wait()
 		}
 	}
 	os.WriteFile(filepath.Join(dir, "go"), nil, 0o644)
@@ -163,6 +164,41 @@ func measure(p *pool, prog, red string, heap, local int, kill bool) result {
 		r.Err = fmt.Sprintf("%v %q", err, strings.TrimSpace(stdout.String()))
 	}
 	return r
+}
+
+// dataServers returns the indexes of the servers of data shards 0 and 1
+// of the agent's first slab (so that a third of its pages are degraded;
+// the other slabs' shards sit elsewhere, placed at random), or the first
+// two if the pool does not say.
+func dataServers(p *pool) []int {
+	b, err := exec.Command(filepath.Join(p.bin, "memd"), "slabs", "--json", "--coordinator", p.url, "--token-file", p.token).Output()
+	var slabs []struct {
+		ID       uint64 `json:"id"`
+		Replicas []struct {
+			Server string `json:"server"`
+			Shard  int    `json:"shard"`
+		} `json:"replicas"`
+	}
+	if err != nil || json.Unmarshal(b, &slabs) != nil || len(slabs) == 0 {
+		return []int{0, 1}
+	}
+	first := slabs[0]
+	for _, s := range slabs {
+		if s.ID < first.ID {
+			first = s
+		}
+	}
+	var out []int
+	for _, r := range first.Replicas {
+		var n int
+		if _, err := fmt.Sscanf(r.Server, "s%d", &n); err == nil && r.Shard < 2 && n >= 1 && n <= len(p.servers) {
+			out = append(out, n-1)
+		}
+	}
+	if len(out) != 2 {
+		return []int{0, 1}
+	}
+	return out
 }
 
 // agentStats reads pool.stored_bytes / remote bytes, and the degraded
@@ -258,7 +294,7 @@ func report(out string, all [][]result, heap, local, runs int) error {
 	var b strings.Builder
 	host, _ := os.Hostname()
 	fmt.Fprintf(&b, "# Erasure-coded pages: the price of a miss\n\n")
-	fmt.Fprintf(&b, "`make bench` (`go run ./bench/ec`), %s, on %s (%d CPUs). A program writes a %d MiB heap and reads 262,144 random words of it at %d MiB local, under `memagent serve --redundancy` over tcp, with a coordinator and eight memory servers on this host; \"two servers killed\" kills two of the eight (kill -9) between the writes and the reads, so that every page of their shards is read from the rest of its stripe (degraded). Page faults as the program sees them (reads over 2 µs); the median p50 of %d runs of each, each on a pool of its own. `stored/remote` is `pool.stored_bytes` over the bytes paged out.\n\n",
+	fmt.Fprintf(&b, "`make bench` (`go run ./bench/ec`), %s, on %s (%d CPUs). A program writes a %d MiB heap and reads 262,144 random words of it at %d MiB local, under `memagent serve --redundancy` over tcp, with a coordinator and eight memory servers on this host; \"two servers killed\" kills two of the eight (kill -9) between the writes and the reads, those of two data shards of the agent's first slab, so that every page of their shards is read from the rest of its stripe (degraded; the other slabs' shards are placed at random). Page faults as the program sees them (reads over 2 µs); the median p50 of %d runs of each, each on a pool of its own. `stored/remote` is `pool.stored_bytes` over the bytes paged out.\n\n",
 		time.Now().UTC().Format("2006-01-02"), host, runtime.NumCPU(), heap, local, runs)
 	fmt.Fprintf(&b, "| redundancy | faults | p50 µs | p99 µs | p50 / rep:2 | p99 / rep:2 | stored/remote | degraded reads |\n|---|---|---|---|---|---|---|---|\n")
 	base := median(all[0])

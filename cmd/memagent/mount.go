@@ -17,6 +17,7 @@ import (
 	"rmem/internal/cli"
 	"rmem/internal/startwait"
 	"rmem/internal/swapd"
+	"rmem/pool"
 	"rmem/pool/client"
 	"rmem/swapfs"
 )
@@ -26,7 +27,8 @@ func poolFlags(f *pflag.FlagSet) {
 	f.String("coordinator", client.DefaultURL, "coordinator URL")
 	f.String("token", "", "bearer token of the control API; default: read from --token-file")
 	f.String("token-file", "/run/rmem/token", "file holding the token")
-	f.Int("replicas", 0, "replicas of each slab, on distinct memory servers (0: 2 when the pool has two servers or more, else 1)")
+	f.Int("replicas", 0, "replicas of each slab, on distinct memory servers (0: the pool's default, or 2 when the pool has two servers or more, else 1)")
+	f.String("redundancy", "", "how blocks are kept in the pool: rep:N, or ec:K+M (erasure-coded over K+M servers, e.g. ec:6+2); empty: --replicas")
 	f.String("connect-timeout", startwait.DefaultTimeout.String(), "at start, how long to wait for the coordinator to answer and for --token-file to appear (a memd starting beside us writes it); 0: fail at once")
 }
 
@@ -123,6 +125,15 @@ func runMount(app *cli.App, dir string) error {
 	if err != nil {
 		return err
 	}
+	var red pool.Redundancy
+	if v := strings.TrimSpace(app.String("redundancy")); v != "" {
+		if red, err = pool.ParseRedundancy(v); err != nil {
+			return app.Invalid("redundancy", "%v", err)
+		}
+		if app.IsSet("replicas") {
+			return app.Invalid("redundancy", "give --redundancy or --replicas, not both")
+		}
+	}
 	lock, err := app.Bool("mlock")
 	if err != nil {
 		return err
@@ -136,7 +147,7 @@ func runMount(app *cli.App, dir string) error {
 	}
 	defer pc.CloseIdleConnections()
 	err = swapd.Run(context.Background(), swapd.Options{
-		Dir: dir, Size: uint64(size), Workers: workers, Pool: pc, Replicas: replicas,
+		Dir: dir, Size: uint64(size), Workers: workers, Pool: pc, Replicas: replicas, Redundancy: red,
 		MetricsListen: app.String("metrics-listen"), Lock: lock,
 		StopSignals: []os.Signal{syscall.SIGTERM, syscall.SIGINT}, Log: app.Log(),
 	})

@@ -59,7 +59,7 @@ func TestTopFrame(t *testing.T) {
 			t.Errorf("a line of %d columns at 80: %q", n, l)
 		}
 	}
-	for _, want := range []string{"programs 3", "agent CPU 25% (polling 0%)", "256M held in 4 slabs", "replicas 2", "NO ROOM: pool full",
+	for _, want := range []string{"programs 3", "agent CPU 25% (polling 0%)", "256M held in 4 slabs", "rep:2", "NO ROOM: pool full",
 		"   4242 64.0M  200M 64.0M  10.0k 8.7µs 1.2ms 25.0%   5.0k   1.0k  75%  12k    0",
 		"     77  1.0G    0B    0B      1     -     -  0.0%"} {
 		if !strings.Contains(out, want) {

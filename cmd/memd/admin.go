@@ -231,13 +231,23 @@ func newSlabsCmd(app *cli.App) *cobra.Command {
 			if asJSON {
 				return cli.PrintJSON(app.Stdout(), ss)
 			}
-			t := cli.NewTable(app.Stdout(), "SLAB", "AGENT", "LEASE", "SIZE", "REPLICAS (server/index state)")
+			t := cli.NewTable(app.Stdout(), "SLAB", "AGENT", "LEASE", "SIZE", "LAYOUT", "REPLICAS (server/index state; shard#)")
 			for _, s := range ss {
 				reps := make([]string, len(s.Replicas))
 				for i, r := range s.Replicas {
 					reps[i] = fmt.Sprintf("%s/%d %s", r.Server, r.Index, r.State)
+					if s.Layout != "" && !strings.HasPrefix(s.Layout, "stripe:") {
+						reps[i] += fmt.Sprintf(" #%d", r.Shard)
+					}
 				}
-				t.Row(s.ID, s.Agent, s.Lease, cli.Size(s.Size), strings.Join(reps, ", "))
+				layout := "copies"
+				switch {
+				case strings.HasPrefix(s.Layout, "stripe:"):
+					layout = fmt.Sprintf("%s part %d of %d", s.Layout, s.Part, s.Group)
+				case s.Layout != "":
+					layout = s.Layout
+				}
+				t.Row(s.ID, s.Agent, s.Lease, cli.Size(s.Size), layout, strings.Join(reps, ", "))
 			}
 			return t.Flush()
 		})

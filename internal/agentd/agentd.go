@@ -130,13 +130,7 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w (is memd running? see --coordinator): %w", ErrNoCoordinator, err)
 	}
-	red := opts.Redundancy
-	if red == (pool.Redundancy{}) {
-		red = pool.Redundancy{Copies: ChooseReplicas(st.ServersUp, opts.Replicas, log)}
-	} else if red.Servers() > st.ServersUp {
-		log.Warn("the pool has fewer memory servers up than a slab needs: new slabs wait for them", zap.Stringer("redundancy", red),
-			zap.Int("servers_up", st.ServersUp), zap.Int("needs", red.Servers()))
-	}
+	red := ResolveRedundancy(st, opts.Redundancy, opts.Replicas, log)
 	replicas := max(red.Copies, 1)
 	host, _ := os.Hostname()
 	var adopt pool.LeaseID
@@ -167,6 +161,7 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), spinmetrics.Collector(loopSpins, clientSpins))
+	registerIO(reg, store)
 	if opts.Socket != "" {
 		if err := os.MkdirAll(filepath.Dir(opts.Socket), 0o755); err != nil {
 			store.Close(context.Background())
@@ -223,6 +218,44 @@ func socketMode(opts Options) os.FileMode {
 		return 0o666
 	}
 	return 0o660
+}
+
+// ResolveRedundancy returns how an agent keeps pages: red (--redundancy)
+// if set, else replicas copies (--replicas) if set, else the pool's
+// default (ChooseRedundancy), else ChooseReplicas'.
+func ResolveRedundancy(st pool.Status, red pool.Redundancy, replicas int, log *zap.Logger) pool.Redundancy {
+	switch {
+	case red == (pool.Redundancy{}) && replicas == 0 && st.Redundancy != "":
+		return ChooseRedundancy(st, log)
+	case red == (pool.Redundancy{}):
+		return pool.Redundancy{Copies: ChooseReplicas(st.ServersUp, replicas, log)}
+	case red.EC() && red.Servers() > st.ServersUp:
+		log.Warn("the pool has fewer memory servers up than a slab's shards: new slabs are copies until enough are up", zap.Stringer("redundancy", red),
+			zap.Int("servers_up", st.ServersUp), zap.Int("needs", red.Servers()))
+	case red.Servers() > st.ServersUp:
+		log.Warn("the pool has fewer memory servers up than a slab's copies: new slabs wait for them", zap.Stringer("redundancy", red),
+			zap.Int("servers_up", st.ServersUp), zap.Int("needs", red.Servers()))
+	}
+	return red
+}
+
+// ChooseRedundancy resolves the pool's default redundancy (memd serve
+// --redundancy) for an agent that chose none: ec:K+M where the servers up
+// span K+M failure domains, else M+1 copies (as many as there are
+// servers, at most), with a warning.
+func ChooseRedundancy(st pool.Status, log *zap.Logger) pool.Redundancy {
+	red, err := pool.ParseRedundancy(st.Redundancy)
+	if err != nil {
+		log.Warn("the pool's default redundancy does not parse: choosing copies", zap.Error(err))
+		return pool.Redundancy{Copies: ChooseReplicas(st.ServersUp, 0, log)}
+	}
+	if !red.EC() || st.Domains >= red.Servers() {
+		return red
+	}
+	copies := max(1, min(red.M+1, st.ServersUp))
+	log.Warn("the pool's default is erasure coding, but its servers up span fewer failure domains than a slab's shards: keeping copies",
+		zap.Stringer("pool_default", red), zap.Int("failure_domains", st.Domains), zap.Int("copies", copies))
+	return pool.Redundancy{Copies: copies}
 }
 
 // ChooseReplicas resolves a --replicas of 0: 2 where the pool has two or
@@ -292,9 +325,33 @@ func (d *Daemon) ProcessCPU() ProcessCPU {
 func (d *Daemon) Stats() StatsResponse {
 	st := d.Store.Stats()
 	return StatsResponse{Clients: d.Agent.Stats(), Exited: d.Agent.Exited(), Replicas: d.Replicas, Redundancy: d.Redundancy.String(), Slabs: st.Slabs,
-		Pool: d.Agent.Pool(), Process: d.ProcessCPU(),
-		IO: IOStats{Failovers: st.Failovers, Degraded: st.Degraded, Corrupt: st.Corrupt, Repaired: st.Repaired, Lost: st.Lost,
-			Restored: st.Migrations, CopiedBytes: st.Copied}}
+		Pool: d.Agent.Pool(), Process: d.ProcessCPU(), IO: ioStats(st)}
+}
+
+// registerIO registers rmem_agent_pool_io_total: IOStats by event.
+func registerIO(reg *prometheus.Registry, store *poolstore.Store) {
+	for _, e := range []struct {
+		name string
+		get  func(IOStats) uint64
+	}{
+		{"failover", func(s IOStats) uint64 { return s.Failovers }},
+		{"degraded_read", func(s IOStats) uint64 { return s.Degraded }},
+		{"corrupt_copy", func(s IOStats) uint64 { return s.Corrupt }},
+		{"repaired", func(s IOStats) uint64 { return s.Repaired }},
+		{"lost", func(s IOStats) uint64 { return s.Lost }},
+		{"restored", func(s IOStats) uint64 { return s.Restored }},
+	} {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "rmem_agent_pool_io_total",
+			Help:        "What the agent's reads and writes of the pool met, by event: reads moved to another replica (failover), pages rebuilt from their stripe (degraded_read), copies that failed their checksum (corrupt_copy), pages rewritten after one (repaired), pages with no good copy (lost), replicas or shards restored on another server (restored).",
+			ConstLabels: prometheus.Labels{"event": e.name},
+		}, func() float64 { return float64(e.get(ioStats(store.Stats()))) }))
+	}
+}
+
+func ioStats(st poolstore.Stats) IOStats {
+	return IOStats{Failovers: st.Failovers, Degraded: st.Degraded, Corrupt: st.Corrupt, Repaired: st.Repaired, Lost: st.Lost,
+		Restored: st.Migrations, CopiedBytes: st.Copied}
 }
 
 // IOStats counts, over the agent's life, what its reads and writes of the

@@ -74,7 +74,10 @@ type CoordOptions struct {
 	// coordinator is one of several, elected leader in turn.
 	Etcd             *EtcdOptions
 	HeartbeatTimeout time.Duration // a server silent this long is dead
-	SweepInterval    time.Duration // how often to look for dead servers and expired leases
+	// Redundancy is the pool's default for agents that choose none
+	// (coord.Options.Redundancy).
+	Redundancy    string
+	SweepInterval time.Duration // how often to look for dead servers and expired leases
 }
 
 // EtcdOptions configure a coordinator's state in etcd.
@@ -248,7 +251,7 @@ func Run(ctx context.Context, log *zap.Logger, opts Options) (err error) {
 		})
 		coordOpts := func(st store.Store, term coord.Term, r *prometheus.Registry) coord.Options {
 			return coord.Options{Store: st, Term: term, Dialer: dialer, SlabSize: opts.SlabSize,
-				HeartbeatTimeout: cr.HeartbeatTimeout, Log: log.Named("coord"), Registry: r}
+				HeartbeatTimeout: cr.HeartbeatTimeout, Redundancy: cr.Redundancy, Log: log.Named("coord"), Registry: r}
 		}
 		if cr.Etcd == nil {
 			st, err := store.OpenBolt(cr.DataDir)

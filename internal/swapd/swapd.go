@@ -20,6 +20,7 @@ import (
 	"rmem/internal/swapdev"
 	"rmem/internal/swaprun"
 	"rmem/pager/poolstore"
+	"rmem/pool"
 	"rmem/swapfs"
 )
 
@@ -41,6 +42,9 @@ type Options struct {
 	// Replicas of each slab, on distinct memory servers; 0: 2 when the
 	// pool has two servers up or more, else 1 (agentd.ChooseReplicas).
 	Replicas int
+	// Redundancy, when set, is how blocks are kept instead (rep:N or
+	// ec:K+M, agentd.ResolveRedundancy).
+	Redundancy pool.Redundancy
 	// MetricsListen is where to serve the file system's counters for
 	// Prometheus, HOST:PORT ("": nowhere). Failing to listen there is a
 	// *MetricsError.
@@ -94,18 +98,15 @@ func Run(ctx context.Context, opts Options) error {
 			return fmt.Errorf("mlockall: %w (run as root, or pass --mlock=false)", err)
 		}
 	}
-	replicas := opts.Replicas
-	if replicas == 0 {
-		st, err := opts.Pool.Status(ctx)
-		if err != nil {
-			return fmt.Errorf("%w (is memd running? see --coordinator): %w", agentd.ErrNoCoordinator, err)
-		}
-		replicas = agentd.ChooseReplicas(st.ServersUp, 0, log)
+	st, err := opts.Pool.Status(ctx)
+	if err != nil {
+		return fmt.Errorf("%w (is memd running? see --coordinator): %w", agentd.ErrNoCoordinator, err)
 	}
+	red := agentd.ResolveRedundancy(st, opts.Redundancy, opts.Replicas, log)
 	host, _ := os.Hostname()
 	store, err := poolstore.Open(ctx, poolstore.Options{
 		Pool: opts.Pool, Agent: "memagent-swap@" + host, Node: host, PID: os.Getpid(),
-		Replicas: replicas, Log: log.Named("poolstore"),
+		Replicas: max(1, red.Copies), Redundancy: red, Log: log.Named("poolstore"),
 	})
 	if err != nil {
 		return err
@@ -141,7 +142,7 @@ func Run(ctx context.Context, opts Options) error {
 		defer signal.Stop(stop)
 	}
 	log.Info("serving pool swap file", zap.String("file", filepath.Join(opts.Dir, swapfs.SwapName)),
-		zap.Uint64("size", opts.Size), zap.Int("replicas", replicas), zap.String("lease", string(store.Lease().ID)))
+		zap.Uint64("size", opts.Size), zap.Stringer("redundancy", red), zap.String("lease", string(store.Lease().ID)))
 
 	served := make(chan struct{})
 	go func() { srv.Wait(); close(served) }()

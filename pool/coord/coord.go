@@ -93,6 +93,9 @@ type Options struct {
 	// HeartbeatTimeout marks a server dead when it has not heartbeated for
 	// this long (default 10s).
 	HeartbeatTimeout time.Duration
+	// Redundancy is the pool's default for agents that choose none
+	// (pool.ParseRedundancy; empty: theirs). Status shows it.
+	Redundancy string
 	// CallTimeout bounds each Grant or Free call to a server (default 10s).
 	CallTimeout time.Duration
 	Clock       Clock                // default: the real clock
@@ -105,6 +108,11 @@ type Options struct {
 var ErrOptions = errors.New("coord: invalid options")
 
 func (o *Options) validate() error {
+	if o.Redundancy != "" {
+		if _, err := pool.ParseRedundancy(o.Redundancy); err != nil {
+			return fmt.Errorf("%w: %w", ErrOptions, err)
+		}
+	}
 	switch {
 	case o.Store == nil:
 		return fmt.Errorf("%w: Store is nil", ErrOptions)

@@ -158,7 +158,8 @@ func (c *Coordinator) Slabs(f SlabFilter) []pool.SlabView {
 func (c *Coordinator) Status() pool.Status {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	st := pool.Status{SlabSize: c.opts.SlabSize, Agents: len(c.leases), Slabs: len(c.slabs)}
+	st := pool.Status{SlabSize: c.opts.SlabSize, Agents: len(c.leases), Slabs: len(c.slabs), Redundancy: c.opts.Redundancy}
+	domains := map[string]bool{}
 	for _, l := range c.leases {
 		if l.report.NoRoom {
 			st.AgentsNoRoom++
@@ -173,6 +174,11 @@ func (c *Coordinator) Status() pool.Status {
 			st.ServersUnknown++ // its capacity counts: placement uses it
 		default:
 			st.ServersUp++
+			d := s.rec.Domain
+			if d == "" {
+				d = "server " + string(s.rec.ID)
+			}
+			domains[d] = true
 		}
 		if s.rec.Draining {
 			st.ServersDrain++
@@ -181,8 +187,10 @@ func (c *Coordinator) Status() pool.Status {
 		st.Used += uint64(s.nused) * s.rec.SlabSize
 	}
 	st.Free = st.Capacity - st.Used
+	st.Domains = len(domains)
 	for _, sl := range c.slabs {
-		switch slabHealth(c.replicaStatesLocked(sl)) {
+		ok, lost, unknown := c.replicaStatesLocked(sl)
+		switch slabHealth(slabNeeds(sl), ok, lost, unknown) {
 		case slabHealthy:
 			st.SlabsHealthy++
 		case slabDegraded:
@@ -223,14 +231,23 @@ const (
 
 // slabHealth classifies a slab by its replicas' states: a replica on a
 // server not heard from counts neither as fine nor as lost.
-func slabHealth(ok, lost, unknown int) health {
+func slabHealth(need, ok, lost, unknown int) health {
 	switch {
 	case lost == 0 && unknown == 0:
 		return slabHealthy
-	case ok > 0 && lost > 0:
+	case ok >= need && lost > 0:
 		return slabDegraded
-	case unknown > 0:
+	case unknown > 0 && ok+unknown >= need:
 		return slabUnknown
 	}
 	return slabLost
+}
+
+// slabNeeds is how many of sl's replicas its data needs: K of an
+// erasure-coded slab's shards, else one copy.
+func slabNeeds(sl *pool.Slab) int {
+	if red, err := pool.ParseRedundancy(sl.Layout); err == nil && red.EC() {
+		return red.K
+	}
+	return 1
 }
