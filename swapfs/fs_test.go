@@ -423,3 +423,28 @@ func TestChecksums(t *testing.T) {
 		}
 	}
 }
+
+// TestErasureCoded: the swap file over erasure-coded slabs (ec:3+2): blocks
+// and unaligned writes read back exactly, and still do with two of the
+// five servers lost.
+func TestErasureCoded(t *testing.T) {
+	const size = 1 << 20
+	fs, st := newFS(t, size, pagertest.Options{Servers: 6, ECData: 3, ECParity: 2})
+	model := make([]byte, size)
+	for i, w := range []struct{ off, n int }{{0, size}, {7 * BlockSize, BlockSize}, {testSlab - 100, 300}, {size - 5000, 5000}} {
+		b := pattern(i+40, w.n)
+		copy(model[w.off:], b)
+		if err := fs.WriteAt([][]byte{b}, uint64(w.off)); err != nil {
+			t.Fatalf("write %d: %v", i, err)
+		}
+	}
+	got := make([]byte, size)
+	if err := fs.ReadAt(got, 0); err != nil || !bytes.Equal(got, model) {
+		t.Fatalf("read back: %v, equal %v", err, bytes.Equal(got, model))
+	}
+	st.Lose(0)
+	st.Lose(3)
+	if err := fs.ReadAt(got, 0); err != nil || !bytes.Equal(got, model) {
+		t.Fatalf("two servers lost: %v, equal %v", err, bytes.Equal(got, model))
+	}
+}

@@ -42,7 +42,6 @@ func agentFlags(f *pflag.FlagSet) {
 	f.String("fault-timeout", "60s", "how long a fault waits for a pool that does not answer before its page is given up (SIGBUS); 0: forever")
 	f.String("spin", "50us", cli.SpinFlag)
 	f.String("metrics-listen", "", "serve the agent's Prometheus /metrics over TCP on this address (e.g. 127.0.0.1:7481) for a Prometheus server to scrape; off if empty (run: its own agent's only)")
-	f.String("redundancy", "", "how pages are kept in the pool: rep:N (N copies on distinct memory servers) or ec:K+M (erasure-coded: stripes of K data and M parity pages on K+M servers, which survive M lost servers at (K+M)/K the bytes, e.g. ec:6+2); empty: --replicas")
 	f.String("max-slowdown", "0", "steer each program's budget by its paging stall: at most PCT of wall time in misses (e.g. 2%); --local-mem is then a ceiling, and without it the node's RAM (docs/pager.md, Budgets from a slowdown target); 0: a fixed budget")
 }
 

@@ -28,7 +28,7 @@ func poolFlags(f *pflag.FlagSet) {
 	f.String("token", "", "bearer token of the control API; default: read from --token-file")
 	f.String("token-file", "/run/rmem/token", "file holding the token")
 	f.Int("replicas", 0, "replicas of each slab, on distinct memory servers (0: the pool's default, or 2 when the pool has two servers or more, else 1)")
-	f.String("redundancy", "", "how blocks are kept in the pool: rep:N, or ec:K+M (erasure-coded over K+M servers, e.g. ec:6+2); empty: --replicas")
+	f.String("redundancy", "", "how pages are kept in the pool: rep:N (N copies on distinct memory servers) or ec:K+M (erasure-coded: stripes of K data and M parity pages on K+M servers, which survive M lost servers at (K+M)/K the bytes, e.g. ec:6+2); empty: --replicas, else the pool's default")
 	f.String("connect-timeout", startwait.DefaultTimeout.String(), "at start, how long to wait for the coordinator to answer and for --token-file to appear (a memd starting beside us writes it); 0: fail at once")
 }
 
@@ -36,7 +36,7 @@ func poolFlags(f *pflag.FlagSet) {
 // `memagent mount` child.
 func swapPoolArgs(app *cli.App) []string {
 	var args []string
-	for _, k := range []string{"coordinator", "token", "token-file", "replicas", "connect-timeout"} {
+	for _, k := range []string{"coordinator", "token", "token-file", "replicas", "redundancy", "connect-timeout"} {
 		if app.IsSet(k) {
 			args = append(args, "--"+k+"="+app.String(k))
 		}

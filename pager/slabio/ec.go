@@ -74,8 +74,8 @@ type group struct {
 	shards []remote.SlabID // k+m: data, then parity
 }
 
-// ErrLayout: an op on an erasure-coded slab that is not whole pages.
-var ErrLayout = errors.New("slabio: ops on an erasure-coded slab must be whole, aligned pages")
+// ErrLayout: an op past the end of an erasure-coded slab.
+var ErrLayout = errors.New("slabio: op past the end of an erasure-coded slab")
 
 // stripeLocks is the number of locks stripes hash to.
 const stripeLocks = 64
@@ -254,6 +254,87 @@ func (t *Table) live(id remote.SlabID) bool {
 		}
 	}
 	return false
+}
+
+// partial reports whether an op of ops covers pages of a group in part.
+func (io *IO) partial(ops []remote.PageOp) bool {
+	for i := range ops {
+		op := &ops[i]
+		if (op.Off%pageSize != 0 || len(op.Buf)%pageSize != 0) && io.t.group(op.Slab) != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// wholePages returns ops with each op that covers pages of a group in part
+// made whole: a buffer of its pages, filled from the pool when write is
+// set (the op's bytes laid over them); from[j] is the op whole[j] stands
+// for. It allocates: only a swap file's unaligned blocks do this.
+func (io *IO) wholePages(ctx context.Context, ops []remote.PageOp, write bool) (whole []remote.PageOp, from []int, err error) {
+	for i := range ops {
+		op := &ops[i]
+		op.Err = nil
+		g := io.t.group(op.Slab)
+		if g == nil || (op.Off%pageSize == 0 && len(op.Buf)%pageSize == 0) {
+			whole, from = append(whole, *op), append(from, i)
+			continue
+		}
+		lo := op.Off &^ (pageSize - 1)
+		hi := (op.Off + uint64(len(op.Buf)) + pageSize - 1) &^ (pageSize - 1)
+		w := remote.PageOp{Slab: op.Slab, Off: lo, Buf: make([]byte, hi-lo)}
+		if write {
+			rd := []remote.PageOp{w}
+			if err := io.ecRead(ctx, rd); err != nil {
+				return nil, nil, err
+			}
+			if rd[0].Err != nil {
+				op.Err = rd[0].Err
+				continue
+			}
+			copy(w.Buf[op.Off-lo:], op.Buf)
+		}
+		whole, from = append(whole, w), append(from, i)
+	}
+	return whole, from, nil
+}
+
+// ecReadPartial is ecRead for ops that cover pages in part.
+func (io *IO) ecReadPartial(ctx context.Context, ops []remote.PageOp) error {
+	whole, from, err := io.wholePages(ctx, ops, false)
+	if err == nil {
+		err = io.ecRead(ctx, whole)
+	}
+	if err != nil {
+		return io.failAll(ops, err)
+	}
+	for j := range whole {
+		op := &ops[from[j]]
+		op.Err, op.Corrupt = whole[j].Err, whole[j].Corrupt
+		if &whole[j].Buf[0] != &op.Buf[0] {
+			copy(op.Buf, whole[j].Buf[op.Off-whole[j].Off:])
+		}
+	}
+	return nil
+}
+
+// ecWritePartial is ecWrite for ops that cover pages in part: their pages
+// are read, changed and written whole (not atomically: the pager never
+// writes a page two ways at once, nor does the kernel a swap block).
+func (io *IO) ecWritePartial(ctx context.Context, ops []remote.PageOp) error {
+	whole, from, err := io.wholePages(ctx, ops, true)
+	if err == nil {
+		err = io.ecWrite(ctx, whole)
+	}
+	if err != nil {
+		return io.failAll(ops, err)
+	}
+	for j := range whole {
+		if op := &ops[from[j]]; op.Err == nil {
+			op.Err = whole[j].Err
+		}
+	}
+	return nil
 }
 
 // ecRead is Read when the Table has groups.

@@ -234,6 +234,9 @@ func (io *IO) endRound() {
 // Read implements remote.PageIO.
 func (io *IO) Read(ctx context.Context, ops []remote.PageOp) error {
 	if io.t.hasGroups.Load() {
+		if io.partial(ops) {
+			return io.ecReadPartial(ctx, ops)
+		}
 		return io.ecRead(ctx, ops)
 	}
 	return io.readReplicas(ctx, ops)
@@ -507,6 +510,9 @@ func (io *IO) fail(op *remote.PageOp, why uint8) {
 // Write implements remote.PageIO.
 func (io *IO) Write(ctx context.Context, ops []remote.PageOp) error {
 	if io.t.hasGroups.Load() {
+		if io.partial(ops) {
+			return io.ecWritePartial(ctx, ops)
+		}
 		return io.ecWrite(ctx, ops)
 	}
 	return io.writeReplicas(ctx, ops)
