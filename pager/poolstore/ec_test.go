@@ -240,3 +240,68 @@ func TestErasureCodedFallback(t *testing.T) {
 		t.Fatalf("after the free the lease holds %d slabs (%v)", len(views), err)
 	}
 }
+
+// With a shard on every server (ec:3+2 on five), a left server's shard is
+// rebuilt on a server that holds another one: the stripes keep their
+// tolerance of any one more server lost.
+func TestErasureCodedRebuildOnRemaining(t *testing.T) {
+	ctx := context.Background()
+	cl, servers := startPool(t, 5)
+	s, err := poolstore.Open(ctx, poolstore.Options{Pool: cl, Agent: "memagent-test", PID: 1, TTL: time.Minute, Redundancy: pool.Redundancy{K: 3, M: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(ctx)
+	ids, err := s.Alloc(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := ids[0]
+	io, _ := s.OpenIO()
+	defer io.Close()
+	ops := make([]remote.PageOp, 24)
+	for p := range ops {
+		b := make([]byte, 4096)
+		pattern(b, byte(p*5+2))
+		ops[p] = remote.PageOp{Slab: id, Off: uint64(p) * 4096 * 3, Buf: b}
+	}
+	if err := io.Write(ctx, ops); err != nil {
+		t.Fatal(err)
+	}
+	verify := func(what string) {
+		t.Helper()
+		rd := make([]remote.PageOp, len(ops))
+		for i, op := range ops {
+			rd[i] = remote.PageOp{Slab: op.Slab, Off: op.Off, Buf: make([]byte, 4096)}
+		}
+		if err := io.Read(ctx, rd); err != nil {
+			t.Fatal(err)
+		}
+		for i := range rd {
+			if rd[i].Err != nil || string(rd[i].Buf) != string(ops[i].Buf) {
+				t.Fatalf("%s: page %d: %v / data differs", what, i, rd[i].Err)
+			}
+		}
+	}
+	shards, _ := s.Table().Group(id)
+	server := func(sh int) pool.ServerID {
+		reps, _ := s.Table().Replicas(shards[sh])
+		return pool.ServerID(reps[len(reps)-1].Server)
+	}
+	gone := server(0)
+	if err := cl.Leave(ctx, gone); err != nil {
+		t.Fatal(err)
+	}
+	servers[gone].Close()
+	if err := s.RenewOnce(ctx); err != nil {
+		t.Fatalf("no rebuild on the four servers left: %v", err)
+	}
+	if host := server(0); host == gone {
+		t.Fatalf("shard 0 still on %s", host)
+	}
+	verify("rebuilt on a server with another shard")
+	// Any one more server lost: the stripes still read.
+	next := server(0)
+	servers[next].Close()
+	verify("the doubled server lost too")
+}

@@ -279,6 +279,19 @@ func (c *Coordinator) allocate(ctx context.Context, id pool.LeaseID, req pool.Al
 	return views, nil, nil
 }
 
+// crowded returns from and the servers that hold two shards of sl: where
+// a shard's replacement must not go.
+func crowded(sl *pool.Slab, from pool.ServerID) []pool.ServerID {
+	n := map[pool.ServerID]int{}
+	out := []pool.ServerID{from}
+	for _, r := range sl.Replicas {
+		if n[r.Server]++; n[r.Server] == 2 && r.Server != from {
+			out = append(out, r.Server)
+		}
+	}
+	return out
+}
+
 // Replace places one new replica of slab sid, to take over from the replica
 // on server from, on a server that holds none of the slab's replicas. The
 // new replica is recorded at once (the agent writes to it while copying);
@@ -309,6 +322,14 @@ func (c *Coordinator) Replace(ctx context.Context, id pool.LeaseID, sid pool.Sla
 	}
 	tmp := &pool.Slab{ID: sid, Replicas: make([]pool.Replica, 0, 1)}
 	jobs, err := c.reserveLocked([]*pool.Slab{tmp}, 1, [][]pool.ServerID{avoid})
+	if errors.Is(err, pool.ErrNoCapacity) && slabNeeds(sl) > 1 {
+		// An erasure-coded slab with a shard on every server left: a
+		// second shard on one of them beats a shard not rebuilt (the
+		// stripes lose two pages at most with that server, and its
+		// parity covers two), never a third.
+		tmp.Replicas = tmp.Replicas[:0]
+		jobs, err = c.reserveLocked([]*pool.Slab{tmp}, 1, [][]pool.ServerID{crowded(sl, from)})
+	}
 	c.mu.Unlock()
 	if err != nil {
 		return pool.ReplicaView{}, err

@@ -264,6 +264,9 @@ func (s *Server) Free(ctx context.Context, instance string, entries []pool.FreeE
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.close { // its memory is gone: nothing to zero (a Free once closed panicked)
+		return fmt.Errorf("memserver: %w", rdma.ErrClosed)
+	}
 	for _, e := range entries {
 		if int(e.Index) >= len(s.keys) {
 			return &pool.FieldError{Field: "slabs", Msg: fmt.Sprintf("slab %d out of range (%d slabs)", e.Index, len(s.keys))}

@@ -380,3 +380,18 @@ func TestControlWantsSecret(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A Free that reaches a closed server (its memory unmapped) is refused,
+// not a panic.
+func TestFreeAfterClose(t *testing.T) {
+	ctx := context.Background()
+	s := newServer(t)
+	keys, err := s.Grant(ctx, s.Instance(), 0, []pool.SlabIndex{2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if err := s.Free(ctx, s.Instance(), []pool.FreeEntry{{Index: 2, Key: keys[0]}}); !errors.Is(err, rdma.ErrClosed) {
+		t.Fatalf("Free after Close: %v, want ErrClosed", err)
+	}
+}
