@@ -371,8 +371,7 @@ func (p *slotPool) kickReservoir() {
 
 // layouter is a Store that tells how the memory servers keep a slab
 // (pager/poolstore, pager/pagertest: their slabio.Table): copies of each
-// used slot, and, erasure-coded, m parity pages per stripe of k slots
-// that holds a used one.
+// used slot, or, erasure-coded, stripes of k slots and m parity pages.
 type layouter interface {
 	Layout(id remote.SlabID) (copies, k, m int)
 }
@@ -409,17 +408,18 @@ func (p *slotPool) stats() PoolStats {
 }
 
 // stored returns the page slots the servers hold for s's used slots:
-// copies of each, and m parity pages for each stripe (k consecutive
-// slots) with a used slot.
+// copies of each, or, erasure-coded, every page of each stripe (k
+// consecutive slots and m parity pages) with a used slot: its freed slots
+// are garbage the parity still covers until they are reused.
 func (s *poolSlab) stored(copies, k, m int) int {
-	n := s.used * copies
 	if m == 0 || k < 1 {
-		return n
+		return s.used * copies
 	}
+	n := 0
 	for i := 0; i < len(s.refs); i += k {
 		for _, r := range s.refs[i:min(i+k, len(s.refs))] {
 			if r != 0 {
-				n += m
+				n += k + m
 				break
 			}
 		}

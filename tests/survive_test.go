@@ -645,3 +645,33 @@ func lastLine(s string) string {
 	s = strings.TrimRight(s, "\n")
 	return s[strings.LastIndexByte(s, '\n')+1:]
 }
+
+// kill -9 of `memagent serve --redundancy ec:2+1` while its program has
+// most of its heap in erasure-coded slabs: the new agent takes over the
+// lease with the slabs' shards in place and their sums (the pool keeps
+// each replica's shard), and the program reads back every word.
+func TestSurviveAgentKilledErasureCoded(t *testing.T) {
+	ec := []string{"--redundancy", "ec:2+1"}
+	r := survStart(t, 3, ec, nil)
+	if st, err := r.agent.stats(t); err != nil || st.Redundancy != "ec:2+1" || st.Pool.StoredBytes == 0 {
+		t.Fatalf("stats %+v, %v: want ec:2+1 and pages stored", st, err)
+	}
+	r.agent.proc.Kill()
+	time.Sleep(time.Second)
+	start := time.Now()
+	r.serve(t, ec...)
+	memdtest.Eventually(t, 30*time.Second, "the new agent serves the program", func() error {
+		st, err := r.agent.stats(t)
+		if err != nil {
+			return err
+		}
+		if len(st.Clients) != 1 || st.Clients[0].RemoteBytes == 0 {
+			return fmt.Errorf("clients %+v", st.Clients)
+		}
+		return nil
+	})
+	recovery := time.Since(start)
+	r.prog.endExact(t, "after the agent's restart, erasure-coded")
+	survived(t, survRow{scenario: "agent killed, ec:2+1", injected: "kill -9 memagent serve --redundancy ec:2+1 mid-run, a new one 1s later",
+		outcome: "resumed, exact checksum", lost: "0", recovery: recovery})
+}

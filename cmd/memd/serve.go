@@ -91,7 +91,7 @@ generated in <runtime-dir>/token for the CLI and memagent on this host.`,
 	f.String("heartbeat-interval", "2s", "memory server heartbeat interval")
 	f.String("connect-timeout", startwait.DefaultTimeout.String(), "--role server: at start, how long to wait for --token-file to appear (the coordinator writes it) and for the coordinator to take the registration before failing; 0: wait for the token file not at all, for the coordinator for ever")
 	f.String("heartbeat-timeout", "10s", "coordinator: a server silent this long is dead")
-	f.String("redundancy", "", "coordinator: the pool's default for agents that choose none: rep:N, or ec:K+M (erasure-coded over K+M servers in distinct failure domains; agents keep copies while the pool has fewer); empty: the agents' own (two copies with two servers or more)")
+	f.String("redundancy", "", "coordinator: the pool's default for agents that choose none: rep:N, or ec:K+M (erasure-coded over K+M servers in distinct failure domains; agents keep copies while the pool has fewer); empty: the agents' own (ec:6+2 where the servers up span eight failure domains, else two copies with two servers or more)")
 	f.String("sweep-interval", "1s", "coordinator: how often to look for dead servers and expired leases")
 	f.String("mlock", "true", "lock donated memory in RAM (needs RLIMIT_MEMLOCK ≥ capacity, or root)")
 	f.String("tls-client-ca", "", "require client certificates signed by this CA (mTLS) on the control API")

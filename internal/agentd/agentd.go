@@ -220,13 +220,23 @@ func socketMode(opts Options) os.FileMode {
 	return 0o660
 }
 
+// DefaultEC is how an agent that chose nothing keeps pages in a pool
+// without a default of its own whose servers up span eight failure
+// domains: two lost servers survived at 1.33x the bytes.
+var DefaultEC = pool.Redundancy{K: 6, M: 2}
+
 // ResolveRedundancy returns how an agent keeps pages: red (--redundancy)
 // if set, else replicas copies (--replicas) if set, else the pool's
-// default (ChooseRedundancy), else ChooseReplicas'.
+// default (ChooseRedundancy), else DefaultEC where the servers up span its
+// failure domains, else ChooseReplicas'.
 func ResolveRedundancy(st pool.Status, red pool.Redundancy, replicas int, log *zap.Logger) pool.Redundancy {
 	switch {
 	case red == (pool.Redundancy{}) && replicas == 0 && st.Redundancy != "":
 		return ChooseRedundancy(st, log)
+	case red == (pool.Redundancy{}) && replicas == 0 && st.Domains >= DefaultEC.Servers():
+		log.Info("the pool's servers span enough failure domains: pages are erasure-coded (set --redundancy or --replicas to choose)",
+			zap.Stringer("redundancy", DefaultEC), zap.Int("failure_domains", st.Domains))
+		return DefaultEC
 	case red == (pool.Redundancy{}):
 		return pool.Redundancy{Copies: ChooseReplicas(st.ServersUp, replicas, log)}
 	case red.EC() && red.Servers() > st.ServersUp:
