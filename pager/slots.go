@@ -101,7 +101,11 @@ type poolSlab struct {
 	// stripe: slots per stripe of an erasure-coded slab (its k, 1 for
 	// copies): whole free stripes are taken first (takeStripes).
 	stripe int
-	refs   []uint8
+	// garbage: free slots of stripes that hold a used one (erasure-coded
+	// slabs): the servers keep them, and the stripes' parity covers them,
+	// until they are taken again (took, freed).
+	garbage int
+	refs    []uint8
 	over   map[int]uint32 // counts above slotRefMax, by page
 	used   int
 	hint   int // the next page alloc looks at
@@ -196,7 +200,12 @@ func (p *slotPool) tryAlloc(out []Slot) int { return p.take(out, false) }
 func (p *slotPool) take(out []Slot, report bool) int {
 	p.mu.Lock()
 	p.asked = p.now()
-	n := p.takeStripesLocked(out)
+	n := 0
+	if p.garbageHighLocked() {
+		n = p.takeGarbageLocked(out)
+	} else {
+		n = p.takeStripesLocked(out)
+	}
 	for tries := 0; n < len(out) && p.free > 0 && tries <= len(p.slabs); tries++ {
 		if p.next >= len(p.slabs) {
 			p.next = 0
@@ -210,6 +219,7 @@ func (p *slotPool) take(out []Slot, report bool) int {
 			if s.refs[s.hint] == 0 {
 				s.refs[s.hint] = 1
 				s.used++
+				s.took(s.hint)
 				out[n] = Slot(p.next*p.pps + s.hint + 1)
 				n++
 			}
@@ -276,9 +286,101 @@ func (p *slotPool) takeStripesLocked(out []Slot) int {
 			for x := base; x < base+k && n < len(out); x++ {
 				s.refs[x] = 1
 				s.used++
+				s.took(x)
 				out[n] = Slot(num*p.pps + x + 1)
 				n++
 				s.hint = (x + 1) % p.pps
+			}
+		}
+	}
+	return n
+}
+
+// stripeOfSlot returns the slots of the stripe slot x of s is in.
+func (s *poolSlab) stripeOfSlot(x int) []uint8 {
+	base := x - x%s.stripe
+	return s.refs[base:min(base+s.stripe, len(s.refs))]
+}
+
+func usedIn(refs []uint8) int {
+	n := 0
+	for _, r := range refs {
+		if r != 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// took counts slot x, just taken, out of the garbage (or its stripe's
+// other free slots in, if it was free).
+func (s *poolSlab) took(x int) {
+	if s.stripe <= 1 {
+		return
+	}
+	st := s.stripeOfSlot(x)
+	if usedIn(st) == 1 {
+		s.garbage += len(st) - 1
+	} else {
+		s.garbage--
+	}
+}
+
+// freed counts slot x, just freed, in the garbage (or its stripe's other
+// free slots out, if it was the last used one).
+func (s *poolSlab) freed(x int) {
+	if s.stripe <= 1 {
+		return
+	}
+	st := s.stripeOfSlot(x)
+	if usedIn(st) == 0 {
+		s.garbage -= len(st) - 1
+	} else {
+		s.garbage++
+	}
+}
+
+// garbageHighLocked reports whether the free slots of used stripes pass a
+// tenth of the used slots: then they are taken before whole free stripes
+// (each such write reads its stripe's other pages for the parity), so
+// that what the servers hold stays within about 1.1x (k+m)/k of the pages
+// paged out.
+func (p *slotPool) garbageHighLocked() bool {
+	g := 0
+	for _, s := range p.slabs {
+		if s != nil {
+			g += s.garbage
+		}
+	}
+	return g > 0 && 10*g > p.used
+}
+
+// takeGarbageLocked fills out with the free slots of stripes that hold a
+// used one, and returns how many it took.
+func (p *slotPool) takeGarbageLocked(out []Slot) int {
+	n := 0
+	for i := 0; i < len(p.slabs) && n < len(out); i++ {
+		num := (p.next + i) % len(p.slabs)
+		s := p.slabs[num]
+		if s == nil || s.stripe <= 1 || num == p.drain || s.garbage == 0 {
+			continue
+		}
+		for base := 0; base < p.pps && n < len(out) && s.garbage > 0; base += s.stripe {
+			st := s.refs[base:min(base+s.stripe, p.pps)]
+			if usedIn(st) == 0 {
+				continue
+			}
+			for x := range st {
+				if n == len(out) {
+					break
+				}
+				if st[x] == 0 {
+					st[x] = 1
+					s.used++
+					s.took(base + x)
+					out[n] = Slot(num*p.pps + base + x + 1)
+					n++
+				}
 			}
 		}
 	}
@@ -330,6 +432,7 @@ func (p *slotPool) release(ss ...Slot) {
 			continue
 		}
 		sl.used--
+		sl.freed(pg)
 		p.used--
 		if i != p.drain {
 			p.free++
@@ -820,6 +923,7 @@ func (p *slotPool) claim(s Slot) bool {
 	case sl.refs[pg] == 0:
 		sl.refs[pg] = 1
 		sl.used++
+		sl.took(pg)
 		p.used++
 		if int(s-1)/p.pps != p.drain {
 			p.free--

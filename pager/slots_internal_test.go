@@ -396,35 +396,50 @@ func (s ecStore) Layout(remote.SlabID) (copies, k, m int) { return 1, s.k, 2 }
 
 // Under erasure coding whole free stripes are taken before slots freed
 // here and there, so that a write-back batch covers its stripes (no read
-// for their parity); scattered slots are taken once no stripe is free.
+// for their parity); once the free slots of used stripes (garbage) pass a
+// tenth of the used slots, they are taken first, so that what the servers
+// hold stays within about 1.1x (k+m)/k of the pages.
 func TestSlotPoolStripes(t *testing.T) {
 	st := ecStore{&fakeStore{slabSize: 64 * pageSize, capacity: 4, held: map[remote.SlabID]bool{}}, 4}
 	clk := &testClock{t: time.Unix(1_000_000, 0)}
 	p := newSlotPool(st, zaptest.NewLogger(t), clk.now)
-	all := take(t, p, 32) // stripes 0-7
-	// Free one slot in each of stripes 0-3, and the whole of stripe 5.
-	p.release(all[1], all[6], all[11], all[12])
-	p.release(all[20:24]...)
+	all := take(t, p, 48) // stripes 0-11
 	stripeOf := func(s Slot) int { return int(s-1) % 64 / 4 }
+	garbage := func() int { return p.slabs[0].garbage }
+	// One slot of stripe 0 freed (garbage 1 of 47 used), and all of
+	// stripe 5 (free again, not garbage).
+	p.release(all[1])
+	p.release(all[20:24]...)
+	if g := garbage(); g != 1 {
+		t.Fatalf("garbage %d, want 1", g)
+	}
 	got := take(t, p, 8)
 	for _, s := range got {
-		if n := stripeOf(s); n >= 0 && n < 4 {
-			t.Fatalf("took slot %d of stripe %d, partly used, while whole stripes were free: %v", s, n, got)
+		if stripeOf(s) == 0 {
+			t.Fatalf("took slot %d of stripe 0, partly used, while whole stripes were free: %v", s, got)
 		}
 	}
-	// The whole stripes left (six never used, stripe 5), then the
-	// scattered slots.
-	rest := take(t, p, 64-32-8+4+4)
-	seen := map[Slot]bool{}
-	for _, s := range rest {
-		seen[s] = true
+	// Four more slots freed in stripes 1-4: garbage 5 of 47 used, past a
+	// tenth: the next slots come from the used stripes.
+	p.release(all[5], all[9], all[13], all[17])
+	if g, used := garbage(), p.stats().UsedBytes/pageSize; g != 5 || used != 47 {
+		t.Fatalf("garbage %d used %d, want 5 and 47", g, used)
 	}
-	for _, s := range []Slot{all[1], all[6], all[11], all[12]} {
-		if !seen[s] {
-			t.Fatalf("slot %d freed alone not taken once the stripes ran out", s)
+	for _, s := range take(t, p, 5) {
+		if n := stripeOf(s); n > 4 {
+			t.Fatalf("took slot %d of stripe %d while the garbage was high", s, n)
 		}
 	}
-	if c := p.slabs[0].stored(1, 4, 2); c != 64+16*2 {
-		t.Fatalf("a full slab of 16 stripes stores %d slots, want 64 + 2 x 16", c)
+	if g := garbage(); g != 0 {
+		t.Fatalf("garbage %d after the used stripes' free slots were taken", g)
+	}
+	// What the servers hold: every stripe with a used slot, k + m pages
+	// (13 of 16 stripes: 52 slots used).
+	if c := p.slabs[0].stored(1, 4, 2); c != 13*6 {
+		t.Fatalf("13 stripes in use store %d slots, want 13 x 6", c)
+	}
+	p.release(all[40])
+	if c := p.slabs[0].stored(1, 4, 2); c != 13*6 {
+		t.Fatalf("a freed slot is garbage its stripe still holds: %d slots, want 13 x 6", c)
 	}
 }

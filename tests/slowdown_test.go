@@ -54,6 +54,9 @@ func TestMemagentMaxSlowdown(t *testing.T) {
 			}
 			killer := time.AfterFunc(3*time.Minute, func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
 			defer killer.Stop()
+			// A failed check ends the test before hotcold is told to stop:
+			// it must not run on (it did, using a CPU for the rest of CI).
+			t.Cleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
 			lines := bufio.NewScanner(out)
 			if !lines.Scan() || lines.Text() != "written" {
 				cmd.Wait()
@@ -82,8 +85,12 @@ func TestMemagentMaxSlowdown(t *testing.T) {
 				case s.RemoteBytes < coldMiB<<20*7/10:
 					return fmt.Errorf("%s", last)
 				case s.ResidentBytes < hotMiB<<20:
-					// The hot array is read all the time: it stays.
-					t.Fatalf("the hot array (%d MiB) is not resident: %s", hotMiB, last)
+					// The hot array is read all the time: it stays, or
+					// comes back once its misses show. (A program kept
+					// off the CPU stalls little while the budget shrinks,
+					// and the budget dips under its hot set for a while:
+					// CI saw 1 MiB on a loaded machine.)
+					return fmt.Errorf("the hot array (%d MiB) is not resident: %s", hotMiB, last)
 				}
 				return nil
 			})

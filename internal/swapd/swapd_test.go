@@ -160,8 +160,8 @@ func TestRunRefusesWhileInUse(t *testing.T) {
 	metrics := freeAddr(t)
 	d := start(t, context.Background(), swapd.Options{Dir: dir, Size: 4 << 20, Workers: 2, Pool: cl, MetricsListen: metrics,
 		StopSignals: []os.Signal{syscall.SIGUSR1, syscall.SIGUSR2}})
-	if e := d.logs.FilterMessage("serving pool swap file").All(); e[0].ContextMap()["replicas"] != int64(1) {
-		t.Errorf("serving: %v, want 1 replica (one server up)", e[0].ContextMap())
+	if e := d.logs.FilterMessage("serving pool swap file").All(); e[0].ContextMap()["redundancy"] != "rep:1" {
+		t.Errorf("serving: %v, want rep:1 (one server up)", e[0].ContextMap())
 	}
 
 	file := filepath.Join(dir, swapfs.SwapName)

@@ -99,7 +99,20 @@ func TestRevokeAbortsClientThatStopsReading(t *testing.T) {
 	if err := stuck.Post(wrs); err != nil { // 128 MiB of replies nobody reads
 		t.Fatal(err)
 	}
-	time.Sleep(20 * time.Millisecond)                        // let the server fill the socket
+	// Let the server fill the socket: it has served some READs and then
+	// serves no more. (A fixed 20 ms was not always enough on a loaded
+	// machine: the revoke then found nothing in flight.)
+	for deadline, last := time.Now().Add(10*time.Second), uint64(0); ; {
+		time.Sleep(20 * time.Millisecond)
+		n := d.Stats().Reads
+		if n > 0 && n == last {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the server did not get stuck writing replies: %d READs served", n)
+		}
+		last = n
+	}
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second) // hang guard
 	defer cancel()
 	if err := d.Revoke(rctx, k); err != nil {
