@@ -106,9 +106,9 @@ type poolSlab struct {
 	// until they are taken again (took, freed).
 	garbage int
 	refs    []uint8
-	over   map[int]uint32 // counts above slotRefMax, by page
-	used   int
-	hint   int // the next page alloc looks at
+	over    map[int]uint32 // counts above slotRefMax, by page
+	used    int
+	hint    int // the next page alloc looks at
 }
 
 // slotStats counts the reservoir's work.
