@@ -520,11 +520,8 @@ func (s *poolSlab) stored(copies, k, m int) int {
 	}
 	n := 0
 	for i := 0; i < len(s.refs); i += k {
-		for _, r := range s.refs[i:min(i+k, len(s.refs))] {
-			if r != 0 {
-				n += k + m
-				break
-			}
+		if usedIn(s.refs[i:min(i+k, len(s.refs))]) > 0 {
+			n += k + m
 		}
 	}
 	return n

@@ -197,6 +197,22 @@ func (r *survRig) serve(t *testing.T, flags ...string) {
 	r.agent = maServeIn(t, r.dir, filepath.Join(r.bin, "memagent"), r.pool, flags...)
 }
 
+// waitServed waits for the rig's (new) agent to serve its program, with
+// pages in the pool.
+func (r *survRig) waitServed(t *testing.T) {
+	t.Helper()
+	memdtest.Eventually(t, 30*time.Second, "the new agent serves the program", func() error {
+		st, err := r.agent.stats(t)
+		if err != nil {
+			return err
+		}
+		if len(st.Clients) != 1 || st.Clients[0].RemoteBytes == 0 {
+			return fmt.Errorf("clients %+v", st.Clients)
+		}
+		return nil
+	})
+}
+
 // survChecksum is the last line pattern prints when every word is right.
 func survChecksum() string {
 	return fmt.Sprintf("checksum %016x", maSum(uint64(maPages)*512, 0))
@@ -227,16 +243,7 @@ func TestSurviveAgentKilled(t *testing.T) {
 	time.Sleep(time.Second) // the program faults with no agent meanwhile
 	start := time.Now()
 	r.serve(t)
-	memdtest.Eventually(t, 30*time.Second, "the new agent serves the program", func() error {
-		st, err := r.agent.stats(t)
-		if err != nil {
-			return err
-		}
-		if len(st.Clients) != 1 || st.Clients[0].RemoteBytes == 0 {
-			return fmt.Errorf("clients %+v", st.Clients)
-		}
-		return nil
-	})
+	r.waitServed(t)
 	recovery := time.Since(start)
 	r.prog.endExact(t, "after the agent's restart")
 	survived(t, survRow{scenario: "agent killed, restarted", injected: "kill -9 memagent serve mid-run, a new one 1s later",
@@ -660,16 +667,7 @@ func TestSurviveAgentKilledErasureCoded(t *testing.T) {
 	time.Sleep(time.Second)
 	start := time.Now()
 	r.serve(t, ec...)
-	memdtest.Eventually(t, 30*time.Second, "the new agent serves the program", func() error {
-		st, err := r.agent.stats(t)
-		if err != nil {
-			return err
-		}
-		if len(st.Clients) != 1 || st.Clients[0].RemoteBytes == 0 {
-			return fmt.Errorf("clients %+v", st.Clients)
-		}
-		return nil
-	})
+	r.waitServed(t)
 	recovery := time.Since(start)
 	r.prog.endExact(t, "after the agent's restart, erasure-coded")
 	survived(t, survRow{scenario: "agent killed, ec:2+1", injected: "kill -9 memagent serve --redundancy ec:2+1 mid-run, a new one 1s later",

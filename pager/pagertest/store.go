@@ -296,49 +296,24 @@ func (s *Store) Repair(ctx context.Context, from ...int) (int, error) {
 			continue
 		}
 		for ri, r := range reps {
-			leaving := r.State == slabio.Lost
-			for _, f := range from {
-				leaving = leaving || s.servers[f].name == r.Server
-			}
-			if !leaving {
+			if !s.leaving(r, from) {
 				continue
 			}
-			s.mu.Lock()
-			pls := s.slabs[id]
-			avoid := map[int]bool{}
-			for _, p := range pls {
-				avoid[p.server] = true
-			}
-			for _, f := range from {
-				avoid[f] = true
-			}
-			pl, err := s.placeLocked(1, avoid)
-			var to slabio.Replica
-			if err == nil {
-				to = s.replicasLocked(pl)[0]
-			}
-			s.mu.Unlock()
+			err := s.move(ctx, id, id, r.Server, from, func(pl placement) {
+				old := s.slabs[id]
+				keep := make([]placement, 0, len(old))
+				for _, p := range old {
+					if s.servers[p.server].name == reps[ri].Server {
+						s.releaseLocked(ctx, p)
+						continue
+					}
+					keep = append(keep, p)
+				}
+				s.slabs[id] = append(keep, pl)
+			})
 			if err != nil {
 				return moved, err
 			}
-			if err := s.table.Migrate(ctx, id, r.Server, to); err != nil {
-				s.mu.Lock()
-				s.releaseLocked(ctx, pl[0])
-				s.mu.Unlock()
-				return moved, err
-			}
-			s.mu.Lock()
-			old := s.slabs[id]
-			keep := make([]placement, 0, len(old))
-			for _, p := range old {
-				if s.servers[p.server].name == reps[ri].Server {
-					s.releaseLocked(ctx, p)
-					continue
-				}
-				keep = append(keep, p)
-			}
-			s.slabs[id] = append(keep, pl[0])
-			s.mu.Unlock()
 			moved++
 		}
 	}
@@ -352,46 +327,63 @@ func (s *Store) repairGroup(ctx context.Context, id remote.SlabID, shards []remo
 	moved := 0
 	for i, sid := range shards {
 		reps, _ := s.table.Replicas(sid)
-		if len(reps) != 1 {
+		if len(reps) != 1 || !s.leaving(reps[0], from) {
 			continue
 		}
-		leaving := reps[0].State == slabio.Lost
-		for _, f := range from {
-			leaving = leaving || s.servers[f].name == reps[0].Server
-		}
-		if !leaving {
-			continue
-		}
-		s.mu.Lock()
-		avoid := map[int]bool{}
-		for _, p := range s.slabs[id] {
-			avoid[p.server] = true
-		}
-		for _, f := range from {
-			avoid[f] = true
-		}
-		pl, err := s.placeLocked(1, avoid)
-		var to slabio.Replica
-		if err == nil {
-			to = s.replicasLocked(pl)[0]
-		}
-		s.mu.Unlock()
+		err := s.move(ctx, id, sid, reps[0].Server, from, func(pl placement) {
+			s.releaseLocked(ctx, s.slabs[id][i])
+			s.slabs[id][i] = pl
+		})
 		if err != nil {
 			return moved, err
 		}
-		if err := s.table.Migrate(ctx, sid, reps[0].Server, to); err != nil {
-			s.mu.Lock()
-			s.releaseLocked(ctx, pl[0])
-			s.mu.Unlock()
-			return moved, err
-		}
-		s.mu.Lock()
-		s.releaseLocked(ctx, s.slabs[id][i])
-		s.slabs[id][i] = pl[0]
-		s.mu.Unlock()
 		moved++
 	}
 	return moved, nil
+}
+
+// leaving reports whether replica r is to be moved: lost, or on a server
+// of from.
+func (s *Store) leaving(r slabio.Replica, from []int) bool {
+	leaving := r.State == slabio.Lost
+	for _, f := range from {
+		leaving = leaving || s.servers[f].name == r.Server
+	}
+	return leaving
+}
+
+// move places a new slab on a live server that holds none of slab id's
+// placements nor is in from, copies table slab tid's replica on server to
+// it (Table.Migrate), and then, under the lock, hands it to swap to take
+// the old one's place; on error the new slab is released.
+func (s *Store) move(ctx context.Context, id, tid remote.SlabID, server string, from []int, swap func(placement)) error {
+	s.mu.Lock()
+	avoid := map[int]bool{}
+	for _, p := range s.slabs[id] {
+		avoid[p.server] = true
+	}
+	for _, f := range from {
+		avoid[f] = true
+	}
+	pl, err := s.placeLocked(1, avoid)
+	var to slabio.Replica
+	if err == nil {
+		to = s.replicasLocked(pl)[0]
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if err := s.table.Migrate(ctx, tid, server, to); err != nil {
+		s.mu.Lock()
+		s.releaseLocked(ctx, pl[0])
+		s.mu.Unlock()
+		return err
+	}
+	s.mu.Lock()
+	swap(pl[0])
+	s.mu.Unlock()
+	return nil
 }
 
 // Scribble overwrites b at byte offset off of replica ri (in placement

@@ -55,22 +55,7 @@ func TestErasureCodedSlabs(t *testing.T) {
 			t.Fatal(op.Err)
 		}
 	}
-	verify := func(what string, io remote.PageIO) {
-		t.Helper()
-		rd := make([]remote.PageOp, len(ops))
-		for i, op := range ops {
-			rd[i] = remote.PageOp{Slab: op.Slab, Off: op.Off, Buf: make([]byte, 4096)}
-		}
-		if err := io.Read(ctx, rd); err != nil {
-			t.Fatal(err)
-		}
-		for i := range rd {
-			if rd[i].Err != nil || string(rd[i].Buf) != string(ops[i].Buf) {
-				t.Fatalf("%s: page %d: %v / data differs", what, i, rd[i].Err)
-			}
-		}
-	}
-	verify("written", io)
+	readBack(t, io, ops, "written")
 	server := func(sh int) pool.ServerID {
 		reps, _ := s.Table().Replicas(shards[sh])
 		return pool.ServerID(reps[0].Server)
@@ -87,7 +72,7 @@ func TestErasureCodedSlabs(t *testing.T) {
 		t.Fatalf("drain of %s not done after a renewal: %+v %v", victim, dv, err)
 	}
 	servers[victim].Close()
-	verify("after the drain", io)
+	readBack(t, io, ops, "after the drain")
 	// The servers of shards 1 and 3 leave without draining: rebuilt from
 	// the rest of the stripes onto the two servers left.
 	a, b := server(1), server(3)
@@ -97,7 +82,7 @@ func TestErasureCodedSlabs(t *testing.T) {
 		}
 		servers[g].Close()
 	}
-	verify("two servers gone", io)
+	readBack(t, io, ops, "two servers gone")
 	if err := s.RenewOnce(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -130,13 +115,13 @@ func TestErasureCodedSlabs(t *testing.T) {
 	}
 	io2, _ := s2.OpenIO()
 	defer io2.Close()
-	verify("adopted", io2)
+	readBack(t, io2, ops, "adopted")
 	// The rebuilt shards are what the stripes need: two more servers go.
 	for _, sh := range []int{0, 4} {
 		reps, _ := s2.Table().Replicas(shards[sh])
 		servers[pool.ServerID(reps[0].Server)].Close()
 	}
-	verify("adopted, two more servers gone", io2)
+	readBack(t, io2, ops, "adopted, two more servers gone")
 	// An agent with another redundancy refuses the lease's slabs.
 	s2.Abandon()
 	if _, err := poolstore.Open(ctx, poolstore.Options{Pool: cl, Agent: "memagent-test", PID: 3, TTL: time.Minute, Replicas: 2,
@@ -185,22 +170,7 @@ func TestErasureCodedFallback(t *testing.T) {
 	if err := io.Write(ctx, ops); err != nil {
 		t.Fatal(err)
 	}
-	verify := func(what string) {
-		t.Helper()
-		rd := make([]remote.PageOp, len(ops))
-		for i, op := range ops {
-			rd[i] = remote.PageOp{Slab: op.Slab, Off: op.Off, Buf: make([]byte, 4096)}
-		}
-		if err := io.Read(ctx, rd); err != nil {
-			t.Fatal(err)
-		}
-		for i := range rd {
-			if rd[i].Err != nil || string(rd[i].Buf) != string(ops[i].Buf) {
-				t.Fatalf("%s: page %d: %v / data differs", what, i, rd[i].Err)
-			}
-		}
-	}
-	verify("written")
+	readBack(t, io, ops, "written")
 	// Five servers take slabs again: the next slab is erasure-coded.
 	if _, err := cl.Drain(ctx, ids[0], false); err != nil {
 		t.Fatal(err)
@@ -225,12 +195,12 @@ func TestErasureCodedFallback(t *testing.T) {
 		}
 		servers[pool.ServerID(r.Server)].Close()
 	}
-	verify("two servers gone")
+	readBack(t, io, ops, "two servers gone")
 	s.RenewOnce(ctx) // two servers for the lost copies: some wait for more
 	if st := s.Stats(); st.Migrations == 0 {
 		t.Fatal("no part's replica was restored")
 	}
-	verify("after the repair")
+	readBack(t, io, ops, "after the repair")
 	// Freed: every part goes back to the pool.
 	if err := s.Free(ctx, []remote.SlabID{id}); err != nil {
 		t.Fatal(err)
@@ -268,21 +238,6 @@ func TestErasureCodedRebuildOnRemaining(t *testing.T) {
 	if err := io.Write(ctx, ops); err != nil {
 		t.Fatal(err)
 	}
-	verify := func(what string) {
-		t.Helper()
-		rd := make([]remote.PageOp, len(ops))
-		for i, op := range ops {
-			rd[i] = remote.PageOp{Slab: op.Slab, Off: op.Off, Buf: make([]byte, 4096)}
-		}
-		if err := io.Read(ctx, rd); err != nil {
-			t.Fatal(err)
-		}
-		for i := range rd {
-			if rd[i].Err != nil || string(rd[i].Buf) != string(ops[i].Buf) {
-				t.Fatalf("%s: page %d: %v / data differs", what, i, rd[i].Err)
-			}
-		}
-	}
 	shards, _ := s.Table().Group(id)
 	server := func(sh int) pool.ServerID {
 		reps, _ := s.Table().Replicas(shards[sh])
@@ -299,9 +254,9 @@ func TestErasureCodedRebuildOnRemaining(t *testing.T) {
 	if host := server(0); host == gone {
 		t.Fatalf("shard 0 still on %s", host)
 	}
-	verify("rebuilt on a server with another shard")
+	readBack(t, io, ops, "rebuilt on a server with another shard")
 	// Any one more server lost: the stripes still read.
 	next := server(0)
 	servers[next].Close()
-	verify("the doubled server lost too")
+	readBack(t, io, ops, "the doubled server lost too")
 }

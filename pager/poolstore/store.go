@@ -689,9 +689,8 @@ func (s *Store) migrate(ctx context.Context, id remote.SlabID, from string) erro
 	// A shard of an erasure-coded slab is rebuilt from its stripes; a
 	// part of a unit of copies is copied as any slab.
 	gid, _, shard := slabio.ShardOf(id)
-	if _, k := s.table.Group(gid); shard && k > 0 {
-		_, _, m := s.table.Layout(gid)
-		shard = m > 0
+	if _, _, m := s.table.Layout(gid); m == 0 {
+		shard = false
 	}
 	pid := s.poolSlab(id)
 	alive := 0

@@ -29,6 +29,24 @@ func startPool(t *testing.T, n int) (*client.Client, map[pool.ServerID]*memserve
 	return l.Client, l.Servers
 }
 
+// readBack reads ops' pages through io and fails the test (saying what)
+// unless each comes back as written.
+func readBack(t *testing.T, io remote.PageIO, ops []remote.PageOp, what string) {
+	t.Helper()
+	rd := make([]remote.PageOp, len(ops))
+	for i, op := range ops {
+		rd[i] = remote.PageOp{Slab: op.Slab, Off: op.Off, Buf: make([]byte, len(op.Buf))}
+	}
+	if err := io.Read(context.Background(), rd); err != nil {
+		t.Fatal(err)
+	}
+	for i := range rd {
+		if rd[i].Err != nil || string(rd[i].Buf) != string(ops[i].Buf) {
+			t.Fatalf("%s: page %d: %v / data differs", what, i, rd[i].Err)
+		}
+	}
+}
+
 func pattern(b []byte, seed byte) {
 	for i := range b {
 		b[i] = seed + byte(i*7)
@@ -63,22 +81,7 @@ func TestLeaseSlabsAndMigration(t *testing.T) {
 	if err := io.Write(ctx, ops); err != nil {
 		t.Fatal(err)
 	}
-	verify := func(what string) {
-		t.Helper()
-		rd := make([]remote.PageOp, len(ops))
-		for i, op := range ops {
-			rd[i] = remote.PageOp{Slab: op.Slab, Off: op.Off, Buf: make([]byte, 4096)}
-		}
-		if err := io.Read(ctx, rd); err != nil {
-			t.Fatal(err)
-		}
-		for i := range rd {
-			if rd[i].Err != nil || string(rd[i].Buf) != string(ops[i].Buf) {
-				t.Fatalf("%s: page %d: %v / data differs", what, i, rd[i].Err)
-			}
-		}
-	}
-	verify("written")
+	readBack(t, io, ops, "written")
 
 	// Drain the server holding a replica of the first slab: the renewal
 	// brings replica-drain, the store copies and reports.
@@ -98,7 +101,7 @@ func TestLeaseSlabsAndMigration(t *testing.T) {
 		t.Fatalf("no migration: %+v", st)
 	}
 	servers[victim].Close() // its data is unreachable now
-	verify("after drain")
+	readBack(t, io, ops, "after drain")
 
 	// A server leaves without draining: replicas on it are lost; the store
 	// restores redundancy from the survivors.
@@ -114,7 +117,7 @@ func TestLeaseSlabsAndMigration(t *testing.T) {
 	if err := s.RenewOnce(ctx); err != nil {
 		t.Fatal(err)
 	}
-	verify("after a server left")
+	readBack(t, io, ops, "after a server left")
 	for _, id := range ids {
 		reps, _ := s.Table().Replicas(id)
 		for _, r := range reps {

@@ -405,15 +405,6 @@ func g0(t *Table, id remote.SlabID) bool {
 	return g != nil && g.m > 0
 }
 
-func (io *IO) failAll(ops []remote.PageOp, err error) error {
-	for i := range ops {
-		if ops[i].Err == nil {
-			ops[i].Err = err
-		}
-	}
-	return err
-}
-
 // recordShardSum records the checksum of page row of shard id as buf's.
 func (io *IO) recordShardSum(id remote.SlabID, row int, buf []byte) {
 	e, ok := io.t.entry(id)

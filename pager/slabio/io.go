@@ -255,12 +255,7 @@ func (io *IO) readReplicas(ctx context.Context, ops []remote.PageOp) error {
 			err = io.afterChunk(ctx, ops[:n])
 		}
 		if err != nil {
-			for i := range ops {
-				if ops[i].Err == nil {
-					ops[i].Err = err
-				}
-			}
-			return err
+			return io.failAll(ops, err)
 		}
 		ops = ops[n:]
 	}
@@ -507,6 +502,17 @@ func (io *IO) fail(op *remote.PageOp, why uint8) {
 	}
 }
 
+// failAll sets err on every op not failed yet, and returns it (a call cut
+// short: ctx done, closed).
+func (io *IO) failAll(ops []remote.PageOp, err error) error {
+	for i := range ops {
+		if ops[i].Err == nil {
+			ops[i].Err = err
+		}
+	}
+	return err
+}
+
 // Write implements remote.PageIO.
 func (io *IO) Write(ctx context.Context, ops []remote.PageOp) error {
 	if io.t.hasGroups.Load() {
@@ -527,12 +533,7 @@ func (io *IO) writeReplicas(ctx context.Context, ops []remote.PageOp) error {
 	for len(ops) > 0 {
 		n := min(len(ops), per)
 		if err := io.writeChunk(ctx, ops[:n]); err != nil {
-			for i := range ops {
-				if ops[i].Err == nil {
-					ops[i].Err = err
-				}
-			}
-			return err
+			return io.failAll(ops, err)
 		}
 		ops = ops[n:]
 	}
