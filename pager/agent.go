@@ -443,8 +443,11 @@ func (a *Agent) handshake(conn *net.UnixConn) {
 	case !a.allowed(cred):
 		refuse(h, unix.EACCES, fmt.Sprintf("uid %d may not use this agent", cred.Uid))
 		return
-	case hello.PID != cred.Pid:
+	case hello.PID != cred.Pid && hello.Flags&proto.HelloTraced == 0:
 		refuse(h, unix.EPERM, fmt.Sprintf("HELLO says pid %d, the socket says %d", hello.PID, cred.Pid))
+		return
+	case hello.Flags&proto.HelloTraced != 0 && !tracedBy(int(hello.PID), int(cred.Pid)):
+		refuse(h, unix.EPERM, fmt.Sprintf("HELLO speaks for pid %d, which pid %d does not trace", hello.PID, cred.Pid))
 		return
 	case hello.PageSize != pageSize:
 		refuse(h, unix.EINVAL, fmt.Sprintf("page size %d is not supported", hello.PageSize))
@@ -484,6 +487,7 @@ func (a *Agent) handshake(conn *net.UnixConn) {
 			}
 		}
 		c.uid.Store(cred.Uid)
+		c.traced = hello.Flags&proto.HelloTraced != 0
 		welcome.ClientID = c.id
 		if err := proto.Send(conn, buf, 1, &welcome, c.welcomeFDs(&welcome, c.ev.stagingFD)...); err != nil {
 			a.log.Warn("sending WELCOME failed", zap.Error(err))
@@ -522,8 +526,9 @@ func (a *Agent) handshake(conn *net.UnixConn) {
 	}
 	conn.SetDeadline(time.Time{})
 	ok = true
-	a.log.Info("client connected", zap.Uint64("client", c.id), zap.Int32("pid", cred.Pid), zap.Uint64("fork", hello.ForkSerial))
-	c.attach(conn, int(cred.Pid))
+	a.log.Info("client connected", zap.Uint64("client", c.id), zap.Int32("pid", hello.PID), zap.Uint64("fork", hello.ForkSerial),
+		zap.Bool("traced", hello.Flags&proto.HelloTraced != 0))
+	c.attach(conn, int(hello.PID))
 }
 
 // welcomeFDs returns the descriptors of c's WELCOME w, fds and the
@@ -761,4 +766,15 @@ func (a *Agent) loopsAdd(d int) {
 	if a.opts.LoopsChanged != nil {
 		a.opts.LoopsChanged(a.loops)
 	}
+}
+
+// tracedBy reports whether process pid is traced by a thread of process
+// tracer (TracerPid names the tracing thread).
+func tracedBy(pid, tracer int) bool {
+	t, err := procinfo.TracerPid(pid)
+	if err != nil || t == 0 {
+		return false
+	}
+	_, err = os.Stat(fmt.Sprintf("/proc/%d/task/%d", tracer, t))
+	return err == nil
 }

@@ -45,6 +45,7 @@ type client struct {
 	done   chan struct{}
 	pidAtm atomic.Int64
 	uid    atomic.Uint32 // the client's user (SO_PEERCRED)
+	traced bool          // paged from outside by its tracer (proto.HelloTraced); set before the loop starts
 	bud    budgetAsk     // its budget: asked for, and steered (budget.go)
 
 	// Loop state, by concern.

@@ -204,10 +204,16 @@ func (c *client) evicted(m *proto.Evicted, now time.Time) {
 	}
 	c.ev.evictBusy = false
 	done := min(int(m.Done), c.ev.evict.N)
+	// A traced client's tracer keeps every page while it brings them all
+	// back (package traced, before a fork): its faults must not wait for
+	// evictions that keep nothing, so the budget bends until one does.
+	c.ev.kept = m.Errno == unix.EBUSY && c.traced && done == 0
 	switch {
-	case m.Errno == unix.EBUSY && c.ring != nil:
+	case m.Errno == unix.EBUSY && (c.ring != nil || c.traced):
 		// A system call has the page after the last one done pinned
-		// (preload/src/pin.c): kept, as a page in use is.
+		// (preload/src/pin.c), or a traced program's tracer is making
+		// its pages resident (package traced, before a fork): kept, as
+		// a page in use is.
 		c.log.Debug("client kept pinned pages", zap.Int("done", done), zap.Int("of", c.ev.evict.N))
 	case m.Errno != 0:
 		c.log.Warn("client could not evict every page", zap.Int("done", done), zap.Int("of", c.ev.evict.N), zap.Error(m.Errno))

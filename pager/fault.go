@@ -32,6 +32,9 @@ func (c *client) throttle(since, now time.Time) bool {
 	if int(c.st.resident.Load())+len(c.rd.reads) < c.budgetPages()+budgetMargin {
 		return false
 	}
+	if c.ev.kept {
+		return false
+	}
 	if c.ev.evictBusy {
 		return c.ev.throttles(now)
 	}

@@ -109,6 +109,36 @@ func (f FS) Groups(pid int) ([]int, error) {
 	return parseGroups(b)
 }
 
+// TracerPid reads the pid of the process tracing process pid (the
+// TracerPid line of /proc/PID/status): 0 when none traces it.
+func (f FS) TracerPid(pid int) (int, error) {
+	b, err := os.ReadFile(filepath.Join(f.root, strconv.Itoa(pid), "status"))
+	if err != nil {
+		return 0, err
+	}
+	return parseTracerPid(b)
+}
+
+func parseTracerPid(b []byte) (int, error) {
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc.Buffer(make([]byte, 0, 4096), 1<<20)
+	for sc.Scan() {
+		rest, ok := bytes.CutPrefix(sc.Bytes(), []byte("TracerPid:"))
+		if !ok {
+			continue
+		}
+		n, err := strconv.Atoi(string(bytes.TrimSpace(rest)))
+		if err != nil || n < 0 {
+			return 0, fmt.Errorf("%w: status: TracerPid %q", ErrParse, rest)
+		}
+		return n, nil
+	}
+	if err := sc.Err(); err != nil {
+		return 0, fmt.Errorf("%w: status: %w", ErrParse, err)
+	}
+	return 0, fmt.Errorf("%w: status has no TracerPid line", ErrParse)
+}
+
 // parseGroups finds the Groups line of a status file. The process's name
 // (the Name line, first) may hold anything but NUL and newline (the kernel
 // escapes newlines there), so lines are matched whole.
@@ -135,6 +165,9 @@ func parseGroups(b []byte) ([]int, error) {
 	}
 	return nil, fmt.Errorf("%w: status has no Groups line", ErrParse)
 }
+
+// TracerPid is Default.TracerPid.
+func TracerPid(pid int) (int, error) { return Default.TracerPid(pid) }
 
 // ReadStat is Default.Stat.
 func ReadStat(pid int) (Stat, error) { return Default.Stat(pid) }

@@ -71,6 +71,13 @@ func newFDOn(dev int) (int, error) {
 	return int(fd), nil
 }
 
+// Handshake negotiates features (UFFDIO_API) on fd, a userfaultfd made
+// by another process and taken from it (pidfd_getfd(2): how package traced
+// pages a program from outside it). The UFFD owns fd from now on, and
+// closes it on failure. The uffd serves the address space of the process
+// that made it, whoever holds it.
+func Handshake(fd int, features Feature) (*UFFD, error) { return handshake(fd, features) }
+
 // handshake negotiates features on fd, which it owns from now on.
 func handshake(fd int, features Feature) (*UFFD, error) {
 	api := uffdioAPI{API: uffdAPI, Features: uint64(features)}

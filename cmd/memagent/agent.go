@@ -30,6 +30,7 @@ import (
 	"rmem/pager/proto"
 	"rmem/pool"
 	"rmem/rdma/verbs"
+	"rmem/traced"
 )
 
 // agentFlags are the flags of an agent daemon, for serve and for the agent
@@ -288,6 +289,7 @@ func uffdRunFlags(f *pflag.FlagSet) {
 	f.Bool("stats", false, "print the program's paging stats on stderr when it exits")
 	f.Bool("in-thread", false, "serve the program's page faults in its faulting threads (a SIGBUS handler and the fault ring) instead of in the kernel: no wake-up across CPUs per miss (docs/pager.md, Misses in the faulting thread)")
 	f.String("admin-socket", agentd.DefaultAdminSocket, "admin socket of the agent already running at --socket, where --stats reads")
+	f.Bool("trace", false, "page CMD from outside it, under ptrace, even if the shim could reach it (the default for statically linked and Go programs: docs/pager.md, Programs the shim cannot reach)")
 }
 
 // metricsFlagErr names --metrics-listen in err when its listener could
@@ -391,9 +393,27 @@ func runUffd(ctx context.Context, app *cli.App, args []string) (int, error) {
 		defer d.Close()
 	}
 
+	trace, err := app.Bool("trace")
+	if err != nil {
+		return -1, err
+	}
+	reach := "--trace"
+	if !trace {
+		reach = ""
+		if path, err := exec.LookPath(args[0]); err == nil {
+			reach = traced.Reach(path)
+		}
+	}
+	if reach != "" && inThread {
+		return -1, app.Invalid("in-thread", "CMD is paged from outside it (%s): its faults cannot come through a shim's fault ring", reach)
+	}
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.Env = append(withPreload(os.Environ(), shim),
+	env := os.Environ()
+	if reach == "" {
+		env = withPreload(env, shim)
+	}
+	cmd.Env = append(env,
 		proto.EnvSocket+"="+socket, proto.EnvMinAlloc+"="+strconv.FormatUint(opts.MinAlloc, 10))
 	if askBudget {
 		cmd.Env = append(cmd.Env, proto.EnvLocalMem+"="+strconv.FormatUint(uint64(localMem), 10))
@@ -414,16 +434,41 @@ func runUffd(ctx context.Context, app *cli.App, args []string) (int, error) {
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
 	}
-	code, err := catcher.Run(ctx, cmd)
+	var code, pid int
+	var maxRSS int64 // KiB, wait4's
+	if reach != "" {
+		// No shim in CMD: it is paged from outside, under ptrace.
+		log.Info("paging the program from outside it (the shim cannot reach it)", zap.String("why", reach))
+		to := traced.Options{Socket: socket, Signals: catcher.Signals(), Log: log}
+		if askBudget {
+			to.LocalMem = uint64(localMem)
+		}
+		if askSlowdown {
+			to.MaxSlowdown = uint32(math.Round(opts.MaxSlowdown * 1e6))
+		}
+		var res traced.Result
+		res, err = traced.Run(ctx, cmd, to)
+		code, pid, maxRSS = res.Code, res.PID, res.Rusage.Maxrss
+	} else {
+		code, err = catcher.Run(ctx, cmd)
+		if cmd.Process != nil {
+			pid = cmd.Process.Pid
+		}
+		if cmd.ProcessState != nil {
+			if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+				maxRSS = ru.Maxrss
+			}
+		}
+	}
 	if err != nil {
 		return code, err
 	}
 	if showStats {
-		printRunStats(ctx, app, d, cmd.Process.Pid)
-		if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		printRunStats(ctx, app, d, pid)
+		if maxRSS > 0 {
 			// Linux reports ru_maxrss in KiB: the program's VmHWM, paged
 			// memory and everything else it maps (code, libraries, stacks).
-			fmt.Fprintf(os.Stderr, "program: peak resident %.1fMiB (VmHWM, all of its memory)\n", float64(ru.Maxrss)/1024)
+			fmt.Fprintf(os.Stderr, "program: peak resident %.1fMiB (VmHWM, all of its memory)\n", float64(maxRSS)/1024)
 		}
 	}
 	return code, nil

@@ -32,6 +32,10 @@ func Catch() *Catcher {
 // Stop stops catching.
 func (c *Catcher) Stop() { signal.Stop(c.sigs) }
 
+// Signals returns the signals caught, for a caller that runs its child
+// itself (package traced) to forward.
+func (c *Catcher) Signals() <-chan os.Signal { return c.sigs }
+
 // Run starts cmd, passes the caught signals to it until it ends and returns
 // its exit code, shell-style: the status it exited with, or 128+N when
 // signal N ended it. If ctx ends first, cmd is killed and ctx.Err()

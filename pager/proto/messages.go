@@ -52,9 +52,16 @@ const HelloResume HelloFlags = 1 << 1
 // refuses the HELLO.
 const HelloRing HelloFlags = 1 << 2
 
+// HelloTraced: the HELLO speaks for PID, a process the sender traces
+// (ptrace: /proc/PID/status names the sender as its TracerPid), not for
+// the sender itself: `memagent run` pages a program the shim cannot reach
+// (a static binary, a Go program) from outside it (package traced). The
+// uffd that rides with it is PID's; HelloUFFD is set, with fork serial 0.
+const HelloTraced HelloFlags = 1 << 3
+
 // Hello is the shim's first message on a connection.
 type Hello struct {
-	PID        int32               // the sender (the agent checks it against SO_PEERCRED)
+	PID        int32               // the sender (the agent checks it against SO_PEERCRED), or the process it traces (HelloTraced)
 	PPID       int32               // its parent
 	ForkSerial uint64              // 0: top-level; N: the Nth FORK event on the parent's uffd
 	Features   userfaultfd.Feature // features the uffd's handshake enabled
@@ -115,7 +122,9 @@ func (m *Hello) Decode(body []byte) error {
 		return fmt.Errorf("%w: HELLO asks for the fault ring with a uffd without UFFD_FEATURE_SIGBUS", ErrMalformed)
 	case h.Flags&HelloRing == 0 && h.Features.Has(userfaultfd.FeatureSigbus):
 		return fmt.Errorf("%w: HELLO with a UFFD_FEATURE_SIGBUS uffd, not asking for the fault ring", ErrMalformed)
-	case h.Flags&^(HelloUFFD|HelloResume|HelloRing) != 0:
+	case h.Flags&HelloTraced != 0 && (h.Flags&(HelloUFFD|HelloResume|HelloRing) != HelloUFFD || h.ForkSerial != 0):
+		return fmt.Errorf("%w: a traced HELLO carries the uffd, with fork serial 0, and neither resumes nor asks for the ring", ErrMalformed)
+	case h.Flags&^(HelloUFFD|HelloResume|HelloRing|HelloTraced) != 0:
 		return fmt.Errorf("%w: HELLO flags %#x", ErrMalformed, uint32(h.Flags))
 	}
 	if err := reserved(TypeHello, "reserved", le.Uint32(body[44:])); err != nil {

@@ -1,0 +1,54 @@
+package traced
+
+// region is a mapping of the program's that the agent pages.
+type region struct {
+	id         uint64
+	start, end uint64
+}
+
+// regions is the tracer's copy of the program's regions, as the agent
+// knows them (a region partly unmapped stays one: the agent's does).
+type regions struct {
+	list   []region
+	nextID uint64
+}
+
+// overlapping returns the regions that [start, end) meets.
+func (rs *regions) overlapping(start, end uint64) []region {
+	var out []region
+	for _, r := range rs.list {
+		if r.start < end && start < r.end {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func (rs *regions) add(start, end uint64) region {
+	rs.nextID++
+	r := region{id: rs.nextID, start: start, end: end}
+	rs.list = append(rs.list, r)
+	return r
+}
+
+// forgetCovered forgets the regions [start, end) covers whole: the agent
+// drops them at the uffd's UNMAP event.
+func (rs *regions) forgetCovered(start, end uint64) {
+	out := rs.list[:0]
+	for _, r := range rs.list {
+		if !(start <= r.start && r.end <= end) {
+			out = append(out, r)
+		}
+	}
+	rs.list = out
+}
+
+func (rs *regions) remove(id uint64) {
+	out := rs.list[:0]
+	for _, r := range rs.list {
+		if r.id != id {
+			out = append(out, r)
+		}
+	}
+	rs.list = out
+}
