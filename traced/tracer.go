@@ -93,7 +93,10 @@ func Run(ctx context.Context, cmd *exec.Cmd, o Options) (Result, error) {
 	if err := cmd.Start(); err != nil {
 		return Result{Code: -1}, fmt.Errorf("start %s: %w", cmd.Path, err)
 	}
-	defer cmd.Process.Release()
+	// The tracer reaps the program itself; Wait then only finds it gone
+	// (an error, ignored) and waits for exec's copying goroutines of
+	// stdio that are not files.
+	defer cmd.Wait()
 	pid := cmd.Process.Pid
 	log := o.Log
 	if log == nil {

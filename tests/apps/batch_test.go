@@ -2,6 +2,8 @@ package apps
 
 import (
 	"os"
+	"os/exec"
+	"path/filepath"
 	"testing"
 )
 
@@ -113,4 +115,27 @@ func TestSWIProlog(t *testing.T) {
 func exists(p string) bool {
 	_, err := os.Stat(p)
 	return err == nil
+}
+
+// A statically linked C program (gcc -static): no dynamic loader, so no
+// shim; memagent run pages it from outside, under ptrace (package traced).
+func TestStaticBinary(t *testing.T) {
+	needs(t, "gcc")
+	bin := filepath.Join(t.TempDir(), "staticheap")
+	if out, err := exec.Command("gcc", "-O2", "-static", "-o", bin, "testdata/staticheap.c").CombinedOutput(); err != nil {
+		t.Skipf("cannot link statically (Debian package libc6-dev): %v\n%s", err, out)
+	}
+	runBatchApp(t, batch{name: "static C", tool: "gcc", argv: []string{bin, "136"}, baseline: []string{bin, "0"}})
+}
+
+// A Go program that does not use rmem/client: its runtime maps the heap
+// with raw system calls; memagent run pages it from outside, under ptrace
+// (package traced), its scavenger's madvise included.
+func TestGoProgram(t *testing.T) {
+	needs(t, "go")
+	bin := filepath.Join(t.TempDir(), "goheap")
+	if out, err := exec.Command("go", "build", "-o", bin, "testdata/goheap/main.go").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	runBatchApp(t, batch{name: "Go program", tool: "go", argv: []string{bin, "136"}, baseline: []string{bin, "0"}})
 }

@@ -1,0 +1,144 @@
+package traced_test
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"go.uber.org/zap/zaptest"
+
+	"rmem/pager"
+	"rmem/pager/pagertest"
+	"rmem/traced"
+	"rmem/userfaultfd"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// staticProg builds testdata/prog.c statically linked, or skips.
+func staticProg(t *testing.T) string {
+	t.Helper()
+	if _, err := exec.LookPath("gcc"); err != nil {
+		t.Skip("no gcc")
+	}
+	bin := filepath.Join(t.TempDir(), "prog")
+	if out, err := exec.Command("gcc", "-O2", "-static", "-pthread", "-o", bin, "testdata/prog.c").CombinedOutput(); err != nil {
+		t.Skipf("cannot link statically (Debian package libc6-dev): %v\n%s", err, out)
+	}
+	return bin
+}
+
+func TestReach(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := traced.Reach(self); got != "go" && got != "static" {
+		t.Errorf("Reach(this Go test binary) = %q, want go (or static)", got)
+	}
+	if sh, err := exec.LookPath("sh"); err == nil {
+		if got := traced.Reach(sh); got != "" {
+			t.Errorf("Reach(%s) = %q, want \"\" (the shim reaches it)", sh, got)
+		}
+	}
+	if got := traced.Reach("testdata/prog.c"); got != "" {
+		t.Errorf("Reach(a C source) = %q, want \"\"", got)
+	}
+	if got := traced.Reach(staticProg(t)); got != "static" {
+		t.Errorf("Reach(gcc -static) = %q, want static", got)
+	}
+}
+
+// TestRunStatic pages a static program from outside it, with an agent of
+// this process at a budget of a quarter of its data, and compares its
+// output with a plain run: malloc's chunks and brk heap, a realloc whose
+// mremap is refused, dropped pages reading zeros, threads, its own
+// SIGSEGV handler, fork (its pages come back first) and exec (the new
+// image is paged anew) — testdata/prog.c checks every byte.
+func TestRunStatic(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the agent serves another process's userfaultfd")
+	}
+	if _, _, err := userfaultfd.Probe(); err != nil {
+		t.Skipf("no userfaultfd: %v", err)
+	}
+	prog := staticProg(t)
+	want, err := exec.Command(prog).Output()
+	if err != nil {
+		t.Fatalf("plain run: %v", err)
+	}
+	store := pagertest.New(t, pagertest.Options{})
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	log := zaptest.NewLogger(t)
+	a, err := pager.New(pager.Options{Socket: sock, Store: store, LocalMem: 4 << 20, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- a.Run(context.Background()) }()
+	defer func() {
+		a.Close()
+		<-done
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.Command(prog)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, os.Stderr
+	res, err := traced.Run(ctx, cmd, traced.Options{Socket: sock, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Code != 0 || out.String() != string(want) {
+		t.Fatalf("traced run: exit %d, output %q; plain run %q", res.Code, out.String(), want)
+	}
+	// Two clients: the image before the exec and the one after.
+	var faults []uint64
+	deadline := time.Now().Add(3 * time.Second)
+	for len(faults) < 2 && time.Now().Before(deadline) {
+		faults = faults[:0]
+		for _, s := range a.Exited() {
+			if s.PID == res.PID {
+				faults = append(faults, s.Faults)
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if len(faults) != 2 || faults[0] < 1000 || faults[1] == 0 {
+		t.Fatalf("the agent served faults %v of pid %d (want two images, the first with >= 1000)", faults, res.PID)
+	}
+	t.Logf("faults served: %v", faults)
+}
+
+// TestHelloTracedRefused: an agent refuses a HELLO that speaks for a
+// process the sender does not trace.
+func TestHelloTracedRefused(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the agent serves another process's userfaultfd")
+	}
+	if _, _, err := userfaultfd.Probe(); err != nil {
+		t.Skipf("no userfaultfd: %v", err)
+	}
+	store := pagertest.New(t, pagertest.Options{})
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	a, err := pager.New(pager.Options{Socket: sock, Store: store, LocalMem: 4 << 20, Log: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- a.Run(context.Background()) }()
+	defer func() {
+		a.Close()
+		<-done
+	}()
+	err = traced.HelloFor(sock, os.Getppid())
+	if err == nil || !strings.Contains(err.Error(), "does not trace") {
+		t.Fatalf("HELLO for a process not traced: %v, want a refusal", err)
+	}
+}
