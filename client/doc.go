@@ -1,8 +1,9 @@
 // Package client pages a Go program's large buffers to the rmem pool:
 // Map(size) returns memory that memagent serves with userfaultfd (pages
 // fetched from the pool on fault, evicted under the agent's budget), and
-// Unmap gives it back. Go programs need it because the LD_PRELOAD shim
-// cannot reach the Go heap.
+// Unmap gives it back. The LD_PRELOAD shim cannot reach the Go heap;
+// memagent run pages a whole Go program from outside it instead (package
+// traced), and this package lets a Go program page chosen buffers itself.
 //
 // It speaks pager/proto as the shim does: HELLO with the process's uffd,
 // WELCOME with the staging memfd, REGION_ADD/REGION_DEL (acknowledged

@@ -165,3 +165,37 @@ func TestDefaultWithoutProc(t *testing.T) {
 		t.Fatalf("NewFS of a missing directory: %+v", fs)
 	}
 }
+
+func TestTracerPid(t *testing.T) {
+	fs := fakeFS(t, map[string]string{
+		"7/status":  "Name:\tTracerPid: 5\nState:\tS (sleeping)\nTracerPid:\t1234\n",
+		"8/status":  "Name:\tx\nTracerPid:\t0\n",
+		"9/status":  "Name:\tx\n",
+		"10/status": "Name:\tx\nTracerPid:\t-3\n",
+	})
+	if p, err := fs.TracerPid(7); err != nil || p != 1234 {
+		t.Errorf("TracerPid = %d, %v; want 1234 (a name is not the TracerPid line)", p, err)
+	}
+	if p, err := fs.TracerPid(8); err != nil || p != 0 {
+		t.Errorf("untraced: %d, %v", p, err)
+	}
+	for _, pid := range []int{9, 10} {
+		if _, err := fs.TracerPid(pid); !errors.Is(err, ErrParse) {
+			t.Errorf("pid %d: %v, want ErrParse", pid, err)
+		}
+	}
+	if p, err := TracerPid(os.Getpid()); err != nil || p < 0 {
+		t.Errorf("our own: %d, %v", p, err)
+	}
+}
+
+func FuzzParseTracerPid(f *testing.F) {
+	f.Add([]byte("Name:\tx\nTracerPid:\t42\n"))
+	f.Add([]byte("TracerPid:"))
+	f.Add([]byte("TracerPid:\t99999999999999999999\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if p, err := parseTracerPid(b); err == nil && p < 0 {
+			t.Fatalf("negative tracer %d", p)
+		}
+	})
+}
