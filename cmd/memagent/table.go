@@ -12,11 +12,11 @@ import (
 )
 
 // writeTable prints stats as the human table of `memagent stats`: one row
-// per client process. BAD: copies of its pages read from the pool that
+// per client process. FAULTS stays the sixth column (scripts read it). BAD: copies of its pages read from the pool that
 // failed their checksum (repaired, or the page is LOST); LOST stays last.
 func writeTable(w io.Writer, stats []pager.ClientStats) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "PID\tRESIDENT\tCOLD\tREMOTE\tPOOLED\tBUDGET\tSTALL\tFAULTS\tP50\tP99\tP99.9\tINSTALL\tIN-THREAD\tEVICTIONS\tWRITE-BACKS\tPREFETCH HITS\tWAITS\tBAD\tLOST\t")
+	fmt.Fprintln(tw, "PID\tRESIDENT\tREMOTE\tPOOLED\tBUDGET\tFAULTS\tP50\tP99\tP99.9\tSTALL\tCOLD\tINSTALL\tIN-THREAD\tEVICTIONS\tWRITE-BACKS\tPREFETCH HITS\tWAITS\tBAD\tLOST\t")
 	for _, s := range stats {
 		hit := "-"
 		if s.PrefetchHits+s.PrefetchWasted > 0 {
@@ -33,9 +33,9 @@ func writeTable(w io.Writer, stats []pager.ClientStats) error {
 		if s.Auto {
 			stall = fmt.Sprintf("%.2f%%", s.StallPct)
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%d\t%d\t%d\t\n",
-			s.PID, bytesText(s.ResidentBytes), bytesText(s.ColdBytes), bytesText(s.RemoteBytes), bytesText(s.PooledBytes), bytesText(s.BudgetBytes), stall,
-			s.Faults, durText(s.FaultP50), durText(s.FaultP99), durText(s.FaultP999), durText(s.InstallP50),
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%d\t%d\t%d\t\n",
+			s.PID, bytesText(s.ResidentBytes), bytesText(s.RemoteBytes), bytesText(s.PooledBytes), bytesText(s.BudgetBytes),
+			s.Faults, durText(s.FaultP50), durText(s.FaultP99), durText(s.FaultP999), stall, bytesText(s.ColdBytes), durText(s.InstallP50),
 			inThread, s.Evictions, s.WriteBacks, hit, s.BudgetWaits, s.ChecksumErrors, s.Lost)
 	}
 	return tw.Flush()
