@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"rmem/pager/proto"
+	"rmem/procinfo"
 	"rmem/userfaultfd"
 )
 
@@ -22,6 +23,7 @@ type agent struct {
 	conn     *net.UnixConn
 	log      *zap.Logger
 	pid      int
+	pidfd    int    // the program's (the tracer's, open while this is), or -1
 	id       uint64 // the agent's client id
 	minAlloc uint64
 	staging  []byte
@@ -29,10 +31,11 @@ type agent struct {
 	sendMu  sync.Mutex
 	sendBuf []byte
 
-	mu      sync.Mutex // guards seq, waiters, err
+	mu      sync.Mutex // guards seq, waiters, err, closing
 	seq     uint32
 	waiters map[uint32]chan error
 	err     error
+	closing bool // close was called: the end of the connection is ours
 
 	// evictMu is held while an EVICT is served; hold, set under it,
 	// makes EVICTs keep every page (EBUSY) until release.
@@ -43,9 +46,10 @@ type agent struct {
 	done chan struct{}
 }
 
-// dial says HELLO for pid (proto.HelloTraced) with its uffd, maps the
+// dial says HELLO for pid (proto.HelloTraced; pidfd is its, -1 for none)
+// with its uffd, maps the
 // staging area the WELCOME gives and starts the reader.
-func dial(socket string, pid, ppid int, u *userfaultfd.UFFD, par *parasite, localMem uint64, maxSlowdown uint32, log *zap.Logger) (*agent, error) {
+func dial(socket string, pid, ppid, pidfd int, u *userfaultfd.UFFD, par *parasite, localMem uint64, maxSlowdown uint32, log *zap.Logger) (*agent, error) {
 	conn, err := proto.Dial(socket)
 	if err != nil {
 		return nil, fmt.Errorf("traced: %w", err)
@@ -82,7 +86,7 @@ func dial(socket string, pid, ppid int, u *userfaultfd.UFFD, par *parasite, loca
 		conn.Close()
 		return nil, fmt.Errorf("traced: map the staging area: %w", err)
 	}
-	a := &agent{conn: conn, log: log, pid: pid, id: w.ClientID, minAlloc: w.MinAlloc, staging: st,
+	a := &agent{conn: conn, log: log, pid: pid, pidfd: pidfd, id: w.ClientID, minAlloc: w.MinAlloc, staging: st,
 		sendBuf: make([]byte, 0, proto.MaxPacket), waiters: map[uint32]chan error{}, par: par, done: make(chan struct{})}
 	if a.minAlloc == 0 {
 		a.minAlloc = proto.DefaultMinAlloc
@@ -93,6 +97,9 @@ func dial(socket string, pid, ppid int, u *userfaultfd.UFFD, par *parasite, loca
 
 // close ends the connection and waits for the reader.
 func (a *agent) close() {
+	a.mu.Lock()
+	a.closing = true
+	a.mu.Unlock()
 	a.conn.Close()
 	<-a.done
 	unix.Munmap(a.staging)
@@ -163,6 +170,7 @@ func (a *agent) routineRead() {
 		}
 		if err != nil {
 			a.fail(fmt.Errorf("traced: lost the agent: %w", err))
+			a.lost(err)
 			return
 		}
 		h, body, err := proto.Parse(pkt)
@@ -192,6 +200,22 @@ func (a *agent) routineRead() {
 			}
 		}
 	}
+}
+
+// lost handles the end of the connection: the tracer's close, or the
+// agent gone (killed, restarted). A shim's program waits for the next
+// agent to resume it; a traced one cannot be resumed (its tracer holds
+// what a resume needs), and its faults on evicted pages would wait for
+// good: it is killed, loudly, rather than left hanging.
+func (a *agent) lost(err error) {
+	a.mu.Lock()
+	closing, pidfd := a.closing, a.pidfd
+	a.mu.Unlock()
+	if closing || pidfd < 0 || procinfo.Exited(a.pid) {
+		return
+	}
+	a.log.Error("the agent went away: a traced program cannot wait for another; killing it", zap.Error(err))
+	unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0)
 }
 
 // holdPages makes EVICTs keep every page from now on (after the one in

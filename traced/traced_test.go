@@ -142,3 +142,49 @@ func TestHelloTracedRefused(t *testing.T) {
 		t.Fatalf("HELLO for a process not traced: %v, want a refusal", err)
 	}
 }
+
+// TestAgentLost: a traced program whose agent goes away is killed, not
+// left waiting for good on an evicted page (no other agent can resume it).
+func TestAgentLost(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the agent serves another process's userfaultfd")
+	}
+	if _, _, err := userfaultfd.Probe(); err != nil {
+		t.Skipf("no userfaultfd: %v", err)
+	}
+	prog := staticProg(t)
+	store := pagertest.New(t, pagertest.Options{})
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	log := zaptest.NewLogger(t)
+	a, err := pager.New(pager.Options{Socket: sock, Store: store, LocalMem: 4 << 20, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- a.Run(context.Background()) }()
+	type ran struct {
+		res traced.Result
+		err error
+	}
+	out := make(chan ran, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	go func() {
+		res, err := traced.Run(ctx, exec.Command(prog, "spin"), traced.Options{Socket: sock, Log: log})
+		out <- ran{res, err}
+	}()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if st := a.Stats(); len(st) == 1 && st[0].Evictions > 1000 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the program was not paged: %+v", a.Stats())
+		}
+	}
+	a.Close()
+	<-done
+	r := <-out
+	if r.err != nil || r.res.Code != 128+9 {
+		t.Fatalf("after the agent went away: %+v, %v; want killed (exit %d)", r.res, r.err, 128+9)
+	}
+}

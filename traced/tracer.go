@@ -103,7 +103,12 @@ func Run(ctx context.Context, cmd *exec.Cmd, o Options) (Result, error) {
 		log = zap.NewNop()
 	}
 	t := &tracer{o: o, log: log.With(zap.Int("pid", pid)), pid: pid, pidfd: -1, threads: map[int]*thread{pid: {paged: true, pending: noCall}}}
-	defer t.teardown()
+	defer func() {
+		t.teardown()
+		if t.pidfd >= 0 {
+			unix.Close(t.pidfd)
+		}
+	}()
 	if err := waitTrap(pid); err != nil { // the stop after execve
 		return t.abort(err)
 	}
@@ -112,7 +117,6 @@ func Run(ctx context.Context, cmd *exec.Cmd, o Options) (Result, error) {
 		return t.abort(fmt.Errorf("traced: pidfd_open: %w", err))
 	}
 	t.pidfd = pidfd
-	defer unix.Close(pidfd)
 	avail, _, err := userfaultfd.Probe()
 	if err != nil {
 		return t.abort(err)
@@ -287,7 +291,7 @@ func (t *tracer) attach() error {
 		}
 		t.filtered = true
 	}
-	t.ag, err = dial(t.o.Socket, pid, os.Getpid(), t.uffd, &parasite{cmd: t.cmd, pid: pid}, t.o.LocalMem, t.o.MaxSlowdown, t.log)
+	t.ag, err = dial(t.o.Socket, pid, os.Getpid(), t.pidfd, t.uffd, &parasite{cmd: t.cmd, pid: pid}, t.o.LocalMem, t.o.MaxSlowdown, t.log)
 	if err != nil {
 		return err
 	}

@@ -31,6 +31,10 @@ static sigjmp_buf jb;
 static void onsegv(int s) { (void)s; siglongjmp(jb, 1); }
 
 int main(int argc, char **argv) {
+	if (argc > 1 && !strcmp(argv[1], "spin")) { /* pages until killed */
+		n = 16 * MB / 8; a = malloc(n * 8);
+		for (;;) for (size_t i = 0; i < n; i += 512) a[i]++;
+	}
 	if (argc > 1 && !strcmp(argv[1], "exec")) { /* the image after exec: paged anew */
 		n = 8 * MB / 8; a = malloc(n * 8);
 		for (size_t i = 0; i < n; i++) a[i] = val(i);
