@@ -6,10 +6,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// traced are the system calls the seccomp filter stops at the tracer: what
-// maps, unmaps or drops memory, and what forks.
+// tracedCalls are the system calls the seccomp filter stops at the
+// tracer: what maps memory or drops its pages, and what forks. munmap is
+// not one: the agent hears of it from the uffd (UNMAP events), and the
+// tracer's copy of the regions forgets a region when a new one takes its
+// place.
 var tracedCalls = []uint32{
-	unix.SYS_MMAP, unix.SYS_MUNMAP, unix.SYS_MREMAP, unix.SYS_BRK, unix.SYS_MADVISE,
+	unix.SYS_MMAP, unix.SYS_MREMAP, unix.SYS_BRK, unix.SYS_MADVISE,
 	unix.SYS_CLONE, unix.SYS_CLONE3, unix.SYS_FORK,
 }
 

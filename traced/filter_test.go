@@ -54,7 +54,7 @@ func TestFilter(t *testing.T) {
 				t.Errorf("code %#x: call %d of another architecture: %#x, want ALLOW", code, nr, got)
 			}
 		}
-		for _, nr := range []uint32{unix.SYS_READ, unix.SYS_FUTEX, unix.SYS_MPROTECT, unix.SYS_VFORK} {
+		for _, nr := range []uint32{unix.SYS_READ, unix.SYS_FUTEX, unix.SYS_MPROTECT, unix.SYS_VFORK, unix.SYS_MUNMAP} {
 			if got := run(nr, auditArchX8664, elsewhere); got != retAllow {
 				t.Errorf("code %#x: call %d: %#x, want ALLOW", code, nr, got)
 			}
@@ -80,8 +80,14 @@ func TestRegions(t *testing.T) {
 	if len(rs.list) != 1 || rs.list[0] != b {
 		t.Fatalf("after unmapping a: %v", rs.list)
 	}
+	c := rs.add(0x50000, 0x60000)
+	rs.forgetOverlapping(0x3f000, 0x51000) // b and c
+	if len(rs.list) != 0 || a.id == b.id || b.id == c.id {
+		t.Fatalf("after forgetOverlapping: %v", rs.list)
+	}
+	rs.put(b)
 	rs.remove(b.id)
-	if len(rs.list) != 0 || a.id == b.id {
+	if len(rs.list) != 0 {
 		t.Fatalf("after remove: %v", rs.list)
 	}
 }

@@ -7,7 +7,9 @@ type region struct {
 }
 
 // regions is the tracer's copy of the program's regions, as the agent
-// knows them (a region partly unmapped stays one: the agent's does).
+// knows them (a region partly unmapped stays one: the agent's does). It
+// may keep a region unmapped whole (munmap is not traced) until a new one
+// takes its place: a REGION_ZAP of it then fails at the agent, harmlessly.
 type regions struct {
 	list   []region
 	nextID uint64
@@ -24,11 +26,32 @@ func (rs *regions) overlapping(start, end uint64) []region {
 	return out
 }
 
-func (rs *regions) add(start, end uint64) region {
+// next returns a region [start, end) with a new id, not yet added.
+func (rs *regions) next(start, end uint64) region {
 	rs.nextID++
-	r := region{id: rs.nextID, start: start, end: end}
-	rs.list = append(rs.list, r)
+	return region{id: rs.nextID, start: start, end: end}
+}
+
+// put adds r.
+func (rs *regions) put(r region) { rs.list = append(rs.list, r) }
+
+// add is next and put.
+func (rs *regions) add(start, end uint64) region {
+	r := rs.next(start, end)
+	rs.put(r)
 	return r
+}
+
+// forgetOverlapping forgets the regions that meet [start, end): a new
+// region the agent took there means they were unmapped whole.
+func (rs *regions) forgetOverlapping(start, end uint64) {
+	out := rs.list[:0]
+	for _, r := range rs.list {
+		if !(r.start < end && start < r.end) {
+			out = append(out, r)
+		}
+	}
+	rs.list = out
 }
 
 // forgetCovered forgets the regions [start, end) covers whole: the agent

@@ -452,13 +452,16 @@ func (t *tracer) seccomp(tid int, th *thread) {
 	}
 	a := [6]uint64{r.Rdi, r.Rsi, r.Rdx, r.R10, r.R8, r.R9}
 	switch r.Orig_rax {
-	case unix.SYS_MMAP, unix.SYS_BRK:
+	case unix.SYS_MMAP:
+		if a[3]&unix.MAP_FIXED == 0 && !(pageable(a) && pageUp(a[1]) >= t.ag.minAlloc) {
+			break // neither a region nor over one: no exit stop
+		}
+		fallthrough
+	case unix.SYS_BRK:
 		// Followed at the exit: the address is the result.
 		th.pending, th.args = r.Orig_rax, a
 		unix.PtraceSyscall(tid, 0)
 		return
-	case unix.SYS_MUNMAP:
-		t.regs.forgetCovered(a[0], a[0]+pageUp(a[1]))
 	case unix.SYS_MREMAP:
 		if t.refuseMremap(a) {
 			enomem := -int64(unix.ENOMEM)
@@ -546,16 +549,18 @@ func pageUp(n uint64) uint64 { return (n + pageSize - 1) &^ (pageSize - 1) }
 // uffd (nothing can fault there before: the mapping is new, its address
 // not yet returned).
 func (t *tracer) register(start, n uint64) {
-	if len(t.regs.overlapping(start, start+n)) > 0 {
-		return
-	}
-	reg := t.regs.add(start, start+n)
+	reg := t.regs.next(start, start+n)
 	rng := userfaultfd.Range{Start: userfaultfd.Addr(start), Len: n}
 	if err := t.ag.request(&proto.RegionAdd{ID: reg.id, Range: rng, Kind: proto.KindMmap}); err != nil {
-		t.regs.remove(reg.id)
+		// Over what is left of a region partly unmapped (the agent
+		// keeps it whole): not paged.
 		t.log.Debug("the agent refused a region", zap.Stringer("range", rng), zap.Error(err))
 		return
 	}
+	// The agent took it: a region of the copy it overlaps was unmapped
+	// whole since (UNMAP events told the agent, not the tracer).
+	t.regs.forgetOverlapping(start, start+n)
+	t.regs.put(reg)
 	if _, err := t.uffd.Register(rng, userfaultfd.ModeMissing|userfaultfd.ModeWP); err != nil {
 		t.ag.request(&proto.RegionDel{ID: reg.id, Range: rng})
 		t.regs.remove(reg.id)
