@@ -456,6 +456,12 @@ func (a *Agent) handshake(conn *net.UnixConn) {
 		refuse(h, unix.EINVAL, fmt.Sprintf("local memory budget %d bytes is below %d", hello.LocalMem, minLocalMem))
 		return
 	}
+	if hello.Flags&proto.HelloTraced != 0 {
+		// Checked above: the sender traces hello.PID, for which it speaks.
+		speaksFor := *cred
+		speaksFor.Pid = hello.PID
+		cred = &speaksFor
+	}
 	welcome := proto.Welcome{MinAlloc: a.opts.MinAlloc, StagingSlots: uint32(a.opts.StagingSlots)}
 	var c *client
 	if hello.Flags&proto.HelloUFFD != 0 {
@@ -526,9 +532,9 @@ func (a *Agent) handshake(conn *net.UnixConn) {
 	}
 	conn.SetDeadline(time.Time{})
 	ok = true
-	a.log.Info("client connected", zap.Uint64("client", c.id), zap.Int32("pid", hello.PID), zap.Uint64("fork", hello.ForkSerial),
+	a.log.Info("client connected", zap.Uint64("client", c.id), zap.Int32("pid", cred.Pid), zap.Uint64("fork", hello.ForkSerial),
 		zap.Bool("traced", hello.Flags&proto.HelloTraced != 0))
-	c.attach(conn, int(hello.PID))
+	c.attach(conn, int(cred.Pid))
 }
 
 // welcomeFDs returns the descriptors of c's WELCOME w, fds and the

@@ -46,16 +46,24 @@ type agent struct {
 	done chan struct{}
 }
 
-// dial says HELLO for pid (proto.HelloTraced; pidfd is its, -1 for none)
-// with its uffd, maps the
+// helloArgs are what a HELLO for a traced process says.
+type helloArgs struct {
+	pid, ppid   int
+	pidfd       int    // the process's (the tracer's, open while the agent is), -1 for none
+	serial      uint64 // a forked child's FORK_PREPARE, 0 for a new image
+	localMem    uint64
+	maxSlowdown uint32
+}
+
+// dial says HELLO for h.pid (proto.HelloTraced) with its uffd, maps the
 // staging area the WELCOME gives and starts the reader.
-func dial(socket string, pid, ppid, pidfd int, u *userfaultfd.UFFD, par *parasite, localMem uint64, maxSlowdown uint32, log *zap.Logger) (*agent, error) {
+func dial(socket string, ha helloArgs, u *userfaultfd.UFFD, par *parasite, log *zap.Logger) (*agent, error) {
 	conn, err := proto.Dial(socket)
 	if err != nil {
 		return nil, fmt.Errorf("traced: %w", err)
 	}
-	h := proto.Hello{PID: int32(pid), PPID: int32(ppid), Features: u.Features(), PageSize: pageSize,
-		Flags: proto.HelloUFFD | proto.HelloTraced, LocalMem: localMem, MaxSlowdown: maxSlowdown}
+	h := proto.Hello{PID: int32(ha.pid), PPID: int32(ha.ppid), ForkSerial: ha.serial, Features: u.Features(), PageSize: pageSize,
+		Flags: proto.HelloUFFD | proto.HelloTraced, LocalMem: ha.localMem, MaxSlowdown: ha.maxSlowdown}
 	buf := make([]byte, proto.MaxPacket)
 	if err := proto.Send(conn, buf[:0], 1, &h, u.Fd()); err != nil {
 		conn.Close()
@@ -86,7 +94,7 @@ func dial(socket string, pid, ppid, pidfd int, u *userfaultfd.UFFD, par *parasit
 		conn.Close()
 		return nil, fmt.Errorf("traced: map the staging area: %w", err)
 	}
-	a := &agent{conn: conn, log: log, pid: pid, pidfd: pidfd, id: w.ClientID, minAlloc: w.MinAlloc, staging: st,
+	a := &agent{conn: conn, log: log, pid: ha.pid, pidfd: ha.pidfd, id: w.ClientID, minAlloc: w.MinAlloc, staging: st,
 		sendBuf: make([]byte, 0, proto.MaxPacket), waiters: map[uint32]chan error{}, par: par, done: make(chan struct{})}
 	if a.minAlloc == 0 {
 		a.minAlloc = proto.DefaultMinAlloc

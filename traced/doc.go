@@ -30,13 +30,11 @@
 // its EVICTs are served here: the victims are copied into the staging
 // slots with process_vm_readv(2) and dropped by the parasite.
 //
-// What it does not do (the shim does): mremap that would move or grow a
-// region fails with ENOMEM (as the kernel's does when it finds no room;
-// glibc's realloc then copies); a fork(2) (not vfork, posix_spawn or a
-// thread) first brings every paged page back and stops paging what the
-// program had, since the child's copy would have holes (UFFD_EVENT_FORK
-// with a parasite per child would page it); forked children and
-// whatever they exec are traced but not paged; the program is killed with
+// What it does differently: mremap that would move or grow a region
+// fails with ENOMEM (as the kernel's does when it finds no room;
+// glibc's realloc then copies); forked children are paged on their own
+// (FORK_PREPARE, as the shim's without FORK events: the tracer sets the
+// child up before it runs); the program is killed with
 // its tracer (PTRACE_O_EXITKILL: a private agent's pages die with it), and
 // does not outlive an agent's restart; job-control stops (SIGSTOP) do not
 // stop a traced program; amd64 only. Its faults take the cross-thread

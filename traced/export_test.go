@@ -14,7 +14,7 @@ func HelloFor(socket string, pid int) error {
 		return err
 	}
 	defer u.Close()
-	a, err := dial(socket, pid, 0, -1, u, nil, 0, 0, zap.NewNop())
+	a, err := dial(socket, helloArgs{pid: pid, pidfd: -1}, u, nil, zap.NewNop())
 	if err == nil {
 		a.close()
 	}

@@ -75,3 +75,9 @@ func (rs *regions) remove(id uint64) {
 	}
 	rs.list = out
 }
+
+// clone returns a copy (a forked child's: the same ids, as the agent's
+// copy of its parent's regions has).
+func (rs *regions) clone() regions {
+	return regions{list: append([]region(nil), rs.list...), nextID: rs.nextID}
+}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -59,8 +60,9 @@ func TestReach(t *testing.T) {
 // this process at a budget of a quarter of its data, and compares its
 // output with a plain run: malloc's chunks and brk heap, a realloc whose
 // mremap is refused, dropped pages reading zeros, threads, its own
-// SIGSEGV handler, fork (its pages come back first) and exec (the new
-// image is paged anew) — testdata/prog.c checks every byte.
+// SIGSEGV handler, fork (the child is paged on its own, its writes its
+// own) and exec (the new image is paged anew) — testdata/prog.c checks
+// every byte.
 func TestRunStatic(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: the agent serves another process's userfaultfd")
@@ -98,22 +100,28 @@ func TestRunStatic(t *testing.T) {
 	if res.Code != 0 || out.String() != string(want) {
 		t.Fatalf("traced run: exit %d, output %q; plain run %q", res.Code, out.String(), want)
 	}
-	// Two clients: the image before the exec and the one after.
-	var faults []uint64
+	// The image before the exec and the one after, and the forked child.
+	var faults, child []uint64
 	deadline := time.Now().Add(3 * time.Second)
-	for len(faults) < 2 && time.Now().Before(deadline) {
-		faults = faults[:0]
+	for (len(faults) < 2 || len(child) < 1) && time.Now().Before(deadline) {
+		faults, child = faults[:0], child[:0]
 		for _, s := range a.Exited() {
 			if s.PID == res.PID {
 				faults = append(faults, s.Faults)
+			} else {
+				child = append(child, s.RemoteReads) // pages read from the pool, faulted or prefetched
 			}
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if len(faults) != 2 || faults[0] < 1000 || faults[1] == 0 {
-		t.Fatalf("the agent served faults %v of pid %d (want two images, the first with >= 1000)", faults, res.PID)
+	slices.Sort(faults) // the order clients exit in is the agent's
+	if len(faults) != 2 || faults[1] < 1000 || faults[0] == 0 {
+		t.Fatalf("the agent served faults %v of pid %d (want two images, one with >= 1000)", faults, res.PID)
 	}
-	t.Logf("faults served: %v", faults)
+	if len(child) != 1 || child[0] < 1000 {
+		t.Fatalf("the forked child read %v pages from the pool (want one child with >= 1000: it reads its copy back)", child)
+	}
+	t.Logf("faults served: %v; pages the forked child read from the pool: %v", faults, child)
 }
 
 // TestHelloTracedRefused: an agent refuses a HELLO that speaks for a

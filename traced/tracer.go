@@ -3,7 +3,6 @@ package traced
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -15,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"rmem/pager/proto"
+	"rmem/procinfo"
 	"rmem/userfaultfd"
 )
 
@@ -39,34 +39,30 @@ const features = userfaultfd.FeaturePagefaultFlagWP | userfaultfd.FeatureEventUn
 
 // thread is a traced thread's state.
 type thread struct {
-	paged   bool      // a thread of the paged process
+	img     *image    // the paged process it belongs to, or nil
 	fresh   bool      // not yet past the SIGSTOP a new tracee starts with
 	pending uint64    // the system call whose exit stop it is waiting for, or noCall
 	args    [6]uint64 // its arguments
+	serial  uint64    // the fork it is making (FORK_PREPARE's serial)
 }
 
 const noCall = ^uint64(0)
 
-// tracer follows one program: the process it pages (pid) and whatever it
-// forks (traced, not paged).
+// tracer follows one program: the processes it pages (the program, the
+// children it forks, each an image) and whatever else they start (traced,
+// not paged).
 type tracer struct {
 	o        Options
 	log      *zap.Logger
-	pid      int
-	pidfd    int
-	code     uint64 // the code page's address, the same after exec
-	filtered bool   // the seccomp filter is in (it stays across exec)
+	pid      int    // the program's
+	code     uint64 // the code page's address, the same after exec and in children
+	filtered bool   // the seccomp filter is in (it stays across exec and fork)
 	features userfaultfd.Feature
 
-	// The paged image's (set-up again at exec).
-	uffd   *userfaultfd.UFFD
-	cmd    []byte
-	ag     *agent
-	regs   regions
-	brk    uint64
-	paging bool
-
+	images  map[int]*image // by pid
 	threads map[int]*thread
+	forkOf  map[int]fork   // a child's pid (EVENT_FORK) -> the fork it comes from
+	held    map[int]bool   // a child stopped before its parent's EVENT_FORK named it
 }
 
 // Result is how a traced program ended.
@@ -102,21 +98,12 @@ func Run(ctx context.Context, cmd *exec.Cmd, o Options) (Result, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	t := &tracer{o: o, log: log.With(zap.Int("pid", pid)), pid: pid, pidfd: -1, threads: map[int]*thread{pid: {paged: true, pending: noCall}}}
-	defer func() {
-		t.teardown()
-		if t.pidfd >= 0 {
-			unix.Close(t.pidfd)
-		}
-	}()
+	t := &tracer{o: o, log: log, pid: pid, images: map[int]*image{}, threads: map[int]*thread{},
+		forkOf: map[int]fork{}, held: map[int]bool{}}
+	defer t.closeAll()
 	if err := waitTrap(pid); err != nil { // the stop after execve
 		return t.abort(err)
 	}
-	pidfd, err := unix.PidfdOpen(pid, 0)
-	if err != nil {
-		return t.abort(fmt.Errorf("traced: pidfd_open: %w", err))
-	}
-	t.pidfd = pidfd
 	avail, _, err := userfaultfd.Probe()
 	if err != nil {
 		return t.abort(err)
@@ -125,7 +112,12 @@ func Run(ctx context.Context, cmd *exec.Cmd, o Options) (Result, error) {
 	if avail.Has(userfaultfd.FeaturePoison) {
 		t.features |= userfaultfd.FeaturePoison
 	}
-	if err := t.attach(); err != nil {
+	img, err := t.newImage(pid)
+	if err != nil {
+		return t.abort(err)
+	}
+	t.threads[pid] = &thread{img: img, pending: noCall}
+	if err := t.attach(img, nil); err != nil {
 		return t.abort(err)
 	}
 	if err := unix.PtraceSetOptions(pid, fullOptions); err != nil {
@@ -177,134 +169,35 @@ func (t *tracer) abort(err error) (Result, error) {
 	}
 }
 
-// teardown lets go of the paged image's agent connection and uffd.
-func (t *tracer) teardown() {
-	if t.ag != nil {
-		t.ag.close()
-		t.ag = nil
+// newImage starts the image of process pid (not yet attached).
+func (t *tracer) newImage(pid int) (*image, error) {
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return nil, fmt.Errorf("traced: pidfd_open: %w", err)
 	}
-	if t.uffd != nil {
-		t.uffd.Close()
-		t.uffd = nil
-	}
-	if t.cmd != nil {
-		unix.Munmap(t.cmd)
-		t.cmd = nil
-	}
-	t.regs, t.brk, t.paging = regions{}, 0, false
+	img := &image{pid: pid, pidfd: pidfd, log: t.log.With(zap.Int("pid", pid))}
+	t.images[pid] = img
+	return img, nil
 }
 
-// attach sets the paged image up: pid is in a ptrace stop where no system
-// call is in progress (after execve). See the package doc.
-func (t *tracer) attach() error {
-	pid := t.pid
-	if err := unix.PtraceSetOptions(pid, setupOptions); err != nil {
-		return fmt.Errorf("traced: PTRACE_SETOPTIONS: %w", err)
+// dropImage lets go of img: its process exited.
+func (t *tracer) dropImage(img *image) {
+	img.teardown()
+	unix.Close(img.pidfd)
+	delete(t.images, img.pid)
+}
+
+func (t *tracer) closeAll() {
+	for _, img := range t.images {
+		t.dropImage(img)
 	}
-	var saved unix.PtraceRegs
-	if err := unix.PtraceGetRegs(pid, &saved); err != nil {
-		return fmt.Errorf("traced: registers: %w", err)
-	}
-	defer unix.PtraceSetRegs(pid, &saved)
-	code, err := t.mapCode(&saved)
-	if err != nil {
-		return err
-	}
-	t.code = code
-	site := code + stubSite
-	call := func(nr uint64, args ...uint64) (uint64, error) {
-		r, err := inject(pid, &saved, site, nr, args...)
-		if err != nil {
-			return 0, fmt.Errorf("traced: injected system call %d: %w", nr, err)
-		}
-		return r, nil
-	}
-	// The command page.
-	mfd, err := call(unix.SYS_MEMFD_CREATE, code+stubName, unix.MFD_CLOEXEC)
-	if err != nil {
-		return err
-	}
-	if _, err := call(unix.SYS_FTRUNCATE, mfd, cmdSize); err != nil {
-		return err
-	}
-	cmdAddr, err := call(unix.SYS_MMAP, 0, cmdSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED, mfd, 0)
-	if err != nil {
-		return err
-	}
-	fd, err := unix.PidfdGetfd(t.pidfd, int(mfd), 0)
-	if err != nil {
-		return fmt.Errorf("traced: pidfd_getfd: %w", err)
-	}
-	t.cmd, err = unix.Mmap(fd, 0, cmdSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	unix.Close(fd)
-	if err != nil {
-		return fmt.Errorf("traced: map the command page: %w", err)
-	}
-	if _, err := call(unix.SYS_CLOSE, mfd); err != nil {
-		return err
-	}
-	// The uffd: the program keeps its own descriptor (a uffd whose last
-	// descriptor closes unregisters everything, and evicted pages would
-	// read as zeros); the tracer hands a copy to the agent.
-	ufd, err := call(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK)
-	if err != nil {
-		return err
-	}
-	fd, err = unix.PidfdGetfd(t.pidfd, int(ufd), 0)
-	if err != nil {
-		return fmt.Errorf("traced: pidfd_getfd: %w", err)
-	}
-	if t.uffd, err = userfaultfd.Handshake(fd, t.features); err != nil {
-		return err
-	}
-	// The parasite, made while every signal is blocked (it keeps that
-	// mask: the program's signals go to its own threads).
-	le := le64{t.cmd[scratchOff:]}
-	le.put(0, ^uint64(0))
-	mask := cmdAddr + scratchOff
-	if _, err := call(unix.SYS_RT_SIGPROCMASK, unix.SIG_SETMASK, mask, mask+8, 8); err != nil {
-		return err
-	}
-	r := saved
-	r.R12, r.R13 = cmdAddr, 0
-	word(t.cmd, cmdSeq).Store(0)
-	word(t.cmd, cmdAck).Store(0)
-	if _, err := inject(pid, &r, code+stubCloneSite, unix.SYS_CLONE,
-		unix.CLONE_VM|unix.CLONE_FS|unix.CLONE_FILES|unix.CLONE_SIGHAND|unix.CLONE_THREAD|unix.CLONE_SYSVSEM, 0, 0, 0, 0); err != nil {
-		return fmt.Errorf("traced: clone the parasite: %w", err)
-	}
-	if _, err := call(unix.SYS_RT_SIGPROCMASK, unix.SIG_SETMASK, mask+8, 0, 8); err != nil {
-		return err
-	}
-	// The filter, once: it stays across exec, for every thread (TSYNC).
-	if !t.filtered {
-		prog := cmdAddr + scratchOff + 64
-		encodeFilter(t.cmd[scratchOff+64:], prog, filter(code))
-		_, err := call(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, unix.SECCOMP_FILTER_FLAG_TSYNC, prog)
-		if errors.Is(err, unix.EACCES) {
-			if _, err = call(unix.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err == nil {
-				_, err = call(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, unix.SECCOMP_FILTER_FLAG_TSYNC, prog)
-			}
-		}
-		if err != nil {
-			return err
-		}
-		t.filtered = true
-	}
-	t.ag, err = dial(t.o.Socket, pid, os.Getpid(), t.pidfd, t.uffd, &parasite{cmd: t.cmd, pid: pid}, t.o.LocalMem, t.o.MaxSlowdown, t.log)
-	if err != nil {
-		return err
-	}
-	t.paging = true
-	t.log.Debug("paging a traced program", zap.Uint64("client", t.ag.id), zap.String("code", fmt.Sprintf("%#x", code)))
-	return nil
 }
 
 // mapCode maps the code page (at t.code after an exec, anywhere the first
 // time) and fills it, from a syscall/int3 pair written over the
 // instruction at the stop's rip for these calls.
-func (t *tracer) mapCode(saved *unix.PtraceRegs) (uint64, error) {
-	pid, at := t.pid, saved.Rip
+func (t *tracer) mapCode(pid int, saved *unix.PtraceRegs) (uint64, error) {
+	at := saved.Rip
 	var orig [8]byte
 	if _, err := unix.PtracePeekText(pid, uintptr(at), orig[:]); err != nil {
 		return 0, fmt.Errorf("traced: peek at %#x: %w", at, err)
@@ -360,6 +253,10 @@ func (t *tracer) loop() (Result, error) {
 		}
 		if ws.Exited() || ws.Signaled() {
 			delete(t.threads, tid)
+			delete(t.held, tid)
+			if img := t.images[tid]; img != nil {
+				t.dropImage(img)
+			}
 			if tid == t.pid {
 				res := Result{Code: ws.ExitStatus(), PID: t.pid, Rusage: ru}
 				if ws.Signaled() {
@@ -381,11 +278,12 @@ func (t *tracer) loop() (Result, error) {
 			t.seccomp(tid, th)
 		case sig == unix.SIGTRAP && ws.TrapCause() == unix.PTRACE_EVENT_EXEC:
 			t.exec(tid, th)
+		case sig == unix.SIGTRAP && (ws.TrapCause() == unix.PTRACE_EVENT_FORK || ws.TrapCause() == unix.PTRACE_EVENT_CLONE):
+			t.forked(tid, th)
 		case sig == unix.SIGTRAP && ws.TrapCause() > 0:
-			unix.PtraceCont(tid, 0) // clone, fork, vfork: the new tracee stops on its own
+			unix.PtraceCont(tid, 0) // vfork and its end: the new tracee stops on its own
 		case sig == unix.SIGSTOP && th.fresh:
-			th.fresh = false
-			unix.PtraceCont(tid, 0)
+			t.started(tid, th)
 		case inGroupStop(tid):
 			unix.PtraceCont(tid, 0) // job control does not stop a traced program (package doc)
 		default:
@@ -394,35 +292,120 @@ func (t *tracer) loop() (Result, error) {
 	}
 }
 
-// thread returns tid's state, made at its first stop: a thread of the
-// paged process is paged (its system calls are followed), a forked child
-// is not.
+// thread returns tid's state, made at its first stop: a thread of a paged
+// process is paged (its system calls are followed); anything else is
+// not, unless it is a forked child started (started).
 func (t *tracer) thread(tid int) *thread {
 	if th := t.threads[tid]; th != nil {
 		return th
 	}
-	_, err := os.Stat("/proc/" + strconv.Itoa(t.pid) + "/task/" + strconv.Itoa(tid))
-	th := &thread{paged: err == nil, fresh: true, pending: noCall}
+	th := &thread{fresh: true, pending: noCall}
+	if img := t.images[tid]; img != nil {
+		th.img = img
+	} else {
+		for _, img := range t.images {
+			if _, err := os.Stat("/proc/" + strconv.Itoa(img.pid) + "/task/" + strconv.Itoa(tid)); err == nil {
+				th.img = img
+				break
+			}
+		}
+	}
 	t.threads[tid] = th
 	return th
 }
 
-// exec: the paged process ran execve (tid is its id now, whichever
-// thread called it): its new image is set up from scratch at the call's
-// exit stop (here, inside the call, the registers an injection sets would
-// be overwritten with execve's result), its old one's pages are gone with
-// it. A forked child's exec changes nothing.
-func (t *tracer) exec(tid int, th *thread) {
-	if tid != t.pid {
+// started handles a new tracee's first stop. A child forked by a paged
+// process, with regions (a FORK_PREPARE), is paged on its own: it is set
+// up before it runs (an evicted page of its copy would read as zeros),
+// once its parent's EVENT_FORK has said which fork it is (held until
+// then). Anything else runs on.
+func (t *tracer) started(tid int, th *thread) {
+	th.fresh = false
+	if th.img != nil {
 		unix.PtraceCont(tid, 0)
 		return
 	}
-	for id := range t.threads {
-		if id != tid {
+	if f, ok := t.forkOf[tid]; ok {
+		delete(t.forkOf, tid)
+		t.startChild(tid, th, f)
+		return
+	}
+	if t.forkingParent(tid) {
+		t.held[tid] = true
+		return
+	}
+	unix.PtraceCont(tid, 0)
+}
+
+// forkingParent reports whether process tid's parent is a paged process
+// with a fork in flight.
+func (t *tracer) forkingParent(tid int) bool {
+	st, err := procinfo.ReadStat(tid)
+	if err != nil {
+		return false
+	}
+	p := t.images[st.PPID]
+	return p != nil && p.forking != 0
+}
+
+// forked: thread tid of a paged process made a new tracee (EVENT_FORK, or
+// EVENT_CLONE of a clone without CLONE_VM).
+func (t *tracer) forked(tid int, th *thread) {
+	defer unix.PtraceCont(tid, 0)
+	msg, err := unix.PtraceGetEventMsg(tid)
+	if err != nil || th.img == nil || th.serial == 0 {
+		return
+	}
+	child := int(msg)
+	f := fork{parent: th.img, serial: th.serial}
+	if t.held[child] {
+		delete(t.held, child)
+		ct := t.thread(child)
+		t.startChild(child, ct, f)
+		return
+	}
+	t.forkOf[child] = f
+}
+
+// startChild sets up the image of a child forked from f, stopped at its
+// first stop, and lets it run.
+func (t *tracer) startChild(pid int, th *thread, f fork) {
+	defer unix.PtraceCont(pid, 0)
+	img, err := t.newImage(pid)
+	if err == nil {
+		th.img = img
+		if err = t.attach(img, &f); err != nil {
+			img.teardown()
+		}
+	}
+	if err != nil {
+		t.log.Error("a forked child is not paged; its copy of its parent's evicted pages is lost to it", zap.Int("child", pid), zap.Error(err))
+		// Nothing of the parent's evicted pages can reach it: it must
+		// not read them as zeros.
+		unix.Kill(pid, unix.SIGKILL)
+		return
+	}
+	unix.PtraceSetOptions(pid, fullOptions)
+}
+
+// exec: a paged process ran execve (tid is its id now, whichever thread
+// called it): its new image is set up from scratch at the call's exit
+// stop (here, inside the call, the registers an injection sets would be
+// overwritten with execve's result), its old one's pages are gone with
+// it. Another tracee's exec changes nothing.
+func (t *tracer) exec(tid int, th *thread) {
+	img := t.images[tid]
+	if img == nil {
+		unix.PtraceCont(tid, 0)
+		return
+	}
+	for id, o := range t.threads {
+		if id != tid && o.img == img {
 			delete(t.threads, id)
 		}
 	}
-	t.teardown()
+	th.img = img
+	img.teardown()
 	th.pending = execExit
 	unix.PtraceSyscall(tid, 0)
 }
@@ -430,18 +413,22 @@ func (t *tracer) exec(tid int, th *thread) {
 // execExit marks a thread stopped at execve's exit (see exec).
 const execExit = noCall - 1
 
+// forkExit marks a thread stopped at a prepared fork's exit (seccomp).
+const forkExit = noCall - 2
+
 // reattach sets the new image up after execve (exec).
-func (t *tracer) reattach(tid int) {
-	if err := t.attach(); err != nil {
-		t.log.Error("the program's new image after execve is not paged", zap.Error(err))
-		t.teardown()
+func (t *tracer) reattach(tid int, img *image) {
+	if err := t.attach(img, nil); err != nil {
+		img.log.Error("the new image after execve is not paged", zap.Error(err))
+		img.teardown()
 	}
 	unix.PtraceSetOptions(tid, fullOptions)
 }
 
 // seccomp handles a system call the filter stopped, at its entry.
 func (t *tracer) seccomp(tid int, th *thread) {
-	if !th.paged || !t.paging {
+	img := th.img
+	if img == nil || !img.paging {
 		unix.PtraceCont(tid, 0)
 		return
 	}
@@ -453,7 +440,7 @@ func (t *tracer) seccomp(tid int, th *thread) {
 	a := [6]uint64{r.Rdi, r.Rsi, r.Rdx, r.R10, r.R8, r.R9}
 	switch r.Orig_rax {
 	case unix.SYS_MMAP:
-		if a[3]&unix.MAP_FIXED == 0 && !(pageable(a) && pageUp(a[1]) >= t.ag.minAlloc) {
+		if a[3]&unix.MAP_FIXED == 0 && !(pageable(a) && pageUp(a[1]) >= img.ag.minAlloc) {
 			break // neither a region nor over one: no exit stop
 		}
 		fallthrough
@@ -463,7 +450,7 @@ func (t *tracer) seccomp(tid int, th *thread) {
 		unix.PtraceSyscall(tid, 0)
 		return
 	case unix.SYS_MREMAP:
-		if t.refuseMremap(a) {
+		if img.refuseMremap(a) {
 			enomem := -int64(unix.ENOMEM)
 			r.Orig_rax, r.Rax = noCall, uint64(enomem)
 			unix.PtraceSetRegs(tid, &r)
@@ -471,42 +458,90 @@ func (t *tracer) seccomp(tid int, th *thread) {
 	case unix.SYS_MADVISE:
 		switch a[2] {
 		case unix.MADV_DONTNEED, unix.MADV_FREE, unix.MADV_REMOVE, madvDontneedLocked:
-			t.zap(a[0], a[1])
+			img.zap(a[0], a[1])
 		}
-	case unix.SYS_CLONE:
-		if a[0]&unix.CLONE_VM == 0 {
-			t.stopPaging("fork")
+	case unix.SYS_CLONE, unix.SYS_CLONE3, unix.SYS_FORK:
+		if t.forks(tid, r.Orig_rax, a[0]) && t.prepareFork(img, th) {
+			unix.PtraceSyscall(tid, 0)
+			return
 		}
-	case unix.SYS_CLONE3:
-		var flags [8]byte
-		local := []unix.Iovec{{Base: &flags[0]}}
-		local[0].SetLen(8)
-		if n, err := unix.ProcessVMReadv(tid, local, []unix.RemoteIovec{{Base: uintptr(a[0]), Len: 8}}, 0); err == nil && n == 8 &&
-			binary.LittleEndian.Uint64(flags[:])&unix.CLONE_VM == 0 {
-			t.stopPaging("fork")
-		}
-	case unix.SYS_FORK:
-		t.stopPaging("fork")
 	}
 	unix.PtraceCont(tid, 0)
 }
 
+// forks reports whether clone, clone3 (flags read from its struct at arg)
+// or fork makes a process of its own (no CLONE_VM: not a thread, not
+// vfork).
+func (t *tracer) forks(tid int, nr, arg uint64) bool {
+	switch nr {
+	case unix.SYS_FORK:
+		return true
+	case unix.SYS_CLONE:
+		return arg&unix.CLONE_VM == 0
+	}
+	var flags [8]byte
+	local := []unix.Iovec{{Base: &flags[0]}}
+	local[0].SetLen(8)
+	n, err := unix.ProcessVMReadv(tid, local, []unix.RemoteIovec{{Base: uintptr(arg), Len: 8}}, 0)
+	return err == nil && n == 8 && binary.LittleEndian.Uint64(flags[:])&unix.CLONE_VM == 0
+}
+
+// prepareFork has the agent copy img's pooled pages for the child about
+// to be forked by thread th (FORK_PREPARE), and reports whether it did:
+// the child is then paged on its own (startChild), and the fork's exit
+// says FORK_DONE. One fork of a process at a time; without the agent's
+// copy, the process stops being paged instead (stopPaging).
+func (t *tracer) prepareFork(img *image, th *thread) bool {
+	if len(img.regs.list) == 0 {
+		return false
+	}
+	if img.forking != 0 {
+		img.stopPaging("two forks at once")
+		return false
+	}
+	img.forks++
+	if err := img.ag.request(&proto.ForkPrepare{Serial: img.forks}); err != nil {
+		img.stopPaging("FORK_PREPARE: " + err.Error())
+		return false
+	}
+	img.forking = img.forks
+	th.pending, th.serial = forkExit, img.forks
+	return true
+}
+
 const madvDontneedLocked = 24
 
-// syscallExit finishes what seccomp began at the entry.
+// syscallExit finishes what seccomp (or exec) began at the entry.
 func (t *tracer) syscallExit(tid int, th *thread) {
 	defer unix.PtraceCont(tid, 0)
-	call, a := th.pending, th.args
-	th.pending = noCall
-	if call == execExit {
-		t.reattach(tid)
+	call, a, serial := th.pending, th.args, th.serial
+	th.pending, th.serial = noCall, 0
+	img := th.img
+	if call == execExit && img != nil {
+		t.reattach(tid, img)
 		return
 	}
 	var r unix.PtraceRegs
-	if call == noCall || !t.paging || unix.PtraceGetRegs(tid, &r) != nil {
+	if call == noCall || img == nil || unix.PtraceGetRegs(tid, &r) != nil {
 		return
 	}
 	res, err := result(r.Rax)
+	if call == forkExit {
+		// What fork returned, for the agent's copy: the child's pid, or
+		// the error (the copy is freed).
+		pid := int32(res)
+		if err != nil {
+			pid = -int32(err.(unix.Errno))
+		}
+		img.forking = 0
+		if img.ag != nil {
+			img.ag.send(0, &proto.ForkDone{Serial: serial, PID: pid})
+		}
+		return
+	}
+	if !img.paging {
+		return
+	}
 	switch call {
 	case unix.SYS_MMAP:
 		if err != nil {
@@ -514,22 +549,22 @@ func (t *tracer) syscallExit(tid int, th *thread) {
 		}
 		n := pageUp(a[1])
 		if a[3]&unix.MAP_FIXED != 0 {
-			t.regs.forgetCovered(res, res+n) // the UNMAP event told the agent
+			img.regs.forgetCovered(res, res+n) // the UNMAP event told the agent
 		}
-		if pageable(a) && n >= t.ag.minAlloc {
-			t.register(res, n)
+		if pageable(a) && n >= img.ag.minAlloc {
+			img.register(res, n)
 		}
 	case unix.SYS_BRK:
-		old := t.brk
-		t.brk = res
+		old := img.brk
+		img.brk = res
 		switch {
 		case old == 0 || res == old:
 		case res > old:
-			if lo, hi := pageUp(old), pageUp(res); hi-lo >= t.ag.minAlloc {
-				t.register(lo, hi-lo)
+			if lo, hi := pageUp(old), pageUp(res); hi-lo >= img.ag.minAlloc {
+				img.register(lo, hi-lo)
 			}
 		default:
-			t.regs.forgetCovered(pageUp(res), pageUp(old))
+			img.regs.forgetCovered(pageUp(res), pageUp(old))
 		}
 	}
 }
@@ -544,89 +579,3 @@ func pageable(a [6]uint64) bool {
 }
 
 func pageUp(n uint64) uint64 { return (n + pageSize - 1) &^ (pageSize - 1) }
-
-// register makes [start, start+n) a region: the agent first, then the
-// uffd (nothing can fault there before: the mapping is new, its address
-// not yet returned).
-func (t *tracer) register(start, n uint64) {
-	reg := t.regs.next(start, start+n)
-	rng := userfaultfd.Range{Start: userfaultfd.Addr(start), Len: n}
-	if err := t.ag.request(&proto.RegionAdd{ID: reg.id, Range: rng, Kind: proto.KindMmap}); err != nil {
-		// Over what is left of a region partly unmapped (the agent
-		// keeps it whole): not paged.
-		t.log.Debug("the agent refused a region", zap.Stringer("range", rng), zap.Error(err))
-		return
-	}
-	// The agent took it: a region of the copy it overlaps was unmapped
-	// whole since (UNMAP events told the agent, not the tracer).
-	t.regs.forgetOverlapping(start, start+n)
-	t.regs.put(reg)
-	if _, err := t.uffd.Register(rng, userfaultfd.ModeMissing|userfaultfd.ModeWP); err != nil {
-		t.ag.request(&proto.RegionDel{ID: reg.id, Range: rng})
-		t.regs.remove(reg.id)
-		t.log.Warn("registering a region failed; it is not paged", zap.Stringer("range", rng), zap.Error(err))
-	}
-}
-
-// zap tells the agent that the program drops [addr, addr+n): those pages
-// read as zeros from now on, never as the pool's copies. An unaligned
-// address makes madvise fail: nothing is dropped.
-func (t *tracer) zap(addr, n uint64) {
-	if addr%pageSize != 0 {
-		return
-	}
-	end := addr + pageUp(n)
-	for _, r := range t.regs.overlapping(addr, end) {
-		s, e := max(addr, r.start), min(end, r.end)
-		rng := userfaultfd.Range{Start: userfaultfd.Addr(s), Len: e - s}
-		if err := t.ag.request(&proto.RegionZap{ID: r.id, Range: rng}); err != nil {
-			t.log.Warn("REGION_ZAP failed", zap.Stringer("range", rng), zap.Error(err))
-		}
-	}
-}
-
-// refuseMremap reports whether mremap's arguments a would move or grow a
-// region (or a piece of one), which it refuses (package doc); shrinking in
-// place goes to the kernel (the tail's UNMAP event tells the agent).
-func (t *tracer) refuseMremap(a [6]uint64) bool {
-	old, oldLen, newLen, flags := a[0], pageUp(a[1]), pageUp(a[2]), a[3]
-	if len(t.regs.overlapping(old, old+max(oldLen, pageSize))) == 0 {
-		return false
-	}
-	return !(oldLen > 0 && newLen <= oldLen && flags&(unix.MREMAP_FIXED|unix.MREMAP_DONTUNMAP) == 0)
-}
-
-// stopPaging brings every paged page of the process back and stops paging
-// them, before a fork: the child's copy of a registered mapping is not
-// registered (no FORK events), so an evicted page would read as zeros there.
-func (t *tracer) stopPaging(why string) {
-	if len(t.regs.list) == 0 {
-		return
-	}
-	t.log.Warn("the traced program forks: its paged memory comes back and is no longer paged (package traced)", zap.String("call", why))
-	t.ag.holdPages()
-	defer t.ag.releasePages()
-	buf := make([]byte, 1<<20)
-	local := []unix.Iovec{{Base: &buf[0]}}
-	for _, r := range t.regs.list {
-		for at := r.start; at < r.end; {
-			n := min(uint64(len(buf)), r.end-at)
-			local[0].SetLen(int(n))
-			got, _ := unix.ProcessVMReadv(t.pid, local, []unix.RemoteIovec{{Base: uintptr(at), Len: int(n)}}, 0)
-			if got < int(n) {
-				at += uint64(max(got, 0))&^(pageSize-1) + pageSize // a hole: unmapped since
-				continue
-			}
-			at += n
-		}
-		rng := userfaultfd.Range{Start: userfaultfd.Addr(r.start), Len: r.end - r.start}
-		if err := t.ag.request(&proto.RegionDel{ID: r.id, Range: rng}); err != nil {
-			t.log.Warn("REGION_DEL failed", zap.Stringer("range", rng), zap.Error(err))
-		}
-		if err := t.uffd.Unregister(rng); err != nil {
-			t.log.Debug("unregister", zap.Stringer("range", rng), zap.Error(err))
-		}
-	}
-	t.regs.list = nil
-	t.paging = false
-}

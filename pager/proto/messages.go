@@ -56,7 +56,9 @@ const HelloRing HelloFlags = 1 << 2
 // (ptrace: /proc/PID/status names the sender as its TracerPid), not for
 // the sender itself: `memagent run` pages a program the shim cannot reach
 // (a static binary, a Go program) from outside it (package traced). The
-// uffd that rides with it is PID's; HelloUFFD is set, with fork serial 0.
+// uffd that rides with it is PID's; HelloUFFD is set. A fork serial N
+// names the FORK_PREPARE of PPID that made PID's copy of its pages, as a
+// shim's child forked without FORK events does.
 const HelloTraced HelloFlags = 1 << 3
 
 // Hello is the shim's first message on a connection.
@@ -122,8 +124,8 @@ func (m *Hello) Decode(body []byte) error {
 		return fmt.Errorf("%w: HELLO asks for the fault ring with a uffd without UFFD_FEATURE_SIGBUS", ErrMalformed)
 	case h.Flags&HelloRing == 0 && h.Features.Has(userfaultfd.FeatureSigbus):
 		return fmt.Errorf("%w: HELLO with a UFFD_FEATURE_SIGBUS uffd, not asking for the fault ring", ErrMalformed)
-	case h.Flags&HelloTraced != 0 && (h.Flags&(HelloUFFD|HelloResume|HelloRing) != HelloUFFD || h.ForkSerial != 0):
-		return fmt.Errorf("%w: a traced HELLO carries the uffd, with fork serial 0, and neither resumes nor asks for the ring", ErrMalformed)
+	case h.Flags&HelloTraced != 0 && h.Flags&(HelloUFFD|HelloResume|HelloRing) != HelloUFFD:
+		return fmt.Errorf("%w: a traced HELLO carries the uffd, and neither resumes nor asks for the ring", ErrMalformed)
 	case h.Flags&^(HelloUFFD|HelloResume|HelloRing|HelloTraced) != 0:
 		return fmt.Errorf("%w: HELLO flags %#x", ErrMalformed, uint32(h.Flags))
 	}

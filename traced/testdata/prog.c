@@ -77,11 +77,16 @@ int main(int argc, char **argv) {
 	for (size_t i = 0; i < n; i++) sum += a[i];
 	/* fork: the child gets every page */
 	pid_t c = fork();
-	if (c == 0) { check(0, n); _exit(0); }
+	if (c == 0) { /* paged on its own: its copy, then its own writes */
+		check(0, n);
+		for (size_t i = 0; i < n; i++) a[i] = val(i) + 1;
+		for (size_t i = 0; i < n; i++) if (a[i] != val(i) + 1) fail("child's write", i);
+		_exit(0);
+	}
 	int ws;
 	waitpid(c, &ws, 0);
 	if (!WIFEXITED(ws) || WEXITSTATUS(ws)) fail("forked child", ws);
-	check(0, n);
+	check(0, n); /* the child's writes are its own */
 	printf("OK %llu\n", (unsigned long long)sum);
 	fflush(stdout);
 	execl("/proc/self/exe", argv[0], "exec", (char *)0);
