@@ -61,8 +61,8 @@ type tracer struct {
 
 	images  map[int]*image // by pid
 	threads map[int]*thread
-	forkOf  map[int]fork   // a child's pid (EVENT_FORK) -> the fork it comes from
-	held    map[int]bool   // a child stopped before its parent's EVENT_FORK named it
+	forkOf  map[int]fork // a child's pid (EVENT_FORK) -> the fork it comes from
+	held    map[int]bool // a child stopped before its parent's EVENT_FORK named it
 }
 
 // Result is how a traced program ended.
