@@ -21,6 +21,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
@@ -120,50 +121,49 @@ func (f FS) TracerPid(pid int) (int, error) {
 }
 
 func parseTracerPid(b []byte) (int, error) {
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	sc.Buffer(make([]byte, 0, 4096), 1<<20)
-	for sc.Scan() {
-		rest, ok := bytes.CutPrefix(sc.Bytes(), []byte("TracerPid:"))
-		if !ok {
-			continue
-		}
-		n, err := strconv.Atoi(string(bytes.TrimSpace(rest)))
-		if err != nil || n < 0 {
-			return 0, fmt.Errorf("%w: status: TracerPid %q", ErrParse, rest)
-		}
-		return n, nil
+	rest, err := statusLine(b, "TracerPid:")
+	if err != nil {
+		return 0, err
 	}
-	if err := sc.Err(); err != nil {
-		return 0, fmt.Errorf("%w: status: %w", ErrParse, err)
+	n, err := strconv.Atoi(string(bytes.TrimSpace(rest)))
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("%w: status: TracerPid %q", ErrParse, rest)
 	}
-	return 0, fmt.Errorf("%w: status has no TracerPid line", ErrParse)
+	return n, nil
 }
 
-// parseGroups finds the Groups line of a status file. The process's name
-// (the Name line, first) may hold anything but NUL and newline (the kernel
-// escapes newlines there), so lines are matched whole.
-func parseGroups(b []byte) ([]int, error) {
+// statusLine returns what follows key on its line of a status file. The
+// process's name (the Name line, first) may hold anything but NUL and
+// newline (the kernel escapes newlines there), so lines are matched whole.
+func statusLine(b []byte, key string) ([]byte, error) {
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	sc.Buffer(make([]byte, 0, 4096), 1<<20)
 	for sc.Scan() {
-		rest, ok := bytes.CutPrefix(sc.Bytes(), []byte("Groups:"))
-		if !ok {
-			continue
+		if rest, ok := bytes.CutPrefix(sc.Bytes(), []byte(key)); ok {
+			return rest, nil
 		}
-		var gs []int
-		for _, f := range bytes.Fields(rest) {
-			g, err := strconv.Atoi(string(f))
-			if err != nil || g < 0 {
-				return nil, fmt.Errorf("%w: status: group %q", ErrParse, f)
-			}
-			gs = append(gs, g)
-		}
-		return gs, nil
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("%w: status: %w", ErrParse, err)
 	}
-	return nil, fmt.Errorf("%w: status has no Groups line", ErrParse)
+	return nil, fmt.Errorf("%w: status has no %s line", ErrParse, strings.TrimSuffix(key, ":"))
+}
+
+// parseGroups finds the Groups line of a status file.
+func parseGroups(b []byte) ([]int, error) {
+	rest, err := statusLine(b, "Groups:")
+	if err != nil {
+		return nil, err
+	}
+	var gs []int
+	for _, f := range bytes.Fields(rest) {
+		g, err := strconv.Atoi(string(f))
+		if err != nil || g < 0 {
+			return nil, fmt.Errorf("%w: status: group %q", ErrParse, f)
+		}
+		gs = append(gs, g)
+	}
+	return gs, nil
 }
 
 // TracerPid is Default.TracerPid.

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -56,6 +57,36 @@ func TestReach(t *testing.T) {
 	}
 }
 
+// startAgent runs an agent of this process (a budget of 4 MiB, the pool
+// in memory) at a socket of its own until the test ends, or skips where
+// one cannot serve another process's userfaultfd. stop ends it sooner.
+func startAgent(t *testing.T) (a *pager.Agent, sock string, stop func()) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the agent serves another process's userfaultfd")
+	}
+	if _, _, err := userfaultfd.Probe(); err != nil {
+		t.Skipf("no userfaultfd: %v", err)
+	}
+	store := pagertest.New(t, pagertest.Options{})
+	sock = filepath.Join(t.TempDir(), "agent.sock")
+	a, err := pager.New(pager.Options{Socket: sock, Store: store, LocalMem: 4 << 20, Log: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- a.Run(context.Background()) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			a.Close()
+			<-done
+		})
+	}
+	t.Cleanup(stop)
+	return a, sock, stop
+}
+
 // TestRunStatic pages a static program from outside it, with an agent of
 // this process at a budget of a quarter of its data, and compares its
 // output with a plain run: malloc's chunks and brk heap, a realloc whose
@@ -64,30 +95,13 @@ func TestReach(t *testing.T) {
 // own) and exec (the new image is paged anew) — testdata/prog.c checks
 // every byte.
 func TestRunStatic(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the agent serves another process's userfaultfd")
-	}
-	if _, _, err := userfaultfd.Probe(); err != nil {
-		t.Skipf("no userfaultfd: %v", err)
-	}
+	a, sock, _ := startAgent(t)
 	prog := staticProg(t)
 	want, err := exec.Command(prog).Output()
 	if err != nil {
 		t.Fatalf("plain run: %v", err)
 	}
-	store := pagertest.New(t, pagertest.Options{})
-	sock := filepath.Join(t.TempDir(), "agent.sock")
 	log := zaptest.NewLogger(t)
-	a, err := pager.New(pager.Options{Socket: sock, Store: store, LocalMem: 4 << 20, Log: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- a.Run(context.Background()) }()
-	defer func() {
-		a.Close()
-		<-done
-	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cmd := exec.Command(prog)
@@ -127,25 +141,8 @@ func TestRunStatic(t *testing.T) {
 // TestHelloTracedRefused: an agent refuses a HELLO that speaks for a
 // process the sender does not trace.
 func TestHelloTracedRefused(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the agent serves another process's userfaultfd")
-	}
-	if _, _, err := userfaultfd.Probe(); err != nil {
-		t.Skipf("no userfaultfd: %v", err)
-	}
-	store := pagertest.New(t, pagertest.Options{})
-	sock := filepath.Join(t.TempDir(), "agent.sock")
-	a, err := pager.New(pager.Options{Socket: sock, Store: store, LocalMem: 4 << 20, Log: zaptest.NewLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- a.Run(context.Background()) }()
-	defer func() {
-		a.Close()
-		<-done
-	}()
-	err = traced.HelloFor(sock, os.Getppid())
+	_, sock, _ := startAgent(t)
+	err := traced.HelloFor(sock, os.Getppid())
 	if err == nil || !strings.Contains(err.Error(), "does not trace") {
 		t.Fatalf("HELLO for a process not traced: %v, want a refusal", err)
 	}
@@ -154,22 +151,9 @@ func TestHelloTracedRefused(t *testing.T) {
 // TestAgentLost: a traced program whose agent goes away is killed, not
 // left waiting for good on an evicted page (no other agent can resume it).
 func TestAgentLost(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the agent serves another process's userfaultfd")
-	}
-	if _, _, err := userfaultfd.Probe(); err != nil {
-		t.Skipf("no userfaultfd: %v", err)
-	}
+	a, sock, stop := startAgent(t)
 	prog := staticProg(t)
-	store := pagertest.New(t, pagertest.Options{})
-	sock := filepath.Join(t.TempDir(), "agent.sock")
 	log := zaptest.NewLogger(t)
-	a, err := pager.New(pager.Options{Socket: sock, Store: store, LocalMem: 4 << 20, Log: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- a.Run(context.Background()) }()
 	type ran struct {
 		res traced.Result
 		err error
@@ -189,8 +173,7 @@ func TestAgentLost(t *testing.T) {
 			t.Fatalf("the program was not paged: %+v", a.Stats())
 		}
 	}
-	a.Close()
-	<-done
+	stop()
 	r := <-out
 	if r.err != nil || r.res.Code != 128+9 {
 		t.Fatalf("after the agent went away: %+v, %v; want killed (exit %d)", r.res, r.err, 128+9)

@@ -230,15 +230,6 @@ func (t *tracer) mapCode(pid int, saved *unix.PtraceRegs) (uint64, error) {
 	return code, nil
 }
 
-// le64 writes little-endian words into a byte slice.
-type le64 struct{ b []byte }
-
-func (l le64) put(off int, v uint64) {
-	for i := 0; i < 8; i++ {
-		l.b[off+i] = byte(v >> (8 * i))
-	}
-}
-
 // loop follows every traced thread until the paged process exits.
 func (t *tracer) loop() (Result, error) {
 	for {
