@@ -736,6 +736,36 @@ func (c *cluster) leaseSlabs() ([]pool.SlabView, error) {
 	return cl.Slabs(ctx, client.SlabFilter{Lease: ls[0].ID})
 }
 
+// dataShardServers returns n servers holding data shards of the agent's
+// erasure-coded slabs (a page is read from its data shard; parity only
+// when that fails), in name order.
+func (c *cluster) dataShardServers(n int) []string {
+	c.t.Helper()
+	slabs, err := c.leaseSlabs()
+	if err != nil || len(slabs) == 0 {
+		c.t.Fatalf("the agent's slabs: %v %v", slabs, err)
+	}
+	seen := map[string]bool{}
+	var ids []string
+	for _, s := range slabs {
+		red, err := pool.ParseRedundancy(s.Layout)
+		if err != nil {
+			c.t.Fatalf("slab %d: layout %q: %v", s.ID, s.Layout, err)
+		}
+		for _, r := range s.Replicas {
+			if id := string(r.Server); r.Shard < red.K && !seen[id] {
+				seen[id] = true
+				ids = append(ids, id)
+			}
+		}
+	}
+	sort.Strings(ids)
+	if len(ids) < n {
+		c.t.Fatalf("%d servers hold data shards (%v), want %d", len(ids), ids, n)
+	}
+	return ids[:n]
+}
+
 // busiestServer is the memory server holding the most first replicas of
 // the agent's slabs (where it reads first).
 func (c *cluster) busiestServer() string {
