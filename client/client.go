@@ -25,8 +25,9 @@ var (
 const pageSize = 4096
 
 type region struct {
-	id  uint64
-	mem []byte
+	id     uint64
+	mem    []byte
+	shared bool // a MAP_SHARED mapping of a shmem file (MapShared)
 }
 
 // Client is one process's connection to memagent.
@@ -239,6 +240,53 @@ func (c *Client) Map(size int) ([]byte, error) {
 	return mem[:size:size], nil
 }
 
+// MapShared maps the first size bytes (whole pages) of f, a shmem file
+// (tmpfs, memfd; one that holds no pages yet), shared, and has the agent
+// page them as a region of kind proto.KindShared: evicting a page punches
+// it out of the file (MADV_REMOVE), so that it leaves the file's pages,
+// not only this mapping. It is how the agent pages a segment that other
+// processes map (pager's shared.go): they see the pages this mapping
+// installs in the file; it is not meant for a program's own use, since
+// any other mapping of f would read an evicted page as a hole.
+func (c *Client) MapShared(f *os.File, size int) ([]byte, error) {
+	if size <= 0 || size%pageSize != 0 {
+		return nil, fmt.Errorf("client: map %d shared bytes: %w", size, unix.EINVAL)
+	}
+	if c.isClosed() {
+		return nil, ErrClosed
+	}
+	mem, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("client: mmap %d shared bytes: %w", size, err)
+	}
+	// Not inherited by the agent's children: without FORK events their
+	// copy would not be registered, and would read an evicted page as a
+	// hole.
+	unix.Madvise(mem, unix.MADV_DONTFORK)
+	// Not locked (a process under mlockall(MCL_FUTURE), as memagent is):
+	// MADV_REMOVE refuses locked memory.
+	unix.Munlock(mem)
+	rng := userfaultfd.Range{Start: userfaultfd.AddrOf(mem), Len: uint64(size)}
+	if _, err := c.uffd.Register(rng, userfaultfd.ModeMissing|userfaultfd.ModeWP); err != nil {
+		unix.Munmap(mem)
+		return nil, fmt.Errorf("client: %w", err)
+	}
+	c.mu.Lock()
+	c.nextID++
+	r := &region{id: c.nextID, mem: mem, shared: true}
+	c.regions[uintptr(rng.Start)] = r
+	c.mu.Unlock()
+	if err := c.request(&proto.RegionAdd{ID: r.id, Range: rng, Kind: proto.KindShared}); err != nil {
+		c.mu.Lock()
+		delete(c.regions, uintptr(rng.Start))
+		c.mu.Unlock()
+		c.uffd.Unregister(rng)
+		unix.Munmap(mem)
+		return nil, fmt.Errorf("client: region add: %w", err)
+	}
+	return mem, nil
+}
+
 // Unmap releases memory returned by Map.
 func (c *Client) Unmap(b []byte) error {
 	if len(b) == 0 {
@@ -397,12 +445,24 @@ func (c *Client) drop(pages []proto.EvictPage) uint32 {
 			return uint32(i) // not one mapping: the agent's addresses are wrong
 		}
 		run := extend(first, (j-i)*pageSize)
-		if run == nil || unix.Madvise(run, unix.MADV_DONTNEED) != nil {
+		if run == nil || unix.Madvise(run, c.dropAdvice(uintptr(pages[i].Addr))) != nil {
 			return uint32(i)
 		}
 		i = j
 	}
 	return uint32(len(pages))
+}
+
+// dropAdvice is how a page at a is dropped: MADV_REMOVE for a shared
+// region (the page leaves the file, so that it is a hole for every
+// mapping), MADV_DONTNEED for private memory. Preconditions: c.mu held.
+func (c *Client) dropAdvice(a uintptr) int {
+	for start, r := range c.regions {
+		if a >= start && a < start+uintptr(len(r.mem)) && r.shared {
+			return unix.MADV_REMOVE
+		}
+	}
+	return unix.MADV_DONTNEED
 }
 
 // extend returns n bytes of the region that first starts, or nil when

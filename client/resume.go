@@ -97,7 +97,11 @@ func (c *Client) resumeOn(conn *net.UnixConn) error {
 	c.mu.Lock()
 	adds := make([]proto.RegionAdd, 0, len(c.regions))
 	for start, r := range c.regions {
-		adds = append(adds, proto.RegionAdd{ID: r.id, Range: rangeOf(start, len(r.mem)), Kind: proto.KindMmap, Flags: proto.RegionResumed})
+		kind := proto.KindMmap
+		if r.shared {
+			kind = proto.KindShared
+		}
+		adds = append(adds, proto.RegionAdd{ID: r.id, Range: rangeOf(start, len(r.mem)), Kind: kind, Flags: proto.RegionResumed})
 	}
 	c.mu.Unlock()
 	for i := range adds {

@@ -177,6 +177,8 @@ type Agent struct {
 	orphans  map[int]*orphan // a previous agent's clients waiting to resume, by pid
 	resumeBy time.Time       // and until when (Options.ResumeWait)
 	leaked   []remote.SlabID // slabs the lease holds that no journal names
+
+	shm *sharedTable // shared memory segments (shared.go)
 }
 
 type forkKey struct {
@@ -249,6 +251,7 @@ func New(opts Options) (*Agent, error) {
 		childUFFD: func(fd int, f userfaultfd.Feature) (faultFD, error) { return userfaultfd.FromFD(fd, f) },
 	}
 	a.cond = newCond(a)
+	a.shm = newSharedTable(a)
 	a.slots.onRoom = a.wakeAll
 	a.slots.trim.copies = a.poolCopies
 	a.orphans = map[int]*orphan{}
@@ -354,6 +357,9 @@ func (a *Agent) Close() error {
 		return nil
 	}
 	a.closed = true
+	a.mu.Unlock()
+	a.shm.close() // its owner is a client: while the loops run
+	a.mu.Lock()
 	clients := make([]*client, 0, len(a.clients))
 	for _, c := range a.clients { // forked children waiting for HELLO too
 		clients = append(clients, c)

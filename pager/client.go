@@ -63,6 +63,11 @@ type client struct {
 
 	ring *faultRing // the fault ring of a client whose uffd raises SIGBUS (ring.go); nil: faults come from the uffd
 
+	// shmOwner: the agent's own client, which pages shared memory
+	// segments (shared.go); holes are its proxies' faults it serves.
+	shmOwner bool
+	holes    []holeFault
+
 	spin *spin.Waiter // how long the loop polls before it blocks
 }
 

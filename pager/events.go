@@ -42,6 +42,16 @@ func (c *client) dropRange(rng userfaultfd.Range, unmap bool) {
 		if end <= r.start || r.end() <= rng.Start {
 			continue
 		}
+		if r.px != nil {
+			// A process's mapping of shared memory: a MADV_DONTNEED
+			// leaves the data in the segment; an unmap ends (part of)
+			// the mapping.
+			if unmap && !r.px.cut(rng) {
+				c.removeRegion(r)
+				i--
+			}
+			continue
+		}
 		if unmap && rng.Start <= r.start && r.end() <= end {
 			c.removeRegion(r)
 			i--
@@ -74,6 +84,9 @@ func (c *client) dropPage(r *region, idx int) {
 }
 
 func (c *client) removeRegion(r *region) {
+	if r.px != nil {
+		c.a.shm.leave(r)
+	}
 	for idx, p := range r.pages {
 		if p.State() == Staged {
 			c.ev.staged--
@@ -208,6 +221,13 @@ func (c *client) addRegion(m *proto.RegionAdd) error {
 	case len(c.regs.list) >= maxRegions:
 		return errWithErrno(unix.ENOSPC, "too many regions")
 	}
+	owner := m.Kind == proto.KindShared && c.a.shm.isOwner(c)
+	if m.Kind == proto.KindShared && !owner {
+		if c.ring != nil || c.traced {
+			return errWithErrno(unix.EINVAL, "shared memory is paged for clients with a shim and no fault ring only")
+		}
+		return c.addProxy(m)
+	}
 	n := int(rng.Len / pageSize)
 	r := &region{id: m.ID, start: rng.Start, kind: m.Kind, pages: make(PageTable, n), slots: make([]Slot, n)}
 	c.journalRegion(r)
@@ -217,6 +237,9 @@ func (c *client) addRegion(m *proto.RegionAdd) error {
 	c.regs.add(r)
 	c.ev.clock.Reset()
 	c.st.regions.Add(1)
+	if owner {
+		c.a.shm.ownerRegion(c, r)
+	}
 	return nil
 }
 
@@ -250,6 +273,12 @@ func (c *client) zapRegion(m *proto.RegionZap) error {
 	r, from, to, err := c.regionPages(m.ID, m.Range)
 	if err != nil {
 		return err
+	}
+	if r.px != nil {
+		// MADV_REMOVE of shared memory: the process punches the pages
+		// out of the file itself; the segment forgets its copies.
+		c.a.shm.zap(r, m.Range)
+		return nil
 	}
 	for idx := from; idx < to; idx++ {
 		if r.pages[idx].State() != Absent {

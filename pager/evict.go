@@ -101,6 +101,7 @@ func (c *client) maybeEvict(now time.Time) {
 				c.setSlot(ref.r, ref.idx, 0)
 			}
 		}
+		c.unprotectShared(nil, nil)
 		c.sock.drop()
 		return
 	}
@@ -141,6 +142,14 @@ func (c *client) protectDirty(r *region, run []Victim) error {
 				c.log.Warn("write-protect of victims failed", zap.Stringer("range", rg), zap.Error(err))
 			}
 			return err
+		}
+		if r.kind == proto.KindShared {
+			// And in every process that maps the segment.
+			if err := c.a.shm.protectShared(r, run[i].Page, j-i); err != nil {
+				c.log.Debug("write-protect of shared victims failed", zap.Error(err))
+				c.unprotectShared(r, run[:i])
+				return err
+			}
 		}
 		i = j
 	}
@@ -190,7 +199,9 @@ func (c *client) slotsFor(victims []Victim, now time.Time) []Victim {
 // needsWrite reports whether resident page idx of r must be written to
 // the pool when evicted: it is dirty, or (defensively) the pool has no copy.
 func needsWrite(r *region, idx int) bool {
-	return r.pages[idx].Has(FlagDirty) || r.slots[idx] == 0
+	// A segment of shared memory is written through other mappings than
+	// the one whose page table this is: every page is written back.
+	return r.pages[idx].Has(FlagDirty) || r.slots[idx] == 0 || r.kind == proto.KindShared
 }
 
 // evicted finishes an eviction batch: the client copied the first Done
@@ -268,6 +279,7 @@ func (c *client) evicted(m *proto.Evicted, now time.Time) {
 			c.set(ref.r, ref.idx, ref.entry().With(Remote))
 		}
 	}
+	c.unprotectShared(nil, nil)
 	c.resolveHeld(now)
 	for i := 0; i < done; i++ {
 		ref := c.ev.evictRefs[i]
@@ -346,5 +358,30 @@ func (c *client) retryWriteBack() {
 		c.st.writeBacks.Add(1)
 		c.set(o.r, o.idx, o.entry().With(Remote))
 		c.freeStage(s)
+	}
+}
+
+// unprotectShared lifts the protection of shared memory victims in the
+// processes that map their segment (protectShared): run's of r, or with r
+// nil, the batch in flight's, a run of adjacent pages at a time. The
+// pages are punched out of the file by then (or kept, resident): a write
+// that waited faults them back, or goes through.
+func (c *client) unprotectShared(r *region, run []Victim) {
+	if r != nil {
+		for _, v := range run {
+			c.a.shm.unprotectShared(r, v.Page, 1)
+		}
+		return
+	}
+	for i := 0; i < c.ev.evict.N; {
+		ref := c.ev.evictRefs[i]
+		j := i + 1
+		for j < c.ev.evict.N && c.ev.evictRefs[j].r == ref.r && c.ev.evictRefs[j].idx == c.ev.evictRefs[j-1].idx+1 {
+			j++
+		}
+		if ref.r.kind == proto.KindShared {
+			c.a.shm.unprotectShared(ref.r, ref.idx, j-i)
+		}
+		i = j
 	}
 }

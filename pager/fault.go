@@ -64,6 +64,10 @@ const BudgetMargin = budgetMargin * pageSize
 // or turn that handles it.
 func (c *client) fault(a userfaultfd.Addr, flags userfaultfd.FaultFlags, since, now time.Time) {
 	r, idx := c.regs.find(a)
+	if r != nil && r.px != nil {
+		c.a.shm.fault(r, a, flags, since)
+		return
+	}
 	if r == nil {
 		// Not a region we know: nothing of it was ever evicted, so this
 		// is a first touch.

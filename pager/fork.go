@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -90,6 +91,10 @@ func (c *client) adopt(regs []*region) {
 		}
 		c.regs.add(r)
 		c.st.regions.Add(1)
+		if r.px != nil {
+			r.px.c = c
+			c.a.shm.join(r)
+		}
 	}
 }
 
@@ -101,6 +106,12 @@ func (c *client) adopt(regs []*region) {
 // page (its write-back failed: the data is in the parent's staging slot,
 // not the pool) gets a slot of the child's own, written now.
 func (c *client) forkRegion(r *region) (*region, error) {
+	if r.px != nil {
+		// The child maps the same segment: a proxy of its own.
+		px := *r.px
+		px.c, px.live = nil, slices.Clone(r.px.live)
+		return &region{id: r.id, start: r.start, kind: r.kind, px: &px, plen: r.plen}, nil
+	}
 	n := len(r.pages)
 	cr := &region{id: r.id, start: r.start, kind: r.kind, pages: make(PageTable, n), slots: make([]Slot, n)}
 	if r.pf != nil {

@@ -76,7 +76,7 @@ func (c *client) RoutineServe() {
 		if c.sock.pidfd < 0 && len(c.regs.list) > 0 {
 			timeout = int(probePeriod / time.Millisecond) // see gone
 		}
-		if len(c.fq.retry) > 0 || c.ev.staged > 0 || c.room.reloc.pending(c) || c.parked() || c.fk.preparing {
+		if len(c.fq.retry) > 0 || len(c.holes) > 0 || c.ev.staged > 0 || c.room.reloc.pending(c) || c.parked() || c.fk.preparing {
 			timeout = int(retryPeriod / time.Millisecond)
 		}
 		// Poll a while before blocking: while faults come fast, the next
@@ -145,12 +145,14 @@ func (c *client) RoutineServe() {
 			continue // nothing moves until the fork is handled
 		}
 		c.serveRing()
+		c.serveHoles(now)
 		c.relocate()
 		c.trim()
 		c.maybeEvict(now)
 		c.retryHeld(now)
 		c.retryWriteBack()
 		c.maybeEvict(now)
+		c.wakeHoles()
 		if c.sock.pidfd < 0 && c.gone(now) {
 			c.log.Info("client without HELLO exited")
 			return
@@ -209,6 +211,11 @@ func (c *client) teardown() {
 		c.cj.remove()
 	} else {
 		c.cj.detach(c.regs.list) // for the agent after this one
+	}
+	for _, r := range c.regs.list {
+		if r.px != nil {
+			c.a.shm.leave(r) // before its uffd closes
+		}
 	}
 	c.io.Close()
 	c.uffd.Close()

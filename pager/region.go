@@ -24,6 +24,11 @@ type region struct {
 	// mapped: slots is a mapping of the region's journal file
 	// (journal.go), unmapped when the region goes.
 	mapped bool
+	// px: a proxy, a process's mapping of a shared memory segment
+	// (shared.go), plen bytes long, with no page table (pages and slots
+	// nil): its pages are the segment's owner's.
+	px   *proxy
+	plen uint64
 }
 
 // writeRate estimates how often a page of a region installed clean from
@@ -99,8 +104,14 @@ func (w *writeRate) likely() bool {
 	return w.n%probeEvery != 0 && w.clean >= 64 && 2*w.wp >= w.clean
 }
 
-func (r *region) end() userfaultfd.Addr {
-	return r.start + userfaultfd.Addr(uint64(len(r.pages))*pageSize)
+func (r *region) end() userfaultfd.Addr { return r.start + userfaultfd.Addr(r.len()) }
+
+// len is r's length in bytes.
+func (r *region) len() uint64 {
+	if r.px != nil {
+		return r.plen
+	}
+	return uint64(len(r.pages)) * pageSize
 }
 
 func (r *region) addr(idx int) userfaultfd.Addr {

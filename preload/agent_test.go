@@ -94,6 +94,8 @@ type agentStats struct {
 	HeldFaults  int // faults on pages while their eviction was in flight
 	RemoveEvts  int
 	Zaps        int // REGION_ZAPs
+	SharedZaps  int // REGION_ZAPs of a shared region's pages
+	SharedDels  int // REGION_DELs of a shared region's pages
 	UnmapEvts   int
 	ForkEvents  int
 	ForkChild   bool
@@ -963,6 +965,11 @@ func (c *agentClient) handleMsg(sm sockMsg, ev *eviction) *eviction {
 	case *proto.RegionDel:
 		var out []region
 		found := false
+		if c.isShared(m.ID) {
+			c.smu.Lock()
+			c.stats.SharedDels++
+			c.smu.Unlock()
+		}
 		for _, r := range c.regions {
 			if !r.r.Overlaps(m.Range) {
 				out = append(out, r)
@@ -994,6 +1001,9 @@ func (c *agentClient) handleMsg(sm sockMsg, ev *eviction) *eviction {
 		c.forget(m.Range)
 		c.smu.Lock()
 		c.stats.Zaps++
+		if c.isShared(m.ID) {
+			c.stats.SharedZaps++
+		}
 		c.smu.Unlock()
 		c.reply(sm.h.Seq, nil)
 	case *proto.Evicted:
@@ -1009,6 +1019,28 @@ func (c *agentClient) forget(r userfaultfd.Range) {
 		delete(c.saved, p)
 		delete(c.resident, p)
 	}
+}
+
+// isShared reports whether region id is of kind shared.
+func (c *agentClient) isShared(id uint64) bool {
+	for _, r := range c.regions {
+		if r.id == id {
+			return r.kind == proto.KindShared
+		}
+	}
+	return false
+}
+
+// inShared reports whether a lies in a region of kind shared: its pages
+// are the segment's, which the agent never evicts through the process
+// (the pager pages them once per segment; this fixture not at all).
+func (c *agentClient) inShared(a userfaultfd.Addr) bool {
+	for _, r := range c.regions {
+		if r.kind == proto.KindShared && r.r.Contains(a) {
+			return true
+		}
+	}
+	return false
 }
 
 func (c *agentClient) inRegion(a userfaultfd.Addr) bool {
@@ -1287,11 +1319,13 @@ func (c *agentClient) nextBatch(ev *eviction) *eviction {
 		for len(ev.pending) > 0 && m.N < testSlots {
 			p := ev.pending[0]
 			ev.pending = ev.pending[1:]
-			if !c.inRegion(p) || !c.resident[p] {
+			if !c.inRegion(p) || !c.resident[p] || c.inShared(p) {
 				// Its region was deleted since the eviction started (the
 				// shim unmaps after our ACK, and refuses an EVICT of
 				// memory no longer in its table with EFAULT), or its page
-				// was dropped (REGION_ZAP: the allocator purged it).
+				// was dropped (REGION_ZAP: the allocator purged it), or
+				// it is a shared region's (never evicted: the shim
+				// refuses it, EFAULT).
 				continue
 			}
 			var err error

@@ -49,10 +49,26 @@
 // are gone), munmap is REGION_DEL, madvise(MADV_DONTNEED or MADV_FREE) is
 // REGION_ZAP and then MADV_DONTNEED, MADV_HUGEPAGE is ignored there.
 //
+// Shared memory mapped of those sizes, MAP_SHARED (or MAP_SHARED_VALIDATE)
+// and PROT_READ|PROT_WRITE, not MAP_FIXED, becomes regions too (kind
+// shared): MAP_SHARED|MAP_ANONYMOUS, and mappings of a file on shmem
+// (tmpfs: shm_open's /dev/shm, memfd_create). The agent pages their pages
+// once per segment for every process that maps it; the shim announces and
+// follows the mappings. They differ from private regions where the kernel
+// does: madvise(MADV_DONTNEED, MADV_FREE) drops only the process's view of
+// the pages, so it goes to the kernel unchanged with no REGION_ZAP (FREE
+// fails there, EINVAL, as without the shim), while MADV_REMOVE punches the
+// file and is a REGION_ZAP first; MAP_FIXED over one takes the piece out
+// of the region (REGION_DEL, never REGION_ZAP) and the new mapping is
+// ordinary memory; mremap does not move or grow one (ENOMEM, as when the
+// kernel finds no room): a copy would end the sharing; the helper refuses
+// an EVICT of one (EFAULT).
+//
 // What it is NOT: a pager (the agent decides what to fetch and evict),
-// nor a way to page shared, file-backed, MAP_POPULATE, MAP_LOCKED or
-// huge-page mappings: those pass through untouched. It is not a choice
-// of allocator either: a program linked with another allocator keeps it.
+// nor a way to page other file-backed mappings, MAP_POPULATE, MAP_LOCKED
+// or huge-page mappings, nor shared memory attached with shmat (SysV): those
+// pass through untouched. It is not a choice of allocator either: a program
+// linked with another allocator keeps it.
 //
 // # Deadlocks
 //
@@ -141,7 +157,8 @@
 //
 // Growing a region with mremap copies it (page faults served by the
 // agent), it is not moved by the kernel; a region with pages mprotect-ed
-// or mapped without read and write access is not moved (ENOMEM). A fork
+// or mapped without read and write access, or a shared one, is not moved
+// (ENOMEM). A fork
 // that fails after the kernel raised its FORK event (a pids-cgroup limit)
 // is not counted, and the serials of later children are then off by one
 // (the shim warns on stderr when a fork fails in a process holding

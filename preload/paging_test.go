@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"rmem/pager/proto"
 	"rmem/preload/shimtest"
 	"rmem/userfaultfd"
@@ -357,19 +359,106 @@ func testProtNoneReservation(t *testing.T, env ...string) {
 }
 
 // TestMinAllocDefault: direct mmaps of 64 KiB (the default min-alloc) and
-// more become regions, smaller ones, shared ones and ones over the 64 GiB
-// cap do not.
+// more become regions, smaller ones and ones over the 64 GiB cap do not; a
+// shared anonymous one of 1 MiB becomes a region of kind shared.
 func TestMinAllocDefault(t *testing.T) {
 	needUFFD(t)
 	a := newTestAgent(t)
 	p := start(t, a.path, []string{"mapsizes"})
 	p.Expect("ok")
 	p.Wait()
-	if s := a.Stats(p.Pid()); s.Regions[proto.KindMmap] != 2 {
-		t.Errorf("regions %v: want 2 mmap regions (64 KiB and 1 MiB)", s.Regions)
+	if s := a.Stats(p.Pid()); s.Regions[proto.KindMmap] != 2 || s.Regions[proto.KindShared] != 1 {
+		t.Errorf("regions %v: want 2 mmap regions (64 KiB and 1 MiB) and 1 shared", s.Regions)
 	}
 	if proto.DefaultMinAlloc != 64<<10 {
 		t.Errorf("pager/proto.DefaultMinAlloc %d, the shim's default is 64 KiB", proto.DefaultMinAlloc)
+	}
+}
+
+// TestSharedMemory: MAP_SHARED mappings of shared memory (anonymous,
+// /dev/shm, memfd) become regions of kind shared beside a private one
+// (kind mmap); an EVICT naming a shared page is refused (EFAULT) and the
+// agent's eviction of the rest works; in the program (testdata/shared.c),
+// MADV_DONTNEED keeps their data and sends no REGION_ZAP, MADV_FREE fails
+// as without the shim, MADV_REMOVE is the one REGION_ZAP of shared pages;
+// mremap does not move or grow them (ENOMEM), shrinking is a REGION_DEL;
+// MAP_FIXED over one is a REGION_DEL (never a REGION_ZAP) and the new
+// memory no region; madvise of a range over a private region and a shared
+// one takes each piece by its kind; a forked child and its parent see each
+// other's writes;
+// munmap is REGION_DEL. Resumed: the agent is restarted after the
+// eviction, and the next one gets the regions again with their kinds.
+func TestSharedMemory(t *testing.T) {
+	bothModes(t, func(t *testing.T, env ...string) { testSharedMemory(t, false, env...) })
+}
+
+func TestSharedMemoryResumed(t *testing.T) {
+	bothModes(t, func(t *testing.T, env ...string) { testSharedMemory(t, true, env...) })
+}
+
+func testSharedMemory(t *testing.T, restart bool, env ...string) {
+	needUFFD(t)
+	a := newTestAgent(t)
+	p := start(t, a.path, []string{"shared"}, env...)
+	addrs := parseAddrs(t, p.Expect("addrs"))
+	p.Expect("ready")
+	if len(addrs) != 4 {
+		t.Fatalf("addrs %x: want 4", addrs)
+	}
+	checkKinds := func(regs []region) {
+		t.Helper()
+		for i, what := range []string{"MAP_SHARED|MAP_ANONYMOUS", "/dev/shm", "memfd"} {
+			if !inRegion(regs, addrs[i], proto.KindShared) || !inRegion(regs, addrs[i]+1<<20-1, proto.KindShared) {
+				t.Errorf("the %s mapping at %#x is not a shared region: regions %+v", what, addrs[i], regs)
+			}
+		}
+		if !inRegion(regs, addrs[3], proto.KindMmap) {
+			t.Errorf("the private mapping at %#x is not an mmap region: regions %+v", addrs[3], regs)
+		}
+	}
+	checkKinds(a.Regions(p.Pid()))
+	m := proto.Evict{Batch: rawBatch, N: 1}
+	m.Pages[0] = proto.EvictPage{Addr: userfaultfd.Addr(addrs[0]), Slot: 0}
+	ev, err := a.Inject(p.Pid(), m.Encode(nil, 1), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev.Done != 0 || ev.Errno != unix.EFAULT {
+		t.Errorf("EVICT of a shared page: EVICTED %+v, want 0 done and EFAULT", ev)
+	}
+	evict(t, a, p.Pid(), 256) // the private mapping (the shared ones the agent leaves alone)
+	if restart {
+		a.Close()
+		waitStderr(t, p.Stderr.String, "rmem: lost the agent")
+		a = newSuccessor(t, a)
+		waitStderr(t, p.Stderr.String, "rmem: resumed with the agent")
+		checkKinds(a.Regions(p.Pid()))
+	}
+	p.Send("g")
+	p.Expect("ok")
+	p.Wait()
+	s := a.Stats(p.Pid())
+	t.Logf("stats %+v", s)
+	if !restart && (s.Regions[proto.KindShared] != 4 || s.Regions[proto.KindMmap] < 2) {
+		t.Errorf("regions by kind %v: want 4 shared and 2 private ones", s.Regions)
+	}
+	// REGION_ZAPs of shared pages: MADV_REMOVE's only. REGION_DELs: the
+	// shrink, MAP_FIXED, four munmaps.
+	if s.SharedZaps != 1 || s.SharedDels != 6 {
+		t.Errorf("%d REGION_ZAPs and %d REGION_DELs of shared regions, want 1 (MADV_REMOVE) and 6", s.SharedZaps, s.SharedDels)
+	}
+	if s.Zaps-s.SharedZaps < 2 {
+		t.Errorf("%d REGION_ZAPs of private regions, want 2 at least (MADV_DONTNEED and MADV_FREE of the mixed range)", s.Zaps-s.SharedZaps)
+	}
+	if restart && s.Restores < 256 {
+		t.Errorf("%d pages restored by the next agent, want the 256 evicted of the private mapping", s.Restores)
+	}
+	stderr := p.Stderr.String()
+	if restart {
+		stderr = strings.NewReplacer("rmem: lost the agent", "", "rmem: resumed with the agent", "").Replace(stderr)
+	}
+	if strings.Contains(stderr, "rmem:") {
+		t.Errorf("shim complained: %s", p.Stderr.String())
 	}
 }
 

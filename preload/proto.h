@@ -87,7 +87,7 @@ struct rmem_welcome {
 	uint32_t flags;
 };
 
-enum rmem_kind { RMEM_KIND_HEAP = 1, RMEM_KIND_MMAP = 2 };
+enum rmem_kind { RMEM_KIND_HEAP = 1, RMEM_KIND_MMAP = 2, RMEM_KIND_SHARED = 3 };
 
 struct rmem_region_add {
 	uint64_t id;

@@ -110,6 +110,35 @@ func (f FS) Groups(pid int) ([]int, error) {
 	return parseGroups(b)
 }
 
+// Mapping is one line of /proc/PID/maps.
+type Mapping struct {
+	Start, End uint64
+	Offset     uint64 // in the file mapped
+	// Anon: MAP_SHARED|MAP_ANONYMOUS memory (the kernel's "/dev/zero
+	// (deleted)" file), reachable only through its mappings.
+	Anon bool
+}
+
+// MappingAt returns process pid's mapping that starts at start (from
+// /proc/PID/maps, parsed by prometheus/procfs).
+func (f FS) MappingAt(pid int, start uint64) (Mapping, error) {
+	p, err := f.fs.Proc(pid)
+	if err != nil {
+		return Mapping{}, fmt.Errorf("procinfo: %w", err)
+	}
+	maps, err := p.ProcMaps()
+	if err != nil {
+		return Mapping{}, fmt.Errorf("procinfo: maps of %d: %w", pid, err)
+	}
+	for _, m := range maps {
+		if uint64(m.StartAddr) == start {
+			return Mapping{Start: uint64(m.StartAddr), End: uint64(m.EndAddr), Offset: uint64(m.Offset),
+				Anon: m.Pathname == "/dev/zero (deleted)"}, nil
+		}
+	}
+	return Mapping{}, fmt.Errorf("procinfo: no mapping of %d starts at %#x: %w", pid, start, os.ErrNotExist)
+}
+
 // TracerPid reads the pid of the process tracing process pid (the
 // TracerPid line of /proc/PID/status): 0 when none traces it.
 func (f FS) TracerPid(pid int) (int, error) {
@@ -168,6 +197,9 @@ func parseGroups(b []byte) ([]int, error) {
 
 // TracerPid is Default.TracerPid.
 func TracerPid(pid int) (int, error) { return Default.TracerPid(pid) }
+
+// MappingAt reads the host's /proc (FS.MappingAt).
+func MappingAt(pid int, start uint64) (Mapping, error) { return Default.MappingAt(pid, start) }
 
 // ReadStat is Default.Stat.
 func ReadStat(pid int) (Stat, error) { return Default.Stat(pid) }

@@ -8,6 +8,10 @@ import (
 	"slices"
 	"strconv"
 	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"rmem/userfaultfd"
 )
 
 // hostile are process names (comm) built to shift the fields of
@@ -198,4 +202,46 @@ func FuzzParseTracerPid(f *testing.F) {
 			t.Fatalf("negative tracer %d", p)
 		}
 	})
+}
+
+// MappingAt finds a mapping by its start, with its file offset, and tells
+// MAP_SHARED|MAP_ANONYMOUS memory from a file's.
+func TestMappingAt(t *testing.T) {
+	anon, err := unix.Mmap(-1, 0, 3*4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(anon)
+	fd, err := unix.MemfdCreate("procinfo-test", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Ftruncate(fd, 4*4096); err != nil {
+		t.Fatal(err)
+	}
+	file, err := unix.Mmap(fd, 4096, 2*4096, unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(file)
+	start := func(b []byte) uint64 { return uint64(userfaultfd.AddrOf(b)) }
+	for _, c := range []struct {
+		mem  []byte
+		want Mapping
+	}{
+		{anon, Mapping{Start: start(anon), End: start(anon) + 3*4096, Anon: true}},
+		{file, Mapping{Start: start(file), End: start(file) + 2*4096, Offset: 4096}},
+	} {
+		got, err := MappingAt(os.Getpid(), start(c.mem))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != c.want {
+			t.Errorf("MappingAt(%#x) = %+v, want %+v", start(c.mem), got, c.want)
+		}
+	}
+	if _, err := MappingAt(os.Getpid(), start(anon)+4096); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("MappingAt inside a mapping: %v, want ErrNotExist", err)
+	}
 }

@@ -210,13 +210,18 @@ func (m *Welcome) Decode(body []byte) error {
 	return nil
 }
 
-// Kind says where a region came from. Both kinds are private anonymous
-// memory; the kind is for statistics and logs.
+// Kind says where a region came from. KindHeap and KindMmap are private
+// anonymous memory, the kind is for statistics and logs. KindShared is a
+// MAP_SHARED mapping of shared memory (a tmpfs or memfd file, or
+// MAP_SHARED|MAP_ANONYMOUS): its pages are not the client's but the
+// segment's, which the agent pages once for every process that maps it
+// (docs/pager.md, "Shared memory").
 type Kind uint32
 
 const (
-	KindHeap Kind = 1 // malloc, calloc, realloc, posix_memalign & co.
-	KindMmap Kind = 2 // the program's own anonymous mmap (jemalloc, tcmalloc, …)
+	KindHeap   Kind = 1 // malloc, calloc, realloc, posix_memalign & co.
+	KindMmap   Kind = 2 // the program's own anonymous mmap (jemalloc, tcmalloc, …)
+	KindShared Kind = 3 // a MAP_SHARED mapping of shared memory
 )
 
 func (k Kind) String() string {
@@ -225,6 +230,8 @@ func (k Kind) String() string {
 		return "heap"
 	case KindMmap:
 		return "mmap"
+	case KindShared:
+		return "shared"
 	}
 	return fmt.Sprintf("kind(%d)", uint32(k))
 }
@@ -271,7 +278,7 @@ func (m *RegionAdd) Decode(body []byte) error {
 	if err := checkRange(TypeRegionAdd, r.Range); err != nil {
 		return err
 	}
-	if r.Kind != KindHeap && r.Kind != KindMmap {
+	if r.Kind != KindHeap && r.Kind != KindMmap && r.Kind != KindShared {
 		return fmt.Errorf("%w: REGION_ADD %v", ErrMalformed, r.Kind)
 	}
 	if r.Flags&^RegionResumed != 0 {

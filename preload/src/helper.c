@@ -123,14 +123,32 @@ static void protect(const struct rmem_evict *ev, uint32_t n)
 	}
 }
 
+/* The number of victims of the first n before the first one in a shared
+ * region (KIND_SHARED). The agent never evicts those (their pages are the
+ * segment's, which it pages through the file, not through this process):
+ * one that names such a page is refused as memory we cannot evict
+ * (EFAULT), before anything is done to it (protect, MADV_DONTNEED, which
+ * would drop only this process's view of the page). Preconditions:
+ * table_mu held. */
+static uint32_t before_shared(const struct rmem_evict *ev, uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++) {
+		int flags, kind;
+		uintptr_t a = (uintptr_t)ev->pages[i].addr & ~(uintptr_t)(rm_page - 1);
+		if (rm_table_covers_locked(a, rm_page, &flags, &kind) && kind == KIND_SHARED)
+			return i;
+	}
+	return n;
+}
+
 /* Copies the victims into their staging slots and drops them. Runs under
  * table_mu so that no region goes away meanwhile (and an EVICT naming
- * memory we do not have is refused, not followed). A victim of a region
- * that may have inaccessible pages (R_UNREADABLE: mprotect-ed) is read
- * through /proc/self/mem, which reads such pages without a signal:
- * reading one directly would kill the process. In ring mode, the victims
- * from the first pinned one on are kept (EBUSY): a system call has them
- * in hand (pin.c). */
+ * memory we do not have, or a shared region's, is refused, not followed).
+ * A victim of a region that may have inaccessible pages (R_UNREADABLE:
+ * mprotect-ed) is read through /proc/self/mem, which reads such pages
+ * without a signal: reading one directly would kill the process. In ring
+ * mode, the victims from the first pinned one on are kept (EBUSY): a
+ * system call has them in hand (pin.c). */
 static void evict(const struct rmem_evict *ev, struct rmem_evicted *out)
 {
 	uint32_t done = 0, slots = rm_conn_slots(), n = ev->n;
@@ -140,6 +158,11 @@ static void evict(const struct rmem_evict *ev, struct rmem_evicted *out)
 	if (ring && (n = rm_pin_evict_begin(ev->pages, ev->n)) < ev->n)
 		err = EBUSY;
 	rm_table_lock();
+	uint32_t ok = before_shared(ev, n);
+	if (ok < n) {
+		n = ok;
+		err = EFAULT;
+	}
 	if (ring)
 		protect(ev, n);
 	resident(ev, in);
@@ -151,7 +174,7 @@ static void evict(const struct rmem_evict *ev, struct rmem_evicted *out)
 			break;
 		}
 		int flags;
-		if (!rm_table_covers_locked(a, rm_page, &flags)) {
+		if (!rm_table_covers_locked(a, rm_page, &flags, NULL)) {
 			err = EFAULT;
 			break;
 		}

@@ -9,9 +9,15 @@
  * Which mappings become regions: MAP_PRIVATE|MAP_ANONYMOUS ones of
  * min-alloc bytes up to MAX_REGION_LEN, any protection (a PROT_NONE
  * reservation too: its registration survives a later mprotect, measured
- * on 6.18), MAP_NORESERVE allowed. Not MAP_SHARED (paging it privately
- * would break the sharing), file mappings (the page cache pages them),
- * MAP_POPULATE, MAP_HUGETLB, MAP_GROWSDOWN, MAP_STACK, MAP_LOCKED. */
+ * on 6.18), MAP_NORESERVE allowed (kind mmap). And MAP_SHARED (or
+ * MAP_SHARED_VALIDATE) mappings of shared memory of the same sizes, not
+ * MAP_FIXED, mapped PROT_READ|PROT_WRITE exactly: MAP_ANONYMOUS ones, and
+ * those of a file on shmem (tmpfs: /dev/shm and shm_open, memfd_create;
+ * not hugetlbfs), kind shared: the agent pages their pages once per
+ * segment, for every process that maps it (rmem.h's enum kind says what
+ * the shim does differently for them). Not other file mappings (the page
+ * cache pages them), MAP_POPULATE, MAP_HUGETLB, MAP_GROWSDOWN, MAP_STACK,
+ * MAP_LOCKED. (SysV shm is attached with shmat, not mmap: not seen.) */
 #include "rmem.h"
 
 #include <errno.h>
@@ -50,14 +56,21 @@ EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off
 			return rm_map_fixed(addr, len, prot, flags, fd, off, how);
 		}
 	}
-	if (!rm_region_eligible(flags) || !big(len))
+	if (!big(len))
+		return rm_raw_mmap(addr, len, prot, flags, fd, off);
+	int kind;
+	if (rm_region_eligible(flags))
+		kind = KIND_MMAP;
+	else if (rm_region_shared_eligible(flags, prot, fd))
+		kind = KIND_SHARED;
+	else
 		return rm_raw_mmap(addr, len, prot, flags, fd, off);
 	void *p = rm_raw_mmap(addr, len, prot, flags, fd, off);
 	if (p == MAP_FAILED)
 		return p;
 	int e = errno;
 	rm_shim_enter();
-	adopt((uintptr_t)p, round_up(len, rm_page), KIND_MMAP, prot);
+	adopt((uintptr_t)p, round_up(len, rm_page), kind, prot);
 	rm_shim_leave();
 	errno = e;
 	return p;
@@ -100,7 +113,10 @@ EXPORT int mprotect(void *addr, size_t len, int prot) { return rm_mprotect(addr,
  * (as the kernel does when the neighbour is taken); MREMAP_DONTUNMAP is
  * refused (EINVAL), and so is moving a region with pages that may not be
  * read and written (R_NOTRW: ENOMEM, as when the kernel finds no room):
- * the copy could neither read them nor keep their protection. Other
+ * the copy could neither read them nor keep their protection. A range
+ * that overlaps a shared region (KIND_SHARED) is not moved or grown
+ * either (ENOMEM, as when the kernel finds no room): a copy into private
+ * anonymous memory would leave the segment, and the sharing with it. Other
  * mappings go to the kernel. */
 EXPORT void *mremap(void *old, size_t oldlen, size_t newlen, int flags, ...)
 {
@@ -128,10 +144,12 @@ EXPORT void *mremap(void *old, size_t oldlen, size_t newlen, int flags, ...)
 	}
 	struct region r;
 	uintptr_t lo, hi;
-	int rflags = 0;
-	for (uintptr_t at = a; rm_table_next_piece(at, a + ol, &r, &lo, &hi); at = hi)
+	int rflags = 0, shared = 0;
+	for (uintptr_t at = a; rm_table_next_piece(at, a + ol, &r, &lo, &hi); at = hi) {
 		rflags |= r.flags;
-	if (!(flags & MREMAP_MAYMOVE) || (rflags & R_NOTRW)) {
+		shared |= r.kind == KIND_SHARED;
+	}
+	if (!(flags & MREMAP_MAYMOVE) || (rflags & R_NOTRW) || shared) {
 		errno = ENOMEM;
 		return MAP_FAILED;
 	}

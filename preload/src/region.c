@@ -9,9 +9,12 @@
 #include "rmem.h"
 
 #include <errno.h>
+#include <linux/magic.h>
 #include <linux/userfaultfd.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/vfs.h>
 
 static int g_open;            /* our constructor ran (atomic): new memory may connect */
 static uint64_t g_next_id = 1; /* req_mu */
@@ -154,7 +157,8 @@ int rm_region_punch_locked(uintptr_t a, size_t len)
 }
 
 /* Tells the agent that [a, a+len) is being dropped (it reads as zeros from
- * now on): REGION_ZAP for each piece of a region it overlaps.
+ * now on): REGION_ZAP for each piece of a region it overlaps (callers that
+ * tell the kinds apart call it piece by piece).
  * Preconditions: req_mu held; a and len page aligned. */
 static void zap_locked(uintptr_t a, size_t len)
 {
@@ -174,30 +178,90 @@ static void zap_locked(uintptr_t a, size_t len)
 	}
 }
 
-/* Whether a mapping with these flags may be a region (interpose.c says
- * which and why). */
+/* Whether a mapping with these flags may be a region of private memory
+ * (interpose.c says which and why). */
 int rm_region_eligible(int flags)
 {
 	const int refuse = MAP_POPULATE | MAP_HUGETLB | MAP_GROWSDOWN | MAP_STACK | MAP_LOCKED;
 	return (flags & MAP_ANONYMOUS) && (flags & MAP_TYPE) == MAP_PRIVATE && !(flags & refuse);
 }
 
-/* A MAP_FIXED mapping of [a, a+len) over (part of) regions. If it is
- * eligible and we are connected, the memory stays in the regions: with
- * RM_FIXED_ZAP, REGION_ZAP first (its contents are gone: mimalloc
- * decommits with MAP_FIXED PROT_NONE and commits with mprotect, others
- * commit with MAP_FIXED; jemalloc's unmaps in our heap), then the old
- * pieces are unregistered (so that the kernel raises no UNMAP event, which
- * the agent takes as the end of a region it covers whole), mapped over,
- * and registered again. Otherwise (shared, a file, no agent) the range
- * leaves the regions first (REGION_DEL). Returns what mmap returns.
- * Preconditions: req_mu held, in_shim set. */
+/* Whether a mapping of fd with these flags and prot may be a region of
+ * shared memory (KIND_SHARED; interpose.c says which and why): not
+ * MAP_FIXED, MAP_SHARED or MAP_SHARED_VALIDATE, read and write, and
+ * MAP_ANONYMOUS or a file on shmem (f_type TMPFS_MAGIC: /dev/shm,
+ * memfd_create; not hugetlbfs). The file system is asked with a raw
+ * fstatfs: this runs inside other allocators' mmap calls. (The size rule
+ * is the caller's, checked first: small mappings cost no system call.) */
+int rm_region_shared_eligible(int flags, int prot, int fd)
+{
+	const int refuse = MAP_FIXED | MAP_POPULATE | MAP_HUGETLB | MAP_GROWSDOWN | MAP_STACK | MAP_LOCKED;
+	int type = flags & MAP_TYPE;
+	if ((type != MAP_SHARED && type != MAP_SHARED_VALIDATE) || (flags & refuse) ||
+	    prot != (PROT_READ | PROT_WRITE))
+		return 0;
+	if (flags & MAP_ANONYMOUS)
+		return 1;
+	struct statfs st;
+	return fd >= 0 && rm_sys(SYS_fstatfs, fd, &st, 0) == 0 && st.f_type == TMPFS_MAGIC;
+}
+
+/* Takes the pieces of shared regions (KIND_SHARED) in [a, a+len) out of
+ * them, as rm_region_punch_locked does: REGION_DEL (this process no longer
+ * maps them), never REGION_ZAP, which would have the agent forget the
+ * segment's pages for every process that maps it. Returns 0 or -ENOMEM.
+ * Preconditions: req_mu held; a and len page aligned. */
+static int punch_shared_locked(uintptr_t a, size_t len)
+{
+	uintptr_t end = a + len, lo, hi;
+	struct region r;
+	for (uintptr_t at = a; rm_table_next_piece(at, end, &r, &lo, &hi); at = hi) {
+		if (r.kind != KIND_SHARED)
+			continue;
+		int err = rm_region_punch_locked(lo, hi - lo);
+		if (err)
+			return err;
+	}
+	return 0;
+}
+
+/* Whether [a, a+len) overlaps a shared region. Preconditions: req_mu
+ * held (the answer holds while it is). */
+static int overlaps_shared(uintptr_t a, size_t len)
+{
+	uintptr_t end = a + len, lo, hi;
+	struct region r;
+	for (uintptr_t at = a; rm_table_next_piece(at, end, &r, &lo, &hi); at = hi)
+		if (r.kind == KIND_SHARED)
+			return 1;
+	return 0;
+}
+
+/* A MAP_FIXED mapping of [a, a+len) over (part of) regions. The pieces of
+ * shared regions leave them first (REGION_DEL, unregistered: the new
+ * mapping is not the segment's, and never joins a shared region; a
+ * REGION_ZAP would have the agent forget the segment's pages for every
+ * process that maps it). For the pieces of private regions: if the new
+ * mapping is eligible private memory and we are connected, the memory
+ * stays in the regions: with RM_FIXED_ZAP, REGION_ZAP first (its contents
+ * are gone: mimalloc decommits with MAP_FIXED PROT_NONE and commits with
+ * mprotect, others commit with MAP_FIXED; jemalloc's unmaps in our heap),
+ * then the old pieces are unregistered (so that the kernel raises no UNMAP
+ * event, which the agent takes as the end of a region it covers whole),
+ * mapped over, and registered again. Otherwise (shared, a file, no agent)
+ * the range leaves the regions first (REGION_DEL). Returns what mmap
+ * returns. Preconditions: req_mu held, in_shim set. */
 void *rm_map_fixed_locked(uintptr_t a, size_t len, int prot, int flags, int fd, off_t off, int how)
 {
 	uintptr_t end = a + round_up(len, rm_page), lo, hi;
 	struct region r;
+	int err = punch_shared_locked(a, end - a);
+	if (err) {
+		errno = -err;
+		return MAP_FAILED;
+	}
 	if (!rm_region_eligible(flags) || !rm_conn_is_connected()) {
-		int err = rm_region_punch_locked(a, end - a);
+		err = rm_region_punch_locked(a, end - a);
 		if (err) {
 			errno = -err;
 			return MAP_FAILED;
@@ -256,29 +320,90 @@ static int drops_pages(int advice)
 	return 0;
 }
 
-/* madvise that drops pages of a region (allocators give memory back this
- * way) is preceded by REGION_ZAP, so that the agent forgets its copies of
- * those pages: they read as zeros from now on. The agent hears first, so
- * that an evicted page never comes back with old contents after madvise
- * returned, and an eviction in flight (whose EVICT the helper finishes
- * before it reads our ACK) never copies a page the kernel just dropped.
- * MADV_FREE is done as MADV_DONTNEED: with FREE the kernel may keep the
- * page mapped while the agent takes it for gone, resident outside the
- * budget for good. MADV_HUGEPAGE is ignored (the agent evicts 4 KiB
+/* madvise of [a, end), which overlaps a shared region, piece by piece in
+ * address order (as the kernel walks the vmas: it stops at the first
+ * error, and goes on past unmapped holes, ENOMEM at the end): a shared
+ * region's piece with REGION_ZAP first for MADV_REMOVE (the file's pages
+ * are punched: the agent forgets its copies), and advice as it is; a
+ * private region's piece as rm_madvise does it for drops (REGION_ZAP, FREE
+ * as DONTNEED; MADV_REMOVE, which the kernel refuses there, as it is);
+ * memory in no region as it is. Returns what madvise returns.
+ * Preconditions: req_mu held, in_shim set. */
+static int advise_pieces_locked(uintptr_t a, uintptr_t end, int advice)
+{
+	int holes = 0;
+	for (uintptr_t at = a; at < end;) {
+		struct region r;
+		uintptr_t lo, hi, stop;
+		int adv = advice, zap = 0;
+		if (!rm_table_next_piece(at, end, &r, &lo, &hi))
+			lo = hi = end;
+		if (at < lo) {
+			stop = lo; /* in no region */
+		} else if (r.kind == KIND_SHARED) {
+			stop = hi;
+			zap = advice == MADV_REMOVE;
+		} else {
+			stop = hi;
+			zap = advice != MADV_REMOVE;
+			adv = advice == MADV_FREE ? MADV_DONTNEED : advice;
+		}
+		if (zap)
+			zap_locked(at, stop - at);
+		if (rm_raw_madvise((void *)at, stop - at, adv) != 0) {
+			if (errno != ENOMEM)
+				return -1;
+			holes = 1;
+		}
+		at = stop;
+	}
+	if (holes) {
+		errno = ENOMEM;
+		return -1;
+	}
+	return 0;
+}
+
+/* madvise that drops pages of a private region (allocators give memory
+ * back this way) is preceded by REGION_ZAP, so that the agent forgets its
+ * copies of those pages: they read as zeros from now on. The agent hears
+ * first, so that an evicted page never comes back with old contents after
+ * madvise returned, and an eviction in flight (whose EVICT the helper
+ * finishes before it reads our ACK) never copies a page the kernel just
+ * dropped. MADV_FREE is done as MADV_DONTNEED: with FREE the kernel may
+ * keep the page mapped while the agent takes it for gone, resident outside
+ * the budget for good. MADV_HUGEPAGE is ignored (the agent evicts 4 KiB
  * pages). A raw madvise system call bypasses this: evicted pages it names
- * would come back with their old contents (docs/pager.md). */
+ * would come back with their old contents (docs/pager.md).
+ *
+ * A shared region's pages are the segment's: MADV_DONTNEED, MADV_FREE and
+ * MADV_DONTNEED_LOCKED drop only this process's page table entries (the
+ * data stays in the file), so they go to the kernel as they are, with no
+ * REGION_ZAP (MADV_FREE fails there with EINVAL, as without the shim);
+ * MADV_REMOVE punches the file's pages, so it is preceded by REGION_ZAP of
+ * the shared pieces. A range with shared pieces goes piece by piece
+ * (advise_pieces_locked); one without them as before. */
 int rm_madvise(void *addr, size_t len, int advice)
 {
 	uintptr_t a = (uintptr_t)addr;
 	int drop = drops_pages(advice);
-	if (rm_in_shim() || (!drop && advice != MADV_HUGEPAGE) || !page_range(a, len) ||
+	if (rm_in_shim() || (!drop && advice != MADV_HUGEPAGE && advice != MADV_REMOVE) || !page_range(a, len) ||
 	    !rm_table_overlaps(a, round_up(len, rm_page)))
 		return rm_raw_madvise(addr, len, advice);
-	if (!drop)
+	if (advice == MADV_HUGEPAGE)
 		return 0;
+	uintptr_t end = a + round_up(len, rm_page);
 	rm_shim_enter();
 	rm_req_lock();
-	zap_locked(a, round_up(len, rm_page));
+	if (overlaps_shared(a, end - a)) {
+		int r = advise_pieces_locked(a, end, advice), e = errno;
+		rm_req_unlock();
+		rm_shim_leave();
+		errno = e;
+		return r;
+	}
+	if (drop) /* (MADV_REMOVE of private regions: the kernel refuses it) */
+		zap_locked(a, end - a);
 	rm_req_unlock();
 	rm_shim_leave();
 	return rm_raw_madvise(addr, len, advice == MADV_FREE ? MADV_DONTNEED : advice);

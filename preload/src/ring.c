@@ -172,7 +172,7 @@ static uint32_t answer_lost(int uffd, uintptr_t addr, int write)
 	uintptr_t page = addr & ~(uintptr_t)(rm_page - 1);
 	int flags;
 	rm_table_lock();
-	int mine = rm_table_covers_locked(page, rm_page, &flags);
+	int mine = rm_table_covers_locked(page, rm_page, &flags, NULL);
 	rm_table_unlock();
 	if (!mine)
 		return RMEM_RING_NOT_MINE;

@@ -126,7 +126,15 @@
  * ST_ORPHANED: none came in time: requests fail, faults get SIGBUS, the
  * helper still looks. */
 enum state { ST_UNINIT, ST_CONNECTED, ST_OFF, ST_RESUMING, ST_ORPHANED };
-enum kind { KIND_HEAP = RMEM_KIND_HEAP, KIND_MMAP = RMEM_KIND_MMAP };
+/* Region kinds. KIND_HEAP and KIND_MMAP are private anonymous memory;
+ * KIND_SHARED is a MAP_SHARED mapping of shared memory (interpose.c says
+ * which), whose pages are the segment's, not this process's: the agent
+ * pages them once for every process that maps it. What differs for it:
+ * dropping pages (MADV_DONTNEED, MADV_FREE) is no REGION_ZAP, MADV_REMOVE
+ * is (region.c's rm_madvise); MAP_FIXED over it is REGION_DEL, never
+ * REGION_ZAP (rm_map_fixed_locked); mremap does not move or grow it
+ * (interpose.c); the helper refuses an EVICT of it (helper.c). */
+enum kind { KIND_HEAP = RMEM_KIND_HEAP, KIND_MMAP = RMEM_KIND_MMAP, KIND_SHARED = RMEM_KIND_SHARED };
 
 /* Region flags. R_UNREADABLE: some page was mprotect-ed without read
  * access, resident pages may be inaccessible: the helper copies its victims
@@ -260,7 +268,7 @@ HIDDEN void rm_table_atfork_child(void);
 HIDDEN int rm_table_count(void); /* signal-safe */
 HIDDEN int rm_table_full(void);
 HIDDEN struct region rm_table_at_locked(int i);
-HIDDEN int rm_table_covers_locked(uintptr_t a, size_t len, int *flags);
+HIDDEN int rm_table_covers_locked(uintptr_t a, size_t len, int *flags, int *kind);
 HIDDEN int rm_table_overlaps(uintptr_t a, size_t len);
 HIDDEN int rm_table_span(uintptr_t a, uintptr_t *end, int *flags); /* lock-free, signal-safe */
 HIDDEN int rm_table_next_piece(uintptr_t at, uintptr_t end, struct region *r, uintptr_t *lo, uintptr_t *hi);
@@ -446,6 +454,7 @@ HIDDEN void rm_region_open(void);
 HIDDEN int rm_region_early(void);
 HIDDEN int rm_connected(void);
 HIDDEN int rm_region_eligible(int flags);
+HIDDEN int rm_region_shared_eligible(int flags, int prot, int fd);
 HIDDEN int rm_region_add_locked(void *p, size_t len, int kind, int prot);
 HIDDEN int rm_region_punch_locked(uintptr_t a, size_t len);
 HIDDEN void rm_region_pending_drop(uintptr_t a, size_t len);

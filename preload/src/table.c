@@ -61,14 +61,17 @@ static int find_locked(uintptr_t a)
 	return -1;
 }
 
-/* Whether one region holds all of [a, a+len): 1 with its flags in *flags,
- * else 0. Preconditions: table_mu held. */
-int rm_table_covers_locked(uintptr_t a, size_t len, int *flags)
+/* Whether one region holds all of [a, a+len): 1 with its flags in *flags
+ * and its kind in *kind (unless kind is NULL), else 0. Preconditions:
+ * table_mu held. */
+int rm_table_covers_locked(uintptr_t a, size_t len, int *flags, int *kind)
 {
 	int i = find_locked(a);
 	if (i < 0 || a + len - g_regions[i].base > g_regions[i].len)
 		return 0;
 	*flags = g_regions[i].flags;
+	if (kind)
+		*kind = g_regions[i].kind;
 	return 1;
 }
 

@@ -1,6 +1,7 @@
 /* Which direct mmaps become regions: 60 KiB no, 64 KiB (the default
  * min-alloc) and 1 MiB yes, a 65 GiB reservation no (over the cap), a
- * shared one no. Each is written and read back. "ok". */
+ * shared anonymous one of 1 MiB yes (kind shared). Each is written and
+ * read back. "ok". */
 #include "common.h"
 #include <sys/mman.h>
 

@@ -64,6 +64,8 @@ int main(void)
 	emit(RMEM_HELLO, 17, &ring, sizeof ring);
 	struct rmem_welcome wr = {.client_id = 4, .staging_slots = 64, .flags = RMEM_WELCOME_UFFD | RMEM_WELCOME_RING};
 	emit(RMEM_WELCOME, 18, &wr, sizeof wr);
+	struct rmem_region_add shared = {.id = 9, .start = 0x7f0000200000ull, .len = 1 << 20, .kind = RMEM_KIND_SHARED};
+	emit(RMEM_REGION_ADD, 19, &shared, sizeof shared);
 	/* The fault ring's layout: u32 words, in the order the Go test
 	 * lists them (proto.RingSize, RingEntries, ...). */
 	uint32_t ringw[] = {
