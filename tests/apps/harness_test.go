@@ -97,7 +97,11 @@ type env struct {
 func newEnv(t *testing.T) *env { return newEnvWith(t, "--capacity", "2GiB") }
 
 // newEnvWith starts the pool's memd with memdArgs added.
-func newEnvWith(t *testing.T, memdArgs ...string) *env {
+func newEnvWith(t *testing.T, memdArgs ...string) *env { return newEnvAgent(t, memdArgs, nil) }
+
+// newEnvAgent starts the pool's memd with memdArgs added, and memagent
+// serve with agentArgs added (a --local-mem there is the agent's budget).
+func newEnvAgent(t *testing.T, memdArgs, agentArgs []string) *env {
 	t.Helper()
 	bin := build(t)
 	dir, err := os.MkdirTemp("", "apps-") // short: socket paths are limited
@@ -114,8 +118,8 @@ func newEnvWith(t *testing.T, memdArgs ...string) *env {
 		_, _, err := memdtest.Run(filepath.Join(bin, "memd"), nil, "status", "--coordinator", e.url, "--token", token)
 		return err
 	})
-	e.agent = memdtest.Start(t, "memagent serve", filepath.Join(bin, "memagent"), "serve", "--coordinator", e.url, "--token", token,
-		"--socket", e.socket, "--admin-socket", e.admin, "--local-mem", strconv.Itoa(budget))
+	e.agent = memdtest.Start(t, "memagent serve", filepath.Join(bin, "memagent"), append([]string{"serve", "--coordinator", e.url, "--token", token,
+		"--socket", e.socket, "--admin-socket", e.admin, "--local-mem", strconv.Itoa(budget)}, agentArgs...)...)
 	memdtest.Eventually(t, 30*time.Second, "memagent serve answering", func() error {
 		if e.agent.Exited() {
 			t.Fatalf("memagent serve exited:\n%s", e.agent.Output())
