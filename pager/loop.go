@@ -146,6 +146,7 @@ func (c *client) RoutineServe() {
 		}
 		c.serveRing()
 		c.serveHoles(now)
+		c.unpageSegments()
 		c.relocate()
 		c.trim()
 		c.maybeEvict(now)

@@ -29,6 +29,9 @@ type region struct {
 	// nil): its pages are the segment's owner's.
 	px   *proxy
 	plen uint64
+	// pinned: not evicted (a shared memory segment being written back
+	// into its file, shared.go)
+	pinned bool
 }
 
 // writeRate estimates how often a page of a region installed clean from

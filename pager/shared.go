@@ -14,6 +14,7 @@ import (
 
 	rmemclient "rmem/client"
 	"rmem/pager/proto"
+	"rmem/pager/remote"
 	"rmem/procinfo"
 	"rmem/userfaultfd"
 )
@@ -70,6 +71,7 @@ type segment struct {
 	ownerID uint64    // the owner's region id
 	base    userfaultfd.Addr
 	reg     *region // the owner's region: its loop's (set by ownerRegion)
+	unpage  bool    // on unpaging
 }
 
 func (s *segment) size() uint64 { return uint64(len(s.mem)) }
@@ -99,9 +101,12 @@ type sharedTable struct {
 	// ownerRegs: the owner's regions (ownerRegion) not linked yet, by
 	// address.
 	ownerRegs map[userfaultfd.Addr]*region
-	holes     []holeFault    // posted by proxies, for the owner's loop
-	wg        sync.WaitGroup // dropping segments
-	closed    bool           // guarded by mu
+	holes     []holeFault // posted by proxies, for the owner's loop
+	// unpaging: named segments no process maps any more, for the owner's
+	// loop to write back into their files (unpageSegments).
+	unpaging []*segment
+	wg       sync.WaitGroup // dropping segments
+	closed   bool           // guarded by mu
 }
 
 // holeFault is a hole a proxy faulted on, served by the owner's loop, or
@@ -145,6 +150,16 @@ func (t *sharedTable) start() error {
 // close ends the owner client (the segments' pages in the files stay
 // there; those in the pool go with it).
 func (t *sharedTable) close() {
+	// Segments being brought back into their files first: the owner's
+	// loop is still running.
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		t.mu.Lock()
+		n := len(t.unpaging)
+		t.mu.Unlock()
+		if n == 0 {
+			break
+		}
+	}
 	t.create.Lock()
 	t.mu.Lock()
 	t.closed = true
@@ -270,39 +285,154 @@ func (t *sharedTable) join(r *region) {
 }
 
 // leave takes proxy region r out of its segment: its client's uffd is no
-// longer used for it. The last mapper of an anonymous segment drops it
-// (no one can reach its pages any more); a named one (/dev/shm, memfd)
-// stays paged while the agent runs, for its next mapper.
+// longer used for it. When the last mapping goes, so does the segment: an
+// anonymous one is dropped (no one can reach its pages any more); a named
+// one (/dev/shm, memfd) is unpaged first, its pages in the pool written
+// back into the file (unpageSegments), since a process may map or read it
+// later.
 func (t *sharedTable) leave(r *region) {
 	s := r.px.seg
 	if s == nil {
 		return
 	}
 	t.mu.Lock()
-	for i, m := range s.mappers {
-		if m == r {
-			s.mappers = append(s.mappers[:i], s.mappers[i+1:]...)
-			break
+	defer t.mu.Unlock()
+	i := slices.Index(s.mappers, r)
+	if i < 0 {
+		return // left already
+	}
+	s.mappers = slices.Delete(s.mappers, i, i+1)
+	switch {
+	case len(s.mappers) > 0 || t.closed || s.unpage:
+	case s.anon:
+		t.dropLocked(s)
+	default:
+		s.unpage = true
+		t.unpaging = append(t.unpaging, s)
+		if t.ownerC != nil {
+			t.ownerC.wake()
 		}
 	}
-	drop := len(s.mappers) == 0 && s.anon
-	if drop = drop && !t.closed; drop {
-		t.wg.Add(1)
-		delete(t.segs, s.key)
-		delete(t.byReg, s.ownerID)
+}
+
+// dropLocked forgets segment s and has the owner unmap it, off the
+// caller's loop (the owner's loop answers the REGION_DEL, and may be the
+// caller). Preconditions: t.mu held, not closed.
+func (t *sharedTable) dropLocked(s *segment) {
+	delete(t.segs, s.key)
+	delete(t.byReg, s.ownerID)
+	t.wg.Add(1)
+	go func() {
+		defer t.wg.Done()
+		if err := t.owner.Unmap(s.mem); err != nil && !errors.Is(err, rmemclient.ErrClosed) {
+			t.a.log.Warn("dropping a shared memory segment", zap.Error(err))
+		}
+		s.file.Close()
+	}()
+}
+
+// unpageSegments writes the pages in the pool of the segments no process
+// maps any more back into their files, and drops them (the owner's loop:
+// c). A segment mapped again meanwhile stays paged. With an eviction in
+// flight, the next turn does it.
+func (c *client) unpageSegments() {
+	if !c.shmOwner {
+		return
 	}
+	t := c.a.shm
+	t.mu.Lock()
+	if len(t.unpaging) == 0 {
+		t.mu.Unlock()
+		return
+	}
+	segs := slices.Clone(t.unpaging)
 	t.mu.Unlock()
-	if drop {
-		// Off the loop that called us: the owner's loop answers the
-		// REGION_DEL, and may be the caller's.
-		go func() {
-			defer t.wg.Done()
-			if err := t.owner.Unmap(s.mem); err != nil && !errors.Is(err, rmemclient.ErrClosed) {
-				t.a.log.Warn("dropping a shared memory segment", zap.Error(err))
-			}
-			s.file.Close()
-		}()
+	for _, s := range segs {
+		r := s.reg
+		t.mu.Lock()
+		mapped := len(s.mappers) > 0
+		t.mu.Unlock()
+		if mapped || r == nil || r.gone {
+			t.doneUnpaging(s, false)
+			continue
+		}
+		if c.ev.evictBusy {
+			return // its pages may be in flight
+		}
+		r.pinned = true // evicted no more
+		lost, err := c.writeBackToFile(r, s.file)
+		if err != nil {
+			c.log.Error("bringing a shared memory segment back into its file failed: its pages in the pool are lost", zap.Error(err))
+		} else if lost > 0 {
+			c.log.Error("PAGES LOST: a shared memory segment brought back into its file lacks pages no replica held; they read as zeros there", zap.Int("pages", lost))
+		}
+		t.doneUnpaging(s, true)
 	}
+}
+
+// doneUnpaging takes s off the list, and with drop, drops it unless a
+// process maps it again. Called by the owner's loop.
+func (t *sharedTable) doneUnpaging(s *segment, drop bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if i := slices.Index(t.unpaging, s); i >= 0 {
+		t.unpaging = slices.Delete(t.unpaging, i, i+1)
+	}
+	s.unpage = false
+	switch {
+	case len(s.mappers) > 0:
+		// Mapped again: paged on (its pages in the file as well as in
+		// the pool, which an install finds there: EEXIST).
+		if s.reg != nil {
+			s.reg.pinned = false
+		}
+	case drop && !t.closed:
+		t.dropLocked(s)
+	}
+}
+
+// writeBackToFile writes r's pages that are not resident (in the pool, or
+// in a staging slot) into f at their offsets, READ a batch at a time into
+// the loop's read buffers. It returns how many were lost.
+func (c *client) writeBackToFile(r *region, f *os.File) (lost int, err error) {
+	var ops [maxBatch]remote.PageOp
+	var at [maxBatch]int
+	n := 0
+	flush := func() error {
+		c.io.Read(c.a.ctx, ops[:n])
+		for i, op := range ops[:n] {
+			if op.Err != nil {
+				lost++
+				continue
+			}
+			if _, err := unix.Pwrite(int(f.Fd()), op.Buf, int64(at[i])*pageSize); err != nil {
+				return err
+			}
+		}
+		n = 0
+		return nil
+	}
+	for idx, p := range r.pages {
+		switch p.State() {
+		case Remote:
+			slab, off := c.a.slots.where(r.slots[idx])
+			ops[n], at[n] = remote.PageOp{Slab: slab, Off: off, Buf: c.rd.bufs[n*pageSize : (n+1)*pageSize]}, idx
+			if n++; n == maxBatch {
+				if err := flush(); err != nil {
+					return lost, err
+				}
+			}
+		case Staged:
+			if slot := c.ev.stageOf(r, idx); slot >= 0 {
+				if _, err := unix.Pwrite(int(f.Fd()), c.ev.stageBuf(slot), int64(idx)*pageSize); err != nil {
+					return lost, err
+				}
+			}
+		case Lost:
+			lost++
+		}
+	}
+	return lost, flush()
 }
 
 // cut takes rng out of proxy r's live parts (a REGION_DEL or UNMAP of a

@@ -1,6 +1,7 @@
 package apps
 
 import (
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -75,5 +76,46 @@ func TestPythonSharedMemory(t *testing.T) {
 		if n > limit {
 			t.Errorf("%s: %d MiB under rmem, over the budget + 16 MiB (%d MiB); %s MiB in a plain run\n%s", what, n, limit, pf[i+1], tail(rm.stderr))
 		}
+	}
+}
+
+// keepScript writes a named segment of N MiB and leaves it in /dev/shm
+// ("write N"), or checks its contents ("read N").
+const keepScript = `
+import hashlib, sys
+from multiprocessing import shared_memory, resource_tracker
+MB = 1 << 20
+def pat(i): return hashlib.sha256(b"%d" % i).digest() * (MB // 32)
+name, n = sys.argv[2], int(sys.argv[3])
+if sys.argv[1] == "write":
+    s = shared_memory.SharedMemory(name=name, create=True, size=n*MB)
+    resource_tracker.unregister(s._name, "shared_memory")  # it outlives us
+    for i in range(n): s.buf[i*MB:(i+1)*MB] = pat(i)
+    s.close()
+    print("written")
+else:
+    data = open("/dev/shm/" + name, "rb").read()
+    bad = [i for i in range(n) if data[i*MB:(i+1)*MB] != pat(i)]
+    print("OK" if not bad else "BAD %d MiB, first %d" % (len(bad), bad[0]))
+`
+
+// A named segment outlives the processes that mapped it (issue 36): when
+// its last mapping goes, the agent writes its pages in the pool back into
+// the file, so a process that reads the file later, without rmem, reads
+// every byte written, never a hole.
+func TestSharedMemoryOutlives(t *testing.T) {
+	needs(t, "/usr/bin/python3=python3")
+	e := newEnv(t)
+	name := "rmem-apps-" + strconv.Itoa(os.Getpid())
+	os.Remove("/dev/shm/" + name)
+	t.Cleanup(func() { os.Remove("/dev/shm/" + name) })
+	const mib = "128" // 4x the agent's budget
+	w := runBatch(t, e.wrapAt(budget, "/usr/bin/python3", "-c", keepScript, "write", name, mib), "")
+	if w.code != 0 || strings.TrimSpace(w.out) != "written" {
+		t.Fatalf("writer under rmem: exit %d, %q\n%s", w.code, w.out, tail(w.stderr))
+	}
+	r := runBatch(t, []string{"/usr/bin/python3", "-c", keepScript, "read", name, mib}, "")
+	if strings.TrimSpace(r.out) != "OK" {
+		t.Fatalf("the segment read back without rmem: %q\n%s\nthe writer's stderr:\n%s", r.out, r.stderr, tail(w.stderr))
 	}
 }
