@@ -46,7 +46,7 @@ func (c *client) dropRange(rng userfaultfd.Range, unmap bool) {
 			// A process's mapping of shared memory: a MADV_DONTNEED
 			// leaves the data in the segment; an unmap ends (part of)
 			// the mapping.
-			if unmap && !r.px.cut(rng) {
+			if unmap && !c.a.shm.cut(r, rng) {
 				c.removeRegion(r)
 				i--
 			}

@@ -435,6 +435,14 @@ func (c *client) writeBackToFile(r *region, f *os.File) (lost int, err error) {
 	return lost, flush()
 }
 
+// cut takes rng out of proxy region r's live parts, under mu (an
+// eviction reads them), and reports whether anything is left.
+func (t *sharedTable) cut(r *region, rng userfaultfd.Range) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return r.px.cut(rng)
+}
+
 // cut takes rng out of proxy r's live parts (a REGION_DEL or UNMAP of a
 // piece); it reports whether anything is left.
 func (px *proxy) cut(rng userfaultfd.Range) bool {
