@@ -360,7 +360,7 @@ func (c *client) unpageSegments() {
 			return // its pages may be in flight
 		}
 		r.pinned = true // evicted no more
-		lost, err := c.writeBackToFile(r, s.file)
+		lost, err := c.writeBackToFile(r)
 		if err != nil {
 			c.log.Error("bringing a shared memory segment back into its file failed: its pages in the pool are lost", zap.Error(err))
 		} else if lost > 0 {
@@ -391,13 +391,26 @@ func (t *sharedTable) doneUnpaging(s *segment, drop bool) {
 	}
 }
 
-// writeBackToFile writes r's pages that are not resident (in the pool, or
-// in a staging slot) into f at their offsets, READ a batch at a time into
-// the loop's read buffers. It returns how many were lost.
-func (c *client) writeBackToFile(r *region, f *os.File) (lost int, err error) {
+// writeBackToFile puts r's pages that are not resident (in the pool, or
+// in a staging slot) back into its segment's file, installed into the
+// owner's mapping (UFFDIO_COPY: a SysV segment's file has no write), READ
+// a batch at a time into the loop's read buffers. It returns how many
+// were lost.
+func (c *client) writeBackToFile(r *region) (lost int, err error) {
 	var ops [maxBatch]remote.PageOp
 	var at [maxBatch]int
 	n := 0
+	put := func(idx int, buf []byte) error {
+		_, err := c.uffd.Copy(r.addr(idx), buf, 0)
+		if c.again(err) {
+			_, err = c.uffd.Copy(r.addr(idx), buf, 0)
+		}
+		if err != nil && !userfaultfd.IsExist(err) {
+			return err
+		}
+		c.installed(r, idx, r.pages[idx], true) // resident, dirty (counted, its slot let go)
+		return nil
+	}
 	flush := func() error {
 		c.io.Read(c.a.ctx, ops[:n])
 		for i, op := range ops[:n] {
@@ -405,7 +418,7 @@ func (c *client) writeBackToFile(r *region, f *os.File) (lost int, err error) {
 				lost++
 				continue
 			}
-			if _, err := unix.Pwrite(int(f.Fd()), op.Buf, int64(at[i])*pageSize); err != nil {
+			if err := put(at[i], op.Buf); err != nil {
 				return err
 			}
 		}
@@ -423,10 +436,8 @@ func (c *client) writeBackToFile(r *region, f *os.File) (lost int, err error) {
 				}
 			}
 		case Staged:
-			if slot := c.ev.stageOf(r, idx); slot >= 0 {
-				if _, err := unix.Pwrite(int(f.Fd()), c.ev.stageBuf(slot), int64(idx)*pageSize); err != nil {
-					return lost, err
-				}
+			if err := c.fromStage(r, idx, 0); err != nil {
+				return lost, err
 			}
 		case Lost:
 			lost++
@@ -543,6 +554,7 @@ func (c *client) serveHoles(now time.Time) {
 		}
 	}
 	c.flushReads(now, now)
+	c.wakeHoles() // those installed: before this turn's eviction
 }
 
 // zap posts pages of proxy r's range rng, which its process is punching
