@@ -251,3 +251,9 @@ func (a *Agent) newClientWith(u faultFD, features userfaultfd.Feature, sfd, slot
 type localRegistrar interface {
 	RegisterLocal(mem []byte) error
 }
+
+// wake wakes the client's loop (its eventfd), from any goroutine.
+func (c *client) wake() {
+	var one = [8]byte{1}
+	unix.Write(c.wakefd, one[:])
+}

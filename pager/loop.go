@@ -34,10 +34,6 @@ func (c *client) shutdown() {
 	<-c.done
 }
 
-func (c *client) wake() {
-	var one = [8]byte{1}
-	unix.Write(c.wakefd, one[:])
-}
 
 // RoutineServe is the client's loop: one goroutine on a locked OS thread
 // that owns every piece of the client's state. It reads the clock
