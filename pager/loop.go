@@ -34,7 +34,6 @@ func (c *client) shutdown() {
 	<-c.done
 }
 
-
 // RoutineServe is the client's loop: one goroutine on a locked OS thread
 // that owns every piece of the client's state. It reads the clock
 // (Options.Now) once a turn, when poll returns, and passes that time to
