@@ -266,7 +266,7 @@ func (a *Agent) resume(conn *net.UnixConn, cred *unix.Ucred, h proto.Header, hel
 // to this agent; a wake where no thread waits does nothing.
 func (c *client) wakeAll() {
 	for _, r := range c.regs.list {
-		if err := c.uffd.Wake(userfaultfd.Range{Start: r.start, Len: uint64(len(r.pages)) * pageSize}); err != nil {
+		if err := c.uffd.Wake(userfaultfd.Range{Start: r.start, Len: r.len()}); err != nil {
 			c.log.Warn("waking a resumed process's faults", zap.Uint64("region", r.id), zap.Error(err))
 		}
 	}
@@ -322,6 +322,16 @@ func (c *client) rebuild(o *orphan, adds []proto.RegionAdd) error {
 	used := map[uint64]bool{}
 	buf := make([]byte, 8*4096)
 	for _, m := range adds {
+		if m.Kind == proto.KindShared {
+			// Shared memory: its segment went with the last agent. Its
+			// pages in the file stay; its holes raise SIGBUS (shared.go).
+			c.log.Warn("a shared memory mapping resumed without its segment: its pages that were in the pool are lost (SIGBUS)", zap.Stringer("start", m.Range.Start))
+			c.regs.add(&region{id: m.ID, start: m.Range.Start, kind: m.Kind, plen: m.Range.Len,
+				px: &proxy{c: c, live: []userfaultfd.Range{m.Range}}})
+			c.st.regions.Add(1)
+			used[m.ID] = true
+			continue
+		}
 		n := int(m.Range.Len / pageSize)
 		r := known[m.ID]
 		if r == nil || r.start != m.Range.Start || len(r.pages) != n || used[m.ID] {
