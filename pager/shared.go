@@ -149,15 +149,12 @@ func (t *sharedTable) start() error {
 // close ends the owner client (the segments' pages in the files stay
 // there; those in the pool go with it).
 func (t *sharedTable) close() {
-	// Segments being brought back into their files first: the owner's
-	// loop is still running.
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		t.mu.Lock()
-		n := len(t.unpaging)
-		t.mu.Unlock()
-		if n == 0 {
-			break
-		}
+	// Segments being brought back into their files first, and those
+	// whose mappers have exited without their loops having seen it yet
+	// (memagent run closes the agent as soon as its program exits): the
+	// owner's loop is still running.
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && t.settling(); {
+		time.Sleep(10 * time.Millisecond)
 	}
 	t.create.Lock()
 	t.mu.Lock()
@@ -175,6 +172,25 @@ func (t *sharedTable) close() {
 	for _, s := range t.segs {
 		s.file.Close()
 	}
+}
+
+// settling reports whether a segment is being written back into its
+// file, or is mapped by a process that has exited (its loop will take it
+// out, and so may have it written back).
+func (t *sharedTable) settling() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.unpaging) > 0 {
+		return true
+	}
+	for _, s := range t.segs {
+		for _, m := range s.mappers {
+			if pid := int(m.px.c.pidAtm.Load()); pid > 0 && procinfo.Exited(pid) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // isOwner reports whether c is the agent's own client (its loop asks,
