@@ -219,25 +219,39 @@ func (c *Client) Map(size int) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("client: mmap %d bytes: %w", n, err)
 	}
-	rng := userfaultfd.Range{Start: userfaultfd.AddrOf(mem), Len: uint64(n)}
+	if err := c.announce(mem, false); err != nil {
+		return nil, err
+	}
+	return mem[:size:size], nil
+}
+
+// announce registers mem, just mapped, with the uffd and announces it to
+// the agent as a region (shared: of kind proto.KindShared). On failure mem
+// is unmapped.
+func (c *Client) announce(mem []byte, shared bool) error {
+	kind := proto.KindMmap
+	if shared {
+		kind = proto.KindShared
+	}
+	rng := userfaultfd.Range{Start: userfaultfd.AddrOf(mem), Len: uint64(len(mem))}
 	if _, err := c.uffd.Register(rng, userfaultfd.ModeMissing|userfaultfd.ModeWP); err != nil {
 		unix.Munmap(mem)
-		return nil, fmt.Errorf("client: %w", err)
+		return fmt.Errorf("client: %w", err)
 	}
 	c.mu.Lock()
 	c.nextID++
-	r := &region{id: c.nextID, mem: mem}
+	r := &region{id: c.nextID, mem: mem, shared: shared}
 	c.regions[uintptr(rng.Start)] = r
 	c.mu.Unlock()
-	if err := c.request(&proto.RegionAdd{ID: r.id, Range: rng, Kind: proto.KindMmap}); err != nil {
+	if err := c.request(&proto.RegionAdd{ID: r.id, Range: rng, Kind: kind}); err != nil {
 		c.mu.Lock()
 		delete(c.regions, uintptr(rng.Start))
 		c.mu.Unlock()
 		c.uffd.Unregister(rng)
 		unix.Munmap(mem)
-		return nil, fmt.Errorf("client: region add: %w", err)
+		return fmt.Errorf("client: region add: %w", err)
 	}
-	return mem[:size:size], nil
+	return nil
 }
 
 // MapShared maps the first size bytes (whole pages) of f, a shmem file
@@ -266,23 +280,8 @@ func (c *Client) MapShared(f *os.File, size int) ([]byte, error) {
 	// Not locked (a process under mlockall(MCL_FUTURE), as memagent is):
 	// MADV_REMOVE refuses locked memory.
 	unix.Munlock(mem)
-	rng := userfaultfd.Range{Start: userfaultfd.AddrOf(mem), Len: uint64(size)}
-	if _, err := c.uffd.Register(rng, userfaultfd.ModeMissing|userfaultfd.ModeWP); err != nil {
-		unix.Munmap(mem)
-		return nil, fmt.Errorf("client: %w", err)
-	}
-	c.mu.Lock()
-	c.nextID++
-	r := &region{id: c.nextID, mem: mem, shared: true}
-	c.regions[uintptr(rng.Start)] = r
-	c.mu.Unlock()
-	if err := c.request(&proto.RegionAdd{ID: r.id, Range: rng, Kind: proto.KindShared}); err != nil {
-		c.mu.Lock()
-		delete(c.regions, uintptr(rng.Start))
-		c.mu.Unlock()
-		c.uffd.Unregister(rng)
-		unix.Munmap(mem)
-		return nil, fmt.Errorf("client: region add: %w", err)
+	if err := c.announce(mem, true); err != nil {
+		return nil, err
 	}
 	return mem, nil
 }
