@@ -63,11 +63,6 @@ type client struct {
 
 	ring *faultRing // the fault ring of a client whose uffd raises SIGBUS (ring.go); nil: faults come from the uffd
 
-	// shmOwner: the agent's own client, which pages shared memory
-	// segments (shared.go); holes are its proxies' faults it serves.
-	shmOwner bool
-	holes    []holeFault
-
 	spin *spin.Waiter // how long the loop polls before it blocks
 }
 
@@ -133,6 +128,9 @@ type faultQueue struct {
 	retrySpare []heldFault
 	early      []userfaultfd.Msg // messages read ahead by again
 	earlySpare []userfaultfd.Msg
+	// holes: faults of processes on shared memory that the agent's own
+	// client serves (shmowner.go), waiting for their pages.
+	holes []holeFault
 }
 
 // takeRetry returns the faults held for a retry, emptying the list (its

@@ -71,7 +71,7 @@ func (c *client) RoutineServe() {
 		if c.sock.pidfd < 0 && len(c.regs.list) > 0 {
 			timeout = int(probePeriod / time.Millisecond) // see gone
 		}
-		if len(c.fq.retry) > 0 || len(c.holes) > 0 || c.ev.staged > 0 || c.room.reloc.pending(c) || c.parked() || c.fk.preparing {
+		if len(c.fq.retry) > 0 || len(c.fq.holes) > 0 || c.ev.staged > 0 || c.room.reloc.pending(c) || c.parked() || c.fk.preparing {
 			timeout = int(retryPeriod / time.Millisecond)
 		}
 		// Poll a while before blocking: while faults come fast, the next

@@ -272,7 +272,7 @@ func (t *sharedTable) open(pid int, rng userfaultfd.Range) (*segment, uint64, er
 func (t *sharedTable) ownerRegion(c *client, r *region) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	c.shmOwner, t.ownerC = true, c
+	t.ownerC = c
 	t.ownerRegs[r.start] = r // open links it once MapShared returns
 }
 

@@ -18,7 +18,7 @@ import (
 // c). A segment mapped again meanwhile stays paged. With an eviction in
 // flight, the next turn does it.
 func (c *client) unpageSegments() {
-	if !c.shmOwner {
+	if !c.a.shm.isOwner(c) {
 		return
 	}
 	t := c.a.shm
@@ -113,7 +113,7 @@ func (c *client) writeBackToFile(r *region) (lost int, err error) {
 // is being evicted, or past the budget), into the file; wakeHoles wakes
 // the proxies' threads once it is there.
 func (c *client) serveHoles(now time.Time) {
-	if !c.shmOwner {
+	if !c.a.shm.isOwner(c) {
 		return
 	}
 	t := c.a.shm
@@ -129,15 +129,15 @@ func (c *client) serveHoles(now time.Time) {
 				}
 			}
 		default:
-			c.holes = append(c.holes, h)
+			c.fq.holes = append(c.fq.holes, h)
 		}
 	}
 	t.holes = t.holes[:0]
 	t.mu.Unlock()
-	if len(c.holes) == 0 {
+	if len(c.fq.holes) == 0 {
 		return
 	}
-	for _, h := range c.holes {
+	for _, h := range c.fq.holes {
 		if r := h.seg.reg; r != nil && !r.gone && r.pages[h.off/pageSize].State() != Lost {
 			c.fault(r.addr(int(h.off/pageSize)), h.flags, h.since, now)
 		}
@@ -150,13 +150,13 @@ func (c *client) serveHoles(now time.Time) {
 // (resident in the owner, not being evicted), or raises SIGBUS for lost
 // ones; the others wait for the next turn.
 func (c *client) wakeHoles() {
-	if len(c.holes) == 0 {
+	if len(c.fq.holes) == 0 {
 		return
 	}
 	t := c.a.shm
-	keep := c.holes[:0]
+	keep := c.fq.holes[:0]
 	t.mu.Lock()
-	for _, h := range c.holes {
+	for _, h := range c.fq.holes {
 		r := h.seg.reg
 		var p Page
 		if r != nil && !r.gone {
@@ -176,5 +176,5 @@ func (c *client) wakeHoles() {
 		}
 	}
 	t.mu.Unlock()
-	c.holes = keep
+	c.fq.holes = keep
 }
