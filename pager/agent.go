@@ -164,8 +164,7 @@ type Agent struct {
 	closed   bool
 	nclients atomic.Int64
 
-	loopsMu sync.Mutex // orders Options.LoopsChanged calls
-	loops   int
+	loops loopCount // the client loops running, for Options.LoopsChanged
 
 	watch turnWatch // told after each turn of a loop, round of the reservoir, client started or dropped
 
@@ -769,14 +768,21 @@ func (c *client) teardownUnstarted() {
 	close(c.done)
 }
 
+// loopCount counts the client loops running; its mutex orders the
+// Options.LoopsChanged calls.
+type loopCount struct {
+	mu sync.Mutex
+	n  int
+}
+
 // loopsAdd counts a client loop that starts (+1) or ends (-1) and tells
 // Options.LoopsChanged.
 func (a *Agent) loopsAdd(d int) {
-	a.loopsMu.Lock()
-	defer a.loopsMu.Unlock()
-	a.loops += d
+	a.loops.mu.Lock()
+	defer a.loops.mu.Unlock()
+	a.loops.n += d
 	if a.opts.LoopsChanged != nil {
-		a.opts.LoopsChanged(a.loops)
+		a.opts.LoopsChanged(a.loops.n)
 	}
 }
 
