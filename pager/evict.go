@@ -111,7 +111,7 @@ func (c *client) maybeEvict(now time.Time) {
 				c.setSlot(ref.r, ref.idx, 0)
 			}
 		}
-		c.unprotectShared(nil, nil)
+		c.unprotectBatch()
 		c.sock.drop()
 		return
 	}
@@ -157,7 +157,9 @@ func (c *client) protectDirty(r *region, run []Victim) error {
 			// And in every process that maps the segment.
 			if err := c.a.shm.protectShared(r, run[i].Page, j-i); err != nil {
 				c.log.Debug("write-protect of shared victims failed", zap.Error(err))
-				c.unprotectShared(r, run[:i])
+				if i > 0 { // the pages before this run (it lifted its own): run is adjacent pages
+					c.a.shm.unprotectShared(r, run[0].Page, i)
+				}
 				return err
 			}
 		}
@@ -289,7 +291,7 @@ func (c *client) evicted(m *proto.Evicted, now time.Time) {
 			c.set(ref.r, ref.idx, ref.entry().With(Remote))
 		}
 	}
-	c.unprotectShared(nil, nil)
+	c.unprotectBatch()
 	c.resolveHeld(now)
 	for i := 0; i < done; i++ {
 		ref := c.ev.evictRefs[i]
@@ -371,18 +373,12 @@ func (c *client) retryWriteBack() {
 	}
 }
 
-// unprotectShared lifts the protection of shared memory victims in the
-// processes that map their segment (protectShared): run's of r, or with r
-// nil, the batch in flight's, a run of adjacent pages at a time. The
-// pages are punched out of the file by then (or kept, resident): a write
-// that waited faults them back, or goes through.
-func (c *client) unprotectShared(r *region, run []Victim) {
-	if r != nil {
-		for _, v := range run {
-			c.a.shm.unprotectShared(r, v.Page, 1)
-		}
-		return
-	}
+// unprotectBatch lifts the protection of the shared memory victims of the
+// batch in flight in the processes that map their segment (protectShared),
+// a run of adjacent pages at a time. The pages are punched out of the file
+// by then (or kept, resident): a write that waited faults them back, or
+// goes through.
+func (c *client) unprotectBatch() {
 	for i := 0; i < c.ev.evict.N; {
 		ref := c.ev.evictRefs[i]
 		j := i + 1

@@ -67,10 +67,8 @@ type segment struct {
 
 	mappers []*region // the proxies that map it, each of its client (region.proxy)
 	wp      []uint64  // pages write-protected in the proxies by an eviction in flight (bitmap)
-	ownerID uint64    // the owner's region id
-	base    userfaultfd.Addr
-	reg     *region // the owner's region: its loop's (set by ownerRegion)
-	unpage  bool    // on unpaging
+	reg     *region   // the owner's region: its loop's (set by ownerRegion)
+	unpage  bool      // on unpaging
 }
 
 func (s *segment) size() uint64 { return uint64(len(s.mem)) }
@@ -252,7 +250,7 @@ func (t *sharedTable) open(pid int, rng userfaultfd.Range) (*segment, uint64, er
 		return nil, 0, err
 	}
 	s = &segment{key: key, file: f, mem: mem, anon: st.Nlink == 0 && m.Anon,
-		wp: make([]uint64, (size/pageSize+63)/64), base: userfaultfd.AddrOf(mem)}
+		wp: make([]uint64, (size/pageSize+63)/64)}
 	t.mu.Lock()
 	err = t.link(s)
 	if err == nil {
@@ -279,12 +277,13 @@ func (t *sharedTable) ownerRegion(c *client, r *region) {
 // link ties segment s to the owner's region of its mapping.
 // Preconditions: t.mu held.
 func (t *sharedTable) link(s *segment) error {
-	r := t.ownerRegs[s.base]
+	base := userfaultfd.AddrOf(s.mem)
+	r := t.ownerRegs[base]
 	if r == nil {
 		return errors.New("the owner's region is not known")
 	}
-	delete(t.ownerRegs, s.base)
-	s.ownerID, s.reg = r.id, r
+	delete(t.ownerRegs, base)
+	s.reg = r
 	t.byReg[r.id] = s
 	return nil
 }
@@ -335,7 +334,7 @@ func (t *sharedTable) leave(r *region) {
 // caller). Preconditions: t.mu held, not closed.
 func (t *sharedTable) dropLocked(s *segment) {
 	delete(t.segs, s.key)
-	delete(t.byReg, s.ownerID)
+	delete(t.byReg, s.reg.id)
 	t.wg.Add(1)
 	go func() {
 		defer t.wg.Done()
@@ -476,9 +475,9 @@ func (t *sharedTable) protectShared(r *region, lo, n int) error {
 		s.wp[q/64] |= 1 << (q % 64)
 	}
 	for i, m := range s.mappers {
-		if err := t.each(s, m, lo, n, func(u faultFD, rg userfaultfd.Range) error { return u.WriteProtect(rg) }); err != nil {
+		if err := t.each(m, lo, n, func(u faultFD, rg userfaultfd.Range) error { return u.WriteProtect(rg) }); err != nil {
 			for _, m := range s.mappers[:i+1] {
-				t.each(s, m, lo, n, func(u faultFD, rg userfaultfd.Range) error { return unprotectOrWake(u, rg) })
+				t.each(m, lo, n, func(u faultFD, rg userfaultfd.Range) error { return unprotectOrWake(u, rg) })
 			}
 			for q := lo; q < lo+n; q++ {
 				s.wp[q/64] &^= 1 << (q % 64)
@@ -501,7 +500,7 @@ func (t *sharedTable) unprotectShared(r *region, lo, n int) {
 		s.wp[q/64] &^= 1 << (q % 64)
 	}
 	for _, m := range s.mappers {
-		t.each(s, m, lo, n, func(u faultFD, rg userfaultfd.Range) error { return unprotectOrWake(u, rg) })
+		t.each(m, lo, n, func(u faultFD, rg userfaultfd.Range) error { return unprotectOrWake(u, rg) })
 	}
 }
 
@@ -515,7 +514,7 @@ func unprotectOrWake(u faultFD, rg userfaultfd.Range) error {
 // each calls f with proxy m's uffd and each live part of m that maps
 // segment pages [lo, lo+n). An error of a process going away is none.
 // Preconditions: t.mu held.
-func (t *sharedTable) each(s *segment, m *region, lo, n int, f func(faultFD, userfaultfd.Range) error) error {
+func (t *sharedTable) each(m *region, lo, n int, f func(faultFD, userfaultfd.Range) error) error {
 	from, to := uint64(lo)*pageSize, uint64(lo+n)*pageSize
 	mEnd := m.px.off + m.len()
 	if to <= m.px.off || mEnd <= from {
@@ -538,22 +537,16 @@ func (t *sharedTable) each(s *segment, m *region, lo, n int, f func(faultFD, use
 }
 
 // addProxy makes m, a KindShared REGION_ADD of c (not the owner), a proxy
-// of its segment. A resumed one (its segment went with the last agent)
-// is lost: its holes raise SIGBUS.
+// of its segment. (A resumed one is rebuilt lost: resume.go.)
 func (c *client) addProxy(m *proto.RegionAdd) error {
 	rng := m.Range
-	r := &region{id: m.ID, start: rng.Start, kind: m.Kind, px: &proxy{c: c, live: []userfaultfd.Range{rng}}}
-	if m.Flags&proto.RegionResumed == 0 {
-		seg, off, err := c.a.shm.open(int(c.pidAtm.Load()), rng)
-		if err != nil {
-			c.log.Info("shared memory not paged", zap.Stringer("range", rng), zap.Error(err))
-			return errWithErrno(unix.EINVAL, "shared memory not paged: "+err.Error())
-		}
-		r.px.seg, r.px.off = seg, off
-	} else {
-		c.log.Warn("a shared memory mapping resumed without its segment: its pages that were in the pool are lost (SIGBUS)", zap.Stringer("range", rng))
+	seg, off, err := c.a.shm.open(int(c.pidAtm.Load()), rng)
+	if err != nil {
+		c.log.Info("shared memory not paged", zap.Stringer("range", rng), zap.Error(err))
+		return errWithErrno(unix.EINVAL, "shared memory not paged: "+err.Error())
 	}
-	r.plen = rng.Len
+	r := &region{id: m.ID, start: rng.Start, kind: m.Kind, plen: rng.Len,
+		px: &proxy{seg: seg, off: off, c: c, live: []userfaultfd.Range{rng}}}
 	c.regs.add(r)
 	c.a.shm.join(r)
 	c.st.regions.Add(1)
