@@ -1,6 +1,7 @@
 // Package procinfo reads what rmem needs to know of other processes from
 // /proc: a process's state, parent and start time (/proc/PID/stat, parsed
-// by prometheus/procfs) and its supplementary groups (/proc/PID/status). It
+// by prometheus/procfs), its supplementary groups (/proc/PID/status), its
+// mappings, and which processes hold a given file (fds and maps). It
 // is rmem's one reader of those files: the pager (liveness probes, fork
 // pairing, the restart journal's guard against pid reuse, the socket
 // group's members) and the swap-mode runner use it.
@@ -119,9 +120,9 @@ type Mapping struct {
 	Anon bool
 }
 
-// MappingAt returns process pid's mapping that starts at start (from
+// MappingAt returns process pid's mapping that holds address a (from
 // /proc/PID/maps, parsed by prometheus/procfs).
-func (f FS) MappingAt(pid int, start uint64) (Mapping, error) {
+func (f FS) MappingAt(pid int, a uint64) (Mapping, error) {
 	p, err := f.fs.Proc(pid)
 	if err != nil {
 		return Mapping{}, fmt.Errorf("procinfo: %w", err)
@@ -131,12 +132,62 @@ func (f FS) MappingAt(pid int, start uint64) (Mapping, error) {
 		return Mapping{}, fmt.Errorf("procinfo: maps of %d: %w", pid, err)
 	}
 	for _, m := range maps {
-		if uint64(m.StartAddr) == start {
+		if uint64(m.StartAddr) <= a && a < uint64(m.EndAddr) {
 			return Mapping{Start: uint64(m.StartAddr), End: uint64(m.EndAddr), Offset: uint64(m.Offset),
 				Anon: m.Pathname == "/dev/zero (deleted)"}, nil
 		}
 	}
-	return Mapping{}, fmt.Errorf("procinfo: no mapping of %d starts at %#x: %w", pid, start, os.ErrNotExist)
+	return Mapping{}, fmt.Errorf("procinfo: no mapping of %d holds %#x: %w", pid, a, os.ErrNotExist)
+}
+
+// Holder is a process that holds a file: its mappings of it, and whether
+// it has it open.
+type Holder struct {
+	PID  int
+	Maps []Mapping
+	Open bool
+}
+
+// Holders returns the processes that have the file dev/ino open or mapped
+// (/proc/PID/fd and /proc/PID/maps of every process; one that goes while
+// being read is not counted). Reading another user's fds needs root.
+func (f FS) Holders(dev, ino uint64) ([]Holder, error) {
+	procs, err := f.fs.AllProcs()
+	if err != nil {
+		return nil, fmt.Errorf("procinfo: %w", err)
+	}
+	var hs []Holder
+	for _, p := range procs {
+		if h := f.holder(p, dev, ino); h.Open || len(h.Maps) > 0 {
+			hs = append(hs, h)
+		}
+	}
+	return hs, nil
+}
+
+func (f FS) holder(p procfs.Proc, dev, ino uint64) Holder {
+	h := Holder{PID: p.PID}
+	if maps, err := p.ProcMaps(); err == nil {
+		for _, m := range maps {
+			if m.Dev == dev && m.Inode == ino {
+				h.Maps = append(h.Maps, Mapping{Start: uint64(m.StartAddr), End: uint64(m.EndAddr), Offset: uint64(m.Offset),
+					Anon: m.Pathname == "/dev/zero (deleted)"})
+			}
+		}
+	}
+	fds, err := p.FileDescriptors()
+	if err != nil {
+		return h
+	}
+	dir := filepath.Join(f.root, strconv.Itoa(p.PID), "fd")
+	for _, fd := range fds {
+		var st unix.Stat_t
+		if unix.Stat(filepath.Join(dir, strconv.FormatUint(uint64(fd), 10)), &st) == nil && st.Dev == dev && st.Ino == ino {
+			h.Open = true
+			break
+		}
+	}
+	return h
 }
 
 // TracerPid reads the pid of the process tracing process pid (the
@@ -199,7 +250,7 @@ func parseGroups(b []byte) ([]int, error) {
 func TracerPid(pid int) (int, error) { return Default.TracerPid(pid) }
 
 // MappingAt reads the host's /proc (FS.MappingAt).
-func MappingAt(pid int, start uint64) (Mapping, error) { return Default.MappingAt(pid, start) }
+func MappingAt(pid int, a uint64) (Mapping, error) { return Default.MappingAt(pid, a) }
 
 // ReadStat is Default.Stat.
 func ReadStat(pid int) (Stat, error) { return Default.Stat(pid) }
@@ -209,3 +260,6 @@ func Exited(pid int) bool { return Default.Exited(pid) }
 
 // Groups is Default.Groups.
 func Groups(pid int) ([]int, error) { return Default.Groups(pid) }
+
+// Holders is Default.Holders.
+func Holders(dev, ino uint64) ([]Holder, error) { return Default.Holders(dev, ino) }

@@ -241,7 +241,67 @@ func TestMappingAt(t *testing.T) {
 			t.Errorf("MappingAt(%#x) = %+v, want %+v", start(c.mem), got, c.want)
 		}
 	}
-	if _, err := MappingAt(os.Getpid(), start(anon)+4096); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("MappingAt inside a mapping: %v, want ErrNotExist", err)
+	if got, err := MappingAt(os.Getpid(), start(anon)+4096); err != nil || got.Start != start(anon) {
+		t.Errorf("MappingAt inside a mapping: %+v, %v, want the mapping at %#x", got, err, start(anon))
+	}
+	if _, err := MappingAt(os.Getpid(), 4096); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("MappingAt outside any mapping: %v, want ErrNotExist", err)
+	}
+}
+
+// Holders finds a process holding a file open, and one that only maps it.
+func TestHolders(t *testing.T) {
+	f, err := os.CreateTemp("", "holders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	if err := f.Truncate(4096); err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		t.Fatal(err)
+	}
+	// A second file, only mapped by this process (its fd closed).
+	g, err := os.CreateTemp("", "holders-mapped")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(g.Name())
+	g.Truncate(4096)
+	mem, err := unix.Mmap(int(g.Fd()), 0, 4096, unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	var gst unix.Stat_t
+	unix.Fstat(int(g.Fd()), &gst)
+	g.Close()
+
+	sleep := exec.Command("sleep", "30")
+	sleep.ExtraFiles = []*os.File{f}
+	if err := sleep.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { sleep.Process.Kill(); sleep.Wait() }()
+
+	hs, err := Holders(st.Dev, st.Ino)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Holder{{PID: os.Getpid(), Open: true}, {PID: sleep.Process.Pid, Open: true}}
+	byPID := func(a, b Holder) int { return a.PID - b.PID }
+	slices.SortFunc(want, byPID)
+	slices.SortFunc(hs, byPID)
+	if !slices.EqualFunc(hs, want, func(a, b Holder) bool { return a.PID == b.PID && a.Open == b.Open && len(a.Maps) == 0 }) {
+		t.Errorf("Holders of the open file = %+v, want %+v", hs, want)
+	}
+	start := uint64(userfaultfd.AddrOf(mem))
+	hs, err = Holders(gst.Dev, gst.Ino)
+	if err != nil || len(hs) != 1 || hs[0].PID != os.Getpid() || hs[0].Open ||
+		!slices.Equal(hs[0].Maps, []Mapping{{Start: start, End: start + 4096}}) {
+		t.Errorf("Holders of the mapped file = %+v, %v, want this process %d mapping it at %#x", hs, err, os.Getpid(), start)
 	}
 }
