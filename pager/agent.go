@@ -498,7 +498,7 @@ func (a *Agent) handshake(conn *net.UnixConn) {
 			}
 		}
 		c.uid.Store(cred.Uid)
-		c.traced = hello.Flags&proto.HelloTraced != 0
+		c.hello.Store(uint32(hello.Flags))
 		welcome.ClientID = c.id
 		if err := proto.Send(conn, buf, 1, &welcome, c.welcomeFDs(&welcome, c.ev.stagingFD)...); err != nil {
 			a.log.Warn("sending WELCOME failed", zap.Error(err))
@@ -515,6 +515,7 @@ func (a *Agent) handshake(conn *net.UnixConn) {
 			refuse(h, unix.ENOENT, fmt.Sprintf("no fork %d of pid %d known", hello.ForkSerial, hello.PPID))
 			return
 		}
+		c.hello.Store(uint32(hello.Flags))
 		if hello.LocalMem != 0 {
 			c.bud.localMem.Store(hello.LocalMem)
 		}

@@ -45,7 +45,7 @@ type client struct {
 	done   chan struct{}
 	pidAtm atomic.Int64
 	uid    atomic.Uint32 // the client's user (SO_PEERCRED)
-	traced bool          // paged from outside by its tracer (proto.HelloTraced); set before the loop starts
+	hello  atomic.Uint32 // its HELLO's flags (proto.HelloFlags), set when it says it
 	bud    budgetAsk     // its budget: asked for, and steered (budget.go)
 
 	// Loop state, by concern.
@@ -254,4 +254,9 @@ type localRegistrar interface {
 func (c *client) wake() {
 	var one = [8]byte{1}
 	unix.Write(c.wakefd, one[:])
+}
+
+// says reports whether c's HELLO set one of flags.
+func (c *client) says(flags proto.HelloFlags) bool {
+	return proto.HelloFlags(c.hello.Load())&flags != 0
 }

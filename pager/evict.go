@@ -230,9 +230,9 @@ func (c *client) evicted(m *proto.Evicted, now time.Time) {
 	// A traced client's tracer keeps every page while it brings them all
 	// back (package traced, before a fork): its faults must not wait for
 	// evictions that keep nothing, so the budget bends until one does.
-	c.ev.kept = m.Errno == unix.EBUSY && c.traced && done == 0
+	c.ev.kept = m.Errno == unix.EBUSY && c.says(proto.HelloTraced) && done == 0
 	switch {
-	case m.Errno == unix.EBUSY && (c.ring != nil || c.traced):
+	case m.Errno == unix.EBUSY && (c.ring != nil || c.says(proto.HelloTraced)):
 		// A system call has the page after the last one done pinned
 		// (preload/src/pin.c), or a traced program's tracer is making
 		// its pages resident (package traced, before a fork): kept, as

@@ -196,6 +196,7 @@ func (a *Agent) resume(conn *net.UnixConn, cred *unix.Ucred, h proto.Header, hel
 	c.bud.localMem.Store(hello.LocalMem)
 	c.bud.maxSlowdown.Store(hello.MaxSlowdown)
 	c.uid.Store(cred.Uid)
+	c.hello.Store(uint32(hello.Flags))
 	c.pidAtm.Store(int64(cred.Pid))
 	welcome := proto.Welcome{ClientID: c.id, MinAlloc: a.opts.MinAlloc, StagingSlots: uint32(slots)}
 	if o != nil {

@@ -63,6 +63,9 @@ struct rmem_hdr {
  * uffd was made with UFFD_FEATURE_SIGBUS. The agent answers WELCOME with
  * RMEM_WELCOME_RING, or refuses. */
 #define RMEM_HELLO_RING 4u
+/* The sender is the shim: it announces every mapping of shared memory it
+ * makes (KIND_SHARED), so the agent lets it open the segments it pages. */
+#define RMEM_HELLO_SHARED 16u
 struct rmem_hello {
 	int32_t pid;
 	int32_t ppid;
@@ -94,12 +97,16 @@ struct rmem_region_add {
 	uint64_t start;
 	uint64_t len;
 	uint32_t kind;
-	uint32_t flags; /* RMEM_REGION_RESUMED */
+	uint32_t flags; /* RMEM_REGION_RESUMED, RMEM_REGION_UNPAGED */
 };
 
 /* A region re-announced after a resuming HELLO: registered already, its
  * pages resident, in the pool or staged. */
 #define RMEM_REGION_RESUMED 1u
+/* A mapping of shared memory the shim maps but does not page (its uffd
+ * refused to register it, or MAP_LOCKED): never a region; the agent stops
+ * paging the segment if it does, and refuses it (KIND_SHARED only). */
+#define RMEM_REGION_UNPAGED 2u
 
 struct rmem_resume_done {
 	uint32_t regions;  /* REGION_ADDs sent before it */

@@ -61,6 +61,13 @@ const HelloRing HelloFlags = 1 << 2
 // shim's child forked without FORK events does.
 const HelloTraced HelloFlags = 1 << 3
 
+// HelloShared: the sender is the shim, which announces every mapping of
+// shared memory it makes (proto.KindShared, refused or not): the agent
+// lets it open a segment it pages (docs/pager.md, "Shared memory"); a
+// process without it that opens one has the segment brought back into its
+// file first. Not with HelloTraced.
+const HelloShared HelloFlags = 1 << 4
+
 // Hello is the shim's first message on a connection.
 type Hello struct {
 	PID        int32               // the sender (the agent checks it against SO_PEERCRED), or the process it traces (HelloTraced)
@@ -126,7 +133,9 @@ func (m *Hello) Decode(body []byte) error {
 		return fmt.Errorf("%w: HELLO with a UFFD_FEATURE_SIGBUS uffd, not asking for the fault ring", ErrMalformed)
 	case h.Flags&HelloTraced != 0 && h.Flags&(HelloUFFD|HelloResume|HelloRing) != HelloUFFD:
 		return fmt.Errorf("%w: a traced HELLO carries the uffd, and neither resumes nor asks for the ring", ErrMalformed)
-	case h.Flags&^(HelloUFFD|HelloResume|HelloRing|HelloTraced) != 0:
+	case h.Flags&HelloTraced != 0 && h.Flags&HelloShared != 0:
+		return fmt.Errorf("%w: a traced HELLO does not announce shared memory", ErrMalformed)
+	case h.Flags&^(HelloUFFD|HelloResume|HelloRing|HelloTraced|HelloShared) != 0:
 		return fmt.Errorf("%w: HELLO flags %#x", ErrMalformed, uint32(h.Flags))
 	}
 	if err := reserved(TypeHello, "reserved", le.Uint32(body[44:])); err != nil {
@@ -254,6 +263,13 @@ type RegionFlags uint32
 // staged.
 const RegionResumed RegionFlags = 1 << 0
 
+// RegionUnpaged: a mapping of shared memory (KindShared) that the shim
+// maps but does not page (its uffd refused to register it: a file opened
+// read-only; or it is MAP_LOCKED). It never becomes a region: the agent
+// releases the segment if it pages it (its evicted pages would read as
+// holes there), and refuses it.
+const RegionUnpaged RegionFlags = 1 << 1
+
 func (*RegionAdd) Type() Type { return TypeRegionAdd }
 
 func (m *RegionAdd) Encode(b []byte, seq uint32) []byte {
@@ -281,8 +297,11 @@ func (m *RegionAdd) Decode(body []byte) error {
 	if r.Kind != KindHeap && r.Kind != KindMmap && r.Kind != KindShared {
 		return fmt.Errorf("%w: REGION_ADD %v", ErrMalformed, r.Kind)
 	}
-	if r.Flags&^RegionResumed != 0 {
+	switch {
+	case r.Flags&^(RegionResumed|RegionUnpaged) != 0:
 		return fmt.Errorf("%w: REGION_ADD flags %#x", ErrMalformed, uint32(r.Flags))
+	case r.Flags&RegionUnpaged != 0 && (r.Kind != KindShared || r.Flags&RegionResumed != 0):
+		return fmt.Errorf("%w: REGION_ADD of an unpaged mapping that is not new shared memory", ErrMalformed)
 	}
 	*m = r
 	return nil
