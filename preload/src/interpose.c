@@ -9,15 +9,23 @@
  * Which mappings become regions: MAP_PRIVATE|MAP_ANONYMOUS ones of
  * min-alloc bytes up to MAX_REGION_LEN, any protection (a PROT_NONE
  * reservation too: its registration survives a later mprotect, measured
- * on 6.18), MAP_NORESERVE allowed (kind mmap). And MAP_SHARED (or
- * MAP_SHARED_VALIDATE) mappings of shared memory of the same sizes, not
- * MAP_FIXED, mapped PROT_READ|PROT_WRITE exactly: MAP_ANONYMOUS ones, and
- * those of a file on shmem (tmpfs: /dev/shm and shm_open, memfd_create;
- * not hugetlbfs), kind shared: the agent pages their pages once per
- * segment, for every process that maps it (rmem.h's enum kind says what
- * the shim does differently for them). Not other file mappings (the page
- * cache pages them), MAP_POPULATE, MAP_HUGETLB, MAP_GROWSDOWN, MAP_STACK,
- * MAP_LOCKED. (SysV shm is attached with shmat, not mmap: not seen.) */
+ * on 6.18), MAP_NORESERVE allowed (kind mmap). And every MAP_SHARED (or
+ * MAP_SHARED_VALIDATE) mapping of shared memory whose segment is of those
+ * sizes, kind shared: MAP_ANONYMOUS ones of min-alloc bytes or more, and
+ * any mapping (any length, protection or address, MAP_FIXED too) of a
+ * file on shmem (tmpfs: /dev/shm and shm_open, memfd_create; not
+ * hugetlbfs) of min-alloc bytes or more: the agent pages their pages once
+ * per segment, for every process that maps it (rmem.h's enum kind says
+ * what the shim does differently for them). Every mapping of a segment
+ * the agent pages must be one of its proxies, or it would read the
+ * evicted pages as holes: one the shim cannot register (a file opened
+ * read-only: the kernel registers VM_MAYWRITE mappings only), or
+ * MAP_LOCKED, is announced unpaged (RMEM_REGION_UNPAGED), and the agent
+ * stops paging the segment. MAP_POPULATE is done after the registration
+ * (MADV_POPULATE_READ): the agent serves its faults. Not other file
+ * mappings (the page cache pages them), MAP_HUGETLB, MAP_GROWSDOWN,
+ * MAP_STACK, private MAP_POPULATE or MAP_LOCKED. (SysV shm is attached
+ * with shmat, not mmap: not seen.) */
 #include "rmem.h"
 
 #include <errno.h>
@@ -43,11 +51,64 @@ static void adopt(uintptr_t a, size_t len, int kind, int prot)
 	}
 }
 
+/* [a, a+len), just mapped with prot and flags, of a shared memory segment
+ * of seg bytes, becomes a region of kind shared (or a pending one, before
+ * our constructor), or is announced unpaged. Preconditions: in_shim set. */
+static void adopt_shared(uintptr_t a, size_t len, int prot, int flags, size_t seg)
+{
+	int pageable = big(seg) && len <= MAX_REGION_LEN && !(flags & MAP_LOCKED);
+	if (rm_region_early()) {
+		if (pageable)
+			rm_pending_add(a, len, KIND_SHARED, prot);
+	} else if (rm_connected() && big(seg)) { /* the agent's min-alloc may be larger */
+		rm_req_lock();
+		if (!rm_conn_is_connected())
+			;
+		else if (pageable)
+			rm_region_add_locked((void *)a, len, KIND_SHARED, prot); /* refused: ordinary memory */
+		else
+			rm_region_unpaged_locked(a, len);
+		rm_req_unlock();
+	}
+}
+
+/* mmap of shared memory (a segment of seg bytes): any mapping of a segment
+ * the agent may page is announced (this file's head says why). */
+static void *map_shared(void *addr, size_t len, int prot, int flags, int fd, off_t off, size_t seg)
+{
+	uintptr_t a = (uintptr_t)addr;
+	int populate = flags & MAP_POPULATE;
+	flags &= ~MAP_POPULATE;
+	void *p;
+	if ((flags & MAP_FIXED) && page_range(a, len)) {
+		rm_region_pending_drop(a, round_up(len, rm_page));
+		if (rm_table_overlaps(a, round_up(len, rm_page)))
+			p = rm_map_fixed(addr, len, prot, flags, fd, off, RM_FIXED_ZAP | (in_heap(addr) ? RM_FIXED_HEAP : 0));
+		else
+			p = rm_raw_mmap(addr, len, prot, flags, fd, off);
+	} else {
+		p = rm_raw_mmap(addr, len, prot, flags, fd, off);
+	}
+	if (p == MAP_FAILED)
+		return p;
+	int e = errno;
+	rm_shim_enter();
+	adopt_shared((uintptr_t)p, round_up(len, rm_page), prot, flags, seg);
+	rm_shim_leave();
+	if (populate)
+		rm_raw_madvise(p, len, MADV_POPULATE_READ); /* best effort, as MAP_POPULATE */
+	errno = e;
+	return p;
+}
+
 EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {
 	if (rm_in_shim())
 		return rm_raw_mmap(addr, len, prot, flags, fd, off);
 	rm_enter();
+	size_t seg;
+	if (rm_shared_memory(flags, fd, len, &seg))
+		return map_shared(addr, len, prot, flags, fd, off, seg);
 	uintptr_t a = (uintptr_t)addr;
 	if ((flags & MAP_FIXED) && page_range(a, len)) {
 		rm_region_pending_drop(a, round_up(len, rm_page));
@@ -56,21 +117,14 @@ EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off
 			return rm_map_fixed(addr, len, prot, flags, fd, off, how);
 		}
 	}
-	if (!big(len))
-		return rm_raw_mmap(addr, len, prot, flags, fd, off);
-	int kind;
-	if (rm_region_eligible(flags))
-		kind = KIND_MMAP;
-	else if (rm_region_shared_eligible(flags, prot, fd))
-		kind = KIND_SHARED;
-	else
+	if (!big(len) || !rm_region_eligible(flags))
 		return rm_raw_mmap(addr, len, prot, flags, fd, off);
 	void *p = rm_raw_mmap(addr, len, prot, flags, fd, off);
 	if (p == MAP_FAILED)
 		return p;
 	int e = errno;
 	rm_shim_enter();
-	adopt((uintptr_t)p, round_up(len, rm_page), kind, prot);
+	adopt((uintptr_t)p, round_up(len, rm_page), KIND_MMAP, prot);
 	rm_shim_leave();
 	errno = e;
 	return p;

@@ -13,6 +13,7 @@
 #include <linux/userfaultfd.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/vfs.h>
 
@@ -106,11 +107,17 @@ int rm_region_add_locked(void *p, size_t len, int kind, int prot)
 	if (rm_table_full()) {
 		if (!__atomic_exchange_n(&g_full_said, 1, __ATOMIC_ACQ_REL))
 			rm_say("rmem: region table full: further memory is ordinary memory", NULL);
+		if (kind == KIND_SHARED)
+			rm_region_unpaged_locked((uintptr_t)p, len);
 		return -ENOSPC;
 	}
 	int uffd = rm_conn_uffd();
-	if (ioctl(uffd, UFFDIO_REGISTER, &reg) != 0)
-		return -errno;
+	if (ioctl(uffd, UFFDIO_REGISTER, &reg) != 0) {
+		int err = -errno;
+		if (kind == KIND_SHARED) /* a file opened read-only: not VM_MAYWRITE */
+			rm_region_unpaged_locked((uintptr_t)p, len);
+		return err;
+	}
 	rm_raw_madvise(p, len, MADV_DONTFORK); /* see fork.c */
 	struct region r = {(uintptr_t)p, len, g_next_id++, kind, prot_flags(prot)};
 	struct rmem_region_add m = {r.id, r.base, r.len, (uint32_t)kind, 0};
@@ -122,6 +129,16 @@ int rm_region_add_locked(void *p, size_t len, int kind, int prot)
 	}
 	rm_table_insert(&r);
 	return 0;
+}
+
+/* Announces [a, a+len), a mapping of shared memory that is no region, as
+ * unpaged (RMEM_REGION_UNPAGED): the agent stops paging its segment if it
+ * does (its evicted pages would read as holes here), and refuses it.
+ * Preconditions: req_mu held, connected. */
+void rm_region_unpaged_locked(uintptr_t a, size_t len)
+{
+	struct rmem_region_add m = {0, a, len, KIND_SHARED, RMEM_REGION_UNPAGED};
+	rm_request_locked(RMEM_REGION_ADD, &m, sizeof m); /* refused, as asked */
 }
 
 /* Takes [a, a+len) out of every region it overlaps: REGION_DEL for each
@@ -186,24 +203,30 @@ int rm_region_eligible(int flags)
 	return (flags & MAP_ANONYMOUS) && (flags & MAP_TYPE) == MAP_PRIVATE && !(flags & refuse);
 }
 
-/* Whether a mapping of fd with these flags and prot may be a region of
- * shared memory (KIND_SHARED; interpose.c says which and why): not
- * MAP_FIXED, MAP_SHARED or MAP_SHARED_VALIDATE, read and write, and
- * MAP_ANONYMOUS or a file on shmem (f_type TMPFS_MAGIC: /dev/shm,
- * memfd_create; not hugetlbfs). The file system is asked with a raw
- * fstatfs: this runs inside other allocators' mmap calls. (The size rule
- * is the caller's, checked first: small mappings cost no system call.) */
-int rm_region_shared_eligible(int flags, int prot, int fd)
+/* Whether a mapping of len bytes of fd with these flags is of shared
+ * memory (interpose.c says which is paged and why): MAP_SHARED or
+ * MAP_SHARED_VALIDATE, not MAP_HUGETLB, MAP_GROWSDOWN or MAP_STACK, and
+ * MAP_ANONYMOUS (a new segment of len bytes) or a file on shmem (f_type
+ * TMPFS_MAGIC: /dev/shm, memfd_create; not hugetlbfs), whose size is the
+ * segment's. *seg gets the segment's size. The file is asked with raw
+ * fstatfs and fstat: this runs inside other allocators' mmap calls. */
+int rm_shared_memory(int flags, int fd, size_t len, size_t *seg)
 {
-	const int refuse = MAP_FIXED | MAP_POPULATE | MAP_HUGETLB | MAP_GROWSDOWN | MAP_STACK | MAP_LOCKED;
+	const int refuse = MAP_HUGETLB | MAP_GROWSDOWN | MAP_STACK;
 	int type = flags & MAP_TYPE;
-	if ((type != MAP_SHARED && type != MAP_SHARED_VALIDATE) || (flags & refuse) ||
-	    prot != (PROT_READ | PROT_WRITE))
+	if ((type != MAP_SHARED && type != MAP_SHARED_VALIDATE) || (flags & refuse))
 		return 0;
-	if (flags & MAP_ANONYMOUS)
+	if (flags & MAP_ANONYMOUS) {
+		*seg = len;
 		return 1;
-	struct statfs st;
-	return fd >= 0 && rm_sys(SYS_fstatfs, fd, &st, 0) == 0 && st.f_type == TMPFS_MAGIC;
+	}
+	struct statfs fs;
+	struct stat st;
+	if (fd < 0 || rm_sys(SYS_fstatfs, fd, &fs, 0) != 0 || fs.f_type != TMPFS_MAGIC ||
+	    rm_sys(SYS_fstat, fd, &st, 0) != 0)
+		return 0;
+	*seg = (size_t)st.st_size;
+	return 1;
 }
 
 /* Takes the pieces of shared regions (KIND_SHARED) in [a, a+len) out of

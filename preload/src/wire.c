@@ -380,6 +380,7 @@ static struct rmem_hello hello_of(pid_t ppid, uint64_t serial, uint64_t features
 {
 	if (features & UFFD_FEATURE_SIGBUS)
 		flags |= RMEM_HELLO_RING;
+	flags |= RMEM_HELLO_SHARED;
 	return (struct rmem_hello){
 		.pid = getpid(),
 		.ppid = ppid,
