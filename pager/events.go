@@ -211,22 +211,27 @@ const maxRegions = 1 << 16
 func (c *client) addRegion(m *proto.RegionAdd) error {
 	rng := m.Range
 	end, ok := rng.End()
-	switch {
-	case !ok || rng.Len == 0 || !rng.PageAligned(pageSize):
+	if !ok || rng.Len == 0 || !rng.PageAligned(pageSize) {
 		return errWithErrno(unix.EINVAL, "region is empty, unaligned or wraps")
+	}
+	var bad error
+	switch {
+	case m.Flags&proto.RegionUnpaged != 0:
 	case c.regs.byID(m.ID) != nil:
-		return errWithErrno(unix.EEXIST, "region id in use")
+		bad = errWithErrno(unix.EEXIST, "region id in use")
 	case c.regs.overlaps(rng.Start, end):
-		return errWithErrno(unix.EEXIST, "region overlaps another")
+		// (A region keeps its span when a piece of it is unmapped or
+		// mapped over.)
+		bad = errWithErrno(unix.EEXIST, "region overlaps another")
 	case len(c.regs.list) >= maxRegions:
-		return errWithErrno(unix.ENOSPC, "too many regions")
+		bad = errWithErrno(unix.ENOSPC, "too many regions")
 	}
 	owner := m.Kind == proto.KindShared && c.a.shm.isOwner(c)
 	if m.Kind == proto.KindShared && !owner {
-		if c.ring != nil || c.traced {
-			return errWithErrno(unix.EINVAL, "shared memory is paged for clients with a shim and no fault ring only")
-		}
-		return c.addProxy(m)
+		return c.addProxy(m, bad)
+	}
+	if bad != nil {
+		return bad
 	}
 	n := int(rng.Len / pageSize)
 	r := &region{id: m.ID, start: rng.Start, kind: m.Kind, pages: make(PageTable, n), slots: make([]Slot, n)}

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	rmemclient "rmem/client"
+	"rmem/fsguard"
 	"rmem/pager/proto"
 	"rmem/procinfo"
 	"rmem/userfaultfd"
@@ -69,6 +70,11 @@ type segment struct {
 	wp      []uint64  // pages write-protected in the proxies by an eviction in flight (bitmap)
 	reg     *region   // the owner's region: its loop's (set by ownerRegion)
 	unpage  bool      // on unpaging
+	// released is made when the segment is released (release): brought
+	// back into its file and paged no more, while processes still map
+	// it; closed once it is. gone is set then.
+	released chan struct{}
+	gone     bool
 }
 
 func (s *segment) size() uint64 { return uint64(len(s.mem)) }
@@ -104,6 +110,11 @@ type sharedTable struct {
 	unpaging []*segment
 	wg       sync.WaitGroup // dropping segments
 	closed   bool           // guarded by mu
+	// guard holds the opens of the segments' files by processes that
+	// would not map them through the shim (opened), made with the first
+	// segment (under create; nil with guardErr when it cannot be).
+	guard    *fsguard.Guard
+	guardErr error
 }
 
 // holeFault is a hole a proxy faulted on, served by the owner's loop, or
@@ -155,6 +166,12 @@ func (t *sharedTable) close() {
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.create.Lock()
+	g := t.guard
+	t.create.Unlock()
+	if g != nil {
+		g.Close() // its decisions waiting for releases get them: the owner's loop is running
+	}
+	t.create.Lock()
 	t.mu.Lock()
 	t.closed = true
 	t.mu.Unlock()
@@ -195,74 +212,243 @@ func (t *sharedTable) settling() bool {
 // while open waits for its answer: no lock).
 func (t *sharedTable) isOwner(c *client) bool { return t.ownerID.Load() == c.id }
 
-// open finds or makes the segment that [start, start+len) of process pid
-// maps, and returns it with the file offset of start. Errors refuse the
-// region (it stays ordinary memory).
-func (t *sharedTable) open(pid int, rng userfaultfd.Range) (*segment, uint64, error) {
+// mapped is the shmem file a process maps at a range: the file (opened
+// through /proc/PID/map_files), its identity, and what the range maps.
+type mapped struct {
+	file *os.File
+	key  segKey
+	size uint64 // the file's, in whole pages
+	// blocks: it held pages (st_blocks) when opened.
+	blocks bool
+	anon   bool   // MAP_SHARED|MAP_ANONYMOUS: reachable only through its mappings
+	off    uint64 // the file offset of the range's start
+	whole  bool   // the range lies inside one mapping of the file
+	pid    int
+	at     procinfo.Mapping // the mapping that holds the range's start
+}
+
+// identify opens the shmem file that [start, start+len) of process pid
+// maps. An error means no segment is known (the mapping is not of shared
+// memory, or went); !whole that the range is not one mapping's.
+func identify(pid int, rng userfaultfd.Range) (*mapped, error) {
 	end, _ := rng.End()
 	m, err := procinfo.MappingAt(pid, uint64(rng.Start))
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
-	if m.End != uint64(end) {
-		return nil, 0, fmt.Errorf("the mapping at %v ends at %#x, not %v", rng.Start, m.End, end)
-	}
-	f, err := os.OpenFile(fmt.Sprintf("/proc/%d/map_files/%x-%x", pid, uint64(rng.Start), uint64(end)), os.O_RDWR, 0)
+	f, err := os.OpenFile(fmt.Sprintf("/proc/%d/map_files/%x-%x", pid, m.Start, m.End), os.O_RDWR, 0)
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
 	var st unix.Stat_t
 	var fs unix.Statfs_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
 		f.Close()
-		return nil, 0, err
+		return nil, err
 	}
 	if err := unix.Fstatfs(int(f.Fd()), &fs); err != nil || fs.Type != unix.TMPFS_MAGIC {
 		f.Close()
-		return nil, 0, fmt.Errorf("not shared memory (file system %#x)", fs.Type)
+		return nil, fmt.Errorf("not shared memory (file system %#x)", fs.Type)
 	}
-	key := segKey{st.Dev, st.Ino}
+	return &mapped{file: f, key: segKey{st.Dev, st.Ino}, size: (uint64(st.Size) + pageSize - 1) &^ (pageSize - 1),
+		blocks: st.Blocks != 0, anon: st.Nlink == 0 && m.Anon, off: m.Offset + uint64(rng.Start) - m.Start,
+		whole: uint64(end) <= m.End, pid: pid, at: m}, nil
+}
+
+// open finds or makes the segment of mp (its file is the segment's or
+// closed). Errors refuse the mapping (it stays ordinary memory): one of a
+// segment paged has it released first, since its process would read the
+// evicted pages as holes.
+func (t *sharedTable) open(mp *mapped) (*segment, error) {
 	t.create.Lock()
 	defer t.create.Unlock()
 	t.mu.Lock()
-	s := t.segs[key]
+	s := t.segs[mp.key]
 	t.mu.Unlock()
 	if s != nil {
-		f.Close()
-		return s, m.Offset, nil
+		mp.file.Close()
+		if !mp.whole {
+			return nil, t.refuseReleasing(s, "a range that is not one mapping of it")
+		}
+		t.mu.Lock()
+		releasing := s.released != nil
+		t.mu.Unlock()
+		if releasing {
+			return nil, t.refuseReleasing(s, "a mapping made while it is being released")
+		}
+		return s, nil
 	}
-	size := (uint64(st.Size) + pageSize - 1) &^ (pageSize - 1)
+	s, err := t.make(mp)
+	if err != nil {
+		mp.file.Close()
+	}
+	return s, err
+}
+
+// refuseReleasing releases s (its new mapping, refused, is not a proxy),
+// and returns the refusal.
+func (t *sharedTable) refuseReleasing(s *segment, why string) error {
+	if err := t.release(s, why); err != nil {
+		return fmt.Errorf("%s, and releasing the segment failed: %w", why, err)
+	}
+	return fmt.Errorf("%s: the segment is paged no more", why)
+}
+
+// make makes the segment of mp, a file no segment pages. Preconditions:
+// t.create held.
+func (t *sharedTable) make(mp *mapped) (*segment, error) {
 	switch {
-	case st.Blocks != 0:
-		f.Close()
-		return nil, 0, errors.New("the segment holds pages already: not paged")
-	case size == 0:
-		f.Close()
-		return nil, 0, errors.New("the segment is empty")
+	case !mp.whole:
+		return nil, errors.New("the range is not one mapping")
+	case mp.blocks:
+		return nil, errors.New("the segment holds pages already: not paged")
+	case mp.size == 0:
+		return nil, errors.New("the segment is empty")
 	}
 	if err := t.start(); err != nil {
-		f.Close()
-		return nil, 0, err
+		return nil, err
 	}
-	mem, err := t.owner.MapShared(f, int(size))
+	if err := t.watch(mp); err != nil {
+		return nil, err
+	}
+	mem, err := t.owner.MapShared(mp.file, int(mp.size))
 	if err != nil {
-		f.Close()
-		return nil, 0, err
+		t.unwatch(mp.file)
+		return nil, err
 	}
-	s = &segment{key: key, file: f, mem: mem, anon: st.Nlink == 0 && m.Anon,
-		wp: make([]uint64, (size/pageSize+63)/64)}
+	s := &segment{key: mp.key, file: mp.file, mem: mem, anon: mp.anon,
+		wp: make([]uint64, (mp.size/pageSize+63)/64)}
 	t.mu.Lock()
 	err = t.link(s)
 	if err == nil {
-		t.segs[key] = s
+		t.segs[mp.key] = s
 	}
 	t.mu.Unlock()
 	if err != nil {
 		t.owner.Unmap(mem)
-		f.Close()
-		return nil, 0, err
+		t.unwatch(mp.file)
+		return nil, err
 	}
-	return s, m.Offset, nil
+	return s, nil
+}
+
+// watch has the opens of mp's file by processes that would not map it
+// through the shim held until the segment is released (opened), and
+// checks that no such process holds it already. A named segment is not
+// paged without that guard; an anonymous one has no name to be opened by
+// (only root can, through /proc/PID/map_files: held, too, when the guard
+// is there). Preconditions: t.create held.
+func (t *sharedTable) watch(mp *mapped) error {
+	if t.guard == nil && t.guardErr == nil {
+		t.guard, t.guardErr = fsguard.New(t.opened)
+		if t.guardErr != nil {
+			t.a.log.Warn("shared memory files are paged only when the agent can hold back processes outside it that open them; it cannot (fanotify needs CAP_SYS_ADMIN)", zap.Error(t.guardErr))
+		}
+	}
+	if t.guard == nil {
+		if mp.anon {
+			return nil
+		}
+		return fmt.Errorf("no guard against processes outside the agent: %w", t.guardErr)
+	}
+	if err := t.guard.Watch(int(mp.file.Fd())); err != nil {
+		return err
+	}
+	if err := t.onlyMapping(mp); err != nil {
+		t.unwatch(mp.file)
+		return err
+	}
+	return nil
+}
+
+// onlyMapping checks that the mapping being announced (mp, of process
+// mp.pid) is the file's only one, and that the processes holding it open
+// are paged through the shim (their mappings will be proxies): one made
+// before could not be. A process that opens it later is held (opened).
+func (t *sharedTable) onlyMapping(mp *mapped) error {
+	hs, err := procinfo.Holders(mp.key.dev, mp.key.ino)
+	if err != nil {
+		return err
+	}
+	for _, h := range hs {
+		if h.PID != os.Getpid() && !t.a.mapsSharedThroughShim(h.PID) {
+			return fmt.Errorf("process %d, which this agent does not page through the shim, holds it", h.PID)
+		}
+		for _, m := range h.Maps {
+			if h.PID != mp.pid || m.Start != mp.at.Start || m.End != mp.at.End {
+				return fmt.Errorf("process %d maps it at %#x-%#x already, where it is not paged", h.PID, m.Start, m.End)
+			}
+		}
+	}
+	return nil
+}
+
+func (t *sharedTable) unwatch(f *os.File) {
+	if t.guard != nil {
+		t.guard.Unwatch(int(f.Fd()))
+	}
+}
+
+// opened decides an open or read of a watched file by process pid
+// (fsguard): a process paged by this agent through the shim may open it
+// (it maps it as a proxy); any other open, and any read(2), would read
+// the evicted pages as holes, so the segment is released first, brought
+// back whole into its file (or the call is refused, EPERM, if that fails).
+func (t *sharedTable) opened(pid int, key fsguard.Key, op fsguard.Op) bool {
+	if op == fsguard.Open && t.a.mapsSharedThroughShim(pid) {
+		return true
+	}
+	t.mu.Lock()
+	s := t.segs[segKey{key.Dev, key.Ino}]
+	t.mu.Unlock()
+	if s == nil {
+		return true
+	}
+	why := fmt.Sprintf("opened by process %d, which this agent does not page through the shim", pid)
+	if op == fsguard.Read {
+		why = fmt.Sprintf("read (read(2)) by process %d", pid)
+	}
+	if err := t.release(s, why); err != nil {
+		t.a.log.Error("a process outside the agent opening a shared memory segment is refused (EPERM): the segment could not be released", zap.Int("pid", pid), zap.Error(err))
+		return false
+	}
+	return true
+}
+
+// releaseWait bounds how long release waits for the owner's loop.
+const releaseWait = 30 * time.Second
+
+// release stops paging segment s for good while processes still map it
+// (why says what made it): its pages in the pool are written back into
+// its file by the owner's loop (unpageSegments), then the owner drops it;
+// its proxies stay registered, and the holes they fault on afterwards
+// (pages a process punched) are zeros. It returns once the segment is
+// back in its file.
+func (t *sharedTable) release(s *segment, why string) error {
+	t.mu.Lock()
+	switch {
+	case s.released == nil && t.closed:
+		t.mu.Unlock()
+		return errors.New("agent closing")
+	case s.released == nil:
+		t.a.log.Info("releasing a shared memory segment: it is brought back into its file and paged no more", zap.String("why", why))
+		s.released = make(chan struct{})
+		if !s.unpage {
+			s.unpage = true
+			t.unpaging = append(t.unpaging, s)
+		}
+	}
+	done, o := s.released, t.ownerC
+	t.mu.Unlock()
+	if o != nil {
+		o.wake()
+	}
+	select {
+	case <-done:
+		return nil
+	case <-time.After(releaseWait):
+		return errors.New("timed out waiting for the owner to bring it back into its file")
+	}
 }
 
 // ownerRegion ties the owner's region r (added by MapShared) to its
@@ -317,7 +503,7 @@ func (t *sharedTable) leave(r *region) {
 	}
 	s.mappers = slices.Delete(s.mappers, i, i+1)
 	switch {
-	case len(s.mappers) > 0 || t.closed || s.unpage:
+	case len(s.mappers) > 0 || t.closed || s.unpage || s.gone:
 	case s.anon:
 		t.dropLocked(s)
 	default:
@@ -341,12 +527,14 @@ func (t *sharedTable) dropLocked(s *segment) {
 		if err := t.owner.Unmap(s.mem); err != nil && !errors.Is(err, rmemclient.ErrClosed) {
 			t.a.log.Warn("dropping a shared memory segment", zap.Error(err))
 		}
+		t.unwatch(s.file)
 		s.file.Close()
 	}()
 }
 
 // doneUnpaging takes s off the list, and with drop, drops it unless a
-// process maps it again. Called by the owner's loop.
+// process maps it again and it is not being released. Called by the
+// owner's loop.
 func (t *sharedTable) doneUnpaging(s *segment, drop bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -355,6 +543,12 @@ func (t *sharedTable) doneUnpaging(s *segment, drop bool) {
 	}
 	s.unpage = false
 	switch {
+	case s.released != nil:
+		s.gone = true
+		if drop && !t.closed {
+			t.dropLocked(s)
+		}
+		close(s.released)
 	case len(s.mappers) > 0:
 		// Mapped again: paged on (its pages in the file as well as in
 		// the pool, which an install finds there: EEXIST).
@@ -406,9 +600,12 @@ func (t *sharedTable) fault(r *region, a userfaultfd.Addr, flags userfaultfd.Fau
 		return
 	}
 	off := px.off + uint64(a-r.start)
+	t.mu.Lock()
+	gone := px.seg.gone
+	t.mu.Unlock()
 	if flags&userfaultfd.FaultWP != 0 {
 		t.mu.Lock()
-		busy := off < px.seg.size() && px.seg.wp[off/pageSize/64]&(1<<(off/pageSize%64)) != 0
+		busy := !gone && off < px.seg.size() && px.seg.wp[off/pageSize/64]&(1<<(off/pageSize%64)) != 0
 		t.mu.Unlock()
 		if !busy {
 			if err := c.uffd.Unprotect(pageRange(a), 0); err != nil {
@@ -417,9 +614,11 @@ func (t *sharedTable) fault(r *region, a userfaultfd.Addr, flags userfaultfd.Fau
 		}
 		return
 	}
-	if off >= px.seg.size() {
+	if off >= px.seg.size() || gone {
 		// Past the end the segment had when first mapped (it grew):
-		// never paged, so a hole there is one.
+		// never paged, so a hole there is one. Or the segment was
+		// released, every page brought back into its file: a hole there
+		// is one a process punched.
 		if _, err := c.uffd.ZeroPage(pageRange(a), 0); err != nil {
 			c.uffd.Wake(pageRange(a))
 		}
@@ -451,6 +650,9 @@ func (t *sharedTable) zap(r *region, rng userfaultfd.Range) {
 	off := px.off + uint64(rng.Start-r.start)
 	t.mu.Lock()
 	o := t.ownerC
+	if px.seg.gone {
+		o = nil // the process's punch is all there is to it
+	}
 	if o != nil {
 		t.holes = append(t.holes, holeFault{r: r, seg: px.seg, off: off, zap: rng.Len})
 	}
@@ -538,12 +740,51 @@ func (t *sharedTable) each(m *region, lo, n int, f func(faultFD, userfaultfd.Ran
 
 // addProxy makes m, a KindShared REGION_ADD of c (not the owner), a proxy
 // of its segment. (A resumed one is rebuilt lost: resume.go.)
-func (c *client) addProxy(m *proto.RegionAdd) error {
+// A mapping the shim does not page (proto.RegionUnpaged), one of a client
+// whose faults the agent does not take from its uffd (the fault ring, a
+// traced process), and one refused for another reason (bad, addRegion's:
+// e.g. it lies inside a region's span, mapped MAP_FIXED into memory the
+// process reserved) are refused, and have the segment released if it is
+// paged: their process would read its evicted pages as holes.
+func (c *client) addProxy(m *proto.RegionAdd, bad error) error {
 	rng := m.Range
-	seg, off, err := c.a.shm.open(int(c.pidAtm.Load()), rng)
-	if err != nil {
+	refuse := func(err error) error {
 		c.log.Info("shared memory not paged", zap.Stringer("range", rng), zap.Error(err))
 		return errWithErrno(unix.EINVAL, "shared memory not paged: "+err.Error())
+	}
+	mp, err := identify(int(c.pidAtm.Load()), rng)
+	if err != nil {
+		return refuse(err)
+	}
+	t := c.a.shm
+	why := ""
+	switch {
+	case m.Flags&proto.RegionUnpaged != 0:
+		why = "mapped where the shim cannot page it"
+	case c.ring != nil || c.says(proto.HelloTraced) || !c.says(proto.HelloShared):
+		why = "mapped by a client paged without the shim's uffd"
+	case bad != nil:
+		why = bad.Error()
+	}
+	if why != "" {
+		mp.file.Close()
+		t.mu.Lock()
+		s := t.segs[mp.key]
+		t.mu.Unlock()
+		err := errors.New(why)
+		if s != nil {
+			err = t.refuseReleasing(s, why)
+		}
+		if bad != nil {
+			c.log.Info("shared memory not paged", zap.Stringer("range", rng), zap.Error(err))
+			return bad
+		}
+		return refuse(err)
+	}
+	off := mp.off
+	seg, err := t.open(mp)
+	if err != nil {
+		return refuse(err)
 	}
 	r := &region{id: m.ID, start: rng.Start, kind: m.Kind, plen: rng.Len,
 		px: &proxy{seg: seg, off: off, c: c, live: []userfaultfd.Range{rng}}}
@@ -565,4 +806,18 @@ func (c *client) poisonAt(a userfaultfd.Addr) {
 	if pid := int(c.pidAtm.Load()); pid > 0 {
 		unix.Kill(pid, unix.SIGBUS)
 	}
+}
+
+// mapsSharedThroughShim reports whether process pid is a client of a that
+// announces its mappings of shared memory and has them paged as proxies:
+// the shim (proto.HelloShared), with faults from its uffd.
+func (a *Agent) mapsSharedThroughShim(pid int) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, c := range a.clients {
+		if int(c.pidAtm.Load()) == pid && c.says(proto.HelloShared) && !c.says(proto.HelloTraced) && c.ring == nil {
+			return true
+		}
+	}
+	return false
 }

@@ -14,8 +14,9 @@ import (
 // that serve the proxies' holes and bring segments back into their files.
 
 // unpageSegments writes the pages in the pool of the segments no process
-// maps any more back into their files, and drops them (the owner's loop:
-// c). A segment mapped again meanwhile stays paged. With an eviction in
+// maps any more, and of those released (sharedTable.release), back into
+// their files, and drops them (the owner's loop: c). A segment mapped
+// again meanwhile stays paged, unless released. With an eviction in
 // flight, the next turn does it.
 func (c *client) unpageSegments() {
 	if !c.a.shm.isOwner(c) {
@@ -32,7 +33,7 @@ func (c *client) unpageSegments() {
 	for _, s := range segs {
 		r := s.reg
 		t.mu.Lock()
-		mapped := len(s.mappers) > 0
+		mapped := len(s.mappers) > 0 && s.released == nil
 		t.mu.Unlock()
 		if mapped || r == nil || r.gone {
 			t.doneUnpaging(s, false)

@@ -119,3 +119,149 @@ func TestSharedMemoryOutlives(t *testing.T) {
 		t.Fatalf("the segment read back without rmem: %q\n%s\nthe writer's stderr:\n%s", r.out, r.stderr, tail(w.stderr))
 	}
 }
+
+// foreignScript: three named segments of 128 MiB (4x the agent's budget),
+// each written by this process (under rmem), then mapped elsewhere:
+//
+//   - A is read by a process without the shim (LD_PRELOAD dropped): once
+//     through read(2), once through a read-only mapping;
+//   - B by a forked child (with the shim) that opens it read-only and maps
+//     it read-only, which its uffd cannot register;
+//   - C by a forked child that maps a 1 MiB window of it at offset 64 MiB,
+//     and 32 KiB at 32 MiB MAP_FIXED over a small reservation, and
+//     rewrites them;
+//   - D by a forked child that maps 1 MiB at 64 MiB MAP_FIXED into a
+//     4 MiB reservation (a region of the shim's), and rewrites it;
+//   - E by a forked child that reads it with read(2).
+//
+// Each must read every byte written. It prints "OK", then A's and B's
+// pages in tmpfs (MiB) before and after, C's, D's and E's after; or BAD.
+const foreignScript = `
+import hashlib, mmap, os, subprocess, sys, ctypes
+from multiprocessing import shared_memory, resource_tracker
+MB = 1 << 20; N = 128
+def pat(i, gen=0): return hashlib.sha256(b"%d:%d" % (i, gen)).digest() * (MB // 32)
+def tmpfs_mib(s): return os.stat("/dev/shm/" + s.name.lstrip("/")).st_blocks * 512 >> 20
+READER = """
+import hashlib, mmap, sys
+MB = 1 << 20
+def pat(i): return hashlib.sha256(b"%d:0" % i).digest() * (MB // 32)
+path, n = sys.argv[1], int(sys.argv[2])
+data = open(path, "rb").read()
+ok = all(data[i*MB:(i+1)*MB] == pat(i) for i in range(n))
+with open(path, "rb") as f:
+    m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    ok = ok and all(m[i*MB:(i+1)*MB] == pat(i) for i in range(n))
+print("OK" if ok else "BAD")
+"""
+def make(tag):
+    s = shared_memory.SharedMemory(name="rmem-foreign-%s-%d" % (tag, os.getpid()), create=True, size=N*MB)
+    for i in range(N): s.buf[i*MB:(i+1)*MB] = pat(i)
+    return s
+def check(s, gen_of):
+    return all(bytes(s.buf[i*MB:(i+1)*MB]) == pat(i, gen_of(i)) for i in range(N))
+out = []
+ok = True
+a = make("a"); out.append(tmpfs_mib(a))
+env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+r = subprocess.run([sys.executable, "-c", READER, "/dev/shm/" + a.name.lstrip("/"), str(N)], env=env, capture_output=True, text=True)
+if r.stdout.strip() != "OK": print("BAD foreign reader:", r.stdout, r.stderr, flush=True); ok = False
+out.append(tmpfs_mib(a))
+ok = ok and check(a, lambda i: 0)
+b = make("b"); out.append(tmpfs_mib(b))
+pid = os.fork()
+if pid == 0:
+    fd = os.open("/dev/shm/" + b.name.lstrip("/"), os.O_RDONLY)
+    m = mmap.mmap(fd, N*MB, mmap.MAP_SHARED, mmap.PROT_READ)
+    os._exit(0 if all(m[i*MB:(i+1)*MB] == pat(i) for i in range(N)) else 1)
+if os.waitpid(pid, 0)[1] != 0: print("BAD read-only child", flush=True); ok = False
+out.append(tmpfs_mib(b))
+ok = ok and check(b, lambda i: 0)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+RW, NONE, SHARED_FIXED, PRIVATE_ANON = 3, 0, 0x11, 0x22
+def child(seg, maps):
+    # maps: (reservation bytes or 0, length, segment offset) each; it
+    # checks every window and rewrites it with generation 1.
+    pid = os.fork()
+    if pid == 0:
+        fd = os.open("/dev/shm/" + seg.name.lstrip("/"), os.O_RDWR)
+        for res_len, n, off in maps:
+            if res_len:
+                res = libc.mmap(None, res_len, NONE, PRIVATE_ANON, -1, 0)
+                w = libc.mmap(res, n, RW, SHARED_FIXED, fd, off)
+                if w != res: os._exit(2)
+            else:
+                w = mmap.mmap(fd, n, offset=off)
+            buf = (ctypes.c_char * n).from_buffer(w) if not res_len else (ctypes.c_char * n).from_address(w)
+            i, o = divmod(off, MB)
+            if bytes(buf) != pat(i)[o:o+n]: os._exit(1)
+            buf[:] = pat(i, 1)[o:o+n]
+            del buf
+        os._exit(0)
+    st = os.waitpid(pid, 0)[1]
+    if st != 0: print("BAD child of", seg.name, st, flush=True)
+    return st == 0
+def gen1(spans):
+    return lambda i: 1 if i in spans else 0
+c = make("c")
+# C: a 1 MiB window at 64 MiB, and 32 KiB at 32 MiB mapped MAP_FIXED
+# over a 48 KiB reservation (below min-alloc: no region): proxies.
+ok = child(c, [(0, MB, 64*MB), (48 << 10, 32 << 10, 32*MB)]) and ok
+ok = ok and all(bytes(c.buf[i*MB:(i+1)*MB]) == (pat(i, 1) if i == 64 else pat(i)) for i in range(N) if i != 32)
+ok = ok and bytes(c.buf[32*MB:32*MB+(32 << 10)]) == pat(32, 1)[:32 << 10] and bytes(c.buf[32*MB+(32 << 10):33*MB]) == pat(32)[32 << 10:]
+out.append(tmpfs_mib(c))
+# D: 1 MiB at 64 MiB MAP_FIXED into a 4 MiB reservation, a region: the
+# agent cannot make it a proxy there, and releases the segment.
+d = make("d")
+ok = child(d, [(4*MB, MB, 64*MB)]) and ok
+ok = ok and check(d, gen1({64}))
+out.append(tmpfs_mib(d))
+# E: read with read(2) by a forked child (with the shim): the page cache
+# has holes where the pool has the pages, so the agent releases it.
+e = make("e")
+pid = os.fork()
+if pid == 0:
+    with open("/dev/shm/" + e.name.lstrip("/"), "rb") as f:
+        data = f.read()
+    os._exit(0 if all(data[i*MB:(i+1)*MB] == pat(i) for i in range(N)) else 1)
+if os.waitpid(pid, 0)[1] != 0: print("BAD reading child", flush=True); ok = False
+ok = ok and check(e, lambda i: 0)
+out.append(tmpfs_mib(e))
+print("OK" if ok else "BAD", *out, flush=True)
+for s in (a, b, c, d, e): s.close(); s.unlink()
+`
+
+// Mappings of a paged segment that are not its proxies (issue 36): the
+// agent must never let one read an evicted page as a hole (zeros). A
+// process without the shim that opens the segment is held (fanotify) until
+// the segment is brought back into its file and released (paged no more);
+// so is a mapping the shim cannot register (read-only), one the agent
+// cannot make a proxy (inside a region's span), and a read(2) by any
+// process; windows mapped at an offset, MAP_FIXED or not, are proxies, and
+// the segment stays paged.
+func TestSharedMemoryForeignMappers(t *testing.T) {
+	needs(t, "/usr/bin/python3=python3")
+	e := newEnv(t)
+	r := runBatch(t, e.wrapAt(budget, "/usr/bin/python3", "-c", foreignScript), "")
+	t.Logf("under rmem at %d MiB local: %s", budget>>20, strings.TrimSpace(r.out))
+	f := strings.Fields(r.out)
+	if r.code != 0 || len(f) != 8 || f[0] != "OK" {
+		t.Fatalf("exit %d: %q\n%s", r.code, r.out, tail(r.stderr))
+	}
+	n := make([]int, 7)
+	for i := range n {
+		n[i], _ = strconv.Atoi(f[i+1])
+	}
+	const limit = budget>>20 + 16
+	if n[0] > limit || n[2] > limit || n[4] > limit {
+		t.Errorf("segments A, B (before) and C in tmpfs: %d, %d, %d MiB: want each paged, within the budget + 16 MiB (%d)", n[0], n[2], n[4], limit)
+	}
+	if n[1] < 128 || n[3] < 128 || n[5] < 128 || n[6] < 128 {
+		t.Errorf("segments A, B, D and E in tmpfs after their foreign mappers and reader: %d, %d, %d, %d MiB: want all 128 back in the file (released)", n[1], n[3], n[5], n[6])
+	}
+	if !strings.Contains(r.stderr, "releasing a shared memory segment") {
+		t.Logf("agent's log has no release line (it logs at info)")
+	}
+}
