@@ -50,10 +50,18 @@ import (
 // A page is counted once, in the owner's budget, the agent's (--local-mem
 // of memagent run), whichever process touches it.
 //
-// Not handled (docs/pager.md): a process that maps the segment without
-// the shim reads a page evicted as a hole (zeros); a segment that holds
-// pages before its first mapping under the agent is not paged; a proxy is
-// not resumed by a next agent (its holes raise SIGBUS).
+// A segment is paged only while every mapping of it is a proxy: one that
+// is not would read an evicted page as a hole. Anything else that reaches
+// it (a process outside the agent that opens it, held by the guard; a
+// read(2); a mapping the shim cannot register or the agent cannot make a
+// proxy) releases it first (release): its pages are written back into the
+// file, and it is paged no more.
+//
+// Not handled (docs/pager.md): a descriptor that reaches a process
+// outside the agent without an open (inherited across exec, passed over
+// a socket), and write(2); a segment that holds pages before its first
+// mapping under the agent is not paged; a proxy is not resumed by a next
+// agent (its holes raise SIGBUS).
 
 // segKey names a shmem file.
 type segKey struct{ dev, ino uint64 }
