@@ -482,14 +482,37 @@ func (t *sharedTable) link(s *segment) error {
 	return nil
 }
 
-// join makes proxy region r a mapper of its segment.
+// join makes proxy region r a mapper of its segment. The victims of an
+// eviction in flight are protected in it as in the mappers the eviction
+// knew (a forked child's copy of its parent's mapping, made before the
+// eviction protected them; a new mapping): a write there after the copy
+// would be lost to the punch.
 func (t *sharedTable) join(r *region) {
-	if r.px.seg == nil {
+	s := r.px.seg
+	if s == nil {
 		return
 	}
 	t.mu.Lock()
-	r.px.seg.mappers = append(r.px.seg.mappers, r)
-	t.mu.Unlock()
+	defer t.mu.Unlock()
+	s.mappers = append(s.mappers, r)
+	for lo := 0; lo < len(s.wp)*64; {
+		if s.wp[lo/64] == 0 {
+			lo = (lo/64 + 1) * 64
+			continue
+		}
+		if s.wp[lo/64]&(1<<(lo%64)) == 0 {
+			lo++
+			continue
+		}
+		n := 1
+		for lo+n < len(s.wp)*64 && s.wp[(lo+n)/64]&(1<<((lo+n)%64)) != 0 {
+			n++
+		}
+		if err := t.each(r, lo, n, func(u faultFD, rg userfaultfd.Range) error { return u.WriteProtect(rg) }); err != nil {
+			t.a.log.Warn("protecting a new mapping of a segment being evicted failed: a write there meanwhile may be lost", zap.Error(err))
+		}
+		lo += n
+	}
 }
 
 // leave takes proxy region r out of its segment: its client's uffd is no

@@ -38,6 +38,10 @@ var (
 	buildOnce sync.Once
 	binDir    string
 	buildErr  error
+
+	raceOnce   sync.Once
+	raceBinDir string
+	raceErr    error
 )
 
 // needs skips unless the tests can run here: root, userfaultfd, make, and
@@ -87,6 +91,44 @@ func build(t *testing.T) string {
 	return binDir
 }
 
+// buildRace builds memd and memagent with the race detector (and the shim
+// beside them) once, into a temp dir: an agent that reports its data races
+// on stderr (checkNoRace).
+func buildRace(t *testing.T) string {
+	t.Helper()
+	bin := build(t)
+	raceOnce.Do(func() {
+		raceBinDir, raceErr = os.MkdirTemp("", "apps-race-bin-")
+		if raceErr != nil {
+			return
+		}
+		_, file, _, _ := runtime.Caller(0)
+		cmd := exec.Command("go", "build", "-race", "-o", raceBinDir+"/", "./cmd/memd", "./cmd/memagent")
+		cmd.Dir = filepath.Join(filepath.Dir(file), "..", "..")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			raceErr = fmt.Errorf("go build -race: %v\n%s", err, out)
+			return
+		}
+		shim, err := os.ReadFile(filepath.Join(bin, "librmem.so"))
+		if err == nil {
+			err = os.WriteFile(filepath.Join(raceBinDir, "librmem.so"), shim, 0o755)
+		}
+		raceErr = err
+	})
+	if raceErr != nil {
+		t.Fatal(raceErr)
+	}
+	return raceBinDir
+}
+
+// checkNoRace fails t if the agent's output reports a data race.
+func (e *env) checkNoRace(t *testing.T) {
+	t.Helper()
+	if out := e.agent.Output(); strings.Contains(out, "WARNING: DATA RACE") {
+		t.Errorf("the agent (built with -race) reports a data race:\n%s", out)
+	}
+}
+
 // env is a pool (one memd with both roles, 2 GiB) and a `memagent serve`
 // over it, on this host.
 type env struct {
@@ -103,7 +145,18 @@ func newEnvWith(t *testing.T, memdArgs ...string) *env { return newEnvAgent(t, m
 // serve with agentArgs added (a --local-mem there is the agent's budget).
 func newEnvAgent(t *testing.T, memdArgs, agentArgs []string) *env {
 	t.Helper()
-	bin := build(t)
+	return newEnvFrom(t, build(t), memdArgs, agentArgs)
+}
+
+// newRaceEnv is newEnv with the daemons built with the race detector.
+func newRaceEnv(t *testing.T) *env {
+	t.Helper()
+	return newEnvFrom(t, buildRace(t), []string{"--capacity", "2GiB"}, nil)
+}
+
+// newEnvFrom is newEnvAgent with the binaries in bin.
+func newEnvFrom(t *testing.T, bin string, memdArgs, agentArgs []string) *env {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "apps-") // short: socket paths are limited
 	if err != nil {
 		t.Fatal(err)

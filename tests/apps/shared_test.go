@@ -102,10 +102,12 @@ else:
 // A named segment outlives the processes that mapped it (issue 36): when
 // its last mapping goes, the agent writes its pages in the pool back into
 // the file, so a process that reads the file later, without rmem, reads
-// every byte written, never a hole.
+// every byte written, never a hole. The agent is built with the race
+// detector.
 func TestSharedMemoryOutlives(t *testing.T) {
 	needs(t, "/usr/bin/python3=python3")
-	e := newEnv(t)
+	e := newRaceEnv(t)
+	defer e.checkNoRace(t)
 	name := "rmem-apps-" + strconv.Itoa(os.Getpid())
 	os.Remove("/dev/shm/" + name)
 	t.Cleanup(func() { os.Remove("/dev/shm/" + name) })
@@ -240,10 +242,11 @@ for s in (a, b, c, d, e): s.close(); s.unlink()
 // so is a mapping the shim cannot register (read-only), one the agent
 // cannot make a proxy (inside a region's span), and a read(2) by any
 // process; windows mapped at an offset, MAP_FIXED or not, are proxies, and
-// the segment stays paged.
+// the segment stays paged. The agent is built with the race detector.
 func TestSharedMemoryForeignMappers(t *testing.T) {
 	needs(t, "/usr/bin/python3=python3")
-	e := newEnv(t)
+	e := newRaceEnv(t)
+	defer e.checkNoRace(t)
 	r := runBatch(t, e.wrapAt(budget, "/usr/bin/python3", "-c", foreignScript), "")
 	t.Logf("under rmem at %d MiB local: %s", budget>>20, strings.TrimSpace(r.out))
 	f := strings.Fields(r.out)
