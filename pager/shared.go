@@ -83,6 +83,16 @@ type segment struct {
 	// it; closed once it is. gone is set then.
 	released chan struct{}
 	gone     bool
+	// lost marks the pages that could not be brought back into the file
+	// (the pool lost them; a bitmap, nil for none): holes there raise
+	// SIGBUS in its mappings, and the segment stays watched, kept after
+	// its last mapping goes: a process outside the agent may not open it
+	// and no one may read(2) it (EPERM), where it would read zeros.
+	lost []uint64
+}
+
+func (s *segment) isLost(page uint64) bool {
+	return s.lost != nil && page/64 < uint64(len(s.lost)) && s.lost[page/64]&(1<<(page%64)) != 0
 }
 
 func (s *segment) size() uint64 { return uint64(len(s.mem)) }
@@ -275,6 +285,12 @@ func (t *sharedTable) open(mp *mapped) (*segment, error) {
 	t.mu.Unlock()
 	if s != nil {
 		mp.file.Close()
+		t.mu.Lock()
+		lost := s.gone && s.lost != nil
+		t.mu.Unlock()
+		if lost && mp.whole {
+			return s, nil // paged no more, but its lost pages must fault
+		}
 		if !mp.whole {
 			return nil, t.refuseReleasing(s, "a range that is not one mapping of it")
 		}
@@ -420,6 +436,13 @@ func (t *sharedTable) opened(pid int, key fsguard.Key, op fsguard.Op) bool {
 		t.a.log.Error("a process outside the agent opening a shared memory segment is refused (EPERM): the segment could not be released", zap.Int("pid", pid), zap.Error(err))
 		return false
 	}
+	t.mu.Lock()
+	lost := s.lost != nil
+	t.mu.Unlock()
+	if lost {
+		t.a.log.Error("refused (EPERM): a shared memory segment with pages the pool lost is opened or read outside the agent's proxies, where they would read as zeros", zap.Int("pid", pid))
+		return false
+	}
 	return true
 }
 
@@ -548,9 +571,14 @@ func (t *sharedTable) leave(r *region) {
 
 // dropLocked forgets segment s and has the owner unmap it, off the
 // caller's loop (the owner's loop answers the REGION_DEL, and may be the
-// caller). Preconditions: t.mu held, not closed.
+// caller). One with lost pages is kept (its file watched, its proxies
+// poisoned there): only the owner's mapping goes. Preconditions: t.mu
+// held, not closed.
 func (t *sharedTable) dropLocked(s *segment) {
-	delete(t.segs, s.key)
+	keep := s.lost != nil
+	if !keep {
+		delete(t.segs, s.key)
+	}
 	delete(t.byReg, s.reg.id)
 	t.wg.Add(1)
 	go func() {
@@ -558,9 +586,24 @@ func (t *sharedTable) dropLocked(s *segment) {
 		if err := t.owner.Unmap(s.mem); err != nil && !errors.Is(err, rmemclient.ErrClosed) {
 			t.a.log.Warn("dropping a shared memory segment", zap.Error(err))
 		}
-		t.unwatch(s.file)
-		s.file.Close()
+		if !keep {
+			t.unwatch(s.file)
+			s.file.Close()
+		}
 	}()
+}
+
+// markLost records pages of s that could not be brought back into its
+// file.
+func (t *sharedTable) markLost(s *segment, pages []int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if s.lost == nil {
+		s.lost = make([]uint64, len(s.wp))
+	}
+	for _, q := range pages {
+		s.lost[q/64] |= 1 << (q % 64)
+	}
 }
 
 // doneUnpaging takes s off the list, and with drop, drops it unless a
@@ -580,6 +623,12 @@ func (t *sharedTable) doneUnpaging(s *segment, drop bool) {
 			t.dropLocked(s)
 		}
 		close(s.released)
+	case s.lost != nil && drop && !t.closed:
+		// Unmapped, with pages lost: kept, paged no more (as released).
+		s.gone = true
+		s.released = make(chan struct{})
+		close(s.released)
+		t.dropLocked(s)
 	case len(s.mappers) > 0:
 		// Mapped again: paged on (its pages in the file as well as in
 		// the pool, which an install finds there: EEXIST).
@@ -632,8 +681,12 @@ func (t *sharedTable) fault(r *region, a userfaultfd.Addr, flags userfaultfd.Fau
 	}
 	off := px.off + uint64(a-r.start)
 	t.mu.Lock()
-	gone := px.seg.gone
+	gone, lost := px.seg.gone, px.seg.isLost(off/pageSize)
 	t.mu.Unlock()
+	if gone && lost && flags&userfaultfd.FaultWP == 0 {
+		c.poisonAt(a)
+		return
+	}
 	if flags&userfaultfd.FaultWP != 0 {
 		t.mu.Lock()
 		busy := !gone && off < px.seg.size() && px.seg.wp[off/pageSize/64]&(1<<(off/pageSize%64)) != 0
@@ -681,8 +734,11 @@ func (t *sharedTable) zap(r *region, rng userfaultfd.Range) {
 	off := px.off + uint64(rng.Start-r.start)
 	t.mu.Lock()
 	o := t.ownerC
-	if px.seg.gone {
-		o = nil // the process's punch is all there is to it
+	if s := px.seg; s.gone {
+		o = nil // the process's punch is all there is to it: zeros, lost or not
+		for q := off / pageSize; s.lost != nil && q < min(off+rng.Len, s.size())/pageSize; q++ {
+			s.lost[q/64] &^= 1 << (q % 64)
+		}
 	}
 	if o != nil {
 		t.holes = append(t.holes, holeFault{r: r, seg: px.seg, off: off, zap: rng.Len})

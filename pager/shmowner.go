@@ -46,8 +46,16 @@ func (c *client) unpageSegments() {
 		lost, err := c.writeBackToFile(r)
 		if err != nil {
 			c.log.Error("bringing a shared memory segment back into its file failed: its pages in the pool are lost", zap.Error(err))
-		} else if lost > 0 {
-			c.log.Error("PAGES LOST: a shared memory segment brought back into its file lacks pages no replica held; they read as zeros there", zap.Int("pages", lost))
+			lost = nil
+			for idx, p := range r.pages {
+				if p.State() != Resident {
+					lost = append(lost, idx)
+				}
+			}
+		}
+		if len(lost) > 0 {
+			c.log.Error("PAGES LOST: a shared memory segment brought back into its file lacks pages no replica held: its mappings get SIGBUS there, and it may not be opened or read outside the agent (EPERM)", zap.Int("pages", len(lost)))
+			t.markLost(s, lost)
 		}
 		t.doneUnpaging(s, true)
 	}
@@ -56,9 +64,9 @@ func (c *client) unpageSegments() {
 // writeBackToFile puts r's pages that are not resident (in the pool, or
 // in a staging slot) back into its segment's file, installed into the
 // owner's mapping (UFFDIO_COPY: a SysV segment's file has no write), READ
-// a batch at a time into the loop's read buffers. It returns how many
-// were lost.
-func (c *client) writeBackToFile(r *region) (lost int, err error) {
+// a batch at a time into the loop's read buffers. It returns the pages
+// that were lost.
+func (c *client) writeBackToFile(r *region) (lost []int, err error) {
 	var ops [maxBatch]remote.PageOp
 	var at [maxBatch]int
 	n := 0
@@ -77,7 +85,7 @@ func (c *client) writeBackToFile(r *region) (lost int, err error) {
 		c.io.Read(c.a.ctx, ops[:n])
 		for i, op := range ops[:n] {
 			if op.Err != nil {
-				lost++
+				lost = append(lost, at[i])
 				continue
 			}
 			if err := put(at[i], op.Buf); err != nil {
@@ -102,7 +110,7 @@ func (c *client) writeBackToFile(r *region) (lost int, err error) {
 				return lost, err
 			}
 		case Lost:
-			lost++
+			lost = append(lost, idx)
 		}
 	}
 	return lost, flush()

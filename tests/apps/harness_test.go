@@ -184,9 +184,9 @@ func newEnvFrom(t *testing.T, bin string, memdArgs, agentArgs []string) *env {
 }
 
 // addServer adds a memory server donating capacity to the pool.
-func (e *env) addServer(t *testing.T, id string, args ...string) {
+func (e *env) addServer(t *testing.T, id string, args ...string) *memdtest.Proc {
 	t.Helper()
-	memdtest.Start(t, "memd "+id, filepath.Join(e.bin, "memd"), append([]string{"serve", "--role", "server", "--id", id, "--coordinator", e.url,
+	return memdtest.Start(t, "memd "+id, filepath.Join(e.bin, "memd"), append([]string{"serve", "--role", "server", "--id", id, "--coordinator", e.url,
 		"--token", token, "--listen", memdtest.FreeAddr(t), "--tcp-listen", "127.0.0.1:0", "--shm-socket", "off",
 		"--heartbeat-interval", "200ms", "--runtime-dir", filepath.Join(e.dir, "run-"+id)}, args...)...)
 }

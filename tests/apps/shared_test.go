@@ -1,10 +1,16 @@
 package apps
 
 import (
+	"bufio"
+	"context"
+	"fmt"
 	"os"
+	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // sharedMemoryScript: Python's multiprocessing.shared_memory, a 256 MiB
@@ -266,5 +272,76 @@ func TestSharedMemoryForeignMappers(t *testing.T) {
 	}
 	if !strings.Contains(r.stderr, "releasing a shared memory segment") {
 		t.Logf("agent's log has no release line (it logs at info)")
+	}
+}
+
+// lostScript writes a 128 MiB named segment (4x the agent's budget) and
+// says "written"; once told (a line on stdin: the pool's only server is
+// gone meanwhile), a process without the shim reads the segment's file
+// (cat), then a forked child reads its mapping. It prints cat's exit
+// status and what it read, and how the child ended.
+const lostScript = `
+import hashlib, os, subprocess, sys
+from multiprocessing import shared_memory
+MB = 1 << 20; N = 128
+def pat(i): return hashlib.sha256(b"%d" % i).digest() * (MB // 32)
+s = shared_memory.SharedMemory(name="rmem-lost-%d" % os.getpid(), create=True, size=N*MB)
+for i in range(N): s.buf[i*MB:(i+1)*MB] = pat(i)
+print("written", flush=True)
+sys.stdin.readline()
+env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+r = subprocess.run(["cat", "/dev/shm/" + s.name.lstrip("/")], env=env, capture_output=True)
+print("cat", r.returncode, len(r.stdout), flush=True)
+pid = os.fork()
+if pid == 0:
+    bad = sum(1 for i in range(N) if bytes(s.buf[i*MB:(i+1)*MB]) != pat(i))
+    print("child read", bad, flush=True)
+    os._exit(0)
+_, st = os.waitpid(pid, 0)
+print("child", "signal %d" % os.WTERMSIG(st) if os.WIFSIGNALED(st) else "exit %d" % os.WEXITSTATUS(st), flush=True)
+s.close(); s.unlink()
+`
+
+// A shared memory segment whose pages the pool lost (its only memory
+// server killed, one replica) never reads as zeros (issue 36): a process
+// outside the agent that opens it is refused (EPERM) where it would read
+// the holes, and a process mapping it gets SIGBUS on them.
+func TestSharedMemoryPoolLoss(t *testing.T) {
+	needs(t, "/usr/bin/python3=python3", "/usr/bin/cat=coreutils")
+	e := newEnvWith(t, "--role", "coordinator")
+	m2 := e.addServer(t, "m2", "--capacity", "1GiB")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	argv := e.wrap("/usr/bin/python3", "-c", lostScript)
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	outPipe, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	out := bufio.NewScanner(outPipe)
+	if !out.Scan() || out.Text() != "written" {
+		cmd.Wait()
+		t.Fatalf("the writer: %q\n%s", out.Text(), tail(stderr.String()))
+	}
+	m2.Kill()
+	fmt.Fprintln(in, "go")
+	var lines []string
+	for out.Scan() {
+		lines = append(lines, out.Text())
+	}
+	cmd.Wait()
+	t.Logf("after the pool lost its server: %q", lines)
+	want := []string{"cat 1 0", "child signal 7"}
+	if !slices.Equal(lines, want) {
+		t.Fatalf("got %q, want %q (cat refused, nothing read; the child killed by SIGBUS)\n%s", lines, want, tail(stderr.String()))
 	}
 }
