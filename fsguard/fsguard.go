@@ -7,8 +7,9 @@
 // file before letting it go on.
 //
 // It watches single files (inode marks), not directories or mounts. It
-// sees opens, and reads through files opened while it watched (the
-// kernel decides at open whether a file's reads raise permission events);
+// sees opens, and reads through files opened while it watched that file
+// (the kernel decides at open whether a file's reads raise permission
+// events, by the marks on its inode then: measured on 6.18);
 // not writes, nor mappings made through a file opened before it watched,
 // inherited, or passed over a socket. It needs CAP_SYS_ADMIN. This
 // process's own opens and reads are allowed without a decision (the
