@@ -140,7 +140,17 @@ func (c *client) installed(r *region, idx int, p Page, write bool) {
 // data (gone, or failed its checksum).
 // An IsMMChanged error means: retry after reading events.
 func (c *client) poison(r *region, idx int) error {
-	a := r.addr(idx)
+	return c.poisonAt(r.addr(idx), "no replica holds a good copy of an evicted page (lost, or every copy failed its checksum)",
+		zap.Uint64("region", r.id))
+}
+
+// poisonAt makes the page at a raise SIGBUS in c's process, for why (said
+// in the log with fields): with UFFDIO_POISON the thread that touches it
+// gets the signal; without, the process is killed with it. It never lets
+// the thread see zeros. An IsMMChanged error means: retry after reading
+// events.
+func (c *client) poisonAt(a userfaultfd.Addr, why string, fields ...zap.Field) error {
+	fields = append([]zap.Field{zap.Int("pid", int(c.pidAtm.Load())), zap.Stringer("addr", a)}, fields...)
 	if c.features.Has(userfaultfd.FeaturePoison) {
 		c.st.lost.Add(1) // before the ioctl wakes the thread into its SIGBUS
 		_, err := c.uffd.Poison(pageRange(a), 0)
@@ -148,8 +158,7 @@ func (c *client) poison(r *region, idx int) error {
 			c.st.lost.Add(^uint64(0))
 			return err
 		}
-		c.log.Error("PAGE LOST: no replica holds a good copy of an evicted page (lost, or every copy failed its checksum); the client gets SIGBUS",
-			zap.Int("pid", int(c.pidAtm.Load())), zap.Stringer("addr", a), zap.Uint64("region", r.id))
+		c.log.Error("PAGE LOST: "+why+"; the client gets SIGBUS", fields...)
 		if err == nil || userfaultfd.IsExist(err) || userfaultfd.IsGone(err) {
 			if err != nil {
 				c.uffd.Wake(pageRange(a))
@@ -159,10 +168,8 @@ func (c *client) poison(r *region, idx int) error {
 		c.log.Error("poison failed", zap.Error(err))
 	} else {
 		c.st.lost.Add(1)
-		c.log.Error("PAGE LOST: no replica holds a good copy of an evicted page (lost, or every copy failed its checksum); the client gets SIGBUS (no UFFDIO_POISON: the process is killed)",
-			zap.Int("pid", int(c.pidAtm.Load())), zap.Stringer("addr", a), zap.Uint64("region", r.id))
+		c.log.Error("PAGE LOST: "+why+"; the client gets SIGBUS (no UFFDIO_POISON: the process is killed)", fields...)
 	}
-	// Never let the thread see zeros: stop the process.
 	if pid := int(c.pidAtm.Load()); pid > 0 {
 		unix.Kill(pid, unix.SIGBUS)
 	}

@@ -676,7 +676,7 @@ func (px *proxy) cut(rng userfaultfd.Range) bool {
 func (t *sharedTable) fault(r *region, a userfaultfd.Addr, flags userfaultfd.FaultFlags, since time.Time) {
 	c, px := r.px.c, r.px
 	if px.seg == nil {
-		c.poisonAt(a)
+		c.poisonLost(a)
 		return
 	}
 	off := px.off + uint64(a-r.start)
@@ -684,7 +684,7 @@ func (t *sharedTable) fault(r *region, a userfaultfd.Addr, flags userfaultfd.Fau
 	gone, lost := px.seg.gone, px.seg.isLost(off/pageSize)
 	t.mu.Unlock()
 	if gone && lost && flags&userfaultfd.FaultWP == 0 {
-		c.poisonAt(a)
+		c.poisonLost(a)
 		return
 	}
 	if flags&userfaultfd.FaultWP != 0 {
@@ -881,17 +881,12 @@ func (c *client) addProxy(m *proto.RegionAdd, bad error) error {
 	return nil
 }
 
-// poisonAt makes the page at a of c raise SIGBUS (a proxy's page lost).
-func (c *client) poisonAt(a userfaultfd.Addr) {
-	c.st.lost.Add(1)
-	c.log.Error("PAGE LOST: a shared memory page is not in the pool; the client gets SIGBUS", zap.Stringer("addr", a))
-	if c.features.Has(userfaultfd.FeaturePoison) {
-		if _, err := c.uffd.Poison(pageRange(a), 0); err == nil || userfaultfd.IsExist(err) {
-			return
-		}
-	}
-	if pid := int(c.pidAtm.Load()); pid > 0 {
-		unix.Kill(pid, unix.SIGBUS)
+// poisonLost makes proxy page a of c raise SIGBUS: the segment's page
+// there is not in the pool (lost) nor in the file. A page whose
+// process's address space is changing faults again.
+func (c *client) poisonLost(a userfaultfd.Addr) {
+	if err := c.poisonAt(a, "a shared memory page is in neither the pool nor its file"); err != nil {
+		c.uffd.Wake(pageRange(a))
 	}
 }
 

@@ -177,7 +177,7 @@ func (c *client) wakeHoles() {
 		case r == nil || r.gone:
 			h.r.px.c.uffd.faultFD.Wake(pageRange(h.a)) // faults again: lost, or a new segment
 		case p.State() == Lost:
-			h.r.px.c.poisonAt(h.a)
+			h.r.px.c.poisonLost(h.a)
 		case p.State() == Resident && !p.Has(FlagBusy):
 			h.r.px.c.uffd.faultFD.Wake(pageRange(h.a))
 		default:
