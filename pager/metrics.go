@@ -43,6 +43,8 @@ var (
 	descUsed     = prometheus.NewDesc("rmem_agent_pool_used_bytes", "Pool memory holding pages' data (used slots).", nil, nil)
 	descStored   = prometheus.NewDesc("rmem_agent_pool_stored_bytes", "Memory the servers hold for the agent's pages: each used slot once per copy of its slab, and erasure-coded slabs' parity.", nil, nil)
 	descNoRoom   = prometheus.NewDesc("rmem_agent_pool_no_room", "1 while the pool gives the agent no more memory.", nil, nil)
+	descShmSegs  = prometheus.NewDesc("rmem_agent_shared_segments", "Shared memory segments the agent pages (state paged), and those it keeps unpaged and guarded because the pool lost some of their pages (state lost).", []string{"state"}, nil)
+	descShmRel   = prometheus.NewDesc("rmem_agent_shared_releases_total", "Shared memory segments released (brought back into their files, paged no more) because something reached them outside the agent's proxies: an open or read by a process outside the agent, a mapping the shim cannot register or the agent cannot make a proxy.", nil, nil)
 )
 
 // metricCounters are the per-client counters, each with its figure in
@@ -75,7 +77,7 @@ type collector struct{ a *Agent }
 
 func (collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descResident, descRemote, descBudget, descPooled, descLatency, descLatQ, descInstall, descRingWait,
-		descClients, descHeld, descUsed, descStored, descNoRoom, descStall, descAuto} {
+		descClients, descHeld, descUsed, descStored, descNoRoom, descStall, descAuto, descShmSegs, descShmRel} {
 		ch <- d
 	}
 	for _, m := range metricCounters {
@@ -102,6 +104,10 @@ func (col collector) Collect(ch chan<- prometheus.Metric) {
 		noRoom = 1
 	}
 	ch <- prometheus.MustNewConstMetric(descNoRoom, prometheus.GaugeValue, noRoom)
+	paged, lost, releases := a.shm.census()
+	ch <- prometheus.MustNewConstMetric(descShmSegs, prometheus.GaugeValue, float64(paged), "paged")
+	ch <- prometheus.MustNewConstMetric(descShmSegs, prometheus.GaugeValue, float64(lost), "lost")
+	ch <- prometheus.MustNewConstMetric(descShmRel, prometheus.CounterValue, float64(releases))
 	// The counters of the clients that have exited, as one series
 	// (client "exited"), there from the start: a sum over clients does
 	// not fall when one exits, and an alert on lost pages or waits has a

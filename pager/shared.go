@@ -133,6 +133,7 @@ type sharedTable struct {
 	// segment (under create; nil with guardErr when it cannot be).
 	guard    *fsguard.Guard
 	guardErr error
+	releases uint64 // segments released (guarded by mu)
 }
 
 // holeFault is a hole a proxy faulted on, served by the owner's loop, or
@@ -446,6 +447,22 @@ func (t *sharedTable) opened(pid int, key fsguard.Key, op fsguard.Op) bool {
 	return true
 }
 
+// census counts the segments paged, and those kept unpaged for their lost
+// pages, and returns how many were released.
+func (t *sharedTable) census() (paged, lost int, releases uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, s := range t.segs {
+		switch {
+		case !s.gone:
+			paged++
+		case s.lost != nil:
+			lost++
+		}
+	}
+	return paged, lost, t.releases
+}
+
 // releaseWait bounds how long release waits for the owner's loop.
 const releaseWait = 30 * time.Second
 
@@ -464,6 +481,7 @@ func (t *sharedTable) release(s *segment, why string) error {
 	case s.released == nil:
 		t.a.log.Info("releasing a shared memory segment: it is brought back into its file and paged no more", zap.String("why", why))
 		s.released = make(chan struct{})
+		t.releases++
 		if !s.unpage {
 			s.unpage = true
 			t.unpaging = append(t.unpaging, s)

@@ -996,7 +996,8 @@ func TestMemagentMetricsListen(t *testing.T) {
 	out := scrape()
 	for _, m := range []string{"rmem_agent_clients 0", "rmem_agent_pool_held_bytes ", "rmem_agent_pool_no_room 0", "rmem_spin_seconds_total{",
 		`rmem_agent_lost_pages_total{client="exited",pid=""} 0`, `rmem_agent_faults_total{client="exited",pid=""} 0`,
-		`rmem_agent_stall_seconds_total{client="exited",pid=""} 0`, `rmem_agent_budget_waits_total{client="exited",pid=""} 0`} {
+		`rmem_agent_stall_seconds_total{client="exited",pid=""} 0`, `rmem_agent_budget_waits_total{client="exited",pid=""} 0`,
+		`rmem_agent_shared_segments{state="paged"} 0`, "rmem_agent_shared_releases_total 0"} {
 		if !strings.Contains(out, "\n"+m) {
 			t.Errorf("%s is not exported before any program ran:\n%s", m, out)
 		}
