@@ -1330,8 +1330,17 @@ func TestCoreChecksums(t *testing.T) {
 			t.Fatal(err)
 		}
 		// No write-back in flight: the mem provider's WRITEs and the
-		// scribbles copy into the same memory (a race under -race).
+		// scribbles copy into the same memory (a race under -race). A
+		// batch's pages leave the resident count before their write-back
+		// (settle's condition), so wait for its writes too: every page
+		// evicted here is dirty, written back once.
 		f.settle()
+		high := uint64(pager.WatermarksFor(budgetPages).High) * pagertest.PageSize
+		if st, ok := f.statsWhen(func(s pager.ClientStats) bool {
+			return s.ResidentBytes <= high && s.Evictions == s.WriteBacks
+		}); !ok {
+			t.Fatalf("write-backs still in flight: %d evictions, %d write-backs", st.Evictions, st.WriteBacks)
+		}
 		scribble(t, store, 0)
 		return f, store
 	}
