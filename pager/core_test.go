@@ -1034,7 +1034,10 @@ func TestCoreFirstTouchStreams(t *testing.T) {
 // passed over while the scan's cold pages are evicted. Catches a CLOCK that
 // cannot tell a hot page from a cold one (FIFO: hot pages evicted as the
 // hand comes round and read back; with the refault not making pages hot,
-// 34-103 faults on the hot pages in the second scan, against 0-10).
+// 34-103 faults on the hot pages in the second scan). A good CLOCK takes
+// 0 in most runs, and up to 17 seen (20 runs: 0 seventeen times, 8, 8,
+// 13; 17 once in another), as the hand's turns fall against the scan: the
+// bound is three quarters of the hot set.
 func TestCoreHotSetThroughScan(t *testing.T) {
 	store := pagertest.New(t, pagertest.Options{})
 	const budget, hot = 256, 32 // budget over the prefetcher's window and the budget's margin (128)
@@ -1061,8 +1064,8 @@ func TestCoreHotSetThroughScan(t *testing.T) {
 	first := scan()
 	second := scan()
 	t.Logf("%d hot pages read after each page of a scan of %d, budget %d: %d faults on them in the first scan, %d in the second", hot, f.pages-hot, budget, first, second)
-	if second > hot/2 {
-		t.Errorf("the hot pages faulted %d times in the second scan: want at most %d", second, hot/2)
+	if second > hot*3/4 {
+		t.Errorf("the hot pages faulted %d times in the second scan: want at most %d", second, hot*3/4)
 	}
 }
 
