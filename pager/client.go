@@ -227,6 +227,7 @@ func (a *Agent) newClientWith(u faultFD, features userfaultfd.Feature, sfd, slot
 	for s := slots - 1; s >= 0; s-- {
 		c.ev.stageFree = append(c.ev.stageFree, uint32(s))
 	}
+	c.ev.clock.Skip = func(t int) bool { return c.regs.list[t].pinned }
 	if withRing {
 		c.ring = newFaultRing(staging[slots*pageSize:], adopt, &c.st.ring)
 		c.ring.stall = &c.st.stall // the waits of its misses, measured by the ring

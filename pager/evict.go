@@ -38,17 +38,7 @@ func (c *client) maybeEvict(now time.Time) {
 	if n == 0 {
 		return
 	}
-	victims := c.ev.victims[:0]
-	for _, v := range c.ev.victims[:n] {
-		if c.regs.list[v.Table].pinned {
-			c.regs.tables[v.Table][v.Page] &^= FlagBusy
-			continue
-		}
-		victims = append(victims, v)
-	}
-	if len(victims) == 0 {
-		return
-	}
+	victims := c.ev.victims[:n]
 	slices.SortFunc(victims, func(a, b Victim) int {
 		if a.Table != b.Table {
 			return a.Table - b.Table

@@ -178,7 +178,14 @@ type Clock struct {
 	turnResident, turnHot int
 	overHot               bool
 	lastHot               int // hot pages the hand passed in its last whole turn
+
+	// Skip says which tables the hand passes over whole, their pages
+	// not looked at (nil: none): a region whose pages may not be evicted
+	// now (region.pinned).
+	Skip func(table int) bool
 }
+
+func (c *Clock) skips(table int) bool { return c.Skip != nil && c.Skip(table) }
 
 // Hot returns how many hot pages the hand passed in its last whole turn
 // (0 before its first): the program's hot set as the hand last saw it.
@@ -217,11 +224,13 @@ func (c *Clock) turn() {
 // turn began among hot pages: a burst of faulted-in and prefetched pages,
 // all referenced, cost the hot set its pages (TestCoreHotSetThroughScan
 // failed 4 runs in 30 under -race). It clears FlagGhost on the pages it
-// passes.
+// passes, and passes over the tables Skip names.
 func (c *Clock) Victims(tables []PageTable, out []Victim) int {
 	total := 0
-	for _, t := range tables {
-		total += len(t)
+	for i, t := range tables {
+		if !c.skips(i) {
+			total += len(t)
+		}
 	}
 	if total == 0 || len(out) == 0 {
 		return 0
@@ -231,7 +240,7 @@ func (c *Clock) Victims(tables []PageTable, out []Victim) int {
 	}
 	n := 0
 	for step := 0; step < 3*total && n < len(out); step++ {
-		for c.Page >= len(tables[c.Table]) {
+		for c.Page >= len(tables[c.Table]) || c.skips(c.Table) { // ends: total counts a table not skipped
 			c.Table, c.Page = (c.Table+1)%len(tables), 0
 			if c.Table == 0 {
 				c.turn()

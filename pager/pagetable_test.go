@@ -192,3 +192,22 @@ func TestClockHotCold(t *testing.T) {
 		}
 	}
 }
+
+// A table Skip names is passed over whole: its pages are not taken, nor
+// their reference bits cleared; and a hand whose every table is skipped
+// takes nothing, and ends.
+func TestClockSkip(t *testing.T) {
+	tabs := []PageTable{table("rrrR"), table("rr")}
+	c := Clock{Skip: func(i int) bool { return i == 0 }}
+	out := make([]Victim, 4)
+	if n := c.Victims(tabs, out); n != 2 || out[0] != (Victim{1, 0}) || out[1] != (Victim{1, 1}) {
+		t.Fatalf("victims %v, want table 1's two pages", out[:n])
+	}
+	if !tabs[0][3].Has(FlagRef) || tabs[0][0].Has(FlagBusy) {
+		t.Fatalf("the skipped table was looked at: %v", tabs[0])
+	}
+	c.Skip = func(int) bool { return true }
+	if n := c.Victims(tabs, out); n != 0 {
+		t.Fatalf("every table skipped: %d victims", n)
+	}
+}
