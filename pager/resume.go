@@ -327,9 +327,7 @@ func (c *client) rebuild(o *orphan, adds []proto.RegionAdd) error {
 			// Shared memory: its segment went with the last agent. Its
 			// pages in the file stay; its holes raise SIGBUS (shared.go).
 			c.log.Warn("a shared memory mapping resumed without its segment: its pages that were in the pool are lost (SIGBUS)", zap.Stringer("start", m.Range.Start))
-			c.regs.add(&region{id: m.ID, start: m.Range.Start, kind: m.Kind, plen: m.Range.Len,
-				px: &proxy{c: c, live: []userfaultfd.Range{m.Range}}})
-			c.st.regions.Add(1)
+			c.addProxyRegion(&m, nil, 0)
 			used[m.ID] = true
 			continue
 		}

@@ -75,7 +75,7 @@ type segment struct {
 	anon bool   // MAP_SHARED|MAP_ANONYMOUS: no name, reachable only through its mappings
 
 	mappers []*region // the proxies that map it, each of its client (region.proxy)
-	wp      []uint64  // pages write-protected in the proxies by an eviction in flight (bitmap)
+	wp      pageBits  // pages write-protected in the proxies by an eviction in flight
 	reg     *region   // the owner's region: its loop's (set by ownerRegion)
 	unpage  bool      // on unpaging
 	// released is made when the segment is released (release): brought
@@ -88,11 +88,46 @@ type segment struct {
 	// SIGBUS in its mappings, and the segment stays watched, kept after
 	// its last mapping goes: a process outside the agent may not open it
 	// and no one may read(2) it (EPERM), where it would read zeros.
-	lost []uint64
+	lost pageBits
 }
 
-func (s *segment) isLost(page uint64) bool {
-	return s.lost != nil && page/64 < uint64(len(s.lost)) && s.lost[page/64]&(1<<(page%64)) != 0
+// pageBits is a set of a segment's pages, by index.
+type pageBits []uint64
+
+func newPageBits(pages uint64) pageBits { return make(pageBits, (pages+63)/64) }
+
+// has reports whether page q is in the set (false past its end).
+func (b pageBits) has(q uint64) bool { return q/64 < uint64(len(b)) && b[q/64]&(1<<(q%64)) != 0 }
+
+// set adds pages [lo, lo+n) (on) or takes them out.
+func (b pageBits) set(lo, n uint64, on bool) {
+	for q := lo; q < lo+n && q/64 < uint64(len(b)); q++ {
+		if on {
+			b[q/64] |= 1 << (q % 64)
+		} else {
+			b[q/64] &^= 1 << (q % 64)
+		}
+	}
+}
+
+// runs calls f with each run of adjacent pages in the set, in order.
+func (b pageBits) runs(f func(lo, n uint64)) {
+	end := uint64(len(b)) * 64
+	for q := uint64(0); q < end; {
+		switch {
+		case b[q/64] == 0:
+			q = (q/64 + 1) * 64
+		case !b.has(q):
+			q++
+		default:
+			n := uint64(1)
+			for b.has(q + n) {
+				n++
+			}
+			f(q, n)
+			q += n
+		}
+	}
 }
 
 func (s *segment) size() uint64 { return uint64(len(s.mem)) }
@@ -280,34 +315,32 @@ func identify(pid int, rng userfaultfd.Range) (*mapped, error) {
 // evicted pages as holes.
 func (t *sharedTable) open(mp *mapped) (*segment, error) {
 	t.create.Lock()
-	defer t.create.Unlock()
 	t.mu.Lock()
 	s := t.segs[mp.key]
-	t.mu.Unlock()
+	var lost, releasing bool
 	if s != nil {
-		mp.file.Close()
-		t.mu.Lock()
-		lost := s.gone && s.lost != nil
-		t.mu.Unlock()
-		if lost && mp.whole {
-			return s, nil // paged no more, but its lost pages must fault
-		}
-		if !mp.whole {
-			return nil, t.refuseReleasing(s, "a range that is not one mapping of it")
-		}
-		t.mu.Lock()
-		releasing := s.released != nil
-		t.mu.Unlock()
-		if releasing {
-			return nil, t.refuseReleasing(s, "a mapping made while it is being released")
-		}
-		return s, nil
+		lost, releasing = s.gone && s.lost != nil, s.released != nil
 	}
-	s, err := t.make(mp)
-	if err != nil {
-		mp.file.Close()
+	t.mu.Unlock()
+	if s == nil {
+		s, err := t.make(mp)
+		t.create.Unlock()
+		if err != nil {
+			mp.file.Close()
+		}
+		return s, err
 	}
-	return s, err
+	t.create.Unlock() // a release waits for the owner's loop: not under create
+	mp.file.Close()
+	switch {
+	case lost && mp.whole:
+		return s, nil // paged no more, but its lost pages must fault
+	case !mp.whole:
+		return nil, t.refuseReleasing(s, "a range that is not one mapping of it")
+	case releasing:
+		return nil, t.refuseReleasing(s, "a mapping made while it is being released")
+	}
+	return s, nil
 }
 
 // refuseReleasing releases s (its new mapping, refused, is not a proxy),
@@ -342,7 +375,7 @@ func (t *sharedTable) make(mp *mapped) (*segment, error) {
 		return nil, err
 	}
 	s := &segment{key: mp.key, file: mp.file, mem: mem, anon: mp.anon,
-		wp: make([]uint64, (mp.size/pageSize+63)/64)}
+		wp: newPageBits(mp.size / pageSize)}
 	t.mu.Lock()
 	err = t.link(s)
 	if err == nil {
@@ -536,24 +569,11 @@ func (t *sharedTable) join(r *region) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	s.mappers = append(s.mappers, r)
-	for lo := 0; lo < len(s.wp)*64; {
-		if s.wp[lo/64] == 0 {
-			lo = (lo/64 + 1) * 64
-			continue
-		}
-		if s.wp[lo/64]&(1<<(lo%64)) == 0 {
-			lo++
-			continue
-		}
-		n := 1
-		for lo+n < len(s.wp)*64 && s.wp[(lo+n)/64]&(1<<((lo+n)%64)) != 0 {
-			n++
-		}
-		if err := t.each(r, lo, n, func(u faultFD, rg userfaultfd.Range) error { return u.WriteProtect(rg) }); err != nil {
+	s.wp.runs(func(lo, n uint64) {
+		if err := t.each(r, int(lo), int(n), writeProtect); err != nil {
 			t.a.log.Warn("protecting a new mapping of a segment being evicted failed: a write there meanwhile may be lost", zap.Error(err))
 		}
-		lo += n
-	}
+	})
 }
 
 // leave takes proxy region r out of its segment: its client's uffd is no
@@ -617,10 +637,10 @@ func (t *sharedTable) markLost(s *segment, pages []int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if s.lost == nil {
-		s.lost = make([]uint64, len(s.wp))
+		s.lost = newPageBits(s.size() / pageSize)
 	}
 	for _, q := range pages {
-		s.lost[q/64] |= 1 << (q % 64)
+		s.lost.set(uint64(q), 1, true)
 	}
 }
 
@@ -699,24 +719,20 @@ func (t *sharedTable) fault(r *region, a userfaultfd.Addr, flags userfaultfd.Fau
 	}
 	off := px.off + uint64(a-r.start)
 	t.mu.Lock()
-	gone, lost := px.seg.gone, px.seg.isLost(off/pageSize)
+	s := px.seg
+	gone, lost, busy := s.gone, s.lost.has(off/pageSize), !s.gone && s.wp.has(off/pageSize)
 	t.mu.Unlock()
-	if gone && lost && flags&userfaultfd.FaultWP == 0 {
+	switch {
+	case flags&userfaultfd.FaultWP != 0:
+		if !busy {
+			unprotectOrWake(c.uffd.faultFD, pageRange(a))
+		}
+		return
+	case gone && lost:
 		c.poisonLost(a)
 		return
 	}
-	if flags&userfaultfd.FaultWP != 0 {
-		t.mu.Lock()
-		busy := !gone && off < px.seg.size() && px.seg.wp[off/pageSize/64]&(1<<(off/pageSize%64)) != 0
-		t.mu.Unlock()
-		if !busy {
-			if err := c.uffd.Unprotect(pageRange(a), 0); err != nil {
-				c.uffd.Wake(pageRange(a))
-			}
-		}
-		return
-	}
-	if off >= px.seg.size() || gone {
+	if off >= s.size() || gone {
 		// Past the end the segment had when first mapped (it grew):
 		// never paged, so a hole there is one. Or the segment was
 		// released, every page brought back into its file: a hole there
@@ -754,9 +770,7 @@ func (t *sharedTable) zap(r *region, rng userfaultfd.Range) {
 	o := t.ownerC
 	if s := px.seg; s.gone {
 		o = nil // the process's punch is all there is to it: zeros, lost or not
-		for q := off / pageSize; s.lost != nil && q < min(off+rng.Len, s.size())/pageSize; q++ {
-			s.lost[q/64] &^= 1 << (q % 64)
-		}
+		s.lost.set(off/pageSize, rng.Len/pageSize, false)
 	}
 	if o != nil {
 		t.holes = append(t.holes, holeFault{r: r, seg: px.seg, off: off, zap: rng.Len})
@@ -778,17 +792,13 @@ func (t *sharedTable) protectShared(r *region, lo, n int) error {
 	if s == nil {
 		return nil
 	}
-	for q := lo; q < lo+n; q++ {
-		s.wp[q/64] |= 1 << (q % 64)
-	}
+	s.wp.set(uint64(lo), uint64(n), true)
 	for i, m := range s.mappers {
-		if err := t.each(m, lo, n, func(u faultFD, rg userfaultfd.Range) error { return u.WriteProtect(rg) }); err != nil {
+		if err := t.each(m, lo, n, writeProtect); err != nil {
 			for _, m := range s.mappers[:i+1] {
-				t.each(m, lo, n, func(u faultFD, rg userfaultfd.Range) error { return unprotectOrWake(u, rg) })
+				t.each(m, lo, n, unprotectOrWake)
 			}
-			for q := lo; q < lo+n; q++ {
-				s.wp[q/64] &^= 1 << (q % 64)
-			}
+			s.wp.set(uint64(lo), uint64(n), false)
 			return err
 		}
 	}
@@ -803,13 +813,13 @@ func (t *sharedTable) unprotectShared(r *region, lo, n int) {
 	if s == nil {
 		return
 	}
-	for q := lo; q < lo+n; q++ {
-		s.wp[q/64] &^= 1 << (q % 64)
-	}
+	s.wp.set(uint64(lo), uint64(n), false)
 	for _, m := range s.mappers {
-		t.each(m, lo, n, func(u faultFD, rg userfaultfd.Range) error { return unprotectOrWake(u, rg) })
+		t.each(m, lo, n, unprotectOrWake)
 	}
 }
+
+func writeProtect(u faultFD, rg userfaultfd.Range) error { return u.WriteProtect(rg) }
 
 func unprotectOrWake(u faultFD, rg userfaultfd.Range) error {
 	if err := u.Unprotect(rg, 0); err != nil {
@@ -866,7 +876,7 @@ func (c *client) addProxy(m *proto.RegionAdd, bad error) error {
 	switch {
 	case m.Flags&proto.RegionUnpaged != 0:
 		why = "mapped where the shim cannot page it"
-	case c.ring != nil || c.says(proto.HelloTraced) || !c.says(proto.HelloShared):
+	case !c.proxiesShared():
 		why = "mapped by a client paged without the shim's uffd"
 	case bad != nil:
 		why = bad.Error()
@@ -886,17 +896,29 @@ func (c *client) addProxy(m *proto.RegionAdd, bad error) error {
 		}
 		return refuse(err)
 	}
-	off := mp.off
 	seg, err := t.open(mp)
 	if err != nil {
 		return refuse(err)
 	}
-	r := &region{id: m.ID, start: rng.Start, kind: m.Kind, plen: rng.Len,
-		px: &proxy{seg: seg, off: off, c: c, live: []userfaultfd.Range{rng}}}
+	c.addProxyRegion(m, seg, mp.off)
+	return nil
+}
+
+// addProxyRegion adds m's region to c, a proxy of seg (nil: lost) whose
+// start maps offset off, a mapper of seg.
+func (c *client) addProxyRegion(m *proto.RegionAdd, seg *segment, off uint64) {
+	r := &region{id: m.ID, start: m.Range.Start, kind: m.Kind, plen: m.Range.Len,
+		px: &proxy{seg: seg, off: off, c: c, live: []userfaultfd.Range{m.Range}}}
 	c.regs.add(r)
 	c.a.shm.join(r)
 	c.st.regions.Add(1)
-	return nil
+}
+
+// proxiesShared reports whether c's mappings of shared memory are proxies:
+// it is the shim (proto.HelloShared), which announces them, with faults
+// from its uffd (no fault ring, not traced).
+func (c *client) proxiesShared() bool {
+	return c.says(proto.HelloShared) && !c.says(proto.HelloTraced) && c.ring == nil
 }
 
 // poisonLost makes proxy page a of c raise SIGBUS: the segment's page
@@ -908,14 +930,13 @@ func (c *client) poisonLost(a userfaultfd.Addr) {
 	}
 }
 
-// mapsSharedThroughShim reports whether process pid is a client of a that
-// announces its mappings of shared memory and has them paged as proxies:
-// the shim (proto.HelloShared), with faults from its uffd.
+// mapsSharedThroughShim reports whether process pid is a client of a
+// whose mappings of shared memory are proxies (proxiesShared).
 func (a *Agent) mapsSharedThroughShim(pid int) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for _, c := range a.clients {
-		if int(c.pidAtm.Load()) == pid && c.says(proto.HelloShared) && !c.says(proto.HelloTraced) && c.ring == nil {
+		if int(c.pidAtm.Load()) == pid && c.proxiesShared() {
 			return true
 		}
 	}
