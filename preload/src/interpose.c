@@ -38,12 +38,14 @@
 static int big(size_t len) { return len >= rm_min_alloc() && len <= MAX_REGION_LEN; }
 
 /* [a, a+len), just mapped with prot, becomes a region of kind (or a
- * pending one, before our constructor). Preconditions: in_shim set. */
-static void adopt(uintptr_t a, size_t len, int kind, int prot)
+ * pending one, before our constructor) if size, the mapping's or its
+ * shared memory segment's, is big enough for the agent, whose min-alloc
+ * may be larger. Preconditions: in_shim set. */
+static void adopt(uintptr_t a, size_t len, int kind, int prot, size_t size)
 {
 	if (rm_region_early()) {
 		rm_pending_add(a, len, kind, prot);
-	} else if (rm_connected() && big(len)) { /* the agent's min-alloc may be larger */
+	} else if (rm_connected() && big(size)) {
 		rm_req_lock();
 		if (rm_conn_is_connected())
 			rm_region_add_locked((void *)a, len, kind, prot); /* refused: ordinary memory */
@@ -51,44 +53,44 @@ static void adopt(uintptr_t a, size_t len, int kind, int prot)
 	}
 }
 
-/* [a, a+len), just mapped with prot and flags, of a shared memory segment
- * of seg bytes, becomes a region of kind shared (or a pending one, before
- * our constructor), or is announced unpaged. Preconditions: in_shim set. */
+/* [a, a+len), just mapped with flags, of a shared memory segment of seg
+ * bytes, becomes a region of kind shared (adopt), or is announced
+ * unpaged. Preconditions: in_shim set. */
 static void adopt_shared(uintptr_t a, size_t len, int prot, int flags, size_t seg)
 {
-	int pageable = big(seg) && len <= MAX_REGION_LEN && !(flags & MAP_LOCKED);
-	if (rm_region_early()) {
-		if (pageable)
-			rm_pending_add(a, len, KIND_SHARED, prot);
-	} else if (rm_connected() && big(seg)) { /* the agent's min-alloc may be larger */
+	if (!big(seg))
+		return;
+	if (len <= MAX_REGION_LEN && !(flags & MAP_LOCKED)) {
+		adopt(a, len, KIND_SHARED, prot, seg);
+	} else if (!rm_region_early() && rm_connected()) {
 		rm_req_lock();
-		if (!rm_conn_is_connected())
-			;
-		else if (pageable)
-			rm_region_add_locked((void *)a, len, KIND_SHARED, prot); /* refused: ordinary memory */
-		else
+		if (rm_conn_is_connected())
 			rm_region_unpaged_locked(a, len);
 		rm_req_unlock();
 	}
 }
 
+/* Whether a mapping of [addr, addr+len) with flags is MAP_FIXED over
+ * regions (rm_map_fixed's), dropping pending regions there. */
+static int fixed_over_regions(void *addr, size_t len, int flags)
+{
+	uintptr_t a = (uintptr_t)addr;
+	if (!(flags & MAP_FIXED) || !page_range(a, len))
+		return 0;
+	rm_region_pending_drop(a, round_up(len, rm_page));
+	return rm_table_overlaps(a, round_up(len, rm_page));
+}
+
+static int fixed_how(void *addr) { return RM_FIXED_ZAP | (in_heap(addr) ? RM_FIXED_HEAP : 0); }
+
 /* mmap of shared memory (a segment of seg bytes): any mapping of a segment
  * the agent may page is announced (this file's head says why). */
 static void *map_shared(void *addr, size_t len, int prot, int flags, int fd, off_t off, size_t seg)
 {
-	uintptr_t a = (uintptr_t)addr;
 	int populate = flags & MAP_POPULATE;
 	flags &= ~MAP_POPULATE;
-	void *p;
-	if ((flags & MAP_FIXED) && page_range(a, len)) {
-		rm_region_pending_drop(a, round_up(len, rm_page));
-		if (rm_table_overlaps(a, round_up(len, rm_page)))
-			p = rm_map_fixed(addr, len, prot, flags, fd, off, RM_FIXED_ZAP | (in_heap(addr) ? RM_FIXED_HEAP : 0));
-		else
-			p = rm_raw_mmap(addr, len, prot, flags, fd, off);
-	} else {
-		p = rm_raw_mmap(addr, len, prot, flags, fd, off);
-	}
+	void *p = fixed_over_regions(addr, len, flags) ? rm_map_fixed(addr, len, prot, flags, fd, off, fixed_how(addr))
+						       : rm_raw_mmap(addr, len, prot, flags, fd, off);
 	if (p == MAP_FAILED)
 		return p;
 	int e = errno;
@@ -109,14 +111,8 @@ EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off
 	size_t seg;
 	if (rm_shared_memory(flags, fd, len, &seg))
 		return map_shared(addr, len, prot, flags, fd, off, seg);
-	uintptr_t a = (uintptr_t)addr;
-	if ((flags & MAP_FIXED) && page_range(a, len)) {
-		rm_region_pending_drop(a, round_up(len, rm_page));
-		if (rm_table_overlaps(a, round_up(len, rm_page))) {
-			int how = RM_FIXED_ZAP | (in_heap(addr) ? RM_FIXED_HEAP : 0);
-			return rm_map_fixed(addr, len, prot, flags, fd, off, how);
-		}
-	}
+	if (fixed_over_regions(addr, len, flags))
+		return rm_map_fixed(addr, len, prot, flags, fd, off, fixed_how(addr));
 	if (!big(len) || !rm_region_eligible(flags))
 		return rm_raw_mmap(addr, len, prot, flags, fd, off);
 	void *p = rm_raw_mmap(addr, len, prot, flags, fd, off);
@@ -124,7 +120,7 @@ EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off
 		return p;
 	int e = errno;
 	rm_shim_enter();
-	adopt((uintptr_t)p, round_up(len, rm_page), KIND_MMAP, prot);
+	adopt((uintptr_t)p, round_up(len, rm_page), KIND_MMAP, prot, len);
 	rm_shim_leave();
 	errno = e;
 	return p;
@@ -257,7 +253,7 @@ EXPORT void *sbrk(intptr_t inc)
 	if (hi > lo && big(hi - lo)) {
 		int e = errno;
 		rm_shim_enter();
-		adopt(lo, hi - lo, KIND_MMAP, PROT_READ | PROT_WRITE);
+		adopt(lo, hi - lo, KIND_MMAP, PROT_READ | PROT_WRITE, hi - lo);
 		rm_shim_leave();
 		errno = e;
 	}
