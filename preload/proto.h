@@ -41,6 +41,7 @@ enum rmem_type {
 	RMEM_FORK_PREPARE = 11, /* shim -> agent, struct rmem_fork (pid 0); reply ACK or ERROR */
 	RMEM_FORK_DONE = 12,    /* shim -> agent, struct rmem_fork; no reply */
 	RMEM_RESUME_DONE = 13,  /* shim -> agent after a resuming HELLO's REGION_ADDs; reply ACK or ERROR */
+	RMEM_HANDOFF = 14,      /* shim -> agent before descriptors leave its sight (exec, SCM_RIGHTS); reply ACK or ERROR */
 };
 
 struct rmem_hdr {
@@ -111,6 +112,23 @@ struct rmem_region_add {
 struct rmem_resume_done {
 	uint32_t regions;  /* REGION_ADDs sent before it */
 	uint32_t reserved; /* 0 */
+};
+
+/* HANDOFF: descriptors of pid (the sender, or its vfork child about to
+ * exec) are about to leave the agent's sight, to a new program or over a
+ * socket; the agent releases the shared memory segments it pages that
+ * they reach (answering EPERM if one has pages the pool lost). */
+#define RMEM_HANDOFF_MAX_FDS 16
+/* pid is about to exec: every descriptor it keeps across it leaves too. */
+#define RMEM_HANDOFF_EXEC 1u
+/* pid is about to read or write the file through fds (read(2), write(2)). */
+#define RMEM_HANDOFF_IO 2u
+struct rmem_handoff {
+	int32_t pid;
+	uint32_t flags;
+	uint32_t n; /* fds[:n] are named, the rest 0 */
+	uint32_t reserved;
+	int32_t fds[RMEM_HANDOFF_MAX_FDS];
 };
 
 struct rmem_region_del {

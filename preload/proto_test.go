@@ -46,6 +46,7 @@ func TestCLayoutMatchesGo(t *testing.T) {
 		&proto.Hello{PID: 1237, PPID: 1, Features: 0x1c7, PageSize: 4096, Flags: proto.HelloUFFD | proto.HelloRing},
 		&proto.Welcome{ClientID: 4, StagingSlots: 64, Flags: proto.WelcomeUFFD | proto.WelcomeRing},
 		&proto.RegionAdd{ID: 9, Range: userfaultfd.Range{Start: 0x7f0000200000, Len: 1 << 20}, Kind: proto.KindShared},
+		&proto.Handoff{PID: 1238, Flags: proto.HandoffExec, N: 2, FDs: [proto.HandoffMaxFDs]int32{5, 9}},
 	}
 	for i, w := range want {
 		if len(out) < 4 {

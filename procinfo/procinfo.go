@@ -1,7 +1,8 @@
 // Package procinfo reads what rmem needs to know of other processes from
 // /proc: a process's state, parent and start time (/proc/PID/stat, parsed
 // by prometheus/procfs), its supplementary groups (/proc/PID/status), its
-// mappings, and which processes hold a given file (fds and maps). It
+// mappings, its open files, and which processes hold a given file (fds
+// and maps). It
 // is rmem's one reader of those files: the pager (liveness probes, fork
 // pairing, the restart journal's guard against pid reuse, the socket
 // group's members) and the swap-mode runner use it.
@@ -190,6 +191,46 @@ func (f FS) holder(p procfs.Proc, dev, ino uint64) Holder {
 	return h
 }
 
+// File is a descriptor a process holds: the file's device and inode, and
+// whether the descriptor closes on exec (O_CLOEXEC).
+type File struct {
+	FD          int
+	Dev, Ino    uint64
+	CloseOnExec bool
+}
+
+// Files returns process pid's open descriptors (one closed while being
+// read is left out). Reading another user's needs root.
+func (f FS) Files(pid int) ([]File, error) {
+	p, err := f.fs.Proc(pid)
+	if err != nil {
+		return nil, fmt.Errorf("procinfo: %w", err)
+	}
+	fds, err := p.FileDescriptors()
+	if err != nil {
+		return nil, fmt.Errorf("procinfo: %w", err)
+	}
+	dir := filepath.Join(f.root, strconv.Itoa(pid), "fd")
+	files := make([]File, 0, len(fds))
+	for _, fd := range fds {
+		name := strconv.FormatUint(uint64(fd), 10)
+		var st unix.Stat_t
+		if unix.Stat(filepath.Join(dir, name), &st) != nil {
+			continue
+		}
+		info, err := p.FDInfo(name)
+		if err != nil {
+			continue
+		}
+		flags, err := strconv.ParseUint(info.Flags, 8, 32)
+		if err != nil {
+			return nil, fmt.Errorf("%w: /proc/%d/fdinfo/%s flags %q", ErrParse, pid, name, info.Flags)
+		}
+		files = append(files, File{FD: int(fd), Dev: st.Dev, Ino: st.Ino, CloseOnExec: flags&unix.O_CLOEXEC != 0})
+	}
+	return files, nil
+}
+
 // TracerPid reads the pid of the process tracing process pid (the
 // TracerPid line of /proc/PID/status): 0 when none traces it.
 func (f FS) TracerPid(pid int) (int, error) {
@@ -248,6 +289,9 @@ func parseGroups(b []byte) ([]int, error) {
 
 // TracerPid is Default.TracerPid.
 func TracerPid(pid int) (int, error) { return Default.TracerPid(pid) }
+
+// Files is Default.Files.
+func Files(pid int) ([]File, error) { return Default.Files(pid) }
 
 // MappingAt reads the host's /proc (FS.MappingAt).
 func MappingAt(pid int, a uint64) (Mapping, error) { return Default.MappingAt(pid, a) }

@@ -305,3 +305,40 @@ func TestHolders(t *testing.T) {
 		t.Errorf("Holders of the mapped file = %+v, %v, want this process %d mapping it at %#x", hs, err, os.Getpid(), start)
 	}
 }
+
+func TestFiles(t *testing.T) {
+	f, err := os.CreateTemp("", "files") // Go opens with O_CLOEXEC
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		t.Fatal(err)
+	}
+	kept, err := unix.Dup(int(f.Fd())) // dup clears O_CLOEXEC
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(kept)
+	files, err := Files(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []File
+	for _, fl := range files {
+		if fl.Dev == st.Dev && fl.Ino == st.Ino {
+			got = append(got, fl)
+		}
+	}
+	want := []File{{FD: int(f.Fd()), Dev: st.Dev, Ino: st.Ino, CloseOnExec: true}, {FD: kept, Dev: st.Dev, Ino: st.Ino}}
+	slices.SortFunc(got, func(a, b File) int { return a.FD - b.FD })
+	slices.SortFunc(want, func(a, b File) int { return a.FD - b.FD })
+	if !slices.Equal(got, want) {
+		t.Errorf("Files: the temp file as %+v, want %+v", got, want)
+	}
+	if _, err := Files(1 << 30); err == nil {
+		t.Error("Files of a pid that does not exist: no error")
+	}
+}

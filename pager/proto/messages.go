@@ -22,6 +22,7 @@ const (
 	evictedSize    = 16
 	forkSize       = 16
 	resumeDoneSize = 8
+	handoffSize    = 16 + 4*HandoffMaxFDs
 )
 
 // HelloFlags are bits of Hello.Flags.
@@ -675,3 +676,77 @@ var (
 	_ Message = (*Evict)(nil)
 	_ Message = (*Evicted)(nil)
 )
+
+// HandoffMaxFDs is the most descriptors one HANDOFF names.
+const HandoffMaxFDs = 16
+
+// HandoffFlags are bits of Handoff.Flags.
+type HandoffFlags uint32
+
+// HandoffExec: PID is about to exec(2); every descriptor it keeps open
+// across the exec (not close-on-exec) leaves with it, besides those named.
+const HandoffExec HandoffFlags = 1 << 0
+
+// HandoffIO: PID is about to read or write the file through the named
+// descriptors (read(2), write(2)): one it mapped shared memory through,
+// opened before the segment was paged, whose reads the guard does not see.
+const HandoffIO HandoffFlags = 1 << 1
+
+// Handoff says that descriptors of process PID are about to leave the
+// agent's sight: a new program that may have no shim (exec), or a socket
+// (SCM_RIGHTS) to a process that may be outside the agent. Such a process
+// could map a shared memory segment the agent pages without ever opening
+// it, which the agent would not see (docs/pager.md, "Shared memory"). The
+// agent releases every paged segment they reach, then answers ACK; or
+// ERROR (EPERM) if one holds pages the pool lost, which would read as
+// zeros there. PID is the sender or a child of vfork about to exec on its
+// memory.
+type Handoff struct {
+	PID   int32
+	Flags HandoffFlags
+	N     uint32               // FDs[:N] are named
+	FDs   [HandoffMaxFDs]int32 // descriptors of PID; the rest 0
+}
+
+func (*Handoff) Type() Type { return TypeHandoff }
+
+func (m *Handoff) Encode(b []byte, seq uint32) []byte {
+	b = appendHeader(b, TypeHandoff, seq, handoffSize)
+	b = le.AppendUint32(b, uint32(m.PID))
+	b = le.AppendUint32(b, uint32(m.Flags))
+	b = le.AppendUint32(b, m.N)
+	b = le.AppendUint32(b, 0)
+	for _, fd := range m.FDs {
+		b = le.AppendUint32(b, uint32(fd))
+	}
+	return b
+}
+
+func (m *Handoff) Decode(body []byte) error {
+	if err := checkLen(TypeHandoff, body, handoffSize); err != nil {
+		return err
+	}
+	if err := reserved(TypeHandoff, "reserved", le.Uint32(body[12:])); err != nil {
+		return err
+	}
+	h := Handoff{PID: int32(le.Uint32(body)), Flags: HandoffFlags(le.Uint32(body[4:])), N: le.Uint32(body[8:])}
+	switch {
+	case h.PID <= 0:
+		return fmt.Errorf("%w: HANDOFF of pid %d", ErrMalformed, h.PID)
+	case h.Flags&^(HandoffExec|HandoffIO) != 0, h.Flags == HandoffExec|HandoffIO:
+		return fmt.Errorf("%w: HANDOFF flags %#x", ErrMalformed, uint32(h.Flags))
+	case h.N > HandoffMaxFDs:
+		return fmt.Errorf("%w: HANDOFF of %d descriptors, at most %d", ErrMalformed, h.N, HandoffMaxFDs)
+	}
+	for i := range h.FDs {
+		h.FDs[i] = int32(le.Uint32(body[16+4*i:]))
+		switch {
+		case uint32(i) < h.N && h.FDs[i] < 0:
+			return fmt.Errorf("%w: HANDOFF of descriptor %d", ErrMalformed, h.FDs[i])
+		case uint32(i) >= h.N && h.FDs[i] != 0:
+			return fmt.Errorf("%w: HANDOFF descriptor %d past its count is %d, must be 0", ErrMalformed, i, h.FDs[i])
+		}
+	}
+	*m = h
+	return nil
+}

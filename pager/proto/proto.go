@@ -140,10 +140,11 @@ const (
 	TypeForkPrepare Type = 11 // shim → agent, before fork(2) without FORK events: copy my pooled pages for the child; reply ACK or ERROR
 	TypeForkDone    Type = 12 // shim → agent, after that fork(2) returned in the parent; no reply
 	TypeResumeDone  Type = 13 // shim → agent, after a resuming HELLO's REGION_ADDs; reply ACK or ERROR
-	typeMax              = TypeResumeDone
+	TypeHandoff     Type = 14 // shim → agent, before descriptors leave its sight (exec, SCM_RIGHTS); reply ACK or ERROR
+	typeMax              = TypeHandoff
 )
 
-var typeNames = [...]string{"", "HELLO", "WELCOME", "REGION_ADD", "REGION_DEL", "ACK", "ERROR", "EVICT", "EVICTED", "REGION_ZAP", "UFFD_DEVICE", "FORK_PREPARE", "FORK_DONE", "RESUME_DONE"}
+var typeNames = [...]string{"", "HELLO", "WELCOME", "REGION_ADD", "REGION_DEL", "ACK", "ERROR", "EVICT", "EVICTED", "REGION_ZAP", "UFFD_DEVICE", "FORK_PREPARE", "FORK_DONE", "RESUME_DONE", "HANDOFF"}
 
 func (t Type) String() string {
 	if t >= 1 && t <= typeMax {
@@ -234,6 +235,8 @@ func New(t Type) Message {
 		return new(ForkDone)
 	case TypeResumeDone:
 		return new(ResumeDone)
+	case TypeHandoff:
+		return new(Handoff)
 	}
 	return nil
 }

@@ -66,6 +66,8 @@ int main(void)
 	emit(RMEM_WELCOME, 18, &wr, sizeof wr);
 	struct rmem_region_add shared = {.id = 9, .start = 0x7f0000200000ull, .len = 1 << 20, .kind = RMEM_KIND_SHARED};
 	emit(RMEM_REGION_ADD, 19, &shared, sizeof shared);
+	struct rmem_handoff ho = {.pid = 1238, .flags = RMEM_HANDOFF_EXEC, .n = 2, .fds = {5, 9}};
+	emit(RMEM_HANDOFF, 20, &ho, sizeof ho);
 	/* The fault ring's layout: u32 words, in the order the Go test
 	 * lists them (proto.RingSize, RingEntries, ...). */
 	uint32_t ringw[] = {
