@@ -100,7 +100,7 @@ pager-layers:
 # The shim's files in layers, top to bottom (preload/src/rmem.h): a use of a
 # symbol defined in a file above runs back up; one is allowed (alloc.c's
 # decide registers fork.c's atfork handlers). Shared symbols start with rm_.
-SHIM_LAYERS = fork.c spawn.c kcall.c kmisc.c kwait.c sigwrap.c interpose.c alloc.c heap.c region.c sigbus.c helper.c resume.c ring.c pin.c conn.c wire.c table.c mode.c util.c
+SHIM_LAYERS = fork.c spawn.c kcall.c kmisc.c kwait.c sigwrap.c interpose.c alloc.c heap.c region.c sigbus.c helper.c resume.c ring.c pin.c handoff.c conn.c wire.c table.c mode.c util.c
 
 shim-layers:
 	CC=$(SHIM_CC) $(GO) run ./scripts/clayers -q -max 1 -prefix rm_ preload/src $(SHIM_LAYERS)

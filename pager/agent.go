@@ -432,6 +432,11 @@ func (a *Agent) handshake(conn *net.UnixConn) {
 			return // refused
 		}
 	}
+	if h, _, err := proto.Parse(pkt); err == nil && h.Type == proto.TypeHandoff {
+		closeFDs() // a HANDOFF carries none
+		a.handoffOnce(conn, cred, pkt, buf, refuse)
+		return
+	}
 	var hello proto.Hello
 	h, err := proto.Expect(pkt, &hello)
 	if err == nil && hello.Flags&proto.HelloResume != 0 && a.allowed(cred) && hello.PID == cred.Pid && hello.PageSize == pageSize {
@@ -578,6 +583,30 @@ func (a *Agent) newClientFromHello(h proto.Header, hello *proto.Hello, fds []int
 	c.bud.localMem.Store(hello.LocalMem)
 	c.bud.maxSlowdown.Store(hello.MaxSlowdown)
 	return c
+}
+
+// handoffOnce answers a HANDOFF (pkt) made on a connection of its own by
+// a process that is not a client: a child of one, forked without regions
+// or by vfork, about to exec or to pass descriptors over a socket
+// (docs/pager.md, "Shared memory"). It speaks for itself only.
+func (a *Agent) handoffOnce(conn *net.UnixConn, cred *unix.Ucred, pkt, buf []byte, refuse func(proto.Header, unix.Errno, string)) {
+	var m proto.Handoff
+	h, err := proto.Expect(pkt, &m)
+	switch {
+	case err != nil:
+		refuse(h, unix.EPROTO, err.Error())
+		return
+	case !a.allowed(cred):
+		refuse(h, unix.EACCES, fmt.Sprintf("uid %d may not use this agent", cred.Uid))
+		return
+	case m.PID != cred.Pid:
+		refuse(h, unix.EPERM, fmt.Sprintf("HANDOFF of process %d, the socket says %d", m.PID, cred.Pid))
+		return
+	}
+	conn.SetDeadline(time.Time{}) // (a release may take seconds)
+	reply := replyTo(h.Seq, a.shm.handoff(&m))
+	conn.SetDeadline(time.Now().Add(time.Second))
+	proto.Send(conn, buf, 1, reply)
 }
 
 // lendUFFDDevice answers a UFFD_DEVICE request (pkt) with a descriptor of

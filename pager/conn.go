@@ -85,14 +85,20 @@ func (s *socketState) reply(seq uint32, err error) error {
 	if s.conn == nil {
 		return net.ErrClosed // dropped meanwhile (a parked FORK_PREPARE's client)
 	}
+	return s.send(replyTo(seq, err))
+}
+
+// replyTo is the answer to request seq: ACK, or for err an ERROR with its
+// errno (EINVAL if it has none).
+func replyTo(seq uint32, err error) proto.Message {
 	if err == nil {
-		return s.send(&proto.Ack{Seq: seq})
+		return &proto.Ack{Seq: seq}
 	}
 	var errno unix.Errno
 	if !errors.As(err, &errno) {
 		errno = unix.EINVAL
 	}
-	return s.send(&proto.Error{Seq: seq, Errno: errno, Text: err.Error()})
+	return &proto.Error{Seq: seq, Errno: errno, Text: err.Error()}
 }
 
 // probeDue reports whether a liveness probe is due at now, and if so

@@ -201,6 +201,12 @@ func (c *client) message(h proto.Header, body []byte, now time.Time) error {
 		}
 		c.forkDone(&m)
 		return nil
+	case proto.TypeHandoff:
+		var m proto.Handoff
+		if err := m.Decode(body); err != nil {
+			return err
+		}
+		return c.sock.reply(h.Seq, c.handoff(&m))
 	}
 	return errors.Join(proto.ErrType, errors.New(h.Type.String()+" from a client"))
 }

@@ -114,3 +114,52 @@ func TestHandshakeRefusals(t *testing.T) {
 		t.Fatalf("refused clients registered: %+v", a.Stats())
 	}
 }
+
+// TestHandoffOnce: a HANDOFF made on a connection of its own (a process
+// that is not a client, about to exec) is answered for the sender's own
+// pid only, then the connection ends; with no shared memory paged there is
+// nothing to release.
+func TestHandoffOnce(t *testing.T) {
+	store := pagertest.New(t, pagertest.Options{})
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	a := startAgentOpts(t, pager.Options{Socket: sock, Store: store, LocalMem: 1 << 20})
+	for _, tc := range []struct {
+		name  string
+		pid   int
+		errno unix.Errno // 0: ACK
+	}{
+		{"own", os.Getpid(), 0},
+		{"another's", os.Getpid() + 1, unix.EPERM},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := proto.Dial(sock)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			m := proto.Handoff{PID: int32(tc.pid), Flags: proto.HandoffExec, N: 1, FDs: [proto.HandoffMaxFDs]int32{0}}
+			if err := proto.Send(c, nil, 7, &m); err != nil {
+				t.Fatal(err)
+			}
+			buf := make([]byte, proto.MaxPacket)
+			pkt, _, err := proto.Recv(c, buf, make([]byte, proto.OOBSize), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ack proto.Ack
+			_, err = proto.Expect(pkt, &ack)
+			switch {
+			case tc.errno == 0 && (err != nil || ack.Seq != 7):
+				t.Fatalf("got %+v %v, want ACK of 7", ack, err)
+			case tc.errno != 0 && !errors.Is(err, tc.errno):
+				t.Fatalf("got %v, want %v", err, tc.errno)
+			}
+			if _, _, err := proto.Recv(c, buf, make([]byte, proto.OOBSize), nil); err == nil {
+				t.Fatal("the connection goes on after the answer")
+			}
+		})
+	}
+	if len(a.Stats()) != 0 {
+		t.Fatalf("a HANDOFF registered a client: %+v", a.Stats())
+	}
+}

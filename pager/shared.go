@@ -57,11 +57,13 @@ import (
 // proxy) releases it first (release): its pages are written back into the
 // file, and it is paged no more.
 //
-// Not handled (docs/pager.md): a descriptor that reaches a process
-// outside the agent without an open (inherited across exec, passed over
-// a socket), and write(2); a segment that holds pages before its first
-// mapping under the agent is not paged; a proxy is not resumed by a next
-// agent (its holes raise SIGBUS).
+// Descriptors that leave the agent's sight without an open (kept across
+// exec, passed over a socket) release the segments they reach first: the
+// shim says so (handoff). Not handled (docs/pager.md): those that leave
+// through raw system calls, read(2) through a descriptor opened before
+// the segment was paged, and write(2); a segment that holds pages before
+// its first mapping under the agent is not paged; a proxy is not resumed
+// by a next agent (its holes raise SIGBUS).
 
 // segKey names a shmem file.
 type segKey struct{ dev, ino uint64 }
@@ -912,6 +914,78 @@ func (c *client) addProxyRegion(m *proto.RegionAdd, seg *segment, off uint64) {
 	c.regs.add(r)
 	c.a.shm.join(r)
 	c.st.regions.Add(1)
+}
+
+// handoff answers a HANDOFF on c's connection (proto.Handoff): for c's
+// own process only (a child of it that is not connected speaks on a
+// connection of its own: Agent.handoffOnce).
+func (c *client) handoff(m *proto.Handoff) error {
+	if pid := c.pidAtm.Load(); int64(m.PID) != pid {
+		return errWithErrno(unix.EPERM, fmt.Sprintf("HANDOFF of process %d from the client of process %d", m.PID, pid))
+	}
+	return c.a.shm.handoff(m)
+}
+
+// handoff releases the segments the agent pages that descriptors of
+// process m.PID reach, which are about to leave the agent's sight
+// (proto.Handoff): those m names, and on exec every one kept across it. A
+// new program without the shim, or a process that receives one over a
+// socket, could map the segment without opening it, which the guard does
+// not see, and read its evicted pages as holes. A segment with pages the
+// pool lost is refused (EPERM): they would read as zeros there.
+func (t *sharedTable) handoff(m *proto.Handoff) error {
+	if !t.any() {
+		return nil
+	}
+	pid := int(m.PID)
+	files, err := procinfo.Files(pid)
+	if err != nil {
+		return errWithErrno(unix.ESRCH, err.Error())
+	}
+	named := m.FDs[:m.N]
+	var segs []*segment
+	t.mu.Lock()
+	for _, f := range files {
+		exec := m.Flags&proto.HandoffExec != 0 && !f.CloseOnExec
+		if s := t.segs[segKey{f.Dev, f.Ino}]; s != nil && (exec || slices.Contains(named, int32(f.FD))) && !slices.Contains(segs, s) {
+			segs = append(segs, s)
+		}
+	}
+	t.mu.Unlock()
+	why := handoffWhy(pid, m.Flags)
+	for _, s := range segs {
+		if err := t.release(s, why); err != nil {
+			t.a.log.Error("refused (EPERM): a descriptor of a shared memory segment that could not be released leaves the agent's sight", zap.Int("pid", pid), zap.Error(err))
+			return errWithErrno(unix.EPERM, "shared memory segment could not be released: "+err.Error())
+		}
+		t.mu.Lock()
+		lost := s.lost != nil
+		t.mu.Unlock()
+		if lost {
+			t.a.log.Error("refused (EPERM): a descriptor of a shared memory segment with pages the pool lost leaves the agent's sight, where they would read as zeros", zap.Int("pid", pid))
+			return errWithErrno(unix.EPERM, "shared memory segment has pages the pool lost")
+		}
+	}
+	return nil
+}
+
+// handoffWhy says what a HANDOFF of process pid with flags f is, for the
+// log.
+func handoffWhy(pid int, f proto.HandoffFlags) string {
+	switch {
+	case f&proto.HandoffExec != 0:
+		return fmt.Sprintf("a descriptor of it goes with process %d's exec", pid)
+	case f&proto.HandoffIO != 0:
+		return fmt.Sprintf("read(2) or write(2) by process %d through a descriptor opened before it was paged", pid)
+	}
+	return fmt.Sprintf("a descriptor of it is passed over a socket by process %d", pid)
+}
+
+// any reports whether t has a segment, paged or kept for its lost pages.
+func (t *sharedTable) any() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.segs) > 0
 }
 
 // proxiesShared reports whether c's mappings of shared memory are proxies:

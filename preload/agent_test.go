@@ -35,6 +35,7 @@ type testAgent struct {
 	forks    map[forkKey]*forkedChild // FORK events not yet claimed by a HELLO
 	closed   bool
 	hellos   int
+	handoffs int                // HANDOFFs answered, on a client's connection or one of their own
 	rings    int                // HELLOs that asked for the fault ring
 	journal  map[int32]*journal // clients' evicted pages, as they ended (for a successor)
 	from     *testAgent         // the agent this one succeeds: resuming HELLOs take its journal
@@ -378,6 +379,22 @@ func (a *testAgent) routineClient(conn *net.UnixConn) {
 	// CAP_SYS_PTRACE) asks for /dev/userfaultfd first: this agent lends
 	// none, and the shim makes one without them.
 	if hdr, m, err := proto.Decode(pkt); err == nil {
+		if ho, ok := m.(*proto.Handoff); ok {
+			// A child about to exec (or one not connected passing
+			// descriptors) says so on a connection of its own: this
+			// agent pages no shared memory, and answers ACK.
+			closeFDs(fds[:nfds])
+			if cred, err := userfaultfd.PeerCred(conn); err != nil || cred.Pid != ho.PID {
+				a.t.Errorf("agent: HANDOFF of pid %d, peer %v %v", ho.PID, cred, err)
+			}
+			a.mu.Lock()
+			a.handoffs++
+			a.mu.Unlock()
+			if err := proto.Send(conn, make([]byte, 0, proto.MaxPacket), 0, &proto.Ack{Seq: hdr.Seq}); err != nil {
+				a.t.Errorf("agent: HANDOFF: %v", err)
+			}
+			return
+		}
 		if _, ok := m.(*proto.UFFDDevice); ok {
 			closeFDs(fds[:nfds])
 			sbuf := make([]byte, 0, proto.MaxPacket)
@@ -1005,6 +1022,11 @@ func (c *agentClient) handleMsg(sm sockMsg, ev *eviction) *eviction {
 			c.stats.SharedZaps++
 		}
 		c.smu.Unlock()
+		c.reply(sm.h.Seq, nil)
+	case *proto.Handoff:
+		c.a.mu.Lock()
+		c.a.handoffs++
+		c.a.mu.Unlock()
 		c.reply(sm.h.Seq, nil)
 	case *proto.Evicted:
 		return c.finishBatch(m, ev)

@@ -49,12 +49,18 @@
 // are gone), munmap is REGION_DEL, madvise(MADV_DONTNEED or MADV_FREE) is
 // REGION_ZAP and then MADV_DONTNEED, MADV_HUGEPAGE is ignored there.
 //
-// Shared memory mapped of those sizes, MAP_SHARED (or MAP_SHARED_VALIDATE)
-// and PROT_READ|PROT_WRITE, not MAP_FIXED, becomes regions too (kind
-// shared): MAP_SHARED|MAP_ANONYMOUS, and mappings of a file on shmem
-// (tmpfs: shm_open's /dev/shm, memfd_create). The agent pages their pages
-// once per segment for every process that maps it; the shim announces and
-// follows the mappings. They differ from private regions where the kernel
+// Every MAP_SHARED (or MAP_SHARED_VALIDATE) mapping of a shared memory
+// segment of those sizes becomes a region too (kind shared), of any
+// length, protection and offset, MAP_FIXED included: MAP_SHARED|
+// MAP_ANONYMOUS, and mappings of a file on shmem (tmpfs: shm_open's
+// /dev/shm, memfd_create). One the shim cannot register (read-only,
+// MAP_LOCKED, a full table) is announced unpaged. The agent pages their
+// pages once per segment for every process that maps it; the shim
+// announces and follows the mappings, and says (HANDOFF, handoff.c) before
+// a descriptor that may reach a segment leaves the agent's sight (exec,
+// posix_spawn, system, popen; sendmsg and sendmmsg with SCM_RIGHTS) and
+// before the first read or write through a descriptor it mapped one
+// through. They differ from private regions where the kernel
 // does: madvise(MADV_DONTNEED, MADV_FREE) drops only the process's view of
 // the pages, so it goes to the kernel unchanged with no REGION_ZAP (FREE
 // fails there, EINVAL, as without the shim), while MADV_REMOVE punches the

@@ -97,6 +97,8 @@ static void *map_shared(void *addr, size_t len, int prot, int flags, int fd, off
 	rm_shim_enter();
 	adopt_shared((uintptr_t)p, round_up(len, rm_page), prot, flags, seg);
 	rm_shim_leave();
+	if (fd >= 0 && big(seg))
+		rm_watch_fd(fd);
 	if (populate)
 		rm_raw_madvise(p, len, MADV_POPULATE_READ); /* best effort, as MAP_POPULATE */
 	errno = e;

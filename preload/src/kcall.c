@@ -182,8 +182,20 @@ static ssize_t file_rest(int fd, char *buf, size_t n, ssize_t r, off_t off)
 
 /* ---- read and write ---- */
 
+/* A read or write through a descriptor this process mapped shared memory
+ * through reaches the segment's file, where its evicted pages are holes:
+ * the agent releases it first (handoff.c), or refuses (EPERM). */
+#define RM_FILE_IO(fd)                                                         \
+	do {                                                                   \
+		if (rm_fd_watched(fd) && rm_handoff_io(fd) != 0) {             \
+			errno = EPERM;                                         \
+			return -1;                                             \
+		}                                                              \
+	} while (0)
+
 EXPORT ssize_t read(int fd, void *buf, size_t n)
 {
+	RM_FILE_IO(fd);
 	if (!rm_ring_call())
 		return RESOLVE(read)(fd, buf, n);
 	struct rm_bufs bs = {0};
@@ -194,6 +206,7 @@ EXPORT ssize_t read(int fd, void *buf, size_t n)
 
 EXPORT ssize_t __read_chk(int fd, void *buf, size_t n, size_t buflen)
 {
+	RM_FILE_IO(fd);
 	if (!rm_ring_call())
 		return RESOLVE(__read_chk)(fd, buf, n, buflen);
 	struct rm_bufs bs = {0};
@@ -203,6 +216,7 @@ EXPORT ssize_t __read_chk(int fd, void *buf, size_t n, size_t buflen)
 
 EXPORT ssize_t write(int fd, const void *buf, size_t n)
 {
+	RM_FILE_IO(fd);
 	if (!rm_ring_call())
 		return RESOLVE(write)(fd, buf, n);
 	struct rm_bufs bs = {0};
@@ -212,6 +226,7 @@ EXPORT ssize_t write(int fd, const void *buf, size_t n)
 
 EXPORT ssize_t pread(int fd, void *buf, size_t n, off_t off)
 {
+	RM_FILE_IO(fd);
 	if (!rm_ring_call())
 		return RESOLVE(pread)(fd, buf, n, off);
 	struct rm_bufs bs = {0};
@@ -223,6 +238,7 @@ EXPORT ssize_t pread64(int, void *, size_t, off_t) __attribute__((alias("pread")
 
 EXPORT ssize_t __pread_chk(int fd, void *buf, size_t n, off_t off, size_t buflen)
 {
+	RM_FILE_IO(fd);
 	if (!rm_ring_call())
 		return RESOLVE(__pread_chk)(fd, buf, n, off, buflen);
 	struct rm_bufs bs = {0};
@@ -233,6 +249,7 @@ EXPORT ssize_t __pread64_chk(int, void *, size_t, off_t, size_t) __attribute__((
 
 EXPORT ssize_t pwrite(int fd, const void *buf, size_t n, off_t off)
 {
+	RM_FILE_IO(fd);
 	if (!rm_ring_call())
 		return RESOLVE(pwrite)(fd, buf, n, off);
 	struct rm_bufs bs = {0};
@@ -243,6 +260,7 @@ EXPORT ssize_t pwrite64(int, const void *, size_t, off_t) __attribute__((alias("
 
 EXPORT ssize_t readv(int fd, const struct iovec *iov, int cnt)
 {
+	RM_FILE_IO(fd);
 	if (!rm_ring_call())
 		return RESOLVE(readv)(fd, iov, cnt);
 	struct rm_bufs bs = {0};
@@ -252,6 +270,7 @@ EXPORT ssize_t readv(int fd, const struct iovec *iov, int cnt)
 
 EXPORT ssize_t writev(int fd, const struct iovec *iov, int cnt)
 {
+	RM_FILE_IO(fd);
 	if (!rm_ring_call())
 		return RESOLVE(writev)(fd, iov, cnt);
 	struct rm_bufs bs = {0};
@@ -261,6 +280,7 @@ EXPORT ssize_t writev(int fd, const struct iovec *iov, int cnt)
 
 EXPORT ssize_t preadv(int fd, const struct iovec *iov, int cnt, off_t off)
 {
+	RM_FILE_IO(fd);
 	if (!rm_ring_call())
 		return RESOLVE(preadv)(fd, iov, cnt, off);
 	struct rm_bufs bs = {0};
@@ -271,6 +291,7 @@ EXPORT ssize_t preadv64(int, const struct iovec *, int, off_t) __attribute__((al
 
 EXPORT ssize_t pwritev(int fd, const struct iovec *iov, int cnt, off_t off)
 {
+	RM_FILE_IO(fd);
 	if (!rm_ring_call())
 		return RESOLVE(pwritev)(fd, iov, cnt, off);
 	struct rm_bufs bs = {0};
@@ -282,6 +303,7 @@ EXPORT ssize_t pwritev64(int, const struct iovec *, int, off_t) __attribute__((a
 /* preadv2 at offset -1 reads at the file position: as read. */
 EXPORT ssize_t preadv2(int fd, const struct iovec *iov, int cnt, off_t off, int flags)
 {
+	RM_FILE_IO(fd);
 	if (!rm_ring_call())
 		return RESOLVE(preadv2)(fd, iov, cnt, off, flags);
 	struct rm_bufs bs = {0};
@@ -292,6 +314,7 @@ EXPORT ssize_t preadv64v2(int, const struct iovec *, int, off_t, int) __attribut
 
 EXPORT ssize_t pwritev2(int fd, const struct iovec *iov, int cnt, off_t off, int flags)
 {
+	RM_FILE_IO(fd);
 	if (!rm_ring_call())
 		return RESOLVE(pwritev2)(fd, iov, cnt, off, flags);
 	struct rm_bufs bs = {0};
@@ -391,6 +414,10 @@ EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct
 
 EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
 {
+	if (rm_handoff_msgs(m, 1, sizeof *m) != 0) {
+		errno = EPERM;
+		return -1;
+	}
 	if (!rm_ring_call())
 		return RESOLVE(sendmsg)(fd, m, flags);
 	struct rm_bufs bs = {0};

@@ -74,8 +74,10 @@ int rm_connected(void)
 		return 0;
 	}
 	int now, ok = rm_conn_connect(&now); /* opens the uffd once connected */
-	if (now)
+	if (now) {
+		rm_handoff_connected();
 		pending_register();
+	}
 	return ok;
 }
 

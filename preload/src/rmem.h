@@ -7,7 +7,7 @@
  * call into the shim must do, and fork() is such a call):
  *
  *   fork.c       fork() and the atfork handlers
- *   spawn.c      posix_spawn, system, popen, exec (ring mode)
+ *   spawn.c      posix_spawn, system, popen, exec (HANDOFF; ring mode)
  *   kcall.c      system calls with buffers: read, write, recv, send,
  *                stat... pinned and made present first (ring mode)
  *   kmisc.c      the same for paths and small structs (open, pipe...)
@@ -27,6 +27,8 @@
  *                orphaned helper's answers
  *   pin.c        pins of system calls' buffers against eviction, and
  *                touching them present (ring mode)
+ *   handoff.c    descriptors leaving the agent's sight (exec, SCM_RIGHTS,
+ *                read/write through a mapped one): HANDOFF first
  *   conn.c       the connection: its state and the transitions that
  *                change it, requests
  *   wire.c       packets, new userfaultfds, the handshake (HELLO by mode)
@@ -311,6 +313,10 @@ HIDDEN int rm_hello_fork_own(struct rm_session *s, pid_t parent, uint64_t featur
 			     const char **why);
 HIDDEN int rm_hello_resume(const struct rm_session *cur, int *journaled, int *doorbell);
 
+/* A request on a connection of its own, closed after the reply:
+ * 0, -errno of an ERROR, or another -errno (no agent). */
+HIDDEN int rm_request_once(uint16_t type, const void *body, uint32_t len);
+
 /* ---- conn.c: the connection ---- */
 /* A fork as the connection sees it: filled by rm_conn_fork_prepare, kept
  * by fork.c for the parent's, the wrapper's and the child's steps. */
@@ -359,6 +365,32 @@ HIDDEN int rm_request_locked(uint16_t type, const void *body, uint32_t len);
 HIDDEN void rm_deliver_reply(uint32_t seq, int err);
 HIDDEN void rm_req_lock(void);
 HIDDEN void rm_req_unlock(void);
+
+/* ---- handoff.c: descriptors leaving the agent's sight ---- */
+/* This process connected (region.c): it, and every child forked from it,
+ * may hold a descriptor of a segment the agent pages. */
+HIDDEN void rm_handoff_connected(void);
+/* Each returns 0, or -EPERM: the agent refuses (a segment whose pages the
+ * pool lost), the call is to fail with EPERM. */
+struct msghdr;
+/* This process (or a child of vfork) is about to exec: its descriptors
+ * kept across it, and fds[:n] (dup2'd there by posix_spawn's actions). */
+HIDDEN int rm_handoff_exec(const int *fds, size_t n);
+/* count messages, stride bytes apart, are about to be sent: the
+ * descriptors they pass (SCM_RIGHTS). */
+HIDDEN int rm_handoff_msgs(const struct msghdr *m, size_t count, size_t stride);
+/* Descriptors below RM_WATCH_FDS this process mapped shared memory
+ * through (rm_watch_fd, interpose.c): a read or write through one is
+ * told first (rm_handoff_io). */
+#define RM_WATCH_FDS 4096
+extern HIDDEN uint64_t rm_watched_fds[RM_WATCH_FDS / 64];
+static inline int rm_fd_watched(int fd)
+{
+	return (unsigned)fd < RM_WATCH_FDS && (__atomic_load_n(&rm_watched_fds[fd / 64], __ATOMIC_RELAXED) >> (fd % 64)) & 1;
+}
+HIDDEN void rm_watch_fd(int fd);
+/* fd, watched, is about to be read or written: once per watch. */
+HIDDEN int rm_handoff_io(int fd);
 
 /* ---- pin.c: pins, touching (ring mode) ---- */
 /* A system call's pins, from rm_pin_begin to rm_pin_end. */

@@ -1,5 +1,9 @@
-/* New programs from a program in ring mode: posix_spawn, system, popen
- * and the exec family.
+/* New programs: posix_spawn, system, popen and the exec family. Each
+ * first tells the agent which descriptors go to the new program (HANDOFF,
+ * handoff.c): a shared memory segment they reach is brought back into its
+ * file before a program that may have no shim can map it; the call fails
+ * with EPERM if the agent refuses (its pages lost). The rest is for ring
+ * mode.
  *
  * glibc's posix_spawn (which system and popen call inside glibc, and
  * CPython's subprocess too) runs its child on the parent's memory
@@ -97,6 +101,10 @@ struct spawn_action {
 		struct {
 			char *path;
 		} chdir;
+		struct {
+			int fd;
+			int newfd;
+		} dup2;
 	} a;
 };
 
@@ -117,6 +125,29 @@ static void touch_actions(const posix_spawn_file_actions_t *fa)
 			touch_str(acts[i].a.chdir.path);
 }
 
+/* Tells the agent of the descriptors posix_spawn's child keeps: ours that
+ * are not close-on-exec, and those its file actions dup2 (which may be).
+ * Returns 0 or -EPERM. */
+static int spawn_handoff(const posix_spawn_file_actions_t *fa)
+{
+	int fds[RMEM_HANDOFF_MAX_FDS * 4];
+	size_t n = 0;
+	const struct spawn_action *acts = fa ? (const void *)fa->__actions : NULL;
+	for (int i = 0; acts && i < fa->__used && n < sizeof fds / sizeof *fds; i++)
+		if (acts[i].tag == 1)
+			fds[n++] = acts[i].a.dup2.fd;
+	return rm_handoff_exec(fds, n);
+}
+
+/* HANDOFF before an exec: -1 with errno EPERM if refused, else 0. */
+static int handed_off(void)
+{
+	if (rm_handoff_exec(NULL, 0) == 0)
+		return 0;
+	errno = EPERM;
+	return -1;
+}
+
 /* Everything pinned, and what a new program's child reads present. */
 static void spawn_begin(struct rm_pin *p, const char *path, char *const argv[], char *const envp[])
 {
@@ -133,6 +164,8 @@ static void spawn_begin(struct rm_pin *p, const char *path, char *const argv[], 
 static int spawn(spawn_fn *fn, pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
 		 const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
 {
+	if (spawn_handoff(fa) != 0)
+		return EPERM;
 	if (!ring_call())
 		return fn(pid, path, fa, attr, argv, envp);
 	struct rm_pin p;
@@ -178,6 +211,8 @@ static void pin_str(struct rm_pin *p, const char *s)
  * the spawn (present), and pinned with everything. */
 EXPORT int system(const char *cmd)
 {
+	if (cmd && handed_off() != 0)
+		return -1;
 	if (!ring_call() || !cmd)
 		return REAL(real_system, "system")(cmd);
 	struct rm_pin p;
@@ -202,6 +237,8 @@ EXPORT int system(const char *cmd)
 
 EXPORT FILE *popen(const char *cmd, const char *mode)
 {
+	if (handed_off() != 0)
+		return NULL;
 	if (!ring_call())
 		return REAL(real_popen, "popen")(cmd, mode);
 	struct rm_pin p;
@@ -243,6 +280,8 @@ static int vforked(void) { return (pid_t)rm_sys(SYS_getpid, 0, 0, 0) != rm_conn_
 
 EXPORT int execve(const char *path, char *const argv[], char *const envp[])
 {
+	if (handed_off() != 0)
+		return -1;
 	if (!ring_call())
 		return REAL(real_execve, "execve")(path, argv, envp);
 	return EXEC(path, argv, envp, real_execve(path, argv, envp));
@@ -253,6 +292,8 @@ EXPORT int execv(const char *path, char *const argv[]) { return execve(path, arg
 /* execvp's search reads PATH from the environment. */
 EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
 {
+	if (handed_off() != 0)
+		return -1;
 	if (!ring_call())
 		return REAL(real_execvpe, "execvpe")(file, argv, envp);
 	if (envp != environ)
@@ -264,6 +305,8 @@ EXPORT int execvp(const char *file, char *const argv[]) { return execvpe(file, a
 
 EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
 {
+	if (handed_off() != 0)
+		return -1;
 	if (!ring_call())
 		return REAL(real_fexecve, "fexecve")(fd, argv, envp);
 	return EXEC((const char *)NULL, argv, envp, real_fexecve(fd, argv, envp));

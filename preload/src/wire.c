@@ -288,6 +288,32 @@ static int dial(int secs, const char **why)
 	return s;
 }
 
+int rm_request_once(uint16_t type, const void *body, uint32_t len)
+{
+	const char *why;
+	int s = dial(120, &why); /* (a HANDOFF may wait for a segment's pages) */
+	if (s < 0)
+		return s;
+	union {
+		char buf[RMEM_MAX_PACKET];
+		uint64_t align;
+	} pkt;
+	struct rmem_hdr h;
+	int n = rm_send(s, type, 1, body, len, -1);
+	if (n == 0)
+		n = rm_recv(s, pkt.buf, &h, NULL, NULL);
+	close(s);
+	if (n < 0)
+		return n;
+	if (h.type == RMEM_ACK)
+		return 0;
+	if (h.type != RMEM_ERROR || n < 8)
+		return -EPROTO;
+	struct rmem_error e;
+	memcpy(&e, pkt.buf + sizeof h, 8);
+	return -(e.err ? (int)e.err : EPERM);
+}
+
 static void no_timeout(int s)
 {
 	struct timeval tv = {0};

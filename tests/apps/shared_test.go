@@ -275,6 +275,98 @@ func TestSharedMemoryForeignMappers(t *testing.T) {
 	}
 }
 
+// handoffScript: two memfds of 128 MiB (4x the agent's budget), written by
+// this process (under rmem), then handed to a program without the shim,
+// which maps them without ever opening them:
+//
+//   - F is kept open across exec (not close-on-exec, passed to the child);
+//   - G is close-on-exec, sent over a socket (SCM_RIGHTS) to a child
+//     started before it was;
+//
+// and H is read with pread(2) by this process, through the descriptor it
+// made it with (opened before the segment was paged: fanotify does not
+// see its reads).
+//
+// Each must read every byte written. It prints "OK", then F's, G's and
+// H's pages in tmpfs (MiB) before and after; or BAD.
+const handoffScript = `
+import hashlib, mmap, os, socket, subprocess, sys
+MB = 1 << 20; N = 128
+def pat(i): return hashlib.sha256(b"%d:0" % i).digest() * (MB // 32)
+def tmpfs_mib(fd): return os.fstat(fd).st_blocks * 512 >> 20
+MAPPER = """
+import hashlib, mmap, socket, sys
+MB = 1 << 20
+def pat(i): return hashlib.sha256(b"%d:0" % i).digest() * (MB // 32)
+how, n, fd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+if how == "sock":
+    _, fds, _, _ = socket.recv_fds(socket.socket(fileno=fd), 16, 1)
+    fd = fds[0]
+m = mmap.mmap(fd, n*MB, mmap.MAP_SHARED, mmap.PROT_READ)
+print("OK" if all(m[i*MB:(i+1)*MB] == pat(i) for i in range(n)) else "BAD")
+"""
+def make(flags):
+    fd = os.memfd_create("rmem-handoff", flags)
+    os.ftruncate(fd, N*MB)
+    m = mmap.mmap(fd, N*MB)
+    for i in range(N): m[i*MB:(i+1)*MB] = pat(i)
+    return fd, m
+env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+out = []; ok = True
+f, fm = make(0)
+out.append(tmpfs_mib(f))
+r = subprocess.run([sys.executable, "-c", MAPPER, "fd", str(N), str(f)], env=env, pass_fds=(f,), capture_output=True, text=True)
+if r.stdout.strip() != "OK": print("BAD F:", r.stdout, r.stderr, flush=True); ok = False
+out.append(tmpfs_mib(f))
+ok = ok and all(fm[i*MB:(i+1)*MB] == pat(i) for i in range(N))
+g, gm = make(os.MFD_CLOEXEC)
+out.append(tmpfs_mib(g))
+a, b = socket.socketpair()
+p = subprocess.Popen([sys.executable, "-c", MAPPER, "sock", str(N), str(b.fileno())], env=env, pass_fds=(b.fileno(),), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+b.close()
+socket.send_fds(a, [b"x"], [g])
+so, se = p.communicate()
+if so.strip() != "OK": print("BAD G:", so, se, flush=True); ok = False
+out.append(tmpfs_mib(g))
+ok = ok and all(gm[i*MB:(i+1)*MB] == pat(i) for i in range(N))
+h, hm = make(os.MFD_CLOEXEC)
+out.append(tmpfs_mib(h))
+data = os.pread(h, N*MB, 0)
+if not all(data[i*MB:(i+1)*MB] == pat(i) for i in range(N)): print("BAD H", flush=True); ok = False
+out.append(tmpfs_mib(h))
+print("OK" if ok else "BAD", *out, flush=True)
+`
+
+// Descriptors of a paged segment that leave the agent's sight (issue 36):
+// kept across an exec, or sent over a socket, to a program without the
+// shim, which maps them without an open the agent's guard would see; or
+// read through by its creator, whose descriptor's reads the guard does
+// not see. The shim tells the agent first (HANDOFF), which brings the
+// segment back into its file: every byte reads back. The agent is built
+// with the race detector.
+func TestSharedMemoryHandoff(t *testing.T) {
+	needs(t, "/usr/bin/python3=python3")
+	e := newRaceEnv(t)
+	defer e.checkNoRace(t)
+	r := runBatch(t, e.wrapAt(budget, "/usr/bin/python3", "-c", handoffScript), "")
+	t.Logf("under rmem at %d MiB local: %s", budget>>20, strings.TrimSpace(r.out))
+	f := strings.Fields(r.out)
+	if r.code != 0 || len(f) != 7 || f[0] != "OK" {
+		t.Fatalf("exit %d: %q\n%s", r.code, r.out, tail(r.stderr))
+	}
+	n := make([]int, 6)
+	for i := range n {
+		n[i], _ = strconv.Atoi(f[i+1])
+	}
+	const limit = budget>>20 + 16
+	if n[0] > limit || n[2] > limit || n[4] > limit {
+		t.Errorf("segments F, G and H in tmpfs before: %d, %d, %d MiB: want each paged, within the budget + 16 MiB (%d)", n[0], n[2], n[4], limit)
+	}
+	if n[1] < 128 || n[3] < 128 || n[5] < 128 {
+		t.Errorf("segments F, G and H in tmpfs after: %d, %d, %d MiB: want all 128 back in the file (released)", n[1], n[3], n[5])
+	}
+}
+
 // lostScript writes a 128 MiB named segment (4x the agent's budget) and
 // says "written"; once told (a line on stdin: the pool's only server is
 // gone meanwhile), a process without the shim reads the segment's file
