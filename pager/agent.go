@@ -446,13 +446,10 @@ func (a *Agent) handshake(conn *net.UnixConn) {
 		ok = a.resume(conn, cred, h, &hello, fds[:n], buf, oob, refuse)
 		return
 	}
+	if !a.admits(h, err, cred, refuse) {
+		return
+	}
 	switch {
-	case err != nil:
-		refuse(h, unix.EPROTO, err.Error())
-		return
-	case !a.allowed(cred):
-		refuse(h, unix.EACCES, fmt.Sprintf("uid %d may not use this agent", cred.Uid))
-		return
 	case hello.PID != cred.Pid && hello.Flags&proto.HelloTraced == 0:
 		refuse(h, unix.EPERM, fmt.Sprintf("HELLO says pid %d, the socket says %d", hello.PID, cred.Pid))
 		return
@@ -592,14 +589,10 @@ func (a *Agent) newClientFromHello(h proto.Header, hello *proto.Hello, fds []int
 func (a *Agent) handoffOnce(conn *net.UnixConn, cred *unix.Ucred, pkt, buf []byte, refuse func(proto.Header, unix.Errno, string)) {
 	var m proto.Handoff
 	h, err := proto.Expect(pkt, &m)
-	switch {
-	case err != nil:
-		refuse(h, unix.EPROTO, err.Error())
+	if !a.admits(h, err, cred, refuse) {
 		return
-	case !a.allowed(cred):
-		refuse(h, unix.EACCES, fmt.Sprintf("uid %d may not use this agent", cred.Uid))
-		return
-	case m.PID != cred.Pid:
+	}
+	if m.PID != cred.Pid {
 		refuse(h, unix.EPERM, fmt.Sprintf("HANDOFF of process %d, the socket says %d", m.PID, cred.Pid))
 		return
 	}
@@ -616,12 +609,7 @@ func (a *Agent) lendUFFDDevice(conn *net.UnixConn, cred *unix.Ucred, pkt, buf, o
 	refuse func(proto.Header, unix.Errno, string)) ([]byte, int, error) {
 	var req proto.UFFDDevice
 	h, err := proto.Expect(pkt, &req)
-	switch {
-	case err != nil:
-		refuse(h, unix.EPROTO, err.Error())
-		return nil, 0, nil
-	case !a.allowed(cred):
-		refuse(h, unix.EACCES, fmt.Sprintf("uid %d may not use this agent", cred.Uid))
+	if !a.admits(h, err, cred, refuse) {
 		return nil, 0, nil
 	}
 	dev, err := unix.Open("/dev/userfaultfd", unix.O_RDWR|unix.O_CLOEXEC, 0)
@@ -638,6 +626,20 @@ func (a *Agent) lendUFFDDevice(conn *net.UnixConn, cred *unix.Ucred, pkt, buf, o
 	}
 	a.log.Debug("lent /dev/userfaultfd", zap.Int32("pid", cred.Pid), zap.Uint32("uid", cred.Uid))
 	return proto.Recv(conn, buf, oob, fds)
+}
+
+// admits reports whether the agent takes a first request h (err: its
+// decoding's) from the peer cred; if not, it refuses it.
+func (a *Agent) admits(h proto.Header, err error, cred *unix.Ucred, refuse func(proto.Header, unix.Errno, string)) bool {
+	switch {
+	case err != nil:
+		refuse(h, unix.EPROTO, err.Error())
+	case !a.allowed(cred):
+		refuse(h, unix.EACCES, fmt.Sprintf("uid %d may not use this agent", cred.Uid))
+	default:
+		return true
+	}
+	return false
 }
 
 // allowed reports whether the agent serves the peer cred: root, the
