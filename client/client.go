@@ -27,7 +27,8 @@ const pageSize = 4096
 type region struct {
 	id     uint64
 	mem    []byte
-	shared bool // a MAP_SHARED mapping of a shmem file (MapShared)
+	shared bool     // a MAP_SHARED mapping of a shmem file (MapShared)
+	file   *os.File // that file, mapped from offset 0 (the caller's; nil for private memory)
 }
 
 // Client is one process's connection to memagent.
@@ -219,7 +220,7 @@ func (c *Client) Map(size int) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("client: mmap %d bytes: %w", n, err)
 	}
-	if err := c.announce(mem, false); err != nil {
+	if err := c.announce(mem, nil); err != nil {
 		return nil, err
 	}
 	return mem[:size:size], nil
@@ -228,9 +229,9 @@ func (c *Client) Map(size int) ([]byte, error) {
 // announce registers mem, just mapped, with the uffd and announces it to
 // the agent as a region (shared: of kind proto.KindShared). On failure mem
 // is unmapped.
-func (c *Client) announce(mem []byte, shared bool) error {
+func (c *Client) announce(mem []byte, file *os.File) error {
 	kind := proto.KindMmap
-	if shared {
+	if file != nil {
 		kind = proto.KindShared
 	}
 	rng := userfaultfd.Range{Start: userfaultfd.AddrOf(mem), Len: uint64(len(mem))}
@@ -240,7 +241,7 @@ func (c *Client) announce(mem []byte, shared bool) error {
 	}
 	c.mu.Lock()
 	c.nextID++
-	r := &region{id: c.nextID, mem: mem, shared: shared}
+	r := &region{id: c.nextID, mem: mem, shared: file != nil, file: file}
 	c.regions[uintptr(rng.Start)] = r
 	c.mu.Unlock()
 	if err := c.request(&proto.RegionAdd{ID: r.id, Range: rng, Kind: kind}); err != nil {
@@ -280,7 +281,7 @@ func (c *Client) MapShared(f *os.File, size int) ([]byte, error) {
 	// Not locked (a process under mlockall(MCL_FUTURE), as memagent is):
 	// MADV_REMOVE refuses locked memory.
 	unix.Munlock(mem)
-	if err := c.announce(mem, true); err != nil {
+	if err := c.announce(mem, f); err != nil {
 		return nil, err
 	}
 	return mem, nil
@@ -411,8 +412,8 @@ func (c *Client) evict(ev *proto.Evict) (uint32, unix.Errno) {
 	defer c.mu.Unlock()
 	pages := ev.Pages[:ev.N]
 	for i, p := range pages {
-		page := c.page(uintptr(p.Addr))
-		if page == nil {
+		r, off := c.regionAt(uintptr(p.Addr))
+		if r == nil {
 			return c.drop(pages[:i]), unix.EFAULT
 		}
 		if p.Slot == proto.NoSlot {
@@ -421,13 +422,37 @@ func (c *Client) evict(ev *proto.Evict) (uint32, unix.Errno) {
 		if (int(p.Slot)+1)*pageSize > len(c.staging) {
 			return c.drop(pages[:i]), unix.EINVAL
 		}
-		copy(c.staging[int(p.Slot)*pageSize:], page)
+		if err := copyOut(c.staging[int(p.Slot)*pageSize:(int(p.Slot)+1)*pageSize], r, off); err != nil {
+			return c.drop(pages[:i]), unix.EIO
+		}
 	}
 	done := c.drop(pages)
 	if done < uint32(len(pages)) {
 		return done, unix.EINVAL
 	}
 	return done, 0
+}
+
+// copyOut copies the page at offset off of region r into dst. A shared
+// region's page is read from its file, not through the mapping: a process
+// may have punched it (MADV_REMOVE, fallocate) or truncated the file
+// meanwhile, and the mapping would then fault, on this thread, to the
+// agent that pages it and waits for this eviction; the file reads a hole
+// as zeros, and a page past its end as nothing (zeros here).
+func copyOut(dst []byte, r *region, off uintptr) error {
+	if r.file == nil {
+		copy(dst, r.mem[off:off+pageSize])
+		return nil
+	}
+	n, err := unix.Pread(int(r.file.Fd()), dst, int64(off))
+	for err == unix.EINTR {
+		n, err = unix.Pread(int(r.file.Fd()), dst, int64(off))
+	}
+	if err != nil {
+		return err
+	}
+	clear(dst[n:])
+	return nil
 }
 
 // drop madvises the copied pages away, a run of adjacent pages at a time,
@@ -476,16 +501,25 @@ func extend(first []byte, n int) []byte {
 
 // page returns the mapped page at a, or nil. Preconditions: c.mu held.
 func (c *Client) page(a uintptr) []byte {
-	if a%pageSize != 0 {
+	r, off := c.regionAt(a)
+	if r == nil {
 		return nil
+	}
+	return r.mem[off : off+pageSize] // cap: to the region's end
+}
+
+// regionAt returns the region that holds page a, and a's offset in it;
+// nil if none does or a is not page aligned. Preconditions: c.mu held.
+func (c *Client) regionAt(a uintptr) (*region, uintptr) {
+	if a%pageSize != 0 {
+		return nil, 0
 	}
 	for start, r := range c.regions {
 		if a >= start && a < start+uintptr(len(r.mem)) {
-			off := a - start
-			return r.mem[off : off+pageSize] // cap: to the region's end
+			return r, a - start
 		}
 	}
-	return nil
+	return nil, 0
 }
 
 func (c *Client) answer(seq uint32, err error) {

@@ -131,6 +131,9 @@ type faultQueue struct {
 	// holes: faults of processes on shared memory that the agent's own
 	// client serves (shmowner.go), waiting for their pages.
 	holes []holeFault
+	// zapped: the punches of shared memory this turn forgot, answered
+	// (closed) once its holes are served (shmowner.go's serveHoles).
+	zapped []chan struct{}
 }
 
 // takeRetry returns the faults held for a retry, emptying the list (its

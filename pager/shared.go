@@ -175,13 +175,15 @@ type sharedTable struct {
 
 // holeFault is a hole a proxy faulted on, served by the owner's loop, or
 // with zap set, pages [off, off+zap) of the segment a proxy's process
-// punches (MADV_REMOVE): the owner forgets them, in the order posted.
+// punches (MADV_REMOVE): the owner forgets them, in the order posted, and
+// closes done once the holes of that turn are served.
 type holeFault struct {
 	r     *region // the proxy
 	a     userfaultfd.Addr
 	seg   *segment
 	off   uint64
 	zap   uint64
+	done  chan struct{} // with zap
 	flags userfaultfd.FaultFlags
 	since time.Time
 }
@@ -230,6 +232,12 @@ func (t *sharedTable) close() {
 	t.create.Lock()
 	t.mu.Lock()
 	t.closed = true
+	for i := range t.holes { // punches waiting: the agent forgets everything
+		if d := t.holes[i].done; d != nil {
+			close(d)
+			t.holes[i].done = nil
+		}
+	}
 	t.mu.Unlock()
 	o := t.owner
 	t.create.Unlock()
@@ -774,12 +782,23 @@ func (t *sharedTable) zap(r *region, rng userfaultfd.Range) {
 		o = nil // the process's punch is all there is to it: zeros, lost or not
 		s.lost.set(off/pageSize, rng.Len/pageSize, false)
 	}
-	if o != nil {
-		t.holes = append(t.holes, holeFault{r: r, seg: px.seg, off: off, zap: rng.Len})
+	done := make(chan struct{})
+	if o != nil && !t.closed {
+		t.holes = append(t.holes, holeFault{r: r, seg: px.seg, off: off, zap: rng.Len, done: done})
+	} else {
+		close(done)
 	}
 	t.mu.Unlock()
 	if o != nil {
 		o.wake()
+	}
+	// The process punches once answered: not before the owner has
+	// forgotten the pages, and has served the holes it was serving (a
+	// READ in flight would put the pool's copy back after the punch).
+	select {
+	case <-done:
+	case <-time.After(releaseWait):
+		t.a.log.Warn("a punch of shared memory did not wait for the owner's loop to forget its pages", zap.Stringer("range", rng))
 	}
 }
 

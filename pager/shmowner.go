@@ -126,8 +126,12 @@ func (c *client) serveHoles(now time.Time) {
 		return
 	}
 	t := c.a.shm
+	defer c.answerZaps()
 	t.mu.Lock()
 	for _, h := range t.holes {
+		if h.done != nil {
+			c.fq.zapped = append(c.fq.zapped, h.done)
+		}
 		r := h.seg.reg
 		switch {
 		case r == nil || r.gone:
@@ -153,6 +157,15 @@ func (c *client) serveHoles(now time.Time) {
 	}
 	c.flushReads(now, now)
 	c.wakeHoles() // those installed: before this turn's eviction
+}
+
+// answerZaps lets the punches this turn forgot go ahead.
+func (c *client) answerZaps() {
+	for _, d := range c.fq.zapped {
+		close(d)
+	}
+	clear(c.fq.zapped)
+	c.fq.zapped = c.fq.zapped[:0]
 }
 
 // wakeHoles wakes the proxies' threads whose pages are in the file now

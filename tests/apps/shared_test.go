@@ -367,6 +367,66 @@ func TestSharedMemoryHandoff(t *testing.T) {
 	}
 }
 
+// punchScript: a 128 MiB segment (4x the agent's budget), its pages
+// numbered; a forked child reads, over and over, the page the parent
+// names in a small shared page, while the parent names pages one after
+// another and punches each (MADV_REMOVE) a moment later: the child's hole
+// faults race the punches. Afterwards every punched page must read zeros.
+// It prints the punches made and the punched pages that did not read
+// zeros.
+const punchScript = `
+import mmap, os, random, sys, time
+from multiprocessing import shared_memory
+MB = 1 << 20; N = 128; PG = 4096; SECS = 8
+s = shared_memory.SharedMemory(create=True, size=N*MB)
+ctl = mmap.mmap(-1, PG)
+m = s._mmap
+for i in range(N*MB // PG):
+    m[i*PG:i*PG+8] = (i+1).to_bytes(8, "little")
+pid = os.fork()
+if pid == 0:
+    end = time.time() + SECS
+    while time.time() < end:
+        _ = m[int.from_bytes(ctl[0:8], "little")*PG]
+    os._exit(0)
+r = random.Random(2)
+punched = set()
+end = time.time() + SECS
+while time.time() < end:
+    i = r.randrange(1, N*MB // PG)
+    ctl[0:8] = i.to_bytes(8, "little")
+    time.sleep(0.00003)
+    m.madvise(mmap.MADV_REMOVE, i*PG, PG)
+    punched.add(i)
+os.waitpid(pid, 0)
+print(len(punched), sum(1 for i in punched if m[i*PG:i*PG+8] != bytes(8)), flush=True)
+s.close(); s.unlink()
+`
+
+// Punches of a paged segment racing another process's hole faults on the
+// same pages (issue 36). A punch waits until the agent's owner of the
+// segment has forgotten the pages and served the holes it was serving:
+// before, a READ in flight could put the pool's copy back after the punch;
+// and an eviction copy of a page punched meanwhile faulted in the agent
+// itself, on a hole its own loop would serve only after that eviction: a
+// hang. Every punched page reads zeros, and the program ends. The agent is
+// built with the race detector.
+func TestSharedMemoryPunchRace(t *testing.T) {
+	needs(t, "/usr/bin/python3=python3")
+	e := newRaceEnv(t)
+	defer e.checkNoRace(t)
+	r := runBatch(t, e.wrapAt(budget, "/usr/bin/python3", "-c", punchScript), "")
+	t.Logf("under rmem at %d MiB local: punched pages, stale ones: %s", budget>>20, strings.TrimSpace(r.out))
+	f := strings.Fields(r.out)
+	if r.code != 0 || len(f) != 2 {
+		t.Fatalf("exit %d: %q\n%s", r.code, r.out, tail(r.stderr))
+	}
+	n, _ := strconv.Atoi(f[0])
+	if f[1] != "0" || n < 100 {
+		t.Fatalf("%s of %s punched pages did not read zeros (want 0, of at least 100)", f[1], f[0])
+	}
+}
+
 // lostScript writes a 128 MiB named segment (4x the agent's budget) and
 // says "written"; once told (a line on stdin: the pool's only server is
 // gone meanwhile), a process without the shim reads the segment's file
