@@ -15,6 +15,7 @@
  * its reads raise no events for the guard, and a read would find the
  * evicted pages as holes, a write would fill one with zeros around its
  * bytes. Once per descriptor and mapping: a released segment stays so.
+ * Copies made with dup, dup2 and dup3 are watched too (not fcntl's).
  *
  * Raw system calls are not seen (docs/pager.md, "Shared memory"). */
 #include "rmem.h"
@@ -133,17 +134,46 @@ int rm_handoff_io(int fd)
 }
 
 typedef int sendmmsg_fn(int, struct mmsghdr *, unsigned, int);
+typedef int dup_fn(int);
+typedef int dup2_fn(int, int);
+typedef int dup3_fn(int, int, int);
 static sendmmsg_fn *real_sendmmsg;
+static dup_fn *real_dup;
+static dup2_fn *real_dup2;
+static dup3_fn *real_dup3;
 
-__attribute__((constructor)) static void handoff_init(void) { real_sendmmsg = (sendmmsg_fn *)rm_libc("sendmmsg"); }
+#define REAL(p, name)                                                          \
+	({                                                                     \
+		if (!p)                                                        \
+			p = (__typeof__(p))rm_libc(name);                      \
+		p;                                                             \
+	})
+
+__attribute__((constructor)) static void handoff_init(void)
+{
+	(void)REAL(real_sendmmsg, "sendmmsg");
+	(void)REAL(real_dup, "dup");
+	(void)REAL(real_dup2, "dup2");
+	(void)REAL(real_dup3, "dup3");
+}
+
+/* A copy of a watched descriptor is watched too. */
+static int copied(int fd, int to)
+{
+	if (to >= 0 && rm_fd_watched(fd))
+		rm_watch_fd(to);
+	return to;
+}
+
+EXPORT int dup(int fd) { return copied(fd, REAL(real_dup, "dup")(fd)); }
+EXPORT int dup2(int fd, int to) { return copied(fd, REAL(real_dup2, "dup2")(fd, to)); }
+EXPORT int dup3(int fd, int to, int flags) { return copied(fd, REAL(real_dup3, "dup3")(fd, to, flags)); }
 
 EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned int vlen, int flags)
 {
-	if (!real_sendmmsg)
-		real_sendmmsg = (sendmmsg_fn *)rm_libc("sendmmsg");
 	if (v && rm_handoff_msgs(&v->msg_hdr, vlen, sizeof *v) != 0) {
 		errno = EPERM;
 		return -1;
 	}
-	return real_sendmmsg(fd, v, vlen, flags);
+	return REAL(real_sendmmsg, "sendmmsg")(fd, v, vlen, flags);
 }
