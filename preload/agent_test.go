@@ -144,6 +144,7 @@ type agentClient struct {
 	readMu    sync.Mutex
 	forksRead uint64
 	forksDone uint64
+	readerEnd atomic.Pointer[string] // why the uffd reader returned, once it has (for claimFork's error)
 	seq       uint32
 	sbuf      []byte
 
@@ -650,7 +651,17 @@ func (a *testAgent) claimFork(k forkKey) (*forkedChild, error) {
 	defer a.mu.Unlock()
 	for a.forks[k] == nil {
 		if a.closed || time.Now().After(deadline) {
-			return nil, fmt.Errorf("no FORK event for parent %d serial %d", k.ppid, k.serial)
+			why := "parent not a client"
+			if p := a.clients[k.ppid]; p != nil {
+				p.readMu.Lock()
+				read := p.forksRead
+				p.readMu.Unlock()
+				why = fmt.Sprintf("parent's uffd reader read %d FORK events", read)
+				if e := p.readerEnd.Load(); e != nil {
+					why += ", then returned (" + *e + ")"
+				}
+			}
+			return nil, fmt.Errorf("no FORK event for parent %d serial %d (%s)", k.ppid, k.serial, why)
 		}
 		a.mu.Unlock()
 		time.Sleep(2 * time.Millisecond)
@@ -758,6 +769,8 @@ func (c *agentClient) serve() {
 	}()
 	go func() { // uffd reader
 		defer wg.Done()
+		end := "stopped"
+		defer func() { c.readerEnd.Store(&end) }()
 		raw := make([]userfaultfd.Msg, 64)
 		// For 50 µs after a read it polls the uffd without blocking
 		// (yielding to the loop at each look): the next fault of a thread
@@ -773,6 +786,7 @@ func (c *agentClient) serve() {
 					return
 				}
 				if fds[1].Revents != 0 || fds[0].Revents&(unix.POLLERR|unix.POLLHUP|unix.POLLNVAL) != 0 {
+					end = fmt.Sprintf("poll: stop %#x, uffd %#x", fds[1].Revents, fds[0].Revents)
 					return
 				}
 			} else {
@@ -803,6 +817,7 @@ func (c *agentClient) serve() {
 				continue
 			}
 			if err != nil {
+				end = "read: " + err.Error()
 				return
 			}
 			spinUntil = time.Now().Add(50 * time.Microsecond)
