@@ -225,6 +225,14 @@ static inline long rm_sys6(long n, long a, long b, long c, long d, long e, long 
 #error "rm_sys6: add this architecture's system call"
 #endif
 }
+/* The C library's function name behind one of our wrappers, looked up
+ * once into the function pointer p (rm_libc). */
+#define RM_REAL(p, name)                                                       \
+	({                                                                     \
+		if (!p)                                                        \
+			p = (__typeof__(p))rm_libc(name);                      \
+		p;                                                             \
+	})
 #define rm_sys(n, a, b, c) rm_sys6((n), (long)(a), (long)(b), (long)(c), 0, 0, 0)
 #define rm_sys4(n, a, b, c, d) rm_sys6((n), (long)(a), (long)(b), (long)(c), (long)(d), 0, 0)
 /* rm_sys's result as libc gives it: -1 with errno set on failure. */

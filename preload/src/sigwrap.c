@@ -46,18 +46,16 @@ static sigwait_fn *real_sigwait;
 static spawnmask_fn *real_spawnattr_setsigmask;
 static attrmask_fn *real_attr_setsigmask;
 
-#define REAL(p, name) (p ? p : (p = (__typeof__(p))rm_libc(name)))
-
 /* Resolved by the constructor, before any signal handler of the program's
  * may call them (dlsym is not async-signal-safe). */
 __attribute__((constructor)) static void sigwrap_init(void)
 {
-	REAL(real_sigprocmask, "sigprocmask");
-	REAL(real_pthread_sigmask, "pthread_sigmask");
-	REAL(real_sigsuspend, "sigsuspend");
-	REAL(real_sigwait, "sigwait");
-	REAL(real_spawnattr_setsigmask, "posix_spawnattr_setsigmask");
-	REAL(real_attr_setsigmask, "pthread_attr_setsigmask_np");
+	RM_REAL(real_sigprocmask, "sigprocmask");
+	RM_REAL(real_pthread_sigmask, "pthread_sigmask");
+	RM_REAL(real_sigsuspend, "sigsuspend");
+	RM_REAL(real_sigwait, "sigwait");
+	RM_REAL(real_spawnattr_setsigmask, "posix_spawnattr_setsigmask");
+	RM_REAL(real_attr_setsigmask, "pthread_attr_setsigmask_np");
 }
 
 /* set, or a copy of it in *buf without SIGBUS when ring mode may need it
@@ -79,7 +77,7 @@ static const sigset_t *unbus_how(int how, const sigset_t *set, sigset_t *buf)
 EXPORT int sigprocmask(int how, const sigset_t *set, sigset_t *old)
 {
 	sigset_t buf;
-	if (!REAL(real_sigprocmask, "sigprocmask")) {
+	if (!RM_REAL(real_sigprocmask, "sigprocmask")) {
 		errno = ENOSYS;
 		return -1;
 	}
@@ -89,7 +87,7 @@ EXPORT int sigprocmask(int how, const sigset_t *set, sigset_t *old)
 EXPORT int pthread_sigmask(int how, const sigset_t *set, sigset_t *old)
 {
 	sigset_t buf;
-	if (!REAL(real_pthread_sigmask, "pthread_sigmask"))
+	if (!RM_REAL(real_pthread_sigmask, "pthread_sigmask"))
 		return ENOSYS;
 	return real_pthread_sigmask(how, unbus_how(how, set, &buf), old);
 }
@@ -97,7 +95,7 @@ EXPORT int pthread_sigmask(int how, const sigset_t *set, sigset_t *old)
 EXPORT int sigsuspend(const sigset_t *mask)
 {
 	sigset_t buf;
-	if (!REAL(real_sigsuspend, "sigsuspend")) {
+	if (!RM_REAL(real_sigsuspend, "sigsuspend")) {
 		errno = ENOSYS;
 		return -1;
 	}
@@ -107,7 +105,7 @@ EXPORT int sigsuspend(const sigset_t *mask)
 EXPORT int sigwait(const sigset_t *set, int *sig)
 {
 	sigset_t buf;
-	if (!REAL(real_sigwait, "sigwait"))
+	if (!RM_REAL(real_sigwait, "sigwait"))
 		return ENOSYS;
 	return real_sigwait(rm_unbus(set, &buf), sig);
 }
@@ -115,7 +113,7 @@ EXPORT int sigwait(const sigset_t *set, int *sig)
 EXPORT int posix_spawnattr_setsigmask(posix_spawnattr_t *attr, const sigset_t *mask)
 {
 	sigset_t buf;
-	if (!REAL(real_spawnattr_setsigmask, "posix_spawnattr_setsigmask"))
+	if (!RM_REAL(real_spawnattr_setsigmask, "posix_spawnattr_setsigmask"))
 		return ENOSYS;
 	return real_spawnattr_setsigmask(attr, rm_unbus(mask, &buf));
 }
@@ -123,7 +121,7 @@ EXPORT int posix_spawnattr_setsigmask(posix_spawnattr_t *attr, const sigset_t *m
 EXPORT int pthread_attr_setsigmask_np(pthread_attr_t *attr, const sigset_t *mask)
 {
 	sigset_t buf;
-	if (!REAL(real_attr_setsigmask, "pthread_attr_setsigmask_np"))
+	if (!RM_REAL(real_attr_setsigmask, "pthread_attr_setsigmask_np"))
 		return ENOSYS;
 	return real_attr_setsigmask(attr, rm_unbus(mask, &buf));
 }
