@@ -84,7 +84,7 @@ func (c *client) RoutineServe() {
 		start, until := c.spin.Start()
 		for n == 0 && !posted && err == nil && c.spin.Polling(until) {
 			n, err = unix.Poll(c.fq.pfds, 0)
-			posted = c.ringPosted()
+			posted = c.ringPosted() || n == 0 && err == nil && c.ringWatch()
 		}
 		hit := n > 0 || posted
 		if !hit && err == nil && (c.ring == nil || !c.ring.sleep()) {
@@ -246,6 +246,11 @@ func (c *client) serveUFFD() {
 
 // ringPosted reports whether the fault ring has a fault to take.
 func (c *client) ringPosted() bool { return c.ring != nil && !c.parked() && c.ring.pending() }
+
+// ringWatch watches the fault ring for a post a while (ringWatch).
+func (c *client) ringWatch() bool {
+	return c.ring != nil && !c.parked() && c.ring.watch(ringWatch)
+}
 
 // serveRing serves the faults posted in the fault ring as a batch read
 // from the uffd: each is a fault (a write to a page the loop holds

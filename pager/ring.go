@@ -94,6 +94,30 @@ func (r *faultRing) pending() bool {
 	return false
 }
 
+// ringWatch is how long the loop of a ring client, while it polls, watches
+// the ring's post counter between two looks at its descriptors. A look is
+// a sched_yield and a poll(2), 2-3 µs on these VMs (a system call costs
+// ~1 µs), and a post that came during one waited for it to end, and for
+// the scan after it; watching the counter, a word in shared memory, sees
+// a post within a cache miss. Events on the descriptors (an EVICTED
+// reply, a FORK) wait up to this much longer, while misses come.
+const ringWatch = 3 * time.Microsecond
+
+// watch spins up to d on the header's post counter, with no system call,
+// and reports whether a thread posted meanwhile (the entries are then
+// taken as ever: the counter only says when to look).
+func (r *faultRing) watch(d time.Duration) bool {
+	seen := proto.RingLoad64(r.mem, proto.RingHdrPosted)
+	for start := proto.RingNow(); proto.RingNow()-start < d; {
+		for range 32 {
+			if proto.RingLoad64(r.mem, proto.RingHdrPosted) != seen {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // sleep says the loop is about to block in poll(2): threads that post
 // from now on ring the doorbell. It reports whether an entry was posted
 // before they could see it (then the loop must not block).
@@ -139,17 +163,13 @@ func (r *faultRing) complete(rg userfaultfd.Range, state uint32) {
 		return
 	}
 	end := rg.Start + userfaultfd.Addr(rg.Len)
-	var now time.Duration
 	kept := r.serving[:0]
 	for _, s := range r.serving {
 		if s.page < rg.Start || s.page >= end {
 			kept = append(kept, s)
 			continue
 		}
-		if now == 0 {
-			now = proto.RingNow()
-		}
-		r.finish(s, state, now)
+		r.finish(s, state)
 	}
 	r.serving = kept
 }
@@ -159,27 +179,29 @@ func (r *faultRing) completeEntry(i int, state uint32) {
 	for k, s := range r.serving {
 		if s.entry == i {
 			r.serving = append(r.serving[:k], r.serving[k+1:]...)
-			r.finish(s, state, proto.RingNow())
+			r.finish(s, state)
 			return
 		}
 	}
 }
 
 // finish stores the result of s's entry and wakes its thread if it
-// sleeps.
-func (r *faultRing) finish(s ringServing, state uint32, now time.Duration) {
+// sleeps, then counts its wait: the thread is on its way before the
+// statistics (its post time is read first: once it sees the result, the
+// thread frees the entry, and another may take it).
+func (r *faultRing) finish(s ringServing, state uint32) {
 	off := proto.RingEntryOffset(s.entry)
 	posted := time.Duration(proto.RingGet64(r.mem, off+proto.RingEntPosted))
-	if posted > 0 && now > posted {
+	proto.RingStore(r.mem, off+proto.RingEntState, state)
+	if proto.RingLoad(r.mem, off+proto.RingEntWaiters) != 0 {
+		proto.RingWake(r.mem, off+proto.RingEntState)
+	}
+	if now := proto.RingNow(); posted > 0 && now > posted {
 		if r.faults != nil {
 			r.faults.Observe(now - posted)
 		}
 		if r.stall != nil && s.miss {
 			r.stall.Add(int64(now - posted + stallPerRingFault))
 		}
-	}
-	proto.RingStore(r.mem, off+proto.RingEntState, state)
-	if proto.RingLoad(r.mem, off+proto.RingEntWaiters) != 0 {
-		proto.RingWake(r.mem, off+proto.RingEntState)
 	}
 }

@@ -63,6 +63,7 @@ func (r *ringClient) fault(pg userfaultfd.Addr, write bool, deadline time.Time) 
 	proto.RingPut64(r.mem, off+proto.RingEntAddr, uint64(pg))
 	proto.RingPut64(r.mem, off+proto.RingEntPosted, uint64(proto.RingNow()))
 	proto.RingStore(r.mem, off+proto.RingEntState, proto.RingPosted)
+	proto.RingAdd64(r.mem, proto.RingHdrPosted, 1)
 	if proto.RingLoad(r.mem, proto.RingHdrAgent) == proto.RingAsleep {
 		var one [8]byte
 		one[0] = 1

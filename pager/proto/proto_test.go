@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -244,5 +245,19 @@ func TestSocketPath(t *testing.T) {
 	t.Setenv(EnvSocket, "/tmp/x.sock")
 	if got := SocketPath(); got != "/tmp/x.sock" {
 		t.Fatalf("SocketPath() = %q with %s set", got, EnvSocket)
+	}
+}
+
+// RingNow reads the clock the shim stamps posts with (CLOCK_MONOTONIC,
+// clock_gettime in C): a reading lies between two of the system call's.
+func TestRingNowIsMonotonic(t *testing.T) {
+	for range 1000 {
+		var a, c unix.Timespec
+		unix.ClockGettime(unix.CLOCK_MONOTONIC, &a)
+		b := RingNow()
+		unix.ClockGettime(unix.CLOCK_MONOTONIC, &c)
+		if time.Duration(a.Nano()) > b || b > time.Duration(c.Nano()) {
+			t.Fatalf("RingNow %v outside CLOCK_MONOTONIC's [%v, %v]", b, time.Duration(a.Nano()), time.Duration(c.Nano()))
+		}
 	}
 }

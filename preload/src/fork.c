@@ -88,6 +88,7 @@ static void child_after_fork(const struct rm_fork *f)
 	rm_table_atfork_child(); /* the helper may have held table_mu */
 	rm_sigbus_atfork_child(); /* its SIGBUS disposition is its own */
 	rm_pin_atfork_child();    /* the other threads' pins were not */
+	rm_ring_atfork_child();   /* its thread's id is new */
 	rm_helper_atfork_child();
 	int err = 0;
 	if (rm_conn_atfork_child(f)) {

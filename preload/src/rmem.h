@@ -468,6 +468,7 @@ static inline int rm_ring_call(void) { return rm_ring_mode && !rm_in_shim(); }
 /* ---- ring.c: the fault ring, the shim's side ---- */
 HIDDEN int rm_ring_fault(uintptr_t addr, int write); /* signal-safe */
 HIDDEN int rm_ring_serve_lost(int uffd);
+HIDDEN void rm_ring_atfork_child(void);
 HIDDEN void rm_ring_agent_word(int asleep);
 
 /* ---- resume.c ---- */
