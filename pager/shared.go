@@ -957,11 +957,21 @@ func (t *sharedTable) handoff(m *proto.Handoff) error {
 		return nil
 	}
 	pid := int(m.PID)
-	files, err := procinfo.Files(pid)
+	named := m.FDs[:m.N]
+	var files []procinfo.File
+	var err error
+	if m.Flags&proto.HandoffExec != 0 {
+		files, err = procinfo.Files(pid) // what the exec keeps: every descriptor not close-on-exec
+	} else {
+		fds := make([]int, len(named))
+		for i, fd := range named {
+			fds[i] = int(fd)
+		}
+		files, err = procinfo.FilesOf(pid, fds) // the descriptors named only
+	}
 	if err != nil {
 		return errWithErrno(unix.ESRCH, err.Error())
 	}
-	named := m.FDs[:m.N]
 	var segs []*segment
 	t.mu.Lock()
 	for _, f := range files {

@@ -210,7 +210,27 @@ func (f FS) Files(pid int) ([]File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("procinfo: %w", err)
 	}
-	dir := filepath.Join(f.root, strconv.Itoa(pid), "fd")
+	return f.files(p, fds)
+}
+
+// FilesOf is Files for the descriptors fds of process pid only: those it
+// holds, without reading the others.
+func (f FS) FilesOf(pid int, fds []int) ([]File, error) {
+	p, err := f.fs.Proc(pid)
+	if err != nil {
+		return nil, fmt.Errorf("procinfo: %w", err)
+	}
+	u := make([]uintptr, 0, len(fds))
+	for _, fd := range fds {
+		if fd >= 0 {
+			u = append(u, uintptr(fd))
+		}
+	}
+	return f.files(p, u)
+}
+
+func (f FS) files(p procfs.Proc, fds []uintptr) ([]File, error) {
+	dir := filepath.Join(f.root, strconv.Itoa(p.PID), "fd")
 	files := make([]File, 0, len(fds))
 	for _, fd := range fds {
 		name := strconv.FormatUint(uint64(fd), 10)
@@ -224,7 +244,7 @@ func (f FS) Files(pid int) ([]File, error) {
 		}
 		flags, err := strconv.ParseUint(info.Flags, 8, 32)
 		if err != nil {
-			return nil, fmt.Errorf("%w: /proc/%d/fdinfo/%s flags %q", ErrParse, pid, name, info.Flags)
+			return nil, fmt.Errorf("%w: /proc/%d/fdinfo/%s flags %q", ErrParse, p.PID, name, info.Flags)
 		}
 		files = append(files, File{FD: int(fd), Dev: st.Dev, Ino: st.Ino, CloseOnExec: flags&unix.O_CLOEXEC != 0})
 	}
@@ -292,6 +312,9 @@ func TracerPid(pid int) (int, error) { return Default.TracerPid(pid) }
 
 // Files is Default.Files.
 func Files(pid int) ([]File, error) { return Default.Files(pid) }
+
+// FilesOf is Default.FilesOf.
+func FilesOf(pid int, fds []int) ([]File, error) { return Default.FilesOf(pid, fds) }
 
 // MappingAt reads the host's /proc (FS.MappingAt).
 func MappingAt(pid int, a uint64) (Mapping, error) { return Default.MappingAt(pid, a) }

@@ -341,4 +341,12 @@ func TestFiles(t *testing.T) {
 	if _, err := Files(1 << 30); err == nil {
 		t.Error("Files of a pid that does not exist: no error")
 	}
+	// FilesOf: the descriptors named, those held only.
+	of, err := FilesOf(os.Getpid(), []int{kept, -1, 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []File{{FD: kept, Dev: st.Dev, Ino: st.Ino}}; !slices.Equal(of, want) {
+		t.Errorf("FilesOf(kept, -1, a descriptor not open) = %+v, want %+v", of, want)
+	}
 }
