@@ -96,26 +96,22 @@ DECL(ssize_t, __pread_chk, int, void *, size_t, off_t, size_t);
 DECL(ssize_t, __recv_chk, int, void *, size_t, size_t, int);
 DECL(ssize_t, __recvfrom_chk, int, void *, size_t, size_t, int, struct sockaddr *, socklen_t *);
 
-#define RESOLVE(name)                                                          \
-	({                                                                     \
-		if (!real_##name)                                              \
-			real_##name = (name##_fn *)rm_libc(#name);             \
-		real_##name;                                                   \
-	})
-
 /* By our constructor: a first call may come from a signal handler, where
  * dlsym may not be called. */
 __attribute__((constructor)) static void kcall_init(void)
 {
-	(void)RESOLVE(read); (void)RESOLVE(write); (void)RESOLVE(pread); (void)RESOLVE(pwrite);
-	(void)RESOLVE(readv); (void)RESOLVE(writev); (void)RESOLVE(preadv); (void)RESOLVE(pwritev);
-	(void)RESOLVE(preadv2); (void)RESOLVE(pwritev2); (void)RESOLVE(recv); (void)RESOLVE(recvfrom);
-	(void)RESOLVE(recvmsg); (void)RESOLVE(send); (void)RESOLVE(sendto); (void)RESOLVE(sendmsg);
-	(void)RESOLVE(stat); (void)RESOLVE(lstat); (void)RESOLVE(fstat); (void)RESOLVE(fstatat);
-	(void)RESOLVE(statx); (void)RESOLVE(__xstat); (void)RESOLVE(__lxstat); (void)RESOLVE(__fxstat);
-	(void)RESOLVE(__fxstatat); (void)RESOLVE(getdents64); (void)RESOLVE(readdir); (void)RESOLVE(readdir_r);
-	(void)RESOLVE(__read_chk); (void)RESOLVE(__pread_chk); (void)RESOLVE(__recv_chk);
-	(void)RESOLVE(__recvfrom_chk);
+	(void)RM_RESOLVE(read); (void)RM_RESOLVE(write); (void)RM_RESOLVE(pread);
+	(void)RM_RESOLVE(pwrite); (void)RM_RESOLVE(readv); (void)RM_RESOLVE(writev);
+	(void)RM_RESOLVE(preadv); (void)RM_RESOLVE(pwritev); (void)RM_RESOLVE(preadv2);
+	(void)RM_RESOLVE(pwritev2); (void)RM_RESOLVE(recv); (void)RM_RESOLVE(recvfrom);
+	(void)RM_RESOLVE(recvmsg); (void)RM_RESOLVE(send); (void)RM_RESOLVE(sendto);
+	(void)RM_RESOLVE(sendmsg); (void)RM_RESOLVE(stat); (void)RM_RESOLVE(lstat);
+	(void)RM_RESOLVE(fstat); (void)RM_RESOLVE(fstatat); (void)RM_RESOLVE(statx);
+	(void)RM_RESOLVE(__xstat); (void)RM_RESOLVE(__lxstat); (void)RM_RESOLVE(__fxstat);
+	(void)RM_RESOLVE(__fxstatat); (void)RM_RESOLVE(getdents64); (void)RM_RESOLVE(readdir);
+	(void)RM_RESOLVE(readdir_r); (void)RM_RESOLVE(__read_chk);
+	(void)RM_RESOLVE(__pread_chk); (void)RM_RESOLVE(__recv_chk);
+	(void)RM_RESOLVE(__recvfrom_chk);
 }
 
 static void add_str(struct rm_bufs *bs, const char *s)
@@ -197,7 +193,7 @@ EXPORT ssize_t read(int fd, void *buf, size_t n)
 {
 	RM_FILE_IO(fd);
 	if (!rm_ring_call())
-		return RESOLVE(read)(fd, buf, n);
+		return RM_RESOLVE(read)(fd, buf, n);
 	struct rm_bufs bs = {0};
 	rm_add(&bs, buf, n, 1);
 	ssize_t r = RM_PINNED(&bs, read_keeps(fd), real_read(fd, buf, n));
@@ -208,7 +204,7 @@ EXPORT ssize_t __read_chk(int fd, void *buf, size_t n, size_t buflen)
 {
 	RM_FILE_IO(fd);
 	if (!rm_ring_call())
-		return RESOLVE(__read_chk)(fd, buf, n, buflen);
+		return RM_RESOLVE(__read_chk)(fd, buf, n, buflen);
 	struct rm_bufs bs = {0};
 	rm_add(&bs, buf, n < buflen ? n : buflen, 1);
 	return RM_PINNED(&bs, read_keeps(fd), real___read_chk(fd, buf, n, buflen));
@@ -218,7 +214,7 @@ EXPORT ssize_t write(int fd, const void *buf, size_t n)
 {
 	RM_FILE_IO(fd);
 	if (!rm_ring_call())
-		return RESOLVE(write)(fd, buf, n);
+		return RM_RESOLVE(write)(fd, buf, n);
 	struct rm_bufs bs = {0};
 	rm_add(&bs, buf, n, 0);
 	return RM_PINNED(&bs, 1, real_write(fd, buf, n));
@@ -228,7 +224,7 @@ EXPORT ssize_t pread(int fd, void *buf, size_t n, off_t off)
 {
 	RM_FILE_IO(fd);
 	if (!rm_ring_call())
-		return RESOLVE(pread)(fd, buf, n, off);
+		return RM_RESOLVE(pread)(fd, buf, n, off);
 	struct rm_bufs bs = {0};
 	rm_add(&bs, buf, n, 1);
 	ssize_t r = RM_PINNED(&bs, 1, real_pread(fd, buf, n, off));
@@ -240,7 +236,7 @@ EXPORT ssize_t __pread_chk(int fd, void *buf, size_t n, off_t off, size_t buflen
 {
 	RM_FILE_IO(fd);
 	if (!rm_ring_call())
-		return RESOLVE(__pread_chk)(fd, buf, n, off, buflen);
+		return RM_RESOLVE(__pread_chk)(fd, buf, n, off, buflen);
 	struct rm_bufs bs = {0};
 	rm_add(&bs, buf, n < buflen ? n : buflen, 1);
 	return RM_PINNED(&bs, 1, real___pread_chk(fd, buf, n, off, buflen));
@@ -251,7 +247,7 @@ EXPORT ssize_t pwrite(int fd, const void *buf, size_t n, off_t off)
 {
 	RM_FILE_IO(fd);
 	if (!rm_ring_call())
-		return RESOLVE(pwrite)(fd, buf, n, off);
+		return RM_RESOLVE(pwrite)(fd, buf, n, off);
 	struct rm_bufs bs = {0};
 	rm_add(&bs, buf, n, 0);
 	return RM_PINNED(&bs, 1, real_pwrite(fd, buf, n, off));
@@ -262,7 +258,7 @@ EXPORT ssize_t readv(int fd, const struct iovec *iov, int cnt)
 {
 	RM_FILE_IO(fd);
 	if (!rm_ring_call())
-		return RESOLVE(readv)(fd, iov, cnt);
+		return RM_RESOLVE(readv)(fd, iov, cnt);
 	struct rm_bufs bs = {0};
 	add_iov(&bs, iov, cnt, 1);
 	return RM_PINNED(&bs, read_keeps(fd), real_readv(fd, iov, cnt));
@@ -272,7 +268,7 @@ EXPORT ssize_t writev(int fd, const struct iovec *iov, int cnt)
 {
 	RM_FILE_IO(fd);
 	if (!rm_ring_call())
-		return RESOLVE(writev)(fd, iov, cnt);
+		return RM_RESOLVE(writev)(fd, iov, cnt);
 	struct rm_bufs bs = {0};
 	add_iov(&bs, iov, cnt, 0);
 	return RM_PINNED(&bs, 1, real_writev(fd, iov, cnt));
@@ -282,7 +278,7 @@ EXPORT ssize_t preadv(int fd, const struct iovec *iov, int cnt, off_t off)
 {
 	RM_FILE_IO(fd);
 	if (!rm_ring_call())
-		return RESOLVE(preadv)(fd, iov, cnt, off);
+		return RM_RESOLVE(preadv)(fd, iov, cnt, off);
 	struct rm_bufs bs = {0};
 	add_iov(&bs, iov, cnt, 1);
 	return RM_PINNED(&bs, 1, real_preadv(fd, iov, cnt, off));
@@ -293,7 +289,7 @@ EXPORT ssize_t pwritev(int fd, const struct iovec *iov, int cnt, off_t off)
 {
 	RM_FILE_IO(fd);
 	if (!rm_ring_call())
-		return RESOLVE(pwritev)(fd, iov, cnt, off);
+		return RM_RESOLVE(pwritev)(fd, iov, cnt, off);
 	struct rm_bufs bs = {0};
 	add_iov(&bs, iov, cnt, 0);
 	return RM_PINNED(&bs, 1, real_pwritev(fd, iov, cnt, off));
@@ -305,7 +301,7 @@ EXPORT ssize_t preadv2(int fd, const struct iovec *iov, int cnt, off_t off, int 
 {
 	RM_FILE_IO(fd);
 	if (!rm_ring_call())
-		return RESOLVE(preadv2)(fd, iov, cnt, off, flags);
+		return RM_RESOLVE(preadv2)(fd, iov, cnt, off, flags);
 	struct rm_bufs bs = {0};
 	add_iov(&bs, iov, cnt, 1);
 	return RM_PINNED(&bs, off != -1 || read_keeps(fd), real_preadv2(fd, iov, cnt, off, flags));
@@ -316,7 +312,7 @@ EXPORT ssize_t pwritev2(int fd, const struct iovec *iov, int cnt, off_t off, int
 {
 	RM_FILE_IO(fd);
 	if (!rm_ring_call())
-		return RESOLVE(pwritev2)(fd, iov, cnt, off, flags);
+		return RM_RESOLVE(pwritev2)(fd, iov, cnt, off, flags);
 	struct rm_bufs bs = {0};
 	add_iov(&bs, iov, cnt, 0);
 	return RM_PINNED(&bs, 1, real_pwritev2(fd, iov, cnt, off, flags));
@@ -328,7 +324,7 @@ EXPORT ssize_t pwritev64v2(int, const struct iovec *, int, off_t, int) __attribu
 EXPORT ssize_t recv(int fd, void *buf, size_t n, int flags)
 {
 	if (!rm_ring_call())
-		return RESOLVE(recv)(fd, buf, n, flags);
+		return RM_RESOLVE(recv)(fd, buf, n, flags);
 	struct rm_bufs bs = {0};
 	rm_add(&bs, buf, n, 1);
 	return RM_PINNED(&bs, recv_keeps(fd, flags), real_recv(fd, buf, n, flags));
@@ -337,7 +333,7 @@ EXPORT ssize_t recv(int fd, void *buf, size_t n, int flags)
 EXPORT ssize_t __recv_chk(int fd, void *buf, size_t n, size_t buflen, int flags)
 {
 	if (!rm_ring_call())
-		return RESOLVE(__recv_chk)(fd, buf, n, buflen, flags);
+		return RM_RESOLVE(__recv_chk)(fd, buf, n, buflen, flags);
 	struct rm_bufs bs = {0};
 	rm_add(&bs, buf, n < buflen ? n : buflen, 1);
 	return RM_PINNED(&bs, recv_keeps(fd, flags), real___recv_chk(fd, buf, n, buflen, flags));
@@ -354,7 +350,7 @@ static void add_addr(struct rm_bufs *bs, void *addr, socklen_t *len)
 EXPORT ssize_t recvfrom(int fd, void *buf, size_t n, int flags, struct sockaddr *addr, socklen_t *alen)
 {
 	if (!rm_ring_call())
-		return RESOLVE(recvfrom)(fd, buf, n, flags, addr, alen);
+		return RM_RESOLVE(recvfrom)(fd, buf, n, flags, addr, alen);
 	struct rm_bufs bs = {0};
 	rm_add(&bs, buf, n, 1);
 	add_addr(&bs, addr, alen);
@@ -365,7 +361,7 @@ EXPORT ssize_t __recvfrom_chk(int fd, void *buf, size_t n, size_t buflen, int fl
 			      socklen_t *alen)
 {
 	if (!rm_ring_call())
-		return RESOLVE(__recvfrom_chk)(fd, buf, n, buflen, flags, addr, alen);
+		return RM_RESOLVE(__recvfrom_chk)(fd, buf, n, buflen, flags, addr, alen);
 	struct rm_bufs bs = {0};
 	rm_add(&bs, buf, n < buflen ? n : buflen, 1);
 	add_addr(&bs, addr, alen);
@@ -387,7 +383,7 @@ static void add_msg(struct rm_bufs *bs, const struct msghdr *m, int write)
 EXPORT ssize_t recvmsg(int fd, struct msghdr *m, int flags)
 {
 	if (!rm_ring_call())
-		return RESOLVE(recvmsg)(fd, m, flags);
+		return RM_RESOLVE(recvmsg)(fd, m, flags);
 	struct rm_bufs bs = {0};
 	add_msg(&bs, m, 1);
 	return RM_PINNED(&bs, recv_keeps(fd, flags), real_recvmsg(fd, m, flags));
@@ -396,7 +392,7 @@ EXPORT ssize_t recvmsg(int fd, struct msghdr *m, int flags)
 EXPORT ssize_t send(int fd, const void *buf, size_t n, int flags)
 {
 	if (!rm_ring_call())
-		return RESOLVE(send)(fd, buf, n, flags);
+		return RM_RESOLVE(send)(fd, buf, n, flags);
 	struct rm_bufs bs = {0};
 	rm_add(&bs, buf, n, 0);
 	return RM_PINNED(&bs, 1, real_send(fd, buf, n, flags));
@@ -405,7 +401,7 @@ EXPORT ssize_t send(int fd, const void *buf, size_t n, int flags)
 EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct sockaddr *addr, socklen_t alen)
 {
 	if (!rm_ring_call())
-		return RESOLVE(sendto)(fd, buf, n, flags, addr, alen);
+		return RM_RESOLVE(sendto)(fd, buf, n, flags, addr, alen);
 	struct rm_bufs bs = {0};
 	rm_add(&bs, buf, n, 0);
 	rm_add(&bs, addr, alen, 0);
@@ -419,7 +415,7 @@ EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
 		return -1;
 	}
 	if (!rm_ring_call())
-		return RESOLVE(sendmsg)(fd, m, flags);
+		return RM_RESOLVE(sendmsg)(fd, m, flags);
 	struct rm_bufs bs = {0};
 	add_msg(&bs, m, 0);
 	return RM_PINNED(&bs, 1, real_sendmsg(fd, m, flags));
@@ -430,7 +426,7 @@ EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
 #define STAT_CALL(name, path, out, outlen, call)                               \
 	do {                                                                   \
 		if (!rm_ring_call())                                              \
-			return RESOLVE(name) call;                             \
+			return RM_RESOLVE(name) call;                             \
 		struct rm_bufs bs = {0};                                          \
 		add_str(&bs, path);                                            \
 		rm_add(&bs, out, outlen, 1);                                      \
@@ -468,7 +464,7 @@ EXPORT int __fxstatat64(int v, int dfd, const char *p, struct stat64 *st, int fl
 EXPORT ssize_t getdents64(int fd, void *buf, size_t n)
 {
 	if (!rm_ring_call())
-		return RESOLVE(getdents64)(fd, buf, n);
+		return RM_RESOLVE(getdents64)(fd, buf, n);
 	struct rm_bufs bs = {0};
 	rm_add(&bs, buf, n, 1);
 	return RM_PINNED(&bs, 1, real_getdents64(fd, buf, n));
@@ -483,7 +479,7 @@ static void add_dir(struct rm_bufs *bs, DIR *d) { rm_add(bs, d, malloc_usable_si
 EXPORT struct dirent *readdir(DIR *d)
 {
 	if (!rm_ring_call())
-		return RESOLVE(readdir)(d);
+		return RM_RESOLVE(readdir)(d);
 	struct rm_bufs bs = {0};
 	add_dir(&bs, d);
 	struct rm_pin p;
@@ -506,7 +502,7 @@ EXPORT struct dirent64 *readdir64(DIR *d) { return (struct dirent64 *)readdir(d)
 EXPORT int readdir_r(DIR *d, struct dirent *ent, struct dirent **out)
 {
 	if (!rm_ring_call())
-		return RESOLVE(readdir_r)(d, ent, out);
+		return RM_RESOLVE(readdir_r)(d, ent, out);
 	struct rm_bufs bs = {0};
 	add_dir(&bs, d);
 	rm_add(&bs, ent, sizeof *ent, 1);

@@ -40,13 +40,6 @@ int __open64_2(const char *, int);
 int __openat_2(int, const char *, int);
 int __openat64_2(int, const char *, int);
 
-#define RESOLVE(name)                                                          \
-	({                                                                     \
-		if (!real_##name)                                              \
-			real_##name = (__typeof__(real_##name))rm_libc(#name); \
-		real_##name;                                                   \
-	})
-
 static void add_path(struct rm_bufs *bs, const char *p)
 {
 	if (p) /* (strlen read it from user mode: present now) */
@@ -61,7 +54,7 @@ static void add_path(struct rm_bufs *bs, const char *p)
 	EXPORT ret name params                                                 \
 	{                                                                      \
 		if (!rm_ring_call())                                           \
-			return RESOLVE(name) args;                             \
+			return RM_RESOLVE(name) args;                             \
 		struct rm_bufs bs = {0};                                       \
 		__VA_ARGS__;                                                   \
 		return RM_PINNED(&bs, retry, real_##name args);                \
@@ -98,7 +91,7 @@ EXPORT int open(const char *path, int flags, ...)
 {
 	OPEN_MODE(flags);
 	if (!rm_ring_call())
-		return RESOLVE(open)(path, flags, mode);
+		return RM_RESOLVE(open)(path, flags, mode);
 	struct rm_bufs bs = {0};
 	add_path(&bs, path);
 	return RM_PINNED(&bs, 1, real_open(path, flags, mode));
@@ -109,7 +102,7 @@ EXPORT int openat(int dfd, const char *path, int flags, ...)
 {
 	OPEN_MODE(flags);
 	if (!rm_ring_call())
-		return RESOLVE(openat)(dfd, path, flags, mode);
+		return RM_RESOLVE(openat)(dfd, path, flags, mode);
 	struct rm_bufs bs = {0};
 	add_path(&bs, path);
 	return RM_PINNED(&bs, 1, real_openat(dfd, path, flags, mode));
@@ -160,7 +153,7 @@ size_t __fread_chk(void *, size_t, size_t, size_t, FILE *);
 	EXPORT size_t name params                                              \
 	{                                                                      \
 		if (!rm_ring_call())                                           \
-			return RESOLVE(name) args;                             \
+			return RM_RESOLVE(name) args;                             \
 		struct rm_bufs bs = {0};                                       \
 		size_t len_;                                                   \
 		if (!__builtin_mul_overflow(size, n, &len_))                   \
@@ -214,7 +207,7 @@ static void add_addr(struct rm_bufs *bs, void *addr, socklen_t *len)
 	EXPORT int name params                                                 \
 	{                                                                      \
 		if (!rm_ring_call())                                           \
-			return RESOLVE(name) args;                             \
+			return RM_RESOLVE(name) args;                             \
 		struct rm_bufs bs = {0};                                       \
 		add_addr(&bs, addr, len);                                      \
 		return RM_PINNED(&bs, retry, real_##name args);                \
@@ -230,7 +223,7 @@ static int (*real_setsockopt)(int, int, int, const void *, socklen_t);
 EXPORT int setsockopt(int fd, int lv, int o, const void *v, socklen_t l)
 {
 	if (!rm_ring_call())
-		return RESOLVE(setsockopt)(fd, lv, o, v, l);
+		return RM_RESOLVE(setsockopt)(fd, lv, o, v, l);
 	struct rm_bufs bs = {0};
 	rm_add(&bs, v, l, 0);
 	return RM_PINNED(&bs, 1, real_setsockopt(fd, lv, o, v, l));
@@ -241,7 +234,7 @@ static int (*real_bind)(int, const struct sockaddr *, socklen_t);
 EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 {
 	if (!rm_ring_call())
-		return RESOLVE(connect)(fd, a, l);
+		return RM_RESOLVE(connect)(fd, a, l);
 	struct rm_bufs bs = {0};
 	rm_add(&bs, a, l, 0);
 	return RM_PINNED(&bs, 1, real_connect(fd, a, l));
@@ -249,7 +242,7 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 EXPORT int bind(int fd, const struct sockaddr *a, socklen_t l)
 {
 	if (!rm_ring_call())
-		return RESOLVE(bind)(fd, a, l);
+		return RM_RESOLVE(bind)(fd, a, l);
 	struct rm_bufs bs = {0};
 	rm_add(&bs, a, l, 0);
 	return RM_PINNED(&bs, 1, real_bind(fd, a, l));
@@ -259,20 +252,20 @@ EXPORT int bind(int fd, const struct sockaddr *a, socklen_t l)
 
 __attribute__((constructor)) static void kmisc_init(void)
 {
-	(void)RESOLVE(open), (void)RESOLVE(openat), (void)RESOLVE(__open_2), (void)RESOLVE(__open64_2);
-	(void)RESOLVE(__openat_2), (void)RESOLVE(__openat64_2), (void)RESOLVE(creat), (void)RESOLVE(access);
-	(void)RESOLVE(faccessat), (void)RESOLVE(unlink), (void)RESOLVE(unlinkat), (void)RESOLVE(mkdir);
-	(void)RESOLVE(mkdirat), (void)RESOLVE(rmdir), (void)RESOLVE(chdir), (void)RESOLVE(chmod);
-	(void)RESOLVE(chown), (void)RESOLVE(lchown), (void)RESOLVE(truncate), (void)RESOLVE(statfs);
-	(void)RESOLVE(readlink), (void)RESOLVE(readlinkat), (void)RESOLVE(rename), (void)RESOLVE(renameat);
-	(void)RESOLVE(link), (void)RESOLVE(symlink), (void)RESOLVE(fopen), (void)RESOLVE(fopen64);
-	(void)RESOLVE(freopen), (void)RESOLVE(opendir), (void)RESOLVE(getcwd), (void)RESOLVE(getrandom);
-	(void)RESOLVE(pipe), (void)RESOLVE(pipe2), (void)RESOLVE(socketpair), (void)RESOLVE(uname);
-	(void)RESOLVE(getrlimit), (void)RESOLVE(setrlimit), (void)RESOLVE(getrusage), (void)RESOLVE(sysinfo);
-	(void)RESOLVE(times), (void)RESOLVE(fstatfs), (void)RESOLVE(sched_getaffinity);
-	(void)RESOLVE(sched_setaffinity), (void)RESOLVE(getgroups), (void)RESOLVE(wait), (void)RESOLVE(waitpid);
-	(void)RESOLVE(waitid), (void)RESOLVE(accept), (void)RESOLVE(accept4), (void)RESOLVE(getsockname);
-	(void)RESOLVE(getpeername), (void)RESOLVE(getsockopt), (void)RESOLVE(setsockopt), (void)RESOLVE(connect);
-	(void)RESOLVE(bind), (void)RESOLVE(fread), (void)RESOLVE(fread_unlocked), (void)RESOLVE(fwrite);
-	(void)RESOLVE(fwrite_unlocked), (void)RESOLVE(__fread_chk);
+	(void)RM_RESOLVE(open), (void)RM_RESOLVE(openat), (void)RM_RESOLVE(__open_2), (void)RM_RESOLVE(__open64_2);
+	(void)RM_RESOLVE(__openat_2), (void)RM_RESOLVE(__openat64_2), (void)RM_RESOLVE(creat), (void)RM_RESOLVE(access);
+	(void)RM_RESOLVE(faccessat), (void)RM_RESOLVE(unlink), (void)RM_RESOLVE(unlinkat), (void)RM_RESOLVE(mkdir);
+	(void)RM_RESOLVE(mkdirat), (void)RM_RESOLVE(rmdir), (void)RM_RESOLVE(chdir), (void)RM_RESOLVE(chmod);
+	(void)RM_RESOLVE(chown), (void)RM_RESOLVE(lchown), (void)RM_RESOLVE(truncate), (void)RM_RESOLVE(statfs);
+	(void)RM_RESOLVE(readlink), (void)RM_RESOLVE(readlinkat), (void)RM_RESOLVE(rename), (void)RM_RESOLVE(renameat);
+	(void)RM_RESOLVE(link), (void)RM_RESOLVE(symlink), (void)RM_RESOLVE(fopen), (void)RM_RESOLVE(fopen64);
+	(void)RM_RESOLVE(freopen), (void)RM_RESOLVE(opendir), (void)RM_RESOLVE(getcwd), (void)RM_RESOLVE(getrandom);
+	(void)RM_RESOLVE(pipe), (void)RM_RESOLVE(pipe2), (void)RM_RESOLVE(socketpair), (void)RM_RESOLVE(uname);
+	(void)RM_RESOLVE(getrlimit), (void)RM_RESOLVE(setrlimit), (void)RM_RESOLVE(getrusage), (void)RM_RESOLVE(sysinfo);
+	(void)RM_RESOLVE(times), (void)RM_RESOLVE(fstatfs), (void)RM_RESOLVE(sched_getaffinity);
+	(void)RM_RESOLVE(sched_setaffinity), (void)RM_RESOLVE(getgroups), (void)RM_RESOLVE(wait), (void)RM_RESOLVE(waitpid);
+	(void)RM_RESOLVE(waitid), (void)RM_RESOLVE(accept), (void)RM_RESOLVE(accept4), (void)RM_RESOLVE(getsockname);
+	(void)RM_RESOLVE(getpeername), (void)RM_RESOLVE(getsockopt), (void)RM_RESOLVE(setsockopt), (void)RM_RESOLVE(connect);
+	(void)RM_RESOLVE(bind), (void)RM_RESOLVE(fread), (void)RM_RESOLVE(fread_unlocked), (void)RM_RESOLVE(fwrite);
+	(void)RM_RESOLVE(fwrite_unlocked), (void)RM_RESOLVE(__fread_chk);
 }

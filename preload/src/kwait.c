@@ -46,13 +46,6 @@ int __ppoll_chk(struct pollfd *, nfds_t, const struct timespec *, const sigset_t
 #define DECL(ret, name, ...)                                                   \
 	typedef ret name##_fn(__VA_ARGS__);                                    \
 	static name##_fn *real_##name
-#define RESOLVE(name)                                                          \
-	({                                                                     \
-		if (!real_##name)                                              \
-			real_##name = (name##_fn *)rm_libc(#name);             \
-		real_##name;                                                   \
-	})
-
 DECL(int, poll, struct pollfd *, nfds_t, int);
 DECL(int, __poll_chk, struct pollfd *, nfds_t, int, size_t);
 DECL(int, ppoll, struct pollfd *, nfds_t, const struct timespec *, const sigset_t *);
@@ -83,17 +76,17 @@ DECL(int, pthread_barrier_wait, pthread_barrier_t *);
 
 __attribute__((constructor)) static void kwait_init(void)
 {
-	(void)RESOLVE(poll), (void)RESOLVE(__poll_chk), (void)RESOLVE(ppoll), (void)RESOLVE(__ppoll_chk);
-	(void)RESOLVE(select), (void)RESOLVE(pselect);
-	(void)RESOLVE(epoll_wait), (void)RESOLVE(epoll_pwait), (void)RESOLVE(epoll_pwait2);
-	(void)RESOLVE(nanosleep), (void)RESOLVE(clock_nanosleep), (void)RESOLVE(sigtimedwait);
-	(void)RESOLVE(sigwaitinfo), (void)RESOLVE(sigaltstack);
-	(void)RESOLVE(pthread_mutex_lock), (void)RESOLVE(pthread_mutex_trylock), (void)RESOLVE(pthread_mutex_timedlock);
-	(void)RESOLVE(pthread_cond_wait), (void)RESOLVE(pthread_cond_timedwait), (void)RESOLVE(pthread_cond_clockwait);
-	(void)RESOLVE(sem_wait), (void)RESOLVE(sem_timedwait);
-	(void)RESOLVE(pthread_rwlock_rdlock), (void)RESOLVE(pthread_rwlock_wrlock);
-	(void)RESOLVE(pthread_rwlock_tryrdlock), (void)RESOLVE(pthread_rwlock_trywrlock);
-	(void)RESOLVE(pthread_barrier_wait);
+	(void)RM_RESOLVE(poll), (void)RM_RESOLVE(__poll_chk), (void)RM_RESOLVE(ppoll), (void)RM_RESOLVE(__ppoll_chk);
+	(void)RM_RESOLVE(select), (void)RM_RESOLVE(pselect);
+	(void)RM_RESOLVE(epoll_wait), (void)RM_RESOLVE(epoll_pwait), (void)RM_RESOLVE(epoll_pwait2);
+	(void)RM_RESOLVE(nanosleep), (void)RM_RESOLVE(clock_nanosleep), (void)RM_RESOLVE(sigtimedwait);
+	(void)RM_RESOLVE(sigwaitinfo), (void)RM_RESOLVE(sigaltstack);
+	(void)RM_RESOLVE(pthread_mutex_lock), (void)RM_RESOLVE(pthread_mutex_trylock), (void)RM_RESOLVE(pthread_mutex_timedlock);
+	(void)RM_RESOLVE(pthread_cond_wait), (void)RM_RESOLVE(pthread_cond_timedwait), (void)RM_RESOLVE(pthread_cond_clockwait);
+	(void)RM_RESOLVE(sem_wait), (void)RM_RESOLVE(sem_timedwait);
+	(void)RM_RESOLVE(pthread_rwlock_rdlock), (void)RM_RESOLVE(pthread_rwlock_wrlock);
+	(void)RM_RESOLVE(pthread_rwlock_tryrdlock), (void)RM_RESOLVE(pthread_rwlock_trywrlock);
+	(void)RM_RESOLVE(pthread_barrier_wait);
 }
 
 /* ---- poll, select, epoll ---- */
@@ -101,7 +94,7 @@ __attribute__((constructor)) static void kwait_init(void)
 EXPORT int poll(struct pollfd *fds, nfds_t n, int tmo)
 {
 	if (!rm_ring_call())
-		return RESOLVE(poll)(fds, n, tmo);
+		return RM_RESOLVE(poll)(fds, n, tmo);
 	struct rm_bufs m = {0};
 	rm_add(&m, fds, n * sizeof *fds, 1);
 	return RM_PINNED(&m, 1, real_poll(fds, n, tmo));
@@ -110,7 +103,7 @@ EXPORT int poll(struct pollfd *fds, nfds_t n, int tmo)
 EXPORT int __poll_chk(struct pollfd *fds, nfds_t n, int tmo, size_t fdslen)
 {
 	if (!rm_ring_call())
-		return RESOLVE(__poll_chk)(fds, n, tmo, fdslen);
+		return RM_RESOLVE(__poll_chk)(fds, n, tmo, fdslen);
 	struct rm_bufs m = {0};
 	rm_add(&m, fds, n * sizeof *fds < fdslen ? n * sizeof *fds : fdslen, 1);
 	return RM_PINNED(&m, 1, real___poll_chk(fds, n, tmo, fdslen));
@@ -121,7 +114,7 @@ EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *tmo, const
 	sigset_t buf;
 	mask = rm_unbus(mask, &buf);
 	if (!rm_ring_call())
-		return RESOLVE(ppoll)(fds, n, tmo, mask);
+		return RM_RESOLVE(ppoll)(fds, n, tmo, mask);
 	struct rm_bufs m = {0};
 	rm_add(&m, fds, n * sizeof *fds, 1);
 	rm_add(&m, tmo, sizeof *tmo, 0);
@@ -134,7 +127,7 @@ EXPORT int __ppoll_chk(struct pollfd *fds, nfds_t n, const struct timespec *tmo,
 	sigset_t buf;
 	mask = rm_unbus(mask, &buf);
 	if (!rm_ring_call())
-		return RESOLVE(__ppoll_chk)(fds, n, tmo, mask, fdslen);
+		return RM_RESOLVE(__ppoll_chk)(fds, n, tmo, mask, fdslen);
 	struct rm_bufs m = {0};
 	rm_add(&m, fds, n * sizeof *fds < fdslen ? n * sizeof *fds : fdslen, 1);
 	rm_add(&m, tmo, sizeof *tmo, 0);
@@ -154,7 +147,7 @@ static void select_mem(struct rm_bufs *m, int nfds, fd_set *r, fd_set *w, fd_set
 EXPORT int select(int nfds, fd_set *r, fd_set *w, fd_set *e, struct timeval *tv)
 {
 	if (!rm_ring_call())
-		return RESOLVE(select)(nfds, r, w, e, tv);
+		return RM_RESOLVE(select)(nfds, r, w, e, tv);
 	struct rm_bufs m = {0};
 	select_mem(&m, nfds, r, w, e);
 	rm_add(&m, tv, sizeof *tv, 1);
@@ -166,7 +159,7 @@ EXPORT int pselect(int nfds, fd_set *r, fd_set *w, fd_set *e, const struct times
 	sigset_t buf;
 	mask = rm_unbus(mask, &buf);
 	if (!rm_ring_call())
-		return RESOLVE(pselect)(nfds, r, w, e, ts, mask);
+		return RM_RESOLVE(pselect)(nfds, r, w, e, ts, mask);
 	struct rm_bufs m = {0};
 	select_mem(&m, nfds, r, w, e);
 	rm_add(&m, ts, sizeof *ts, 0); /* (the mask: read before the wait, from our stack or theirs) */
@@ -176,7 +169,7 @@ EXPORT int pselect(int nfds, fd_set *r, fd_set *w, fd_set *e, const struct times
 EXPORT int epoll_wait(int ep, struct epoll_event *ev, int max, int tmo)
 {
 	if (!rm_ring_call())
-		return RESOLVE(epoll_wait)(ep, ev, max, tmo);
+		return RM_RESOLVE(epoll_wait)(ep, ev, max, tmo);
 	struct rm_bufs m = {0};
 	rm_add(&m, ev, max > 0 ? (size_t)max * sizeof *ev : 0, 1);
 	return RM_PINNED(&m, 1, real_epoll_wait(ep, ev, max, tmo));
@@ -187,7 +180,7 @@ EXPORT int epoll_pwait(int ep, struct epoll_event *ev, int max, int tmo, const s
 	sigset_t buf;
 	mask = rm_unbus(mask, &buf);
 	if (!rm_ring_call())
-		return RESOLVE(epoll_pwait)(ep, ev, max, tmo, mask);
+		return RM_RESOLVE(epoll_pwait)(ep, ev, max, tmo, mask);
 	struct rm_bufs m = {0};
 	rm_add(&m, ev, max > 0 ? (size_t)max * sizeof *ev : 0, 1);
 	rm_add(&m, mask, sizeof *mask, 0);
@@ -199,7 +192,7 @@ EXPORT int epoll_pwait2(int ep, struct epoll_event *ev, int max, const struct ti
 	sigset_t buf;
 	mask = rm_unbus(mask, &buf);
 	if (!rm_ring_call())
-		return RESOLVE(epoll_pwait2)(ep, ev, max, tmo, mask);
+		return RM_RESOLVE(epoll_pwait2)(ep, ev, max, tmo, mask);
 	struct rm_bufs m = {0};
 	rm_add(&m, ev, max > 0 ? (size_t)max * sizeof *ev : 0, 1);
 	rm_add(&m, tmo, sizeof *tmo, 0);
@@ -212,7 +205,7 @@ EXPORT int epoll_pwait2(int ep, struct epoll_event *ev, int max, const struct ti
 EXPORT int nanosleep(const struct timespec *req, struct timespec *rem)
 {
 	if (!rm_ring_call())
-		return RESOLVE(nanosleep)(req, rem);
+		return RM_RESOLVE(nanosleep)(req, rem);
 	struct rm_bufs m = {0};
 	rm_add(&m, req, sizeof *req, 0);
 	rm_add(&m, rem, sizeof *rem, 1);
@@ -222,7 +215,7 @@ EXPORT int nanosleep(const struct timespec *req, struct timespec *rem)
 EXPORT int clock_nanosleep(clockid_t clk, int flags, const struct timespec *req, struct timespec *rem)
 {
 	if (!rm_ring_call())
-		return RESOLVE(clock_nanosleep)(clk, flags, req, rem);
+		return RM_RESOLVE(clock_nanosleep)(clk, flags, req, rem);
 	struct rm_bufs m = {0};
 	rm_add(&m, req, sizeof *req, 0);
 	rm_add(&m, rem, sizeof *rem, 1);
@@ -238,7 +231,7 @@ EXPORT int sigtimedwait(const sigset_t *set, siginfo_t *info, const struct times
 	sigset_t buf;
 	set = rm_unbus(set, &buf);
 	if (!rm_ring_call())
-		return RESOLVE(sigtimedwait)(set, info, tmo);
+		return RM_RESOLVE(sigtimedwait)(set, info, tmo);
 	struct rm_bufs m = {0};
 	rm_add(&m, set, sizeof *set, 0);
 	rm_add(&m, info, sizeof *info, 1);
@@ -251,7 +244,7 @@ EXPORT int sigwaitinfo(const sigset_t *set, siginfo_t *info)
 	sigset_t buf;
 	set = rm_unbus(set, &buf);
 	if (!rm_ring_call())
-		return RESOLVE(sigwaitinfo)(set, info);
+		return RM_RESOLVE(sigwaitinfo)(set, info);
 	struct rm_bufs m = {0};
 	rm_add(&m, set, sizeof *set, 0);
 	rm_add(&m, info, sizeof *info, 1);
@@ -263,7 +256,7 @@ EXPORT int sigwaitinfo(const sigset_t *set, siginfo_t *info)
 EXPORT int sigaltstack(const stack_t *ss, stack_t *old)
 {
 	if (!rm_ring_call())
-		return RESOLVE(sigaltstack)(ss, old);
+		return RM_RESOLVE(sigaltstack)(ss, old);
 	struct rm_bufs m = {0};
 	rm_add(&m, ss, sizeof *ss, 0);
 	rm_add(&m, old, sizeof *old, 1);
@@ -401,8 +394,8 @@ EXPORT long syscall(long n, ...)
 EXPORT int pthread_mutex_lock(pthread_mutex_t *mu)
 {
 	if (!rm_ring_call())
-		return RESOLVE(pthread_mutex_lock)(mu);
-	int r = RESOLVE(pthread_mutex_trylock)(mu);
+		return RM_RESOLVE(pthread_mutex_lock)(mu);
+	int r = RM_RESOLVE(pthread_mutex_trylock)(mu);
 	if (r != EBUSY)
 		return r;
 	struct rm_bufs m = {0};
@@ -413,7 +406,7 @@ EXPORT int pthread_mutex_lock(pthread_mutex_t *mu)
 EXPORT int pthread_mutex_timedlock(pthread_mutex_t *mu, const struct timespec *at)
 {
 	if (!rm_ring_call())
-		return RESOLVE(pthread_mutex_timedlock)(mu, at);
+		return RM_RESOLVE(pthread_mutex_timedlock)(mu, at);
 	struct rm_bufs m = {0};
 	rm_add(&m, mu, sizeof *mu, 1);
 	rm_add(&m, at, sizeof *at, 0);
@@ -423,7 +416,7 @@ EXPORT int pthread_mutex_timedlock(pthread_mutex_t *mu, const struct timespec *a
 EXPORT int pthread_cond_wait(pthread_cond_t *c, pthread_mutex_t *mu)
 {
 	if (!rm_ring_call())
-		return RESOLVE(pthread_cond_wait)(c, mu);
+		return RM_RESOLVE(pthread_cond_wait)(c, mu);
 	struct rm_bufs m = {0};
 	rm_add(&m, c, sizeof *c, 1);
 	rm_add(&m, mu, sizeof *mu, 1);
@@ -433,7 +426,7 @@ EXPORT int pthread_cond_wait(pthread_cond_t *c, pthread_mutex_t *mu)
 EXPORT int pthread_cond_timedwait(pthread_cond_t *c, pthread_mutex_t *mu, const struct timespec *at)
 {
 	if (!rm_ring_call())
-		return RESOLVE(pthread_cond_timedwait)(c, mu, at);
+		return RM_RESOLVE(pthread_cond_timedwait)(c, mu, at);
 	struct rm_bufs m = {0};
 	rm_add(&m, c, sizeof *c, 1);
 	rm_add(&m, mu, sizeof *mu, 1);
@@ -444,7 +437,7 @@ EXPORT int pthread_cond_timedwait(pthread_cond_t *c, pthread_mutex_t *mu, const 
 EXPORT int pthread_cond_clockwait(pthread_cond_t *c, pthread_mutex_t *mu, clockid_t clk, const struct timespec *at)
 {
 	if (!rm_ring_call())
-		return RESOLVE(pthread_cond_clockwait)(c, mu, clk, at);
+		return RM_RESOLVE(pthread_cond_clockwait)(c, mu, clk, at);
 	struct rm_bufs m = {0};
 	rm_add(&m, c, sizeof *c, 1);
 	rm_add(&m, mu, sizeof *mu, 1);
@@ -455,7 +448,7 @@ EXPORT int pthread_cond_clockwait(pthread_cond_t *c, pthread_mutex_t *mu, clocki
 EXPORT int sem_wait(sem_t *s)
 {
 	if (!rm_ring_call())
-		return RESOLVE(sem_wait)(s);
+		return RM_RESOLVE(sem_wait)(s);
 	struct rm_bufs m = {0};
 	rm_add(&m, s, sizeof *s, 1);
 	return RM_PINNED(&m, 1, real_sem_wait(s));
@@ -464,7 +457,7 @@ EXPORT int sem_wait(sem_t *s)
 EXPORT int sem_timedwait(sem_t *s, const struct timespec *at)
 {
 	if (!rm_ring_call())
-		return RESOLVE(sem_timedwait)(s, at);
+		return RM_RESOLVE(sem_timedwait)(s, at);
 	struct rm_bufs m = {0};
 	rm_add(&m, s, sizeof *s, 1);
 	rm_add(&m, at, sizeof *at, 0);
@@ -474,8 +467,8 @@ EXPORT int sem_timedwait(sem_t *s, const struct timespec *at)
 EXPORT int pthread_rwlock_rdlock(pthread_rwlock_t *l)
 {
 	if (!rm_ring_call())
-		return RESOLVE(pthread_rwlock_rdlock)(l);
-	int r = RESOLVE(pthread_rwlock_tryrdlock)(l);
+		return RM_RESOLVE(pthread_rwlock_rdlock)(l);
+	int r = RM_RESOLVE(pthread_rwlock_tryrdlock)(l);
 	if (r != EBUSY)
 		return r;
 	struct rm_bufs m = {0};
@@ -486,8 +479,8 @@ EXPORT int pthread_rwlock_rdlock(pthread_rwlock_t *l)
 EXPORT int pthread_rwlock_wrlock(pthread_rwlock_t *l)
 {
 	if (!rm_ring_call())
-		return RESOLVE(pthread_rwlock_wrlock)(l);
-	int r = RESOLVE(pthread_rwlock_trywrlock)(l);
+		return RM_RESOLVE(pthread_rwlock_wrlock)(l);
+	int r = RM_RESOLVE(pthread_rwlock_trywrlock)(l);
 	if (r != EBUSY)
 		return r;
 	struct rm_bufs m = {0};
@@ -498,7 +491,7 @@ EXPORT int pthread_rwlock_wrlock(pthread_rwlock_t *l)
 EXPORT int pthread_barrier_wait(pthread_barrier_t *b)
 {
 	if (!rm_ring_call())
-		return RESOLVE(pthread_barrier_wait)(b);
+		return RM_RESOLVE(pthread_barrier_wait)(b);
 	struct rm_bufs m = {0};
 	rm_add(&m, b, sizeof *b, 1);
 	struct rm_pin pin;

@@ -233,6 +233,9 @@ static inline long rm_sys6(long n, long a, long b, long c, long d, long e, long 
 			p = (__typeof__(p))rm_libc(name);                      \
 		p;                                                             \
 	})
+/* RM_REAL of the C library's NAME kept in real_NAME (the wrappers'
+ * convention). */
+#define RM_RESOLVE(name) RM_REAL(real_##name, #name)
 #define rm_sys(n, a, b, c) rm_sys6((n), (long)(a), (long)(b), (long)(c), 0, 0, 0)
 #define rm_sys4(n, a, b, c, d) rm_sys6((n), (long)(a), (long)(b), (long)(c), (long)(d), 0, 0)
 /* rm_sys's result as libc gives it: -1 with errno set on failure. */
