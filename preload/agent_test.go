@@ -859,6 +859,22 @@ func (c *agentClient) serve() {
 	if c.lateReply != 0 {
 		late = time.After(c.a.resumeReply)
 	}
+	// handleRead handles the events the uffd reader has read and not yet
+	// handed over: those come before any message read after them.
+	handleRead := func() {
+		readMu.Lock()
+		read := readSeq.Load()
+		readMu.Unlock()
+		for handled < read {
+			evs := <-events
+			handled++
+			for _, e := range evs {
+				if c.handleEvent(e, ev) {
+					retry = append(retry, e)
+				}
+			}
+		}
+	}
 	for {
 		var tick <-chan time.Time
 		if len(retry) > 0 || len(rretry) > 0 {
@@ -904,20 +920,13 @@ func (c *agentClient) serve() {
 				if ev != nil {
 					ev.cmd.reply <- evictResult{ev.total, errors.New("client gone")}
 				}
+				// The events read before the process went: a FORK among
+				// them names a child that says HELLO next (daemon(3)
+				// forks, and the parent exits at once).
+				handleRead()
 				return
 			}
-			readMu.Lock()
-			read := readSeq.Load()
-			readMu.Unlock()
-			for handled < read {
-				evs := <-events
-				handled++
-				for _, e := range evs {
-					if c.handleEvent(e, ev) {
-						retry = append(retry, e)
-					}
-				}
-			}
+			handleRead()
 			if m, ok := sm.m.(*proto.Evicted); ok && m.Batch == rawBatch && rawReply != nil {
 				rawReply <- m
 				rawReply = nil
