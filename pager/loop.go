@@ -84,7 +84,7 @@ func (c *client) RoutineServe() {
 		start, until := c.spin.Start()
 		for n == 0 && !posted && err == nil && c.spin.Polling(until) {
 			n, err = unix.Poll(c.fq.pfds, 0)
-			posted = c.ringPosted() || n == 0 && err == nil && c.ringWatch()
+			posted = c.ringPosted() || n == 0 && err == nil && c.watchRing()
 		}
 		hit := n > 0 || posted
 		if !hit && err == nil && (c.ring == nil || !c.ring.sleep()) {
@@ -247,8 +247,8 @@ func (c *client) serveUFFD() {
 // ringPosted reports whether the fault ring has a fault to take.
 func (c *client) ringPosted() bool { return c.ring != nil && !c.parked() && c.ring.pending() }
 
-// ringWatch watches the fault ring for a post a while (ringWatch).
-func (c *client) ringWatch() bool {
+// watchRing watches the fault ring for a post a while (ringWatch).
+func (c *client) watchRing() bool {
 	return c.ring != nil && !c.parked() && c.ring.watch(ringWatch)
 }
 
