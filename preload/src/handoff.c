@@ -144,10 +144,10 @@ static dup3_fn *real_dup3;
 
 __attribute__((constructor)) static void handoff_init(void)
 {
-	(void)RM_REAL(real_sendmmsg, "sendmmsg");
-	(void)RM_REAL(real_dup, "dup");
-	(void)RM_REAL(real_dup2, "dup2");
-	(void)RM_REAL(real_dup3, "dup3");
+	(void)RM_RESOLVE(sendmmsg);
+	(void)RM_RESOLVE(dup);
+	(void)RM_RESOLVE(dup2);
+	(void)RM_RESOLVE(dup3);
 }
 
 /* A copy of a watched descriptor is watched too. */
@@ -158,9 +158,9 @@ static int copied(int fd, int to)
 	return to;
 }
 
-EXPORT int dup(int fd) { return copied(fd, RM_REAL(real_dup, "dup")(fd)); }
-EXPORT int dup2(int fd, int to) { return copied(fd, RM_REAL(real_dup2, "dup2")(fd, to)); }
-EXPORT int dup3(int fd, int to, int flags) { return copied(fd, RM_REAL(real_dup3, "dup3")(fd, to, flags)); }
+EXPORT int dup(int fd) { return copied(fd, RM_RESOLVE(dup)(fd)); }
+EXPORT int dup2(int fd, int to) { return copied(fd, RM_RESOLVE(dup2)(fd, to)); }
+EXPORT int dup3(int fd, int to, int flags) { return copied(fd, RM_RESOLVE(dup3)(fd, to, flags)); }
 
 EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned int vlen, int flags)
 {
@@ -168,5 +168,5 @@ EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned int vlen, int flags)
 		errno = EPERM;
 		return -1;
 	}
-	return RM_REAL(real_sendmmsg, "sendmmsg")(fd, v, vlen, flags);
+	return RM_RESOLVE(sendmmsg)(fd, v, vlen, flags);
 }

@@ -50,10 +50,10 @@ static attrmask_fn *real_attr_setsigmask;
  * may call them (dlsym is not async-signal-safe). */
 __attribute__((constructor)) static void sigwrap_init(void)
 {
-	RM_REAL(real_sigprocmask, "sigprocmask");
-	RM_REAL(real_pthread_sigmask, "pthread_sigmask");
-	RM_REAL(real_sigsuspend, "sigsuspend");
-	RM_REAL(real_sigwait, "sigwait");
+	RM_RESOLVE(sigprocmask);
+	RM_RESOLVE(pthread_sigmask);
+	RM_RESOLVE(sigsuspend);
+	RM_RESOLVE(sigwait);
 	RM_REAL(real_spawnattr_setsigmask, "posix_spawnattr_setsigmask");
 	RM_REAL(real_attr_setsigmask, "pthread_attr_setsigmask_np");
 }
@@ -77,7 +77,7 @@ static const sigset_t *unbus_how(int how, const sigset_t *set, sigset_t *buf)
 EXPORT int sigprocmask(int how, const sigset_t *set, sigset_t *old)
 {
 	sigset_t buf;
-	if (!RM_REAL(real_sigprocmask, "sigprocmask")) {
+	if (!RM_RESOLVE(sigprocmask)) {
 		errno = ENOSYS;
 		return -1;
 	}
@@ -87,7 +87,7 @@ EXPORT int sigprocmask(int how, const sigset_t *set, sigset_t *old)
 EXPORT int pthread_sigmask(int how, const sigset_t *set, sigset_t *old)
 {
 	sigset_t buf;
-	if (!RM_REAL(real_pthread_sigmask, "pthread_sigmask"))
+	if (!RM_RESOLVE(pthread_sigmask))
 		return ENOSYS;
 	return real_pthread_sigmask(how, unbus_how(how, set, &buf), old);
 }
@@ -95,7 +95,7 @@ EXPORT int pthread_sigmask(int how, const sigset_t *set, sigset_t *old)
 EXPORT int sigsuspend(const sigset_t *mask)
 {
 	sigset_t buf;
-	if (!RM_REAL(real_sigsuspend, "sigsuspend")) {
+	if (!RM_RESOLVE(sigsuspend)) {
 		errno = ENOSYS;
 		return -1;
 	}
@@ -105,7 +105,7 @@ EXPORT int sigsuspend(const sigset_t *mask)
 EXPORT int sigwait(const sigset_t *set, int *sig)
 {
 	sigset_t buf;
-	if (!RM_REAL(real_sigwait, "sigwait"))
+	if (!RM_RESOLVE(sigwait))
 		return ENOSYS;
 	return real_sigwait(rm_unbus(set, &buf), sig);
 }

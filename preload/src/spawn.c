@@ -53,13 +53,13 @@ static fexecve_fn *real_fexecve;
 
 __attribute__((constructor)) static void spawn_init(void)
 {
-	(void)RM_REAL(real_posix_spawn, "posix_spawn");
-	(void)RM_REAL(real_posix_spawnp, "posix_spawnp");
-	(void)RM_REAL(real_system, "system");
-	(void)RM_REAL(real_popen, "popen");
-	(void)RM_REAL(real_execve, "execve");
-	(void)RM_REAL(real_execvpe, "execvpe");
-	(void)RM_REAL(real_fexecve, "fexecve");
+	(void)RM_RESOLVE(posix_spawn);
+	(void)RM_RESOLVE(posix_spawnp);
+	(void)RM_RESOLVE(system);
+	(void)RM_RESOLVE(popen);
+	(void)RM_RESOLVE(execve);
+	(void)RM_RESOLVE(execvpe);
+	(void)RM_RESOLVE(fexecve);
 }
 
 static inline int ring_call(void) { return rm_ring_mode && !rm_in_shim(); }
@@ -176,13 +176,13 @@ static int spawn(spawn_fn *fn, pid_t *pid, const char *path, const posix_spawn_f
 EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
 		       const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
 {
-	return spawn(RM_REAL(real_posix_spawn, "posix_spawn"), pid, path, fa, attr, argv, envp);
+	return spawn(RM_RESOLVE(posix_spawn), pid, path, fa, attr, argv, envp);
 }
 
 EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_actions_t *fa,
 			const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
 {
-	return spawn(RM_REAL(real_posix_spawnp, "posix_spawnp"), pid, file, fa, attr, argv, envp);
+	return spawn(RM_RESOLVE(posix_spawnp), pid, file, fa, attr, argv, envp);
 }
 
 /* Pins s (a string) if it lies in a region, and makes it present. */
@@ -207,7 +207,7 @@ EXPORT int system(const char *cmd)
 	if (cmd && handed_off() != 0)
 		return -1;
 	if (!ring_call() || !cmd)
-		return RM_REAL(real_system, "system")(cmd);
+		return RM_RESOLVE(system)(cmd);
 	struct rm_pin p;
 	rm_pin_begin(&p);
 	pin_str(&p, cmd);
@@ -223,7 +223,7 @@ EXPORT int system(const char *cmd)
 	rm_pin_publish(&p);
 	touch_str(cmd);
 	touch_vec(environ);
-	int r = RM_REAL(real_system, "system")(cmd);
+	int r = RM_RESOLVE(system)(cmd);
 	rm_pin_end(&p);
 	return r;
 }
@@ -233,11 +233,11 @@ EXPORT FILE *popen(const char *cmd, const char *mode)
 	if (handed_off() != 0)
 		return NULL;
 	if (!ring_call())
-		return RM_REAL(real_popen, "popen")(cmd, mode);
+		return RM_RESOLVE(popen)(cmd, mode);
 	struct rm_pin p;
 	spawn_begin(&p, cmd, NULL, environ);
 	touch_str(mode);
-	FILE *f = RM_REAL(real_popen, "popen")(cmd, mode);
+	FILE *f = RM_RESOLVE(popen)(cmd, mode);
 	rm_pin_end(&p);
 	return f;
 }
@@ -276,7 +276,7 @@ EXPORT int execve(const char *path, char *const argv[], char *const envp[])
 	if (handed_off() != 0)
 		return -1;
 	if (!ring_call())
-		return RM_REAL(real_execve, "execve")(path, argv, envp);
+		return RM_RESOLVE(execve)(path, argv, envp);
 	return EXEC(path, argv, envp, real_execve(path, argv, envp));
 }
 
@@ -288,7 +288,7 @@ EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
 	if (handed_off() != 0)
 		return -1;
 	if (!ring_call())
-		return RM_REAL(real_execvpe, "execvpe")(file, argv, envp);
+		return RM_RESOLVE(execvpe)(file, argv, envp);
 	if (envp != environ)
 		touch_vec(environ);
 	return EXEC(file, argv, envp, real_execvpe(file, argv, envp));
@@ -301,7 +301,7 @@ EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
 	if (handed_off() != 0)
 		return -1;
 	if (!ring_call())
-		return RM_REAL(real_fexecve, "fexecve")(fd, argv, envp);
+		return RM_RESOLVE(fexecve)(fd, argv, envp);
 	return EXEC((const char *)NULL, argv, envp, real_fexecve(fd, argv, envp));
 }
 
