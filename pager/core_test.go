@@ -1177,6 +1177,56 @@ func testWriteAheadStream(t *testing.T, down bool) {
 	}
 }
 
+// A page held back in a read-ahead marker's slot (sample.go) and then
+// dropped by the program (MADV_DONTNEED: REGION_ZAP) lets the slot go: its
+// bytes are not the page's any more. Written again, evicted and held back
+// again, the page reads what was written last. Catches a slot left owned
+// by a dropped page, which the loop's check of its slots (checkSlots, on
+// in tests) fails at its next batch of READs, and which could serve the
+// page's next hit the bytes of before.
+func TestCoreZapHeldBack(t *testing.T) {
+	store := pagertest.New(t, pagertest.Options{})
+	f := startFake(t, coreOpts(store), 8*budgetPages)
+	if err := f.write(1, 0, f.pages, nil); err != nil {
+		t.Fatal(err)
+	}
+	f.settle()
+	if err := f.check(1, orderOf("forward", budgetPages/2)); err != nil { // a stream: windows ahead, with markers
+		t.Fatal(err)
+	}
+	mapped := func(i int) bool { m, _ := f.k.Mapped(f.addr(i, 0)); return m }
+	held := -1
+	for try := 0; held < 0 && try < 200; try++ { // the last window may still be coming in
+		for i := budgetPages / 2; i < 2*budgetPages && held < 0; i++ {
+			if !mapped(i) && mapped(i-1) && mapped(i+1) {
+				held = i
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if held < 0 {
+		t.Fatal("no page held back ahead of the stream: no read-ahead marker")
+	}
+	zap := userfaultfd.Range{Start: f.addr(0, 0), Len: uint64(held+8) * pagertest.PageSize}
+	if err := f.p.ZapRegion(1, zap); err != nil {
+		t.Fatal(err)
+	}
+	half := f.pages / 2
+	if err := f.write(2, 0, half, nil); err != nil { // zero fills, then READs (checkSlots)
+		t.Fatal(err)
+	}
+	if err := f.write(2, half, f.pages, nil); err != nil { // the first half goes to the pool
+		t.Fatal(err)
+	}
+	f.settle()
+	if err := f.check(2, orderOf("forward", half)); err != nil { // held back again, hit again
+		t.Fatal(err)
+	}
+	if st := f.stats(); st.ReadaheadHits == 0 {
+		t.Fatalf("no read-ahead marker was hit: %+v", st)
+	}
+}
+
 // A FORK event read in one batch with faults is handled before any of
 // them is installed. The kernel hands out faults before events, so a
 // batch's faults come before its FORK although their pages were missing

@@ -78,6 +78,9 @@ func (c *client) dropPage(r *region, idx int) {
 			c.freeStage(s)
 		}
 	}
+	if p.Has(FlagSampled) {
+		c.unsample(pageRef{r, idx})
+	}
 	keep := p & FlagBusy // the eviction in flight still owns its staging slot
 	c.set(r, idx, Page(0).With(Absent)|keep)
 	c.setSlot(r, idx, 0)

@@ -283,16 +283,23 @@ func (c *client) evicted(m *proto.Evicted, now time.Time) {
 	}
 	c.unprotectBatch()
 	c.resolveHeld(now)
+	// The batch's staging slots go back, but for a page whose write-back
+	// failed (Staged: retried from its slot). Not only Remote pages': a
+	// page brought back meanwhile from the pool (a held fault's READ
+	// prefetched it) needs its slot no more than one served from it, and
+	// a slot kept would serve its next held fault (resolveHeld) these
+	// bytes, however often the page was written since: a lost write.
 	for i := 0; i < done; i++ {
 		ref := c.ev.evictRefs[i]
 		if c.ev.evict.Pages[i].Slot == proto.NoSlot {
 			continue
 		}
 		slot := int(c.ev.evict.Pages[i].Slot)
-		if c.ev.stageOwner[slot] == ref && !ref.r.gone && ref.entry().State() == Remote {
+		if c.ev.stageOwner[slot] == ref && (ref.r.gone || ref.entry().State() != Staged) {
 			c.freeStage(slot)
 		}
 	}
+	c.checkSlots(true)
 }
 
 // resolveHeld serves the faults that waited for the eviction, at now.

@@ -12,6 +12,9 @@ import (
 	"rmem/userfaultfd"
 )
 
+// Every test's agent checks its slots after each batch (checkSlots).
+func init() { checkInvariants = true }
+
 // AllocSlotsForTest takes n pool slots for a test, waiting (2 s at most)
 // for the reservoir to bring the slabs they need: an alloc that comes back
 // short asks it for a slab, and its rounds wake the wait.

@@ -191,6 +191,7 @@ func (c *client) flushReads(since, now time.Time) {
 		}
 	}
 	b.reset()
+	c.checkSlots(false)
 }
 
 // checkRuns counts the bad copies the batch's READs met (end-to-end
