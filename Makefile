@@ -90,7 +90,7 @@ bench-services: build
 # cmd/, the leaves import no rmem package, the stores under the pager take
 # its types from pager/remote.
 PAGER_LAYERS = 'agent.go resume.go metrics.go steer.go' 'loop.go' 'events.go fork.go evict.go relocate.go shmowner.go' \
-	'fault.go' 'reads.go' 'install.go sample.go shared.go' 'pages.go conn.go client.go room.go forkstate.go evictstate.go' \
+	'fault.go' 'reads.go' 'install.go sample.go shared.go invariants.go' 'pages.go conn.go client.go room.go forkstate.go evictstate.go' \
 	'region.go pagetable.go slots.go prefetch.go stats.go kernel.go budget.go slowdown.go journal.go journal_unsafe.go watch.go ring.go ring_unsafe.go'
 
 pager-layers:

@@ -299,7 +299,7 @@ func (c *client) evicted(m *proto.Evicted, now time.Time) {
 			c.freeStage(slot)
 		}
 	}
-	c.checkSlots(true)
+	c.checkState(true)
 }
 
 // resolveHeld serves the faults that waited for the eviction, at now.

@@ -61,18 +61,6 @@ func (e *evictState) takeStage(ref pageRef) uint32 {
 	return s
 }
 
-// strayStage returns a staging slot owned by a page that is not Staged,
-// or -1. Between batches only a Staged page, whose write-back is retried
-// from its slot, owns one.
-func (e *evictState) strayStage() int {
-	for s, o := range e.stageOwner {
-		if o.r != nil && !o.r.gone && o.entry().State() != Staged {
-			return s
-		}
-	}
-	return -1
-}
-
 // freeStage gives staging slot s back (client.freeStage also tells the
 // journal).
 func (e *evictState) freeStage(s int) {

@@ -191,7 +191,7 @@ func (c *client) flushReads(since, now time.Time) {
 		}
 	}
 	b.reset()
-	c.checkSlots(false)
+	c.checkState(false)
 }
 
 // checkRuns counts the bad copies the batch's READs met (end-to-end

@@ -1,7 +1,5 @@
 package pager
 
-import "fmt"
-
 // Prefetch hits are measured on a sample. A user-space pager sees no
 // reads of the pages it installed, so whether a prefetched page was used
 // can only be inferred from where the stream faults next, and that fails
@@ -121,39 +119,5 @@ func (c *client) unsample(ref pageRef) {
 		if o == ref {
 			c.sample.owner[s] = pageRef{}
 		}
-	}
-}
-
-// straySample returns a sample or marker slot owned by a page that is not
-// Remote and FlagSampled, or -1.
-func (c *client) straySample() int {
-	for s, o := range c.sample.owner {
-		if o.r != nil && !o.r.gone && (o.entry().State() != Remote || !o.entry().Has(FlagSampled)) {
-			return s
-		}
-	}
-	return -1
-}
-
-// checkInvariants makes the loop check, after each eviction batch and each
-// batch of READs, that no staging, sample or marker slot outlived its use
-// (checkSlots); tests set it. A slot left owned serves a later fault the
-// bytes it held: a lost write.
-var checkInvariants = false
-
-// checkSlots panics if checkInvariants is set and a sample or marker slot
-// or (stages: between eviction batches) a staging slot is owned by a page
-// that no longer uses it.
-func (c *client) checkSlots(stages bool) {
-	if !checkInvariants {
-		return
-	}
-	if s := c.ev.strayStage(); stages && s >= 0 {
-		o := c.ev.stageOwner[s]
-		panic(fmt.Sprintf("pager: staging slot %d kept for page %d, %s: only a Staged page keeps one between batches", s, o.idx, o.entry().State()))
-	}
-	if s := c.straySample(); s >= 0 {
-		o := c.sample.owner[s]
-		panic(fmt.Sprintf("pager: sample slot %d kept for page %d, %s (entry %#x): only a Remote page held back keeps one", s, o.idx, o.entry().State(), uint16(o.entry())))
 	}
 }
