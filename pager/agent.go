@@ -254,6 +254,9 @@ func New(opts Options) (*Agent, error) {
 	a.slots.onRoom = a.wakeAll
 	a.slots.trim.copies = a.poolCopies
 	a.orphans = map[int]*orphan{}
+	if checkInvariants {
+		a.log.Warn("RMEM_CHECK_STATE=1: each client's loop checks its whole state after every batch (slow; it panics at the first thing wrong)")
+	}
 	if opts.StateDir != "" {
 		if err := a.loadJournal(); err != nil {
 			ln.Close()
