@@ -200,7 +200,11 @@ func TestRunServerJoins(t *testing.T) {
 				return ss
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("servers %+v %v, want one %s", ss, err, want)
+				var said []string // what the server said of its joining and leaving
+				for _, e := range srv.logs.All() {
+					said = append(said, e.Message)
+				}
+				t.Fatalf("servers %+v %v, want one %s; the server logged %q", ss, err, want, said)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}

@@ -25,7 +25,10 @@ type Registrar interface {
 // RoutineJoin registers the server with the coordinator (retrying until it
 // succeeds), then heartbeats every interval, registering again when the
 // coordinator does not know this instance. When ctx is done it tells the
-// coordinator it leaves (its memory goes with it) and returns.
+// coordinator it leaves (its memory goes with it) and returns; also when
+// the stop cut a registration short, whose answer it never read: the
+// coordinator may have it, and would otherwise count the server up until
+// its heartbeats are missed, then dead (a failure, not a departure).
 // ready, if not nil, is closed after the first successful registration;
 // until then failed, if not nil, is told of each failed attempt, and the
 // log says once that the server waits for the coordinator (a server
@@ -33,15 +36,16 @@ type Registrar interface {
 func (s *Server) RoutineJoin(ctx context.Context, reg Registrar, interval time.Duration, ready chan<- struct{}, failed func(error)) {
 	log := s.opts.Log
 	registered, joined, said := false, false, false
+	cut := false // the stop cut a registration short: the coordinator may have it
 	backoff := interval
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			if registered {
+			if registered || cut {
 				lctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-				if err := reg.Leave(lctx, s.opts.ID); err != nil {
+				if err := reg.Leave(lctx, s.opts.ID); err != nil && !(cut && errors.Is(err, pool.ErrNotFound)) {
 					log.Warn("leaving the pool", zap.Error(err))
 				}
 				cancel()
@@ -52,6 +56,7 @@ func (s *Server) RoutineJoin(ctx context.Context, reg Registrar, interval time.D
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		if !registered {
 			if _, err := reg.Register(cctx, s.Registration()); err != nil {
+				cut = ctx.Err() != nil
 				if !joined && failed != nil {
 					failed(err)
 				}
