@@ -230,6 +230,12 @@ type Coordinator struct {
 	rnd      *mrand.Rand
 	cands    []pool.Candidate // reused by candidatesLocked
 	candSrv  []*srv
+	// The sweeper's own pace (Tick): every, as RoutineSweep runs it (0:
+	// Tick called by hand); when it last ran; and when it last resumed
+	// after a stall of its own, before which no heartbeat counts missed.
+	sweepEvery time.Duration
+	lastTick   time.Time
+	resumed    time.Time
 }
 
 // New loads the coordinator's state from opts.Store.
@@ -299,6 +305,9 @@ func (c *Coordinator) SlabSize() uint64 { return c.opts.SlabSize }
 // RoutineSweep sweeps every interval (dead servers, expired leases, retried frees)
 // until ctx is done. It is the coordinator's only long-running goroutine.
 func (c *Coordinator) RoutineSweep(ctx context.Context, interval time.Duration) {
+	c.mu.Lock()
+	c.sweepEvery = interval
+	c.mu.Unlock()
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {

@@ -856,11 +856,75 @@ func TestRoutineSweep(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	if sv, _ := e.c.Server("s0"); sv.State != pool.ServerDead {
+	// The jump of the clock was a stall of the sweeper's (TestSweepStall):
+	// the silent server dies a timeout of sweeping later.
+	if !sweepUntilDead(e, "s0") {
+		sv, _ := e.c.Server("s0")
 		t.Fatalf("silent server is %s", sv.State)
 	}
 	cancel()
 	<-done
+}
+
+// sweepUntilDead moves e's clock on 100 ms at a time, giving the sweeper
+// (RoutineSweep every ms) time to run between steps, until server id is
+// dead (true) or 10 s have passed.
+func sweepUntilDead(e *env, id pool.ServerID) bool {
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		if sv, _ := e.c.Server(id); sv.State == pool.ServerDead {
+			return true
+		}
+		e.clock.Advance(100 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond)
+	}
+	return false
+}
+
+// A stall of the coordinator itself (its clock jumps between two sweeps:
+// a loaded machine, a long GC or fsync) kills no server: none could be
+// heard meanwhile. A server silent for a heartbeat timeout after it dies
+// all the same. TestMemagentRun/fork lost its pages in CI so: the memd
+// that was both coordinator and memory server stood still for 3 s, then
+// declared its own memory server dead, 200 ms before it heartbeated again.
+func TestSweepStall(t *testing.T) {
+	e := newEnv(t, store.NewMem())
+	e.addServer("s0", 2, "")
+	e.addServer("s1", 2, "")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); e.c.RoutineSweep(ctx, time.Millisecond) }()
+	defer func() { cancel(); <-done }()
+	time.Sleep(20 * time.Millisecond) // a few sweeps at the pace
+	e.clock.Advance(3 * time.Second)  // the stall: no heartbeat got in
+	time.Sleep(20 * time.Millisecond) // the sweeps after it
+	for _, id := range []pool.ServerID{"s0", "s1"} {
+		if sv, _ := e.c.Server(id); sv.State != pool.ServerUp {
+			t.Fatalf("%s is %s after the coordinator's own stall, want up", id, sv.State)
+		}
+	}
+	// s1 heartbeats from now on, s0 stays silent: s0 dies, s1 does not.
+	stop := make(chan struct{})
+	beat := make(chan struct{})
+	go func() {
+		defer close(beat)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+				e.c.Heartbeat("s1", pool.Heartbeat{Instance: e.infos["s1"].Instance})
+			}
+		}
+	}()
+	dead := sweepUntilDead(e, "s0")
+	close(stop)
+	<-beat
+	if !dead {
+		t.Fatal("a server silent after the stall did not die")
+	}
+	if sv, _ := e.c.Server("s1"); sv.State != pool.ServerUp {
+		t.Fatalf("s1, heartbeating, is %s", sv.State)
+	}
 }
 
 // A lease's secret is checked, stored as a hash only, and survives a

@@ -344,6 +344,13 @@ func (c *Coordinator) connLocked(s *srv) (SlabServer, error) {
 	return s.conn, nil
 }
 
+// stalled reports whether a sweep at now, run every every (0: by hand,
+// no pace to keep), the last at last, comes after a stall of the sweeper
+// itself: later than its pace by half the heartbeat timeout.
+func stalled(last, now time.Time, every, timeout time.Duration) bool {
+	return every > 0 && !last.IsZero() && now.Sub(last) > every+timeout/2
+}
+
 // Tick does the periodic work: marks servers that missed their heartbeats
 // dead, ends expired leases (freeing their slabs), and retries frees that
 // failed; the frees run behind it (freeLater). RoutineSweep calls it; tests
@@ -354,9 +361,21 @@ func (c *Coordinator) Tick(ctx context.Context) {
 	}
 	now := c.clock.Now()
 	c.mu.Lock()
+	if stalled(c.lastTick, now, c.sweepEvery, c.opts.HeartbeatTimeout) {
+		// This process could hear no heartbeat while it stood still (a
+		// loaded machine, a long GC or fsync): the servers get a whole
+		// timeout from now, rather than die of the coordinator's stall.
+		c.resumed = now
+		c.log.Warn("the coordinator stalled: heartbeats missed meanwhile are not counted", zap.Duration("stall", now.Sub(c.lastTick)))
+	}
+	c.lastTick = now
 	live := make([]pool.Liveness, 0, len(c.servers))
 	for _, s := range c.servers {
-		live = append(live, pool.Liveness{ID: s.rec.ID, State: s.rec.State, LastHeartbeat: s.lastHB})
+		hb := s.lastHB
+		if hb.Before(c.resumed) {
+			hb = c.resumed
+		}
+		live = append(live, pool.Liveness{ID: s.rec.ID, State: s.rec.State, LastHeartbeat: hb})
 	}
 	for _, id := range pool.Dead(live, now, c.opts.HeartbeatTimeout) {
 		s := c.servers[id]
