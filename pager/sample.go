@@ -84,7 +84,6 @@ func (c *client) holdMarker(k int) {
 // holdIn keeps read k of the batch in slot s (sample or marker).
 func (c *client) holdIn(s, k int) {
 	c.releaseSample(s)
-	c.unsample(c.rd.at[k].pageRef) // (none: dropPage empties a dropped page's slot)
 	copy(c.sample.buf[s*pageSize:(s+1)*pageSize], c.rd.reads[k].Buf)
 	ref := c.rd.at[k].pageRef
 	ref.r.pages[ref.idx] = ref.entry()&^FlagFetch | FlagSampled
@@ -111,9 +110,8 @@ func (c *client) releaseSample(s int) {
 }
 
 // unsample empties the slot that holds ref's page back, if any: the page
-// was dropped (its bytes there are not its data any more), or is held
-// back again. A slot left owned would serve its next hit (sampleHit)
-// bytes from before.
+// was dropped, and its bytes there are not its data any more. A slot left
+// owned would serve a later hit on the page (sampleHit) bytes from before.
 func (c *client) unsample(ref pageRef) {
 	for s, o := range c.sample.owner {
 		if o == ref {
