@@ -308,6 +308,11 @@ func (c *Coordinator) RoutineSweep(ctx context.Context, interval time.Duration) 
 	c.mu.Lock()
 	c.sweepEvery = interval
 	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.sweepEvery = 0 // no pace kept from now on: nothing to call a stall
+		c.mu.Unlock()
+	}()
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -376,8 +381,10 @@ func (c *Coordinator) rebuildUsedLocked(s *srv) {
 	}
 }
 
-// liveLeaseLocked returns the lease id if it exists and has not expired.
+// liveLeaseLocked returns the lease id if it exists and has not expired
+// (after a stall of this process, resumeLocked: not of the stall).
 func (c *Coordinator) liveLeaseLocked(id pool.LeaseID, now time.Time) (*lease, error) {
+	c.resumeLocked(now)
 	l := c.leases[id]
 	if l == nil {
 		return nil, fmt.Errorf("%w: lease %q", pool.ErrNotFound, id)

@@ -927,6 +927,51 @@ func TestSweepStall(t *testing.T) {
 	}
 }
 
+// A stall of the coordinator longer than a lease's TTL expires no lease:
+// the agent's renewals could not get in. A renewal that comes in before the
+// sweeper runs again is taken too. A lease not renewed after the stall
+// expires a TTL later all the same.
+func TestSweepStallKeepsLeases(t *testing.T) {
+	e := newEnv(t, store.NewMem())
+	e.addServer("s0", 4, "")
+	kept := e.lease("kept", 2*time.Second)
+	gone := e.lease("gone", 2*time.Second)
+	if _, err := e.c.Allocate(context.Background(), gone, pool.AllocateRequest{Slabs: 1, Replicas: 1}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); e.c.RoutineSweep(ctx, time.Hour) }() // its pace, and no sweep of its own
+	defer func() { cancel(); <-done }()
+	for e.c.SweepPace() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	e.tick(context.Background())               // the last sweep before the stall
+	e.clock.Advance(time.Hour + 3*time.Second) // the stall: past the TTL and the pace
+	if _, err := e.c.Renew(kept, pool.RenewRequest{}); err != nil {
+		t.Fatalf("renewing after the coordinator's own stall: %v", err)
+	}
+	e.tick(context.Background())
+	for _, id := range []pool.LeaseID{kept, gone} {
+		if _, err := e.c.Lease(id); err != nil {
+			t.Fatalf("lease %s after the stall: %v", id, err)
+		}
+	}
+	e.clock.Advance(1500 * time.Millisecond)
+	if _, err := e.c.Renew(kept, pool.RenewRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(1500 * time.Millisecond) // gone: 3 s since the stall, TTL 2 s
+	e.heartbeatAll()
+	e.tick(context.Background())
+	if _, err := e.c.Lease(gone); !errors.Is(err, pool.ErrNotFound) {
+		t.Fatalf("a lease not renewed for a TTL after the stall: %v", err)
+	}
+	if _, err := e.c.Lease(kept); err != nil {
+		t.Fatalf("a lease renewed after the stall: %v", err)
+	}
+}
+
 // A lease's secret is checked, stored as a hash only, and survives a
 // coordinator restart.
 func TestLeaseSecretPersisted(t *testing.T) {

@@ -351,6 +351,33 @@ func stalled(last, now time.Time, every, timeout time.Duration) bool {
 	return every > 0 && !last.IsZero() && now.Sub(last) > every+timeout/2
 }
 
+// resumeLocked forgives, at now, what a stall of this process kept it
+// from hearing: when the sweeper's last run (or the last resume) is later
+// than its pace by half the heartbeat timeout, this process stood still (a
+// loaded machine, a long GC or fsync; stalled). Then heartbeats missed
+// meanwhile are not counted (the servers get a whole timeout from now) and
+// every lease gets a whole TTL from now, as after a restart (load): the
+// renewals that could not get in did not make their agents dead. Tick calls
+// it, and so does every request about a lease, which can come in before
+// the sweeper runs again.
+func (c *Coordinator) resumeLocked(now time.Time) {
+	last := c.lastTick
+	if c.resumed.After(last) {
+		last = c.resumed
+	}
+	if !stalled(last, now, c.sweepEvery, c.opts.HeartbeatTimeout) {
+		return
+	}
+	c.resumed = now
+	for _, l := range c.leases {
+		if exp := now.Add(l.rec.TTL.Std()); exp.After(l.rec.Expires) {
+			l.rec.Expires = exp
+		}
+	}
+	c.log.Warn("the coordinator stalled: heartbeats and lease renewals missed meanwhile are not counted",
+		zap.Duration("stall", now.Sub(last)), zap.Int("leases", len(c.leases)))
+}
+
 // Tick does the periodic work: marks servers that missed their heartbeats
 // dead, ends expired leases (freeing their slabs), and retries frees that
 // failed; the frees run behind it (freeLater). RoutineSweep calls it; tests
@@ -361,13 +388,7 @@ func (c *Coordinator) Tick(ctx context.Context) {
 	}
 	now := c.clock.Now()
 	c.mu.Lock()
-	if stalled(c.lastTick, now, c.sweepEvery, c.opts.HeartbeatTimeout) {
-		// This process could hear no heartbeat while it stood still (a
-		// loaded machine, a long GC or fsync): the servers get a whole
-		// timeout from now, rather than die of the coordinator's stall.
-		c.resumed = now
-		c.log.Warn("the coordinator stalled: heartbeats missed meanwhile are not counted", zap.Duration("stall", now.Sub(c.lastTick)))
-	}
+	c.resumeLocked(now)
 	c.lastTick = now
 	live := make([]pool.Liveness, 0, len(c.servers))
 	for _, s := range c.servers {
