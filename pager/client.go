@@ -57,7 +57,6 @@ type client struct {
 	fk       forkState  // forks, and a fork waiting for the eviction in flight (forkstate.go)
 	ev       evictState // CLOCK, staging slots and the eviction in flight (evictstate.go)
 	sample   samples
-	seen     slotSet // pool slots named, for the checks of tests (invariants.go)
 	features userfaultfd.Feature
 
 	cj *clientJournal // what a next agent needs to resume it (journal.go); nil: none

@@ -3,6 +3,7 @@ package pager
 import (
 	"fmt"
 	"os"
+	"sync"
 )
 
 // Checks of the loop's own state, for tests: a slot left owned, a flag
@@ -45,7 +46,9 @@ func (c *client) strayState(evicted bool) error {
 		}
 	}
 	var resident, remote, pooled int64
-	c.seen.clear()
+	seen := slotSets.Get().(*slotSet)
+	defer slotSets.Put(seen)
+	seen.clear()
 	for _, r := range c.regs.list {
 		if r.px != nil {
 			continue
@@ -67,7 +70,7 @@ func (c *client) strayState(evicted bool) error {
 				return fmt.Errorf("page %d %s with pool slot %d", idx, st, slot)
 			}
 			if slot != 0 {
-				if !c.seen.add(slot) {
+				if !seen.add(slot) {
 					return fmt.Errorf("pool slot %d named twice, by page %d and another", slot, idx)
 				}
 				pooled++
@@ -93,8 +96,11 @@ func (c *client) strayState(evicted bool) error {
 }
 
 // slotSet is a set of pool slots, a bit each, kept from one check to the
-// next (no allocation per check).
+// next in slotSets (no allocation per check).
 type slotSet []uint64
+
+// slotSets keeps the checks' sets between checks (loops check at once).
+var slotSets = sync.Pool{New: func() any { return new(slotSet) }}
 
 func (s *slotSet) clear() { clear(*s) }
 
