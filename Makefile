@@ -80,7 +80,9 @@ bench: build
 	$(GO) run ./bench/ec -out docs/bench/ec.md -bin $(BIN)
 
 # Redis and memcached at 50% and 25% local, GETs/s and tail latency
-# under zram swap and rmem (docs/bench/services; root, about 15 minutes).
+# under zram swap and rmem, and under rmem with a budget from a slowdown
+# target (rmem-tcp-auto: memagent serve --max-slowdown 5%) with what it
+# moved out (docs/bench/services; root, about 20 minutes).
 bench-services: build
 	$(GO) run ./bench/services -out docs/bench/services -bin $(BIN)
 

@@ -87,36 +87,54 @@ type Run struct {
 	RSSMiB     float64 `json:"rss_after_load_mib,omitempty"` // the server's VmRSS
 	Warmup     *Phase  `json:"warmup,omitempty"`             // the unmeasured pass (its checks count)
 	Phases     []Phase `json:"phases,omitempty"`
+	// Under rmem, at the end of the last phase (memagent stats): the
+	// server's pages in the pool, its budget, the stall the controller
+	// last saw (-auto), and its VmRSS.
+	RemoteMiB float64 `json:"remote_mib,omitempty"`
+	BudgetMiB float64 `json:"budget_mib,omitempty"`
+	StallPct  float64 `json:"stall_pct,omitempty"`
+	EndRSSMiB float64 `json:"end_rss_mib,omitempty"`
 }
 
 // Report is what make bench-services writes.
 type Report struct {
-	Date       string   `json:"date"`
-	Host       string   `json:"host"`
-	CPUs       int      `json:"cpus"`
-	Kernel     string   `json:"kernel"`
-	CPUIdle    string   `json:"cpuidle"`
-	Load       string   `json:"load_before"` // /proc/loadavg when it started
-	Keys       int      `json:"keys"`
-	ValueSize  int      `json:"value_size"`
-	Conns      int      `json:"conns"`
-	Requests   int      `json:"requests"`        // measured GETs per distribution
-	Warmup     int      `json:"warmup_requests"` // uniform GETs after loading, unmeasured
-	ZipfWarmup int      `json:"zipf_warmup_requests"`
-	Theta      float64  `json:"theta"`
-	Versions   []string `json:"versions"`
-	Minutes    float64  `json:"minutes"` // the whole run's
-	Runs       []Run    `json:"runs"`
+	Date       string  `json:"date"`
+	Host       string  `json:"host"`
+	CPUs       int     `json:"cpus"`
+	Kernel     string  `json:"kernel"`
+	CPUIdle    string  `json:"cpuidle"`
+	Load       string  `json:"load_before"` // /proc/loadavg when it started
+	Keys       int     `json:"keys"`
+	ValueSize  int     `json:"value_size"`
+	Conns      int     `json:"conns"`
+	Requests   int     `json:"requests"`        // measured GETs per distribution
+	Warmup     int     `json:"warmup_requests"` // uniform GETs after loading, unmeasured
+	ZipfWarmup int     `json:"zipf_warmup_requests"`
+	Theta      float64 `json:"theta"`
+	// MaxSlowdown is the -auto runs' target; SettleSecs how long their
+	// Zipfian warm-up went on at least.
+	MaxSlowdown string   `json:"max_slowdown,omitempty"`
+	SettleSecs  float64  `json:"auto_settle_seconds,omitempty"`
+	Versions    []string `json:"versions"`
+	Minutes     float64  `json:"minutes"` // the whole run's
+	Runs        []Run    `json:"runs"`
 }
 
 var configs = []string{"local", "zram", "rmem-tcp", "rmem-shm", "rmem-tcp-it", "rmem-shm-it"}
+
+// autoConfigs run once per server, with no share: `memagent serve
+// --max-slowdown` sets the budget (docs/pager.md, Budgets from a slowdown
+// target), and the run reports what it moved out.
+var autoConfigs = []string{"rmem-tcp-auto"}
 
 func main() {
 	var o options
 	flag.StringVar(&o.out, "out", "docs/bench/services", "report directory")
 	flag.StringVar(&o.bin, "bin", "bin", "directory of memd, memagent and librmem.so")
 	servers := flag.String("servers", "redis,memcached", "servers to run, comma-separated")
-	cfgs := flag.String("configs", strings.Join(configs, ","), "configurations to run, comma-separated (local always runs: it sets the local shares)")
+	cfgs := flag.String("configs", strings.Join(append(configs, autoConfigs...), ","), "configurations to run, comma-separated (local always runs: it sets the local shares)")
+	flag.StringVar(&o.maxSlowdown, "max-slowdown", "5%", "the slowdown target of the -auto configurations (memagent serve --max-slowdown)")
+	flag.DurationVar(&o.settle, "auto-settle", time.Minute, "-auto configurations: how long the Zipfian warm-up goes on at least (in rounds of -zipf-warmup GETs), for the budget to settle")
 	pcts := flag.String("local", "50,25", "local shares, percent of the all-local footprint, comma-separated")
 	flag.IntVar(&o.keys, "keys", 216_000, "keys loaded")
 	flag.IntVar(&o.valueSize, "value-size", 1024, "bytes of each value")
@@ -156,12 +174,12 @@ func main() {
 }
 
 type options struct {
-	out, bin                                             string
+	out, bin, maxSlowdown                                string
 	servers, configs                                     []string
 	pcts                                                 []int
 	keys, valueSize, conns, requests, warmup, zipfWarmup int
 	theta                                                float64
-	timeout                                              time.Duration
+	timeout, settle                                      time.Duration
 }
 
 func (o *options) has(config string) bool {
@@ -190,7 +208,7 @@ func run(ctx context.Context, o options) error {
 	}
 	defer os.RemoveAll(tmp)
 	rep := Report{Date: began.UTC().Format(time.RFC3339), CPUs: runtime.NumCPU(), Keys: o.keys, ValueSize: o.valueSize,
-		Conns: o.conns, Requests: o.requests, Warmup: o.warmup, ZipfWarmup: o.zipfWarmup, Theta: o.theta}
+		Conns: o.conns, Requests: o.requests, Warmup: o.warmup, ZipfWarmup: o.zipfWarmup, Theta: o.theta, MaxSlowdown: o.maxSlowdown, SettleSecs: o.settle.Seconds()}
 	rep.Host, _ = os.Hostname()
 	rep.Kernel = firstLine("/proc/sys/kernel/osrelease")
 	rep.Load = firstLine("/proc/loadavg")
@@ -209,7 +227,7 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 	var md *harness.Memd
-	if o.has("rmem-tcp") || o.has("rmem-shm") || o.has("rmem-tcp-it") || o.has("rmem-shm-it") {
+	if o.has("rmem-tcp") || o.has("rmem-shm") || o.has("rmem-tcp-it") || o.has("rmem-shm-it") || o.has("rmem-tcp-auto") {
 		if md, err = harness.StartMemd(o.bin, tmp, 7494); err != nil {
 			return err
 		}
@@ -237,6 +255,11 @@ func run(ctx context.Context, o options) error {
 					r = b.attempts(ctx, srv, c, pct, local)
 				}
 				rep.Runs = append(rep.Runs, r)
+			}
+		}
+		for _, c := range autoConfigs {
+			if o.has(c) {
+				rep.Runs = append(rep.Runs, b.attempts(ctx, srv, c, 0, 0))
 			}
 		}
 		if ctx.Err() != nil {

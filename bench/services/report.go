@@ -49,6 +49,7 @@ func write(dir string, rep *Report) error {
 			return err
 		}
 		rep.mainTable(&md, s)
+		rep.autoNote(&md, s)
 		rep.missRatios(&md, s)
 		rep.detailTable(&md, s)
 	}
@@ -213,7 +214,35 @@ func (rep *Report) rows(s string) []row {
 			}
 		}
 	}
+	for _, c := range autoConfigs {
+		if r := rep.find(s, c, 0); r != nil {
+			out = append(out, row{r})
+		}
+	}
 	return out
+}
+
+// autoNote says, for server s, what each -auto run moved out and how fast
+// it served against all-local.
+func (rep *Report) autoNote(md *strings.Builder, s string) {
+	base := rep.find(s, "local", 100)
+	for _, c := range autoConfigs {
+		r := rep.find(s, c, 0)
+		if r == nil || r.Outcome != "ok" || base == nil || base.RSSMiB <= 0 {
+			continue
+		}
+		var vs []string
+		for _, d := range []string{"uniform", "zipf"} {
+			if p, b := r.phase(d), base.phase(d); p != nil && b != nil && b.PerSecond > 0 {
+				vs = append(vs, fmt.Sprintf("%s GETs %.2f× all-local's", d, p.PerSecond/b.PerSecond))
+			}
+		}
+		fmt.Fprintf(md, "**%s** (`memagent serve --max-slowdown %s`, no `--local-mem`; its Zipfian warm-up went on for at least %.0f s, "+
+			"for the budget to settle): at the end of its Zipfian phase "+
+			"%.1f MiB of the server's pages were in the pool (%.0f%% of its all-local footprint), its budget %.1f MiB, "+
+			"the stall last seen %.1f%%, VmRSS %.1f MiB; %s.\n\n",
+			c, rep.MaxSlowdown, rep.SettleSecs, r.RemoteMiB, 100*r.RemoteMiB/base.RSSMiB, r.BudgetMiB, r.StallPct, r.EndRSSMiB, strings.Join(vs, ", "))
+	}
 }
 
 func (rep *Report) servers() []string {
@@ -228,7 +257,7 @@ func (rep *Report) servers() []string {
 
 func (rep *Report) pcts() []int {
 	var out []int
-	seen := map[int]bool{100: true}
+	seen := map[int]bool{100: true, 0: true} // 0: the -auto runs, which have no share
 	for _, r := range rep.Runs {
 		if !seen[r.Local] {
 			seen[r.Local] = true
@@ -281,8 +310,11 @@ func (rep *Report) vsZram(r *Run, d string) string {
 }
 
 func localCell(r *Run) string {
-	if r.Config == "local" {
+	switch {
+	case r.Config == "local":
 		return "all"
+	case strings.HasSuffix(r.Config, "-auto"):
+		return fmt.Sprintf("auto (%.0f MiB)", r.BudgetMiB)
 	}
 	return fmt.Sprintf("%d%% (%.0f MiB)", r.Local, r.LocalMiB)
 }

@@ -138,16 +138,21 @@ func (b *bench) start(ctx context.Context, srv *server, config, dir, sock string
 			os.WriteFile(filepath.Join(g.Path, "memory.swappiness"), []byte("100"), 0)
 		}
 		p.cmd = g.Command(argv[0], argv[1:]...) // the shell execs the server: same pid
-	case "rmem-tcp", "rmem-shm", "rmem-tcp-it", "rmem-shm-it":
-		network, inThread := strings.CutSuffix(strings.TrimPrefix(config, "rmem-"), "-it")
+	case "rmem-tcp", "rmem-shm", "rmem-tcp-it", "rmem-shm-it", "rmem-tcp-auto":
+		network, auto := strings.CutSuffix(strings.TrimPrefix(config, "rmem-"), "-auto")
+		network, inThread := strings.CutSuffix(network, "-it")
+		budget := []string{"--local-mem", fmt.Sprint(local)}
+		if auto {
+			budget = []string{"--max-slowdown", b.o.maxSlowdown} // no --local-mem: the node's RAM is the ceiling
+		}
 		// memagent run with an agent of its own serves no admin socket,
 		// so the agent is a memagent serve of the run's own, whose stats
 		// can be read while the server runs; memagent run hands the
 		// server to it with the same budget.
 		agentSock, admin := filepath.Join(dir, "agent.sock"), filepath.Join(dir, "agent-admin.sock")
-		p.agent = exec.Command(filepath.Join(b.o.bin, "memagent"), "serve", "--coordinator", b.md.URL, "--token-file", b.md.TokenFile,
-			"--socket", agentSock, "--admin-socket", admin, "--local-mem", fmt.Sprint(local), "--network", network,
-			"--state-dir", "none", "--log-format", "json")
+		serve := append([]string{"serve", "--coordinator", b.md.URL, "--token-file", b.md.TokenFile, "--socket", agentSock,
+			"--admin-socket", admin, "--network", network, "--state-dir", "none", "--log-format", "json"}, budget...)
+		p.agent = exec.Command(filepath.Join(b.o.bin, "memagent"), serve...)
 		if err := startLogged(p.agent, filepath.Join(dir, "agent.log")); err != nil {
 			return nil, fmt.Errorf("memagent serve: %w", err)
 		}
@@ -155,7 +160,10 @@ func (b *bench) start(ctx context.Context, srv *server, config, dir, sock string
 		if err := waitFor(ctx, 30*time.Second, func() error { _, err := p.stats(ctx); return err }); err != nil {
 			return p, fmt.Errorf("memagent serve did not start: %w (%s)", err, lastLines(filepath.Join(dir, "agent.log"), 1))
 		}
-		args := []string{"run", "--socket", agentSock, "--local-mem", fmt.Sprint(local), "--log-format", "json"}
+		args := []string{"run", "--socket", agentSock, "--log-format", "json"}
+		if !auto {
+			args = append(args, "--local-mem", fmt.Sprint(local))
+		}
 		if inThread {
 			args = append(args, "--in-thread")
 		}
@@ -259,9 +267,12 @@ func (p *proc) stop() {
 // agentStats is what the bench reads of memagent stats --json.
 type agentStats struct {
 	Clients []struct {
-		PID         int    `json:"pid"`
-		Faults      uint64 `json:"faults"`
-		RemoteReads uint64 `json:"remote_reads"`
+		PID         int     `json:"pid"`
+		Faults      uint64  `json:"faults"`
+		RemoteReads uint64  `json:"remote_reads"`
+		RemoteBytes uint64  `json:"remote_bytes"`
+		BudgetBytes uint64  `json:"budget_bytes"`
+		StallPct    float64 `json:"stall_pct"`
 	} `json:"clients"`
 }
 
@@ -361,8 +372,15 @@ func (b *bench) drive(ctx context.Context, srv *server, p *proc, sock string, r 
 	}
 	for _, d := range loadgen.Distributions {
 		if d == "zipf" {
-			if err := warm(d, b.o.zipfWarmup); err != nil {
-				return err
+			// An -auto run's budget moves while it runs: the warm-up goes
+			// on until it has had time to settle.
+			for began := time.Now(); ; {
+				if err := warm(d, b.o.zipfWarmup); err != nil {
+					return err
+				}
+				if !strings.HasSuffix(r.Config, "-auto") || time.Since(began) >= b.o.settle || b.o.zipfWarmup <= 0 {
+					break
+				}
 			}
 		}
 		s0, err := b.snap(ctx, p)
@@ -380,6 +398,20 @@ func (b *bench) drive(ctx context.Context, srv *server, p *proc, sock string, r 
 		r.Phases = append(r.Phases, *phase(d, &res, s0, s1))
 		if res.Bad() > 0 {
 			r.Outcome = "WRONG VALUES"
+		}
+	}
+	if st, err := procStatus(p.pid); err == nil {
+		r.EndRSSMiB = mib(st.VmRSS)
+	}
+	if p.agent != nil {
+		st, err := p.stats(ctx)
+		if err != nil {
+			return err
+		}
+		for _, c := range st.Clients {
+			if c.PID == p.pid {
+				r.RemoteMiB, r.BudgetMiB, r.StallPct = mib(c.RemoteBytes), mib(c.BudgetBytes), c.StallPct
+			}
 		}
 	}
 	return nil
