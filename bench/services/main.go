@@ -32,6 +32,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -227,7 +228,7 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 	var md *harness.Memd
-	if o.has("rmem-tcp") || o.has("rmem-shm") || o.has("rmem-tcp-it") || o.has("rmem-shm-it") || o.has("rmem-tcp-auto") {
+	if slices.ContainsFunc(o.configs, func(c string) bool { return strings.HasPrefix(c, "rmem-") }) {
 		if md, err = harness.StartMemd(o.bin, tmp, 7494); err != nil {
 			return err
 		}

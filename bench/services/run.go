@@ -286,10 +286,13 @@ func (p *proc) stats(ctx context.Context) (agentStats, error) {
 	return st, err
 }
 
-// snapshot is what a measured phase is the difference of.
+// snapshot is what a measured phase is the difference of, and (rmem) the
+// agent's view of the server when it was taken.
 type snapshot struct {
 	server, agent, memd float64 // CPU seconds
 	faults, remote, all uint64
+	inPool, budget      uint64  // bytes
+	stallPct            float64 // the controller's last step
 }
 
 func (b *bench) snap(ctx context.Context, p *proc) (s snapshot, err error) {
@@ -317,6 +320,9 @@ func (b *bench) snap(ctx context.Context, p *proc) (s snapshot, err error) {
 		for _, c := range st.Clients {
 			s.faults += c.Faults
 			s.remote += c.RemoteReads
+			s.inPool += c.RemoteBytes
+			s.budget += c.BudgetBytes
+			s.stallPct = max(s.stallPct, c.StallPct)
 		}
 	}
 	return s, nil
@@ -399,20 +405,10 @@ func (b *bench) drive(ctx context.Context, srv *server, p *proc, sock string, r 
 		if res.Bad() > 0 {
 			r.Outcome = "WRONG VALUES"
 		}
+		r.RemoteMiB, r.BudgetMiB, r.StallPct = mib(s1.inPool), mib(s1.budget), s1.stallPct
 	}
 	if st, err := procStatus(p.pid); err == nil {
 		r.EndRSSMiB = mib(st.VmRSS)
-	}
-	if p.agent != nil {
-		st, err := p.stats(ctx)
-		if err != nil {
-			return err
-		}
-		for _, c := range st.Clients {
-			if c.PID == p.pid {
-				r.RemoteMiB, r.BudgetMiB, r.StallPct = mib(c.RemoteBytes), mib(c.BudgetBytes), c.StallPct
-			}
-		}
 	}
 	return nil
 }

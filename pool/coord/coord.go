@@ -204,6 +204,15 @@ type lease struct {
 	report pool.RenewRequest // the agent's last (not persisted)
 }
 
+// extendFrom gives l a whole TTL from now, unless it has longer already:
+// what a lease gets when its renewals could not have come in (the
+// coordinator restarted, or stood still).
+func (l *lease) extendFrom(now time.Time) {
+	if exp := now.Add(l.rec.TTL.Std()); exp.After(l.rec.Expires) {
+		l.rec.Expires = exp
+	}
+}
+
 // freeJob asks one server instance to free slabs.
 type freeJob struct {
 	server   pool.ServerID

@@ -370,9 +370,7 @@ func (c *Coordinator) resumeLocked(now time.Time) {
 	}
 	c.resumed = now
 	for _, l := range c.leases {
-		if exp := now.Add(l.rec.TTL.Std()); exp.After(l.rec.Expires) {
-			l.rec.Expires = exp
-		}
+		l.extendFrom(now)
 	}
 	c.log.Warn("the coordinator stalled: heartbeats and lease renewals missed meanwhile are not counted",
 		zap.Duration("stall", now.Sub(last)), zap.Int("leases", len(c.leases)))

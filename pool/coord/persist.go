@@ -69,9 +69,7 @@ func (c *Coordinator) load() error {
 			}
 			rec.Secret = ""
 			l := &lease{rec: rec.Lease, secret: rec.SecretSHA256, slabs: map[pool.SlabID]*pool.Slab{}}
-			if exp := now.Add(l.rec.TTL.Std()); exp.After(l.rec.Expires) {
-				l.rec.Expires = exp
-			}
+			l.extendFrom(now)
 			c.leases[l.rec.ID] = l
 			return nil
 		})
