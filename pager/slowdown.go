@@ -41,6 +41,20 @@ const (
 	// miss 21-24 µs as the program sees it over shm, the agent's share
 	// 10-15 µs). It is added to each miss's measured latency.
 	stallPerFault = 10 * time.Microsecond
+	// learnShare: a rise with the CLOCK's hot pages (Clock.Hot) under
+	// this share of the resident ones is the hand learning, not the edge
+	// of the hot set (the hand keeps hot pages to hotPercent of the
+	// resident ones: at the edge they are all of them but that).
+	learnShare = 0.9
+	// maxLearns is how many learning rises a phase gets before its rises
+	// back off as at the edge: enough for the hand to get past a hot set
+	// ahead of cold pages (w3-3's 48 MiB took 5-6 probes of ~2k pages),
+	// few enough that a program with no cold pages to find (Redis's GETs
+	// over every key: each probe's pages come back, and the agent's and
+	// memd's work for it slows the server more than its misses show)
+	// pays for them once, not all the time (probing every 2-10 s, its
+	// Zipfian GETs fell to 0.85-0.94x all-local's).
+	maxLearns = 8
 )
 
 // slowdown steers one program's budget of resident pages so that the time
@@ -67,7 +81,10 @@ type slowdown struct {
 	hold      time.Duration // the current hold (minHold..maxHold)
 	holdUntil time.Time     // no shrinking before
 	lastRise  time.Time
-	rising    bool // the last step was a rise
+	rising    bool      // the last step was a rise
+	learns    int       // learning rises in this phase (maxLearns)
+	learnedAt time.Time // the last step of a learning rise
+	learnRise bool      // the last step was one
 	// gain is the stall fraction the last rise cost per page short of
 	// what the program needed (how much it gains per page given back):
 	// the node's memory goes first to programs that gain the most.
@@ -82,9 +99,21 @@ func newSlowdown(target float64, ceiling, floor int) *slowdown {
 }
 
 // step takes the program's stall so far (its threads' time in misses,
-// summed) and resident pages at now, and returns its budget until the next
-// step.
-func (s *slowdown) step(now time.Time, stall time.Duration, resident int) int {
+// summed), its resident pages and how many of them the CLOCK knows are hot
+// (Clock.Hot) at now, and returns its budget until the next step.
+//
+// A rise is one of two kinds. With nearly every resident page known hot,
+// eviction had to take pages of the hot set: the budget is at its edge (the
+// knee), probed less and less often (the hold doubles). With many pages
+// not known hot, the hand took pages it had not yet seen come back, and
+// they did (they are hot from now on): the hand is learning. The budget
+// grows back to stop the misses, but the knee stays where it was and the
+// hold is the shortest, so that the next probe goes on where the hand
+// stopped; maxLearns such rises a phase. Before, a program whose hot pages
+// the hand met before its cold ones backed off as if each probe had found
+// the edge (w3-3's 48 MiB read at random ahead of 48 MiB written once:
+// probes 5-33 s apart, ~2k misses each, never past the hot half in 90 s).
+func (s *slowdown) step(now time.Time, stall time.Duration, resident, hot int) int {
 	if !s.started {
 		s.started, s.last, s.lastStall = true, now, stall
 		return s.budget
@@ -97,11 +126,18 @@ func (s *slowdown) step(now time.Time, stall time.Duration, resident int) int {
 	s.last, s.lastStall = now, stall
 	s.stall = frac
 	s.smooth += (frac - s.smooth) / 8
-	rising := s.rising
-	s.rising = false // unless this step rises too
+	rising, learnRise := s.rising, s.learnRise
+	s.rising, s.learnRise = false, false // unless this step rises too
 	slack := max(min(s.budget, resident)/16, 2*budgetMargin)
 	binding := resident >= s.budget-slack
 	switch {
+	case frac > s.target && binding && s.learning(now, rising && learnRise, hot, resident):
+		// Learning: grow, hold the shortest, the knee unmoved.
+		s.rising, s.learnRise = true, true
+		if h := now.Add(minHold); h.After(s.holdUntil) {
+			s.holdUntil = h
+		}
+		s.grow(frac)
 	case frac > s.target && binding:
 		switch {
 		case rising: // the same rise, a step on: the hold stays
@@ -112,32 +148,71 @@ func (s *slowdown) step(now time.Time, stall time.Duration, resident int) int {
 		}
 		s.rising = true
 		s.lastRise, s.holdUntil, s.knee = now, now.Add(s.hold), s.budget
-		g := growFrac
-		if frac > 4*s.target {
-			g = growFast
-		}
-		add := max(int(float64(s.budget)*g), budgetMargin)
-		s.gain = frac / float64(add)
-		s.budget = min(s.budget+add, s.ceiling)
+		s.grow(frac)
 	case frac > s.target/2 || s.smooth > s.target/2:
 		// Near the target, or misses of pages coming back: hold.
 	case now.Before(s.holdUntil):
 	default:
-		base := min(s.budget, resident+slack) // a budget far above what is resident frees nothing
-		f := shrinkFrac
-		switch {
-		case s.knee == 0:
-		case float64(base)*nearZone < float64(s.knee):
-			// Well under where the stall rose, and it has not risen
-			// again: that rise was not the program's need (a hot set
-			// that moved on, a first turn of the hand through it).
-			s.knee = 0
-		case float64(base) < nearZone*float64(s.knee):
-			f = nearFrac
-		}
-		s.budget = max(base-max(int(float64(base)*f), budgetMargin), s.floor)
+		s.shrink(resident, slack)
 	}
 	return s.budget
+}
+
+// learning reports whether a rise at now (same: the last step was a
+// learning rise) with hot of the resident pages known hot is the hand
+// learning, and counts it against the phase's maxLearns. A phase begins
+// with a rise 2*maxHold after the last rise, as the hold's does.
+func (s *slowdown) learning(now time.Time, same bool, hot, resident int) bool {
+	if float64(hot) >= learnShare*float64(resident) {
+		return false
+	}
+	if same {
+		s.learnedAt = now
+		return true // the same rise, a step on
+	}
+	last := s.lastRise
+	if s.learnedAt.After(last) {
+		last = s.learnedAt
+	}
+	if !last.IsZero() && now.Sub(last) >= 2*maxHold {
+		s.learns = 0
+	}
+	if s.learns >= maxLearns {
+		return false
+	}
+	s.learns++
+	s.learnedAt = now
+	return true
+}
+
+// grow gives back growFrac of the budget (growFast when the stall frac is
+// 4x the target) after a rise, up to the ceiling.
+func (s *slowdown) grow(frac float64) {
+	g := growFrac
+	if frac > 4*s.target {
+		g = growFast
+	}
+	add := max(int(float64(s.budget)*g), budgetMargin)
+	s.gain = frac / float64(add)
+	s.budget = min(s.budget+add, s.ceiling)
+}
+
+// shrink takes a step off the budget (shrinkFrac, nearFrac near the knee)
+// from what is resident plus slack when that is less.
+func (s *slowdown) shrink(resident, slack int) {
+	base := min(s.budget, resident+slack) // a budget far above what is resident frees nothing
+	f := shrinkFrac
+	switch {
+	case s.knee == 0:
+	case float64(base)*nearZone < float64(s.knee):
+		// Well under where the stall rose, and it has not risen
+		// again: that rise was not the program's need (a hot set
+		// that moved on, a first turn of the hand through it).
+		s.knee = 0
+	case float64(base) < nearZone*float64(s.knee):
+		f = nearFrac
+	}
+	s.budget = max(base-max(int(float64(base)*f), budgetMargin), s.floor)
 }
 
 // shareNode fits the budgets wants (pages, one per program) into node

@@ -7,7 +7,8 @@ import (
 
 // program is a synthetic program for the slowdown controller: total pages
 // of which hot are read all the time; below hot pages resident its stall
-// rises steeply (each page short is a miss per pass over the hot set).
+// rises steeply (each page short is a miss per pass over the hot set). The
+// CLOCK knows its hot pages (Clock.Hot): those resident.
 type program struct {
 	hot, total int
 	cold       float64 // stall of pages coming back, whatever the budget (fraction)
@@ -43,7 +44,8 @@ func (tr *trace) run(t *testing.T, s *slowdown, p program, d time.Duration) {
 		tr.t = tr.t.Add(steerPeriod)
 		tr.stall += time.Duration(f * float64(steerPeriod))
 		knee := s.lastRise
-		budget = s.step(tr.t, tr.stall, min(budget, p.total))
+		resident := min(budget, p.total)
+		budget = s.step(tr.t, tr.stall, resident, min(p.hot, resident))
 		if s.lastRise != knee {
 			tr.rises++
 		}
@@ -188,5 +190,96 @@ func TestSlowdownOneRiseOneHold(t *testing.T) {
 	}
 	if s.hold != minHold {
 		t.Fatalf("hold %v after one rise of %d steps, want %v", s.hold, tr.rises, minHold)
+	}
+}
+
+func TestSlowdownLearningDoesNotBackOff(t *testing.T) {
+	// w3-3's program as the CLOCK hand first meets it: 192 MiB written
+	// once, then 48 MiB read at random that the hand has not seen come
+	// back yet, then 48 MiB written once. Each hot page the hand takes
+	// faults back at once (a miss of 40 µs: 2,500 a step at most, the
+	// program doing nothing else) and is known from then on, and while the
+	// budget binds the hand goes on to the next one. With most resident
+	// pages not known hot those rises are learning: the hold stays the
+	// shortest, and the budget gets past the hot pages to the cold ones
+	// behind them. Only at the hot set are the resident pages all known
+	// hot.
+	const cold, hot, behind, miss = 49152, 12288, 12288, 40 * time.Microsecond
+	s := newSlowdown(0.02, 6<<20, 16)
+	now := time.Unix(1000, 0)
+	var stall time.Duration
+	offCold, learnt, offBehind := 0, 0, 0
+	resident := func() int { return cold - offCold + hot + behind - offBehind }
+	budget := s.budget
+	const d = 120 * time.Second
+	for i := 0; i < int(d/steerPeriod); i++ {
+		need := resident() - budget
+		if need > 0 {
+			n := min(need, cold-offCold)
+			offCold += n
+			need -= n
+		}
+		if need > 0 && learnt < hot {
+			n := min(hot-learnt, int(steerPeriod/miss))
+			learnt += n
+			stall += time.Duration(n) * miss
+			if learnt < hot {
+				need = 0 // they came back: the hand goes on with them next step
+			}
+		}
+		if need > 0 {
+			n := min(need, behind-offBehind)
+			offBehind += n
+			need -= n
+		}
+		if need > 0 { // under the hot set: known hot pages go, and come back
+			stall += time.Duration(min(need, int(steerPeriod/miss))) * miss
+		}
+		now = now.Add(steerPeriod)
+		budget = s.step(now, stall, min(resident(), budget), learnt)
+		if offBehind < behind && s.hold > minHold {
+			t.Fatalf("step %d: hold %v before the edge of the hot set (learnt %d of %d hot pages, budget %d, resident %d)", i, s.hold, learnt, hot, budget, resident())
+		}
+	}
+	if r := resident(); r > hot+hot/4 || learnt < hot {
+		t.Fatalf("after %v: %d pages resident, %d of %d hot pages learnt: the cold pages behind the hot ones are not offloaded", d, r, learnt, hot)
+	}
+	if f := float64(stall) / float64(d); f > s.target {
+		t.Fatalf("stall %.3f over %v, want at most the target", f, d)
+	}
+}
+
+func TestSlowdownLearnsOncePerPhase(t *testing.T) {
+	// A program with no cold pages to find (Redis's GETs over every key):
+	// every page taken comes back, the CLOCK knows none hot (the hand
+	// never finishes a turn). Its first maxLearns rises are learning; then
+	// the hold backs off as at the edge, and over ten minutes the stall
+	// stays under the target.
+	const total = 70000
+	s := newSlowdown(0.05, 1<<20, 16)
+	now := time.Unix(1000, 0)
+	var stall time.Duration
+	budget, rises := s.budget, 0
+	for i := 0; i < int(10*time.Minute/steerPeriod); i++ {
+		f := 0.0
+		if budget < total {
+			f = min(1, float64(total-budget)*4e-4) // 1 MiB short: 10%
+		}
+		stall += time.Duration(f * float64(steerPeriod))
+		now = now.Add(steerPeriod)
+		prev := budget
+		budget = s.step(now, stall, min(budget, total), 0)
+		if budget > prev {
+			rises++
+		}
+	}
+	if s.learns != maxLearns {
+		t.Fatalf("%d learning rises, want %d", s.learns, maxLearns)
+	}
+	if want := maxLearns + 10*60/int(maxHold/time.Second) + 3; rises > want {
+		t.Fatalf("%d rises in ten minutes, want at most %d: learning does not stop", rises, want)
+	}
+	if f := float64(stall) / float64(10*time.Minute); f > s.target {
+		t.Fatalf("stall %.3f over ten minutes, want at most the target", f)
 	}
 }

@@ -84,7 +84,7 @@ func (a *Agent) steer(st *steering, now time.Time) {
 			s = newSlowdown(target, a.ceiling(c), minLocalMem/pageSize)
 			st.ctl[c.id] = s
 		}
-		want := s.step(now, time.Duration(c.st.stall.Load()), int(c.st.resident.Load()))
+		want := s.step(now, time.Duration(c.st.stall.Load()), int(c.st.resident.Load()), int(c.st.hot.Load()))
 		c.bud.stallFrac.Store(math.Float64bits(s.stall))
 		st.cs[k] = c
 		k++
