@@ -84,7 +84,7 @@ type slowdown struct {
 	rising    bool      // the last step was a rise
 	learns    int       // learning rises in this phase (maxLearns)
 	learnedAt time.Time // the last step of a learning rise
-	learnRise bool      // the last step was one
+	learnRise bool      // the last step was one (and so a rise)
 	// gain is the stall fraction the last rise cost per page short of
 	// what the program needed (how much it gains per page given back):
 	// the node's memory goes first to programs that gain the most.
@@ -130,15 +130,17 @@ func (s *slowdown) step(now time.Time, stall time.Duration, resident, hot int) i
 	s.rising, s.learnRise = false, false // unless this step rises too
 	slack := max(min(s.budget, resident)/16, 2*budgetMargin)
 	binding := resident >= s.budget-slack
+	rose := frac > s.target && binding
+	learn := rose && s.learning(now, learnRise, hot, resident)
 	switch {
-	case frac > s.target && binding && s.learning(now, rising && learnRise, hot, resident):
+	case learn:
 		// Learning: grow, hold the shortest, the knee unmoved.
 		s.rising, s.learnRise = true, true
 		if h := now.Add(minHold); h.After(s.holdUntil) {
 			s.holdUntil = h
 		}
 		s.grow(frac)
-	case frac > s.target && binding:
+	case rose:
 		switch {
 		case rising: // the same rise, a step on: the hold stays
 		case !s.lastRise.IsZero() && now.Sub(s.lastRise) < 2*maxHold:

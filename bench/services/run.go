@@ -123,10 +123,10 @@ func oomKilled(g *cgroup.Group) bool {
 func (b *bench) start(ctx context.Context, srv *server, config, dir, sock string, local uint64) (*proc, error) {
 	argv := srv.argv(sock, dir)
 	p := &proc{exited: make(chan struct{})}
-	switch config {
-	case "local":
+	switch {
+	case config == "local":
 		p.cmd = exec.Command(argv[0], argv[1:]...)
-	case "zram":
+	case config == "zram":
 		// A cgroup of its own per run: one removed while the kernel still
 		// holds swap charged to it lingers offline under its name.
 		g, err := cgroup.Create(fmt.Sprintf("rmem-services-%d-%d", os.Getpid(), b.runs), local)
@@ -138,7 +138,7 @@ func (b *bench) start(ctx context.Context, srv *server, config, dir, sock string
 			os.WriteFile(filepath.Join(g.Path, "memory.swappiness"), []byte("100"), 0)
 		}
 		p.cmd = g.Command(argv[0], argv[1:]...) // the shell execs the server: same pid
-	case "rmem-tcp", "rmem-shm", "rmem-tcp-it", "rmem-shm-it", "rmem-tcp-auto":
+	case strings.HasPrefix(config, "rmem-"): // rmem-NETWORK[-it][-auto]
 		network, auto := strings.CutSuffix(strings.TrimPrefix(config, "rmem-"), "-auto")
 		network, inThread := strings.CutSuffix(network, "-it")
 		budget := []string{"--local-mem", fmt.Sprint(local)}
