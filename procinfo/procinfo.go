@@ -36,10 +36,21 @@ type Stat struct {
 	// Start is the process's start time in clock ticks since boot: with
 	// the pid, it tells the process from a later one given the same pid.
 	Start uint64
+	// Flags are the kernel's PF_* flags of the process's main thread.
+	Flags uint
 }
+
+// pfExiting is the kernel's PF_EXITING: set at the start of do_exit,
+// before the process's files are closed.
+const pfExiting = 0x4
 
 // Exited reports whether the process has exited (a zombie or dead).
 func (s Stat) Exited() bool { return s.State == 'Z' || s.State == 'X' }
+
+// Exiting reports whether the process has exited or is exiting: a killed
+// process is marked before it closes its files, so whoever sees the
+// effect of its files closing (a FUSE connection aborted) sees it marked.
+func (s Stat) Exiting() bool { return s.Exited() || s.Flags&pfExiting != 0 }
 
 // FS is a /proc file system; Default is the host's.
 type FS struct {
@@ -88,7 +99,7 @@ func (f FS) Stat(pid int) (Stat, error) {
 	if len(s.State) != 1 {
 		return Stat{}, fmt.Errorf("%w: /proc/%d/stat: state %q", ErrParse, pid, s.State)
 	}
-	return Stat{State: s.State[0], PPID: s.PPID, Start: s.Starttime}, nil
+	return Stat{State: s.State[0], PPID: s.PPID, Start: s.Starttime, Flags: s.Flags}, nil
 }
 
 // Exited reports whether process pid has exited: gone from /proc, or a
@@ -100,6 +111,17 @@ func (f FS) Exited(pid int) bool {
 		return errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH)
 	}
 	return s.Exited()
+}
+
+// Exiting reports whether process pid has exited or is exiting (see
+// Stat.Exiting); gone from /proc counts. A stat that cannot be read for
+// another reason is not taken for an exit.
+func (f FS) Exiting(pid int) bool {
+	s, err := f.Stat(pid)
+	if err != nil {
+		return errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH)
+	}
+	return s.Exiting()
 }
 
 // Groups reads the supplementary groups of process pid (the Groups line
@@ -324,6 +346,9 @@ func ReadStat(pid int) (Stat, error) { return Default.Stat(pid) }
 
 // Exited is Default.Exited.
 func Exited(pid int) bool { return Default.Exited(pid) }
+
+// Exiting is Default.Exiting.
+func Exiting(pid int) bool { return Default.Exiting(pid) }
 
 // Groups is Default.Groups.
 func Groups(pid int) ([]int, error) { return Default.Groups(pid) }

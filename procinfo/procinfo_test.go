@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"testing"
@@ -20,10 +21,18 @@ var hostile = []string{"a) R 1 (", "x) Z 9 8 7 (", "))", "(", "a b c", "sleep) S
 
 // statLine is a /proc/PID/stat line as the kernel writes it (52 fields).
 func statLine(pid int, comm string, state byte, ppid int, start uint64) string {
+	return statLineFlags(pid, comm, state, ppid, start, 0)
+}
+
+// statLineFlags is statLine with the process's PF_* flags (field 9).
+func statLineFlags(pid int, comm string, state byte, ppid int, start uint64, flags uint) string {
 	s := strconv.Itoa(pid) + " (" + comm + ") " + string(state) + " " + strconv.Itoa(ppid)
 	for i := 5; i <= 52; i++ {
 		v := "0"
-		if i == 22 {
+		switch i {
+		case 9:
+			v = strconv.FormatUint(uint64(flags), 10)
+		case 22:
 			v = strconv.FormatUint(start, 10)
 		}
 		s += " " + v
@@ -90,6 +99,30 @@ func TestStatStates(t *testing.T) {
 	}
 }
 
+// TestStatExiting: a process the kernel marked PF_EXITING (killed, its
+// files not yet closed) is exiting but not exited; a zombie or a process
+// gone is both; an unreadable stat is neither.
+func TestStatExiting(t *testing.T) {
+	fs := fakeFS(t, map[string]string{
+		"1/stat": statLineFlags(1, "dying) S 1 (", 'R', 0, 5, 0x404044),
+		"2/stat": statLineFlags(2, "r", 'S', 0, 5, 0x404040),
+		"3/stat": statLine(3, "z", 'Z', 0, 5),
+		"4/stat": "garbage",
+	})
+	if !fs.Exiting(1) || fs.Exited(1) {
+		t.Error("PF_EXITING: want exiting, not exited")
+	}
+	if fs.Exiting(2) {
+		t.Error("a live process taken for exiting")
+	}
+	if !fs.Exiting(3) || !fs.Exiting(9) {
+		t.Error("a zombie or a process gone not exiting")
+	}
+	if fs.Exiting(4) {
+		t.Error("an unreadable stat taken for an exit")
+	}
+}
+
 // TestRealHostileName starts a real process whose name is hostile and
 // reads it from the host's /proc.
 func TestRealHostileName(t *testing.T) {
@@ -115,7 +148,13 @@ func TestRealHostileName(t *testing.T) {
 		if err != nil || serr != nil || s.PPID != os.Getpid() || s.Exited() || s.Start < self.Start {
 			t.Errorf("%q: Stat = %+v, %v (ours %+v, %v); want our child, running, started after us", name, s, err, self, serr)
 		}
+		if Exiting(cmd.Process.Pid) {
+			t.Errorf("%q: running, taken for exiting", name)
+		}
 		cmd.Process.Kill()
+		for !Exiting(cmd.Process.Pid) { // the kill is not synchronous
+			runtime.Gosched()
+		}
 		cmd.Wait()
 		if !Exited(cmd.Process.Pid) {
 			t.Errorf("%q: reaped, not exited", name)

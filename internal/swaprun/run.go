@@ -21,6 +21,7 @@ import (
 	"rmem/internal/cgroup"
 	"rmem/internal/childproc"
 	"rmem/internal/swapdev"
+	"rmem/procinfo"
 	"rmem/swapfs"
 )
 
@@ -176,11 +177,23 @@ func Run(ctx context.Context, opts Options) (exitCode int, err error) {
 			defer close(monitored)
 			select {
 			case <-sw.done:
-				fmt.Fprintf(opts.Stderr, "memagent run: the swap daemon (`memagent mount %s`, pid %d) died while the command ran (%v): "+
-					"the command's pages in swap are lost, its swap-ins fail with I/O errors (SIGBUS)\n", sw.dir, sw.daemon.Process.Pid, sw.waitErr)
-				close(swapDead)
 			case <-running:
+				// CMD may end of the daemon's death (a swap-in failed when
+				// its connection aborted) before its Wait returns: the
+				// kernel marked it exiting before it closed the
+				// connection, so that is the test, not a race with Wait.
+				select {
+				case <-sw.done:
+				default:
+					if !procinfo.Exiting(sw.daemon.Process.Pid) {
+						return
+					}
+					<-sw.done
+				}
 			}
+			fmt.Fprintf(opts.Stderr, "memagent run: the swap daemon (`memagent mount %s`, pid %d) died while the command ran (%v): "+
+				"the command's pages in swap are lost, its swap-ins fail with I/O errors (SIGBUS)\n", sw.dir, sw.daemon.Process.Pid, sw.waitErr)
+			close(swapDead)
 		}()
 	}
 
