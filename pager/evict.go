@@ -217,10 +217,13 @@ func (c *client) evicted(m *proto.Evicted, now time.Time) {
 	}
 	c.ev.evictBusy = false
 	done := min(int(m.Done), c.ev.evict.N)
-	// A traced client's tracer keeps every page while it brings them all
-	// back (package traced, before a fork): its faults must not wait for
-	// evictions that keep nothing, so the budget bends until one does.
-	c.ev.kept = m.Errno == unix.EBUSY && c.says(proto.HelloTraced) && done == 0
+	// Nothing could be evicted now: a traced client's tracer keeps every
+	// page while it brings them all back (package traced, before a fork),
+	// or a ring client's system calls have pinned its victims (their
+	// buffers, made present first: a call's buffers may be more than the
+	// budget holds). Its faults must not wait for evictions that keep
+	// nothing, so the budget bends until one evicts a page.
+	c.ev.kept = m.Errno == unix.EBUSY && (c.says(proto.HelloTraced) || c.ring != nil) && done == 0
 	switch {
 	case m.Errno == unix.EBUSY && (c.ring != nil || c.says(proto.HelloTraced)):
 		// A system call has the page after the last one done pinned

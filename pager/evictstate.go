@@ -24,7 +24,7 @@ type evictState struct {
 	newSlots   [proto.MaxEvictBatch]Slot // pool slots for an eviction's dirty victims
 	evictBusy  bool
 	evictSent  time.Time // when the EVICT in flight was sent
-	kept       bool      // the last EVICT kept every page (EBUSY of a traced client): faults do not wait
+	kept       bool      // the last EVICT kept every page (EBUSY: traced, or pinned by system calls): faults do not wait
 	evictSeq   uint64
 	staged     int // pages in Staged state waiting for a write-back retry
 	wb         []remote.PageOp

@@ -108,7 +108,7 @@ func maBuild(t *testing.T) string {
 			append(append([]string{"go"}, args...), "./cmd/memagent"),
 			{"preload/build.sh", filepath.Join(maBinDir, "librmem.so")}, // the shim as make builds it
 		}
-		for _, prog := range []string{"pattern", "fork", "threads", "hotcold"} {
+		for _, prog := range []string{"pattern", "fork", "threads", "hotcold", "bigio"} {
 			steps = append(steps, []string{"gcc", "-O2", "-pthread", "-Wall", "-Wextra", "-Werror",
 				"-o", filepath.Join(maBinDir, prog), filepath.Join("tests", "testdata", "memagent", prog+".c")})
 		}
@@ -444,6 +444,18 @@ func TestMemagentRun(t *testing.T) {
 		if len(rows) != 1 || rows[0].budget != "8.0MiB" || rows[0].evictions == 0 || rows[0].lost != 0 {
 			t.Errorf("--local-mem 8MiB: %+v: want one row with an 8.0MiB budget and evictions, none lost\n%s", rows, r.stderr)
 		}
+	})
+
+	// Buffers the budget cannot hold, in ring mode (the faulting
+	// threads serve their misses): each system call's buffers are made
+	// present and pinned first, and a call of 64 MiB under 16 MiB must
+	// neither hang on evictions its pins refuse nor fail
+	// (testdata/memagent/bigio.c).
+	t.Run("big buffers", func(t *testing.T) {
+		r := maExec(t, nil, memagent, "run", "--socket", a.socket, "--in-thread", "--log-level", "warn",
+			"--", filepath.Join(bins, "bigio"), strconv.Itoa(maHeapMiB))
+		maCheckExit(t, r, "bigio ok\n")
+		t.Logf("bigio, %d MiB buffers under %s local: %v", maHeapMiB, maLocalMem, r.elapsed)
 	})
 
 	t.Run("python3", func(t *testing.T) {

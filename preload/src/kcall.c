@@ -189,25 +189,94 @@ static ssize_t file_rest(int fd, char *buf, size_t n, ssize_t r, off_t off)
 		}                                                              \
 	} while (0)
 
+/* One call of up to RM_CALL_CHUNK bytes, its buffer pinned (op: what). */
+enum io_op { IO_READ, IO_PREAD, IO_WRITE, IO_PWRITE };
+static ssize_t io_pinned(enum io_op op, int fd, char *buf, size_t n, off_t off)
+{
+	struct rm_bufs bs = {0};
+	rm_add(&bs, buf, n, op == IO_READ || op == IO_PREAD);
+	switch (op) {
+	case IO_READ:
+		return RM_PINNED(&bs, read_keeps(fd), real_read(fd, buf, n));
+	case IO_PREAD:
+		return RM_PINNED(&bs, 1, real_pread(fd, buf, n, off));
+	case IO_WRITE:
+		return RM_PINNED(&bs, 1, real_write(fd, buf, n));
+	default:
+		return RM_PINNED(&bs, 1, real_pwrite(fd, buf, n, off));
+	}
+}
+
+/* What kind of descriptor a big call goes to a chunk at a time through:
+ * a regular file (reads and writes go on for the whole count), a pipe or
+ * a stream socket (a read returns one chunk's worth, as a short read; a
+ * write goes on), or neither (a datagram, a device: one call, whatever its
+ * size). */
+enum chunks { CHUNK_NONE, CHUNK_FILE, CHUNK_STREAM };
+static enum chunks chunks_of(int fd)
+{
+	int e = errno;
+	struct stat st;
+	enum chunks k = CHUNK_NONE;
+	if (rm_sys(SYS_fstat, fd, &st, 0) == 0) {
+		if (S_ISREG(st.st_mode)) {
+			k = CHUNK_FILE;
+		} else if (S_ISFIFO(st.st_mode)) {
+			k = CHUNK_STREAM;
+		} else if (S_ISSOCK(st.st_mode)) {
+			int type = 0;
+			socklen_t l = sizeof type;
+			if (rm_sys6(SYS_getsockopt, fd, SOL_SOCKET, SO_TYPE, (long)&type, (long)&l, 0) == 0 &&
+			    type == SOCK_STREAM)
+				k = CHUNK_STREAM;
+		}
+	}
+	errno = e;
+	return k;
+}
+
+/* read, pread, write or pwrite in ring mode. A buffer is made present and
+ * pinned for its call, so a call's buffer must fit in the program's
+ * budget beside the rest: one of more than RM_CALL_CHUNK bytes goes to the
+ * kernel a chunk at a time (each pinned alone), as a loop of the program
+ * would, wherever that keeps the call's meaning: a file's data or a
+ * stream's bytes in order, a read of a pipe or socket returning what one
+ * chunk got (a short read, which a stream's reader expects). A datagram or
+ * a device is one call (a pin the budget may bend for: the agent lets a
+ * fault through when every victim is pinned). A chunk that fails ends the
+ * call with what was done before it, or its error. */
+static ssize_t io(enum io_op op, int fd, char *buf, size_t n, off_t off)
+{
+	enum chunks k = n > RM_CALL_CHUNK ? chunks_of(fd) : CHUNK_NONE;
+	if (k == CHUNK_NONE)
+		return io_pinned(op, fd, buf, n, off);
+	size_t done = 0;
+	while (done < n) {
+		size_t c = n - done < RM_CALL_CHUNK ? n - done : RM_CALL_CHUNK;
+		ssize_t r = io_pinned(op, fd, buf + done, c, off + (off_t)done);
+		if (r < 0)
+			return done ? (ssize_t)done : r;
+		done += (size_t)r;
+		if ((size_t)r < c || (k == CHUNK_STREAM && (op == IO_READ || op == IO_PREAD)))
+			break;
+	}
+	return (ssize_t)done;
+}
+
 EXPORT ssize_t read(int fd, void *buf, size_t n)
 {
 	RM_FILE_IO(fd);
 	if (!rm_ring_call())
 		return RM_RESOLVE(read)(fd, buf, n);
-	struct rm_bufs bs = {0};
-	rm_add(&bs, buf, n, 1);
-	ssize_t r = RM_PINNED(&bs, read_keeps(fd), real_read(fd, buf, n));
-	return file_rest(fd, buf, n, r, -1);
+	return file_rest(fd, buf, n, io(IO_READ, fd, buf, n, 0), -1);
 }
 
 EXPORT ssize_t __read_chk(int fd, void *buf, size_t n, size_t buflen)
 {
 	RM_FILE_IO(fd);
-	if (!rm_ring_call())
+	if (!rm_ring_call() || n > buflen) /* (glibc's reports the overflow) */
 		return RM_RESOLVE(__read_chk)(fd, buf, n, buflen);
-	struct rm_bufs bs = {0};
-	rm_add(&bs, buf, n < buflen ? n : buflen, 1);
-	return RM_PINNED(&bs, read_keeps(fd), real___read_chk(fd, buf, n, buflen));
+	return file_rest(fd, buf, n, io(IO_READ, fd, buf, n, 0), -1);
 }
 
 EXPORT ssize_t write(int fd, const void *buf, size_t n)
@@ -215,9 +284,7 @@ EXPORT ssize_t write(int fd, const void *buf, size_t n)
 	RM_FILE_IO(fd);
 	if (!rm_ring_call())
 		return RM_RESOLVE(write)(fd, buf, n);
-	struct rm_bufs bs = {0};
-	rm_add(&bs, buf, n, 0);
-	return RM_PINNED(&bs, 1, real_write(fd, buf, n));
+	return io(IO_WRITE, fd, (char *)buf, n, 0);
 }
 
 EXPORT ssize_t pread(int fd, void *buf, size_t n, off_t off)
@@ -225,21 +292,16 @@ EXPORT ssize_t pread(int fd, void *buf, size_t n, off_t off)
 	RM_FILE_IO(fd);
 	if (!rm_ring_call())
 		return RM_RESOLVE(pread)(fd, buf, n, off);
-	struct rm_bufs bs = {0};
-	rm_add(&bs, buf, n, 1);
-	ssize_t r = RM_PINNED(&bs, 1, real_pread(fd, buf, n, off));
-	return file_rest(fd, buf, n, r, off);
+	return file_rest(fd, buf, n, io(IO_PREAD, fd, buf, n, off), off);
 }
 EXPORT ssize_t pread64(int, void *, size_t, off_t) __attribute__((alias("pread")));
 
 EXPORT ssize_t __pread_chk(int fd, void *buf, size_t n, off_t off, size_t buflen)
 {
 	RM_FILE_IO(fd);
-	if (!rm_ring_call())
+	if (!rm_ring_call() || n > buflen) /* (glibc's reports the overflow) */
 		return RM_RESOLVE(__pread_chk)(fd, buf, n, off, buflen);
-	struct rm_bufs bs = {0};
-	rm_add(&bs, buf, n < buflen ? n : buflen, 1);
-	return RM_PINNED(&bs, 1, real___pread_chk(fd, buf, n, off, buflen));
+	return file_rest(fd, buf, n, io(IO_PREAD, fd, buf, n, off), off);
 }
 EXPORT ssize_t __pread64_chk(int, void *, size_t, off_t, size_t) __attribute__((alias("__pread_chk")));
 
@@ -248,9 +310,7 @@ EXPORT ssize_t pwrite(int fd, const void *buf, size_t n, off_t off)
 	RM_FILE_IO(fd);
 	if (!rm_ring_call())
 		return RM_RESOLVE(pwrite)(fd, buf, n, off);
-	struct rm_bufs bs = {0};
-	rm_add(&bs, buf, n, 0);
-	return RM_PINNED(&bs, 1, real_pwrite(fd, buf, n, off));
+	return io(IO_PWRITE, fd, (char *)buf, n, off);
 }
 EXPORT ssize_t pwrite64(int, const void *, size_t, off_t) __attribute__((alias("pwrite")));
 

@@ -143,33 +143,46 @@ PATH_CALL(DIR *, opendir, (const char *p), (p), p, NULL, 0, 0)
 /* stdio reads a big request straight into the program's buffer, and
  * writes a big one straight from it, with glibc's own read and write,
  * which no wrapper sees: the buffer is pinned and made present for the
- * call (no retry: a short count is what a stream returns then). */
+ * call (no retry: a short count is what a stream returns then). A request
+ * of more than RM_CALL_CHUNK bytes goes a chunk of whole elements at a
+ * time (each pinned alone: kcall.c's io), up to a short count. call is
+ * glibc's function on b_ and k_ elements. */
 size_t __fread_chk(void *, size_t, size_t, size_t, FILE *);
 #undef fread_unlocked  /* (macros of glibc's bits/stdio.h) */
 #undef fwrite_unlocked
 
-#define STDIO_CALL(name, params, args, buf, size, n, write)                    \
+#define STDIO_CALL(name, params, args, buf, size, n, write, call)              \
 	static size_t(*real_##name) params;                                    \
 	EXPORT size_t name params                                              \
 	{                                                                      \
 		if (!rm_ring_call())                                           \
 			return RM_RESOLVE(name) args;                             \
-		struct rm_bufs bs = {0};                                       \
-		size_t len_;                                                   \
-		if (!__builtin_mul_overflow(size, n, &len_))                   \
-			rm_add(&bs, buf, len_, write);                         \
-		struct rm_pin pin_;                                            \
-		rm_bufs_pin(&pin_, &bs);                                       \
-		size_t r_ = real_##name args;                                  \
-		rm_pin_end(&pin_);                                             \
-		return r_;                                                     \
+		size_t per_ = (size) && (size) <= RM_CALL_CHUNK ? RM_CALL_CHUNK / (size) : 1; \
+		size_t got_ = 0;                                               \
+		while (got_ < (n)) {                                           \
+			size_t k_ = (n) - got_ < per_ ? (n) - got_ : per_;     \
+			char *b_ = (char *)(buf) + got_ * (size);              \
+			struct rm_bufs bs = {0};                               \
+			rm_add(&bs, b_, k_ * (size), write);                   \
+			struct rm_pin pin_;                                    \
+			rm_bufs_pin(&pin_, &bs);                               \
+			size_t r_ = (call);                                    \
+			rm_pin_end(&pin_);                                     \
+			got_ += r_;                                            \
+			if (r_ < k_)                                           \
+				break;                                         \
+		}                                                              \
+		return got_;                                                   \
 	}
 
-STDIO_CALL(fread, (void *b, size_t s, size_t n, FILE *f), (b, s, n, f), b, s, n, 1)
-STDIO_CALL(fread_unlocked, (void *b, size_t s, size_t n, FILE *f), (b, s, n, f), b, s, n, 1)
-STDIO_CALL(fwrite, (const void *b, size_t s, size_t n, FILE *f), (b, s, n, f), b, s, n, 0)
-STDIO_CALL(fwrite_unlocked, (const void *b, size_t s, size_t n, FILE *f), (b, s, n, f), b, s, n, 0)
-STDIO_CALL(__fread_chk, (void *b, size_t bl, size_t s, size_t n, FILE *f), (b, bl, s, n, f), b, s, n, 1)
+STDIO_CALL(fread, (void *b, size_t s, size_t n, FILE *f), (b, s, n, f), b, s, n, 1, real_fread(b_, s, k_, f))
+STDIO_CALL(fread_unlocked, (void *b, size_t s, size_t n, FILE *f), (b, s, n, f), b, s, n, 1,
+	   real_fread_unlocked(b_, s, k_, f))
+STDIO_CALL(fwrite, (const void *b, size_t s, size_t n, FILE *f), (b, s, n, f), b, s, n, 0, real_fwrite(b_, s, k_, f))
+STDIO_CALL(fwrite_unlocked, (const void *b, size_t s, size_t n, FILE *f), (b, s, n, f), b, s, n, 0,
+	   real_fwrite_unlocked(b_, s, k_, f))
+STDIO_CALL(__fread_chk, (void *b, size_t bl, size_t s, size_t n, FILE *f), (b, bl, s, n, f), b, s, n, 1,
+	   real___fread_chk(b_, bl < (size_t)(b_ - (char *)b) ? 0 : bl - (size_t)(b_ - (char *)b), s, k_, f))
 
 /* ---- small outputs ---- */
 
