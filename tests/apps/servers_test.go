@@ -40,7 +40,7 @@ func runServerApp(t *testing.T, s server) {
 	smp := e.watch()
 	rm := runServer(t, s, e, true)
 	peak, agentRSS := smp.end()
-	smp.checkRing(t, s.name)
+	smp.checkRing(t, s.name, false)
 	compare(t, s.name, budget, 4, plain, rm, base.hwm, peak, agentRSS)
 }
 
