@@ -130,11 +130,11 @@
 //     their buffers against eviction (pin.c; the helper keeps a pinned
 //     page, EBUSY) and make them present from user mode first; a
 //     retry-safe call is retried after an EFAULT. What is pinned stays
-//     resident, so read, write, pread, pwrite, fread and fwrite of more
-//     than 1 MiB (RM_CALL_CHUNK) go to the kernel a pinned chunk at a
-//     time on files, pipes and stream sockets (a stream's read returns
-//     one chunk, a short read); other big buffers (readv, send, a
-//     datagram) are pinned whole, and the agent lets a fault through
+//     resident, so read, write, pread, pwrite, recv, send, fread and
+//     fwrite of more than 1 MiB (RM_CALL_CHUNK) go to the kernel a pinned
+//     chunk at a time on files, pipes and stream sockets (a stream's read
+//     returns one chunk, a short read, but for MSG_WAITALL); other big
+//     buffers (readv, sendmsg, a datagram) are pinned whole, and the agent lets a fault through
 //     past the budget while every victim is pinned;
 //   - SIGBUS is never blocked (sigwrap.c: every mask libc sets leaves it
 //     out) and the program's SIGBUS disposition is recorded behind the

@@ -189,12 +189,14 @@ static ssize_t file_rest(int fd, char *buf, size_t n, ssize_t r, off_t off)
 		}                                                              \
 	} while (0)
 
-/* One call of up to RM_CALL_CHUNK bytes, its buffer pinned (op: what). */
-enum io_op { IO_READ, IO_PREAD, IO_WRITE, IO_PWRITE };
-static ssize_t io_pinned(enum io_op op, int fd, char *buf, size_t n, off_t off)
+/* One call of up to RM_CALL_CHUNK bytes, its buffer pinned (op: what;
+ * off: pread's and pwrite's; flags: send's and recv's). */
+enum io_op { IO_READ, IO_PREAD, IO_WRITE, IO_PWRITE, IO_RECV, IO_SEND };
+static int io_reads(enum io_op op) { return op == IO_READ || op == IO_PREAD || op == IO_RECV; }
+static ssize_t io_pinned(enum io_op op, int fd, char *buf, size_t n, off_t off, int flags)
 {
 	struct rm_bufs bs = {0};
-	rm_add(&bs, buf, n, op == IO_READ || op == IO_PREAD);
+	rm_add(&bs, buf, n, io_reads(op));
 	switch (op) {
 	case IO_READ:
 		return RM_PINNED(&bs, read_keeps(fd), real_read(fd, buf, n));
@@ -202,8 +204,12 @@ static ssize_t io_pinned(enum io_op op, int fd, char *buf, size_t n, off_t off)
 		return RM_PINNED(&bs, 1, real_pread(fd, buf, n, off));
 	case IO_WRITE:
 		return RM_PINNED(&bs, 1, real_write(fd, buf, n));
-	default:
+	case IO_PWRITE:
 		return RM_PINNED(&bs, 1, real_pwrite(fd, buf, n, off));
+	case IO_RECV:
+		return RM_PINNED(&bs, recv_keeps(fd, flags), real_recv(fd, buf, n, flags));
+	default:
+		return RM_PINNED(&bs, 1, real_send(fd, buf, n, flags));
 	}
 }
 
@@ -235,29 +241,33 @@ static enum chunks chunks_of(int fd)
 	return k;
 }
 
-/* read, pread, write or pwrite in ring mode. A buffer is made present and
+/* read, pread, write, pwrite, recv or send in ring mode. A buffer is made present and
  * pinned for its call, so a call's buffer must fit in the program's
  * budget beside the rest: one of more than RM_CALL_CHUNK bytes goes to the
  * kernel a chunk at a time (each pinned alone), as a loop of the program
  * would, wherever that keeps the call's meaning: a file's data or a
  * stream's bytes in order, a read of a pipe or socket returning what one
- * chunk got (a short read, which a stream's reader expects). A datagram or
+ * chunk got (a short read, which a stream's reader expects; a recv with
+ * MSG_WAITALL goes on for the whole count, as it would). A datagram or
  * a device is one call (a pin the budget may bend for: the agent lets a
  * fault through when every victim is pinned). A chunk that fails ends the
  * call with what was done before it, or its error. */
-static ssize_t io(enum io_op op, int fd, char *buf, size_t n, off_t off)
+static ssize_t io(enum io_op op, int fd, char *buf, size_t n, off_t off, int flags)
 {
 	enum chunks k = n > RM_CALL_CHUNK ? chunks_of(fd) : CHUNK_NONE;
+	if ((op == IO_RECV || op == IO_SEND) && k != CHUNK_STREAM)
+		k = CHUNK_NONE; /* (not a stream socket: one call, as asked) */
 	if (k == CHUNK_NONE)
-		return io_pinned(op, fd, buf, n, off);
+		return io_pinned(op, fd, buf, n, off, flags);
+	int whole = k == CHUNK_FILE || !io_reads(op) || (op == IO_RECV && (flags & MSG_WAITALL));
 	size_t done = 0;
 	while (done < n) {
 		size_t c = n - done < RM_CALL_CHUNK ? n - done : RM_CALL_CHUNK;
-		ssize_t r = io_pinned(op, fd, buf + done, c, off + (off_t)done);
+		ssize_t r = io_pinned(op, fd, buf + done, c, off + (off_t)done, flags);
 		if (r < 0)
 			return done ? (ssize_t)done : r;
 		done += (size_t)r;
-		if ((size_t)r < c || (k == CHUNK_STREAM && (op == IO_READ || op == IO_PREAD)))
+		if ((size_t)r < c || !whole)
 			break;
 	}
 	return (ssize_t)done;
@@ -268,7 +278,7 @@ EXPORT ssize_t read(int fd, void *buf, size_t n)
 	RM_FILE_IO(fd);
 	if (!rm_ring_call())
 		return RM_RESOLVE(read)(fd, buf, n);
-	return file_rest(fd, buf, n, io(IO_READ, fd, buf, n, 0), -1);
+	return file_rest(fd, buf, n, io(IO_READ, fd, buf, n, 0, 0), -1);
 }
 
 EXPORT ssize_t __read_chk(int fd, void *buf, size_t n, size_t buflen)
@@ -276,7 +286,7 @@ EXPORT ssize_t __read_chk(int fd, void *buf, size_t n, size_t buflen)
 	RM_FILE_IO(fd);
 	if (!rm_ring_call() || n > buflen) /* (glibc's reports the overflow) */
 		return RM_RESOLVE(__read_chk)(fd, buf, n, buflen);
-	return file_rest(fd, buf, n, io(IO_READ, fd, buf, n, 0), -1);
+	return file_rest(fd, buf, n, io(IO_READ, fd, buf, n, 0, 0), -1);
 }
 
 EXPORT ssize_t write(int fd, const void *buf, size_t n)
@@ -284,7 +294,7 @@ EXPORT ssize_t write(int fd, const void *buf, size_t n)
 	RM_FILE_IO(fd);
 	if (!rm_ring_call())
 		return RM_RESOLVE(write)(fd, buf, n);
-	return io(IO_WRITE, fd, (char *)buf, n, 0);
+	return io(IO_WRITE, fd, (char *)buf, n, 0, 0);
 }
 
 EXPORT ssize_t pread(int fd, void *buf, size_t n, off_t off)
@@ -292,7 +302,7 @@ EXPORT ssize_t pread(int fd, void *buf, size_t n, off_t off)
 	RM_FILE_IO(fd);
 	if (!rm_ring_call())
 		return RM_RESOLVE(pread)(fd, buf, n, off);
-	return file_rest(fd, buf, n, io(IO_PREAD, fd, buf, n, off), off);
+	return file_rest(fd, buf, n, io(IO_PREAD, fd, buf, n, off, 0), off);
 }
 EXPORT ssize_t pread64(int, void *, size_t, off_t) __attribute__((alias("pread")));
 
@@ -301,7 +311,7 @@ EXPORT ssize_t __pread_chk(int fd, void *buf, size_t n, off_t off, size_t buflen
 	RM_FILE_IO(fd);
 	if (!rm_ring_call() || n > buflen) /* (glibc's reports the overflow) */
 		return RM_RESOLVE(__pread_chk)(fd, buf, n, off, buflen);
-	return file_rest(fd, buf, n, io(IO_PREAD, fd, buf, n, off), off);
+	return file_rest(fd, buf, n, io(IO_PREAD, fd, buf, n, off, 0), off);
 }
 EXPORT ssize_t __pread64_chk(int, void *, size_t, off_t, size_t) __attribute__((alias("__pread_chk")));
 
@@ -310,7 +320,7 @@ EXPORT ssize_t pwrite(int fd, const void *buf, size_t n, off_t off)
 	RM_FILE_IO(fd);
 	if (!rm_ring_call())
 		return RM_RESOLVE(pwrite)(fd, buf, n, off);
-	return io(IO_PWRITE, fd, (char *)buf, n, off);
+	return io(IO_PWRITE, fd, (char *)buf, n, off, 0);
 }
 EXPORT ssize_t pwrite64(int, const void *, size_t, off_t) __attribute__((alias("pwrite")));
 
@@ -385,9 +395,7 @@ EXPORT ssize_t recv(int fd, void *buf, size_t n, int flags)
 {
 	if (!rm_ring_call())
 		return RM_RESOLVE(recv)(fd, buf, n, flags);
-	struct rm_bufs bs = {0};
-	rm_add(&bs, buf, n, 1);
-	return RM_PINNED(&bs, recv_keeps(fd, flags), real_recv(fd, buf, n, flags));
+	return io(IO_RECV, fd, buf, n, 0, flags);
 }
 
 EXPORT ssize_t __recv_chk(int fd, void *buf, size_t n, size_t buflen, int flags)
@@ -453,9 +461,7 @@ EXPORT ssize_t send(int fd, const void *buf, size_t n, int flags)
 {
 	if (!rm_ring_call())
 		return RM_RESOLVE(send)(fd, buf, n, flags);
-	struct rm_bufs bs = {0};
-	rm_add(&bs, buf, n, 0);
-	return RM_PINNED(&bs, 1, real_send(fd, buf, n, flags));
+	return io(IO_SEND, fd, (char *)buf, n, 0, flags);
 }
 
 EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct sockaddr *addr, socklen_t alen)

@@ -438,7 +438,7 @@ HIDDEN void rm_bufs_pin(struct rm_pin *pin, const struct rm_bufs *bs);
 /* (the address as a number: glibc's headers say the kernel only writes
  * read's buffer, and the compiler would take the callee for a reader) */
 #define rm_add(bs, p, len, write) rm_bufs_add((bs), (uintptr_t)(p), (len), (write))
-/* The most a read or write hands the kernel in one pinned call (kcall.c,
+/* The most a read, write, recv or send hands the kernel in one pinned call (kcall.c,
  * kmisc.c): what is pinned stays resident, so a bigger call goes a chunk at
  * a time, and a budget of a few MiB holds its pins beside the program's
  * other pages (a smaller one bends for pins: the agent lets a fault through

@@ -8,19 +8,22 @@
  * One write(2) and one pwrite(2) of the whole buffer to a file, one read(2)
  * and one pread(2) of it back, and a thread writing the whole buffer into a
  * pipe with one write(2) while this one reads it with read(2) until done:
- * every byte exact; and one fwrite(3) and one fread(3) of it through stdio
- * (which reads and writes big requests in place). Prints "bigio ok". */
+ * every byte exact; one fwrite(3) and one fread(3) of it through stdio
+ * (which reads and writes big requests in place); and a thread sending it
+ * down a stream socket with one send(2) while this one takes it with one
+ * recv(2) with MSG_WAITALL. Prints "bigio ok". */
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 static size_t n;
 static unsigned char *src;
-static int pfd[2];
+static int pfd[2], sfd[2];
 
 static void fail(const char *what)
 {
@@ -48,6 +51,17 @@ static void *writer(void *arg)
 		exit(1);
 	}
 	close(pfd[1]);
+	return NULL;
+}
+
+static void *sender(void *arg)
+{
+	(void)arg;
+	ssize_t w = send(sfd[1], src, n, 0);
+	if (w != (ssize_t)n) {
+		fprintf(stderr, "send: %zd of %zu\n", w, n);
+		exit(1);
+	}
 	return NULL;
 }
 
@@ -118,6 +132,19 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	check(dst, "pipe");
+
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sfd) != 0)
+		fail("socketpair");
+	if (pthread_create(&th, NULL, sender, NULL) != 0)
+		fail("pthread_create");
+	memset(dst, 0, n);
+	ssize_t r = recv(sfd[0], dst, n, MSG_WAITALL);
+	pthread_join(th, NULL);
+	if (r != (ssize_t)n) {
+		fprintf(stderr, "recv MSG_WAITALL: %zd of %zu\n", r, n);
+		return 1;
+	}
+	check(dst, "socket");
 	puts("bigio ok");
 	return 0;
 }
