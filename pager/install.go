@@ -217,15 +217,6 @@ func (c *client) fromStage(r *region, idx int, flags userfaultfd.Flags) error {
 		return err
 	}
 	p := r.pages[idx]
-	if p.Has(FlagSampled) {
-		// Prefetched since its eviction and held back in a sample slot
-		// (a held fault's READ, served while its staging slot was still
-		// kept: resolveHeld): the staging copy is its data, and the
-		// sample slot must not name a resident page (a later hit would
-		// serve its bytes).
-		c.unsample(pageRef{r, idx})
-		p &^= FlagSampled
-	}
 	if p.State() == Staged {
 		c.ev.staged--
 	}

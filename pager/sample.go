@@ -81,11 +81,19 @@ func (c *client) holdMarker(k int) {
 	c.holdIn(sampleSlots+m, k)
 }
 
-// holdIn keeps read k of the batch in slot s (sample or marker).
+// holdIn keeps read k of the batch in slot s (sample or marker). A page
+// that is not Remote any more (mapped meanwhile: another path served its
+// fault while the READ was in the batch) is not held back: a slot must
+// name only a Remote page, whose hit it serves.
 func (c *client) holdIn(s, k int) {
+	ref := c.rd.at[k].pageRef
+	if ref.entry().State() != Remote {
+		ref.r.pages[ref.idx] &^= FlagFetch
+		c.st.remoteReads.Add(1)
+		return
+	}
 	c.releaseSample(s)
 	copy(c.sample.buf[s*pageSize:(s+1)*pageSize], c.rd.reads[k].Buf)
-	ref := c.rd.at[k].pageRef
 	ref.r.pages[ref.idx] = ref.entry()&^FlagFetch | FlagSampled
 	c.sample.owner[s] = ref
 	c.st.remoteReads.Add(1)
