@@ -42,12 +42,18 @@ func TestForkPrivate(t *testing.T) {
 		// The peak is sampled after each turn of either loop: when the
 		// resident pages change.
 		peak := uint64(0)
+		var peakSt pager.ClientStats // the client at the peak, for a failure's message
+		see := func(st pager.ClientStats) {
+			if st.ResidentBytes > peak {
+				peak, peakSt = st.ResidentBytes, st
+			}
+		}
 		var sts []pager.ClientStats
 		waits := map[uint64]uint64{}
 		if !a.WaitForTest(agentWait, func() bool {
 			sts = a.Stats()
 			for _, st := range sts {
-				peak = max(peak, st.ResidentBytes)
+				see(st)
 				if st.BudgetWaits > 0 && !st.NoRoomSince.IsZero() {
 					waits[st.ID] = st.BudgetWaits
 				}
@@ -62,7 +68,7 @@ func TestForkPrivate(t *testing.T) {
 			sts = a.Stats()
 			more := 0
 			for _, st := range sts {
-				peak = max(peak, st.ResidentBytes)
+				see(st)
 				if w, ok := waits[st.ID]; ok && st.BudgetWaits >= w+20 {
 					more++
 				}
@@ -73,7 +79,7 @@ func TestForkPrivate(t *testing.T) {
 		}
 		t.Logf("both wait for pool room: %+v", a.Pool())
 		if budget := uint64(4 << 20); peak > budget+pager.BudgetMargin {
-			t.Errorf("peak resident %d past the budget %d + margin %d while the pool was full", peak, budget, pager.BudgetMargin)
+			t.Errorf("peak resident %d past the budget %d + margin %d while the pool was full (client at the peak: %+v)", peak, budget, pager.BudgetMargin, peakSt)
 		}
 		store.SetLimit(0) // room again
 		p.Expect("")
