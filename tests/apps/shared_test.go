@@ -55,6 +55,7 @@ if __name__ == "__main__":
 // in tmpfs, stay within that budget and 16 MiB. A plain run keeps all 256
 // MiB.
 func TestPythonSharedMemory(t *testing.T) {
+	skipSharedInRing(t)
 	needs(t, "/usr/bin/python3=python3")
 	const local = 64 << 20
 	e := newEnv(t)
@@ -79,7 +80,7 @@ func TestPythonSharedMemory(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %q", what, f[i+1])
 		}
-		if n > limit && sharedPaged(t) {
+		if n > limit {
 			t.Errorf("%s: %d MiB under rmem, over the budget + 16 MiB (%d MiB); %s MiB in a plain run\n%s", what, n, limit, pf[i+1], tail(rm.stderr))
 		}
 	}
@@ -111,6 +112,7 @@ else:
 // every byte written, never a hole. The agent is built with the race
 // detector.
 func TestSharedMemoryOutlives(t *testing.T) {
+	skipSharedInRing(t)
 	needs(t, "/usr/bin/python3=python3")
 	e := newRaceEnv(t)
 	defer e.checkNoRace(t)
@@ -250,6 +252,7 @@ for s in (a, b, c, d, e): s.close(); s.unlink()
 // process; windows mapped at an offset, MAP_FIXED or not, are proxies, and
 // the segment stays paged. The agent is built with the race detector.
 func TestSharedMemoryForeignMappers(t *testing.T) {
+	skipSharedInRing(t)
 	needs(t, "/usr/bin/python3=python3")
 	e := newRaceEnv(t)
 	defer e.checkNoRace(t)
@@ -264,7 +267,7 @@ func TestSharedMemoryForeignMappers(t *testing.T) {
 		n[i], _ = strconv.Atoi(f[i+1])
 	}
 	const limit = budget>>20 + 16
-	if (n[0] > limit || n[2] > limit || n[4] > limit) && sharedPaged(t) {
+	if n[0] > limit || n[2] > limit || n[4] > limit {
 		t.Errorf("segments A, B (before) and C in tmpfs: %d, %d, %d MiB: want each paged, within the budget + 16 MiB (%d)", n[0], n[2], n[4], limit)
 	}
 	if n[1] < 128 || n[3] < 128 || n[5] < 128 || n[6] < 128 {
@@ -345,6 +348,7 @@ print("OK" if ok else "BAD", *out, flush=True)
 // segment back into its file: every byte reads back. The agent is built
 // with the race detector.
 func TestSharedMemoryHandoff(t *testing.T) {
+	skipSharedInRing(t)
 	needs(t, "/usr/bin/python3=python3")
 	e := newRaceEnv(t)
 	defer e.checkNoRace(t)
@@ -359,7 +363,7 @@ func TestSharedMemoryHandoff(t *testing.T) {
 		n[i], _ = strconv.Atoi(f[i+1])
 	}
 	const limit = budget>>20 + 16
-	if (n[0] > limit || n[2] > limit || n[4] > limit) && sharedPaged(t) {
+	if n[0] > limit || n[2] > limit || n[4] > limit {
 		t.Errorf("segments F, G and H in tmpfs before: %d, %d, %d MiB: want each paged, within the budget + 16 MiB (%d)", n[0], n[2], n[4], limit)
 	}
 	if n[1] < 128 || n[3] < 128 || n[5] < 128 {
@@ -412,6 +416,7 @@ s.close(); s.unlink()
 // hang. Every punched page reads zeros, and the program ends. The agent is
 // built with the race detector.
 func TestSharedMemoryPunchRace(t *testing.T) {
+	skipSharedInRing(t)
 	needs(t, "/usr/bin/python3=python3")
 	e := newRaceEnv(t)
 	defer e.checkNoRace(t)
@@ -459,9 +464,7 @@ s.close(); s.unlink()
 // outside the agent that opens it is refused (EPERM) where it would read
 // the holes, and a process mapping it gets SIGBUS on them.
 func TestSharedMemoryPoolLoss(t *testing.T) {
-	if !sharedPaged(t) {
-		t.Skip("ring mode: the segment is not paged, so none of it is lost with the pool")
-	}
+	skipSharedInRing(t)
 	needs(t, "/usr/bin/python3=python3", "/usr/bin/cat=coreutils")
 	e := newEnvWith(t, "--role", "coordinator")
 	m2 := e.addServer(t, "m2", "--capacity", "1GiB")
