@@ -131,10 +131,11 @@ test-gomaxprocs1:
 # the shim takes its misses in its own threads, memagent run --in-thread),
 # without the race detector: the real programs' system calls into paged
 # buffers, signals and forks on the path that is opt-in today (a 128 MiB
-# pread hung there, unseen, until this ran). Shared memory is released in
-# that mode, and its tests check only their programs' results
-# (tests/apps, sharedPaged). make test runs it in the kernel lane, after
-# GOMAXPROCS=1, where that lane had time to spare.
+# pread hung there, unseen, until this ran). Shared memory is not paged in
+# that mode, and its tests and PostgreSQL's skip there (skipSharedInRing:
+# they measure the node, and the race run of the same suite runs beside
+# this one). make test runs it in the kernel lane, after GOMAXPROCS=1,
+# where that lane had time to spare.
 test-ring:
 	RMEM_IN_THREAD=1 $(GO) test -count=1 -p 1 -timeout 15m ./tests/apps
 
