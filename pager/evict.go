@@ -318,14 +318,12 @@ func (c *client) resolveHeld(now time.Time) {
 		switch {
 		case p.Has(FlagBusy):
 			keep = append(keep, h)
-		case p.State() == Remote && p&(FlagFetch|FlagSampled) == 0 && c.ev.stageOf(r, idx) >= 0:
+		case p.State() == Remote && c.ev.stageOf(r, idx) >= 0:
 			// The slot still holds the data the pool now has. The page
 			// comes back resident: past the budget's margin it waits
-			// as any fault does (throttle). (One a held fault before
-			// this one prefetched, its READ in the batch or held back
-			// in a sample slot, is a fault as any: its READ's install
-			// or its sample serves it, and a page made resident here
-			// would have its READ held back as a sample afterwards.)
+			// as any fault does (throttle). (A READ of it that a held
+			// fault before this one prefetched is not held back as a
+			// sample when it arrives: holdIn.)
 			if c.throttle(h.since, now) {
 				c.hold(&c.fq.retry, h)
 				continue

@@ -3,8 +3,7 @@
 # kind, each one package at a time:
 #
 #   kernel: the kernel tests (userfaultfd, the pager, the shim) with the
-#           race detector, then again with GOMAXPROCS=1, then the
-#           applications in ring mode (test-ring);
+#           race detector, then again with GOMAXPROCS=1;
 #   system: every other package with the race detector (the daemons'
 #           end-to-end tests, the applications, chaos in network
 #           namespaces, the unit tests), then every fuzzer.
@@ -13,8 +12,10 @@
 # programs with in-process test agents on temporary sockets, the system
 # lane runs real daemons on ports of their own (tests/, tests/apps) and in
 # network namespaces (tests/chaos); the swap tests take their own lock.
-# tests/apps, in both lanes (ring mode in the kernel lane), uses no cgroup,
-# swap or fixed port: each run has its own daemons, ports and directories.
+# tests/apps measures the node (PostgreSQL's test: Shmem, its processes),
+# so no other run of real daemons may stand beside it: make test-ring, the
+# same suite in ring mode, is run by hand (run beside it in the kernel
+# lane, its memory server's pages showed in PostgreSQL's figures).
 # Each lane's output goes to a log printed whole when the lane is done (a
 # failure is found by its lane's name), then the time of every phase; if
 # make test is stopped, the logs so far.
@@ -52,7 +53,6 @@ lane_kernel() {
 	local rc=0
 	phase kernel "race" $MAKE --no-print-directory test-race PKGS="${kpkgs[*]}" || rc=1
 	phase kernel "GOMAXPROCS=1" $MAKE --no-print-directory test-gomaxprocs1 || rc=1
-	phase kernel "ring mode" $MAKE --no-print-directory test-ring || rc=1
 	return $rc
 }
 
