@@ -223,9 +223,10 @@ func (c *client) evicted(m *proto.Evicted, now time.Time) {
 	// buffers, made present first: a call's buffers may be more than the
 	// budget holds). Its faults must not wait for evictions that keep
 	// nothing, so the budget bends until one evicts a page.
-	c.ev.kept = m.Errno == unix.EBUSY && (c.says(proto.HelloTraced) || c.ring != nil) && done == 0
+	pinned := m.Errno == unix.EBUSY && (c.says(proto.HelloTraced) || c.ring != nil)
+	c.ev.kept = pinned && done == 0
 	switch {
-	case m.Errno == unix.EBUSY && (c.ring != nil || c.says(proto.HelloTraced)):
+	case pinned:
 		// A system call has the page after the last one done pinned
 		// (preload/src/pin.c), or a traced program's tracer is making
 		// its pages resident (package traced, before a fork): kept, as

@@ -130,27 +130,37 @@ static void add_iov(struct rm_bufs *bs, const struct iovec *iov, int n, int writ
 		rm_add(bs, iov[i].iov_base, iov[i].iov_len, write);
 }
 
-/* Whether a read of fd that failed with EFAULT consumed nothing: a regular
- * file, a directory, a pipe, a stream socket. (Only after an EFAULT: it
- * costs a system call or two.) */
-static int read_keeps(int fd)
+/* What a descriptor is, as the wrappers need to know it (a system call
+ * or two: only after an EFAULT, or for a call of more than
+ * RM_CALL_CHUNK). */
+enum fd_kind { FD_OTHER, FD_FILE, FD_DIR, FD_PIPE, FD_STREAM };
+static enum fd_kind fd_kind(int fd)
 {
 	int e = errno;
 	struct stat st;
-	int keep = 0;
+	enum fd_kind k = FD_OTHER;
 	if (rm_sys(SYS_fstat, fd, &st, 0) == 0) {
-		if (S_ISREG(st.st_mode) || S_ISDIR(st.st_mode) || S_ISFIFO(st.st_mode)) {
-			keep = 1;
+		if (S_ISREG(st.st_mode)) {
+			k = FD_FILE;
+		} else if (S_ISDIR(st.st_mode)) {
+			k = FD_DIR;
+		} else if (S_ISFIFO(st.st_mode)) {
+			k = FD_PIPE;
 		} else if (S_ISSOCK(st.st_mode)) {
 			int type = 0;
 			socklen_t l = sizeof type;
-			keep = rm_sys6(SYS_getsockopt, fd, SOL_SOCKET, SO_TYPE, (long)&type, (long)&l, 0) == 0 &&
-			       type == SOCK_STREAM;
+			if (rm_sys6(SYS_getsockopt, fd, SOL_SOCKET, SO_TYPE, (long)&type, (long)&l, 0) == 0 &&
+			    type == SOCK_STREAM)
+				k = FD_STREAM;
 		}
 	}
 	errno = e;
-	return keep;
+	return k;
 }
+
+/* Whether a read of fd that failed with EFAULT consumed nothing: a regular
+ * file, a directory, a pipe, a stream socket. */
+static int read_keeps(int fd) { return fd_kind(fd) != FD_OTHER; }
 
 static int recv_keeps(int fd, int flags) { return (flags & MSG_PEEK) || read_keeps(fd); }
 
@@ -213,32 +223,22 @@ static ssize_t io_pinned(enum io_op op, int fd, char *buf, size_t n, off_t off, 
 	}
 }
 
-/* What kind of descriptor a big call goes to a chunk at a time through:
- * a regular file (reads and writes go on for the whole count), a pipe or
- * a stream socket (a read returns one chunk's worth, as a short read; a
- * write goes on), or neither (a datagram, a device: one call, whatever its
- * size). */
+/* How a big call goes to the kernel a chunk at a time: on a regular file
+ * (reads and writes go on for the whole count), a pipe or a stream socket
+ * (a read returns one chunk's worth, as a short read; a write goes on), or
+ * not at all (a datagram, a device: one call, whatever its size). */
 enum chunks { CHUNK_NONE, CHUNK_FILE, CHUNK_STREAM };
 static enum chunks chunks_of(int fd)
 {
-	int e = errno;
-	struct stat st;
-	enum chunks k = CHUNK_NONE;
-	if (rm_sys(SYS_fstat, fd, &st, 0) == 0) {
-		if (S_ISREG(st.st_mode)) {
-			k = CHUNK_FILE;
-		} else if (S_ISFIFO(st.st_mode)) {
-			k = CHUNK_STREAM;
-		} else if (S_ISSOCK(st.st_mode)) {
-			int type = 0;
-			socklen_t l = sizeof type;
-			if (rm_sys6(SYS_getsockopt, fd, SOL_SOCKET, SO_TYPE, (long)&type, (long)&l, 0) == 0 &&
-			    type == SOCK_STREAM)
-				k = CHUNK_STREAM;
-		}
+	switch (fd_kind(fd)) {
+	case FD_FILE:
+		return CHUNK_FILE;
+	case FD_PIPE:
+	case FD_STREAM:
+		return CHUNK_STREAM;
+	default:
+		return CHUNK_NONE;
 	}
-	errno = e;
-	return k;
 }
 
 /* read, pread, write, pwrite, recv or send in ring mode. A buffer is made present and
